@@ -1,0 +1,119 @@
+"""CUDA kernel sources and their loader.
+
+One ``.cu`` file per kernel family lives in this folder. :func:`load_module`
+compiles a family once per process with CuPy (``RawModule``, NVRTC, for the
+current device's architecture, sm_90 on Hopper) and caches it.
+:func:`as_cupy` wraps a torch CUDA tensor zero-copy (DLPack) and
+:func:`torch_stream` gives torch's current stream to CuPy, so kernels run in
+order with torch work and can be captured in a CUDA graph.
+
+Everything here imports on a machine without CuPy or a GPU; only calling a
+kernel needs them. :func:`cuda_sources` lists the sources for the nvcc
+compile check (tests/test_kernels_compile.py).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Sequence
+
+KERNEL_DIR = Path(__file__).resolve().parent
+
+
+class KernelUnavailable(RuntimeError):
+    """Raised when a GPU kernel is asked for on a machine that cannot run it."""
+
+
+def cuda_sources() -> list[Path]:
+    """Every ``*.cu`` kernel family in this folder."""
+    return sorted(KERNEL_DIR.glob("*.cu"))
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """True when torch sees a CUDA device and CuPy imports."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def require_gpu(what: str) -> None:
+    if not gpu_available():
+        raise KernelUnavailable(
+            f"{what} needs a CUDA GPU with CuPy (pip install 'workbench[gpu]'); "
+            "use the CPU reference instead")
+
+
+@functools.cache
+def load_module(family: str, options: tuple[str, ...] = ()) -> Any:
+    """Compile ``<family>.cu`` with NVRTC once per process; returns ``cupy.RawModule``.
+
+    ``options`` are extra NVRTC flags (``-D...``); ``--std=c++17`` is always on.
+    """
+    require_gpu(f"kernel family {family!r}")
+    import cupy as cp
+
+    path = KERNEL_DIR / f"{family}.cu"
+    if not path.exists():
+        known = ", ".join(p.stem for p in cuda_sources())
+        raise FileNotFoundError(f"no kernel family {family!r}; known: {known}")
+    opts = ("--std=c++17", f"-I{KERNEL_DIR}", *options)
+    mod = cp.RawModule(code=path.read_text(), options=opts)
+    mod.compile()
+    return mod
+
+
+def get_kernel(family: str, name: str, options: tuple[str, ...] = ()) -> Any:
+    """``cupy.RawKernel`` for ``extern "C"`` function ``name`` of ``family``."""
+    return load_module(family, tuple(options)).get_function(name)
+
+
+def as_cupy(t: Any) -> Any:
+    """Zero-copy CuPy view of a torch CUDA tensor (DLPack)."""
+    import cupy as cp
+
+    return cp.from_dlpack(t)
+
+
+def torch_stream() -> Any:
+    """torch's current CUDA stream as a ``cupy.cuda.ExternalStream``."""
+    import cupy as cp
+    import torch
+
+    s = torch.cuda.current_stream()
+    return cp.cuda.ExternalStream(s.cuda_stream, s.device.index)
+
+
+def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
+           args: Sequence[Any], shared_mem: int = 0) -> None:
+    """Launch ``kernel`` on torch's current stream and check the launch.
+
+    ``args`` may hold torch tensors (passed as device pointers), Python ints
+    (``int32``) and floats (``float32``); wrap other scalar types in numpy.
+    """
+    import numpy as np
+    import torch
+
+    conv = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if not a.is_cuda:
+                raise ValueError("kernel argument tensors must be on the GPU")
+            conv.append(np.uint64(a.data_ptr()))
+        elif isinstance(a, bool):
+            conv.append(np.int32(a))
+        elif isinstance(a, int):
+            conv.append(np.int32(a))
+        elif isinstance(a, float):
+            conv.append(np.float32(a))
+        else:
+            conv.append(a)
+    grid = (grid,) if isinstance(grid, int) else tuple(grid)
+    block = (block,) if isinstance(block, int) else tuple(block)
+    kernel(grid, block, tuple(conv), shared_mem=shared_mem, stream=torch_stream())

@@ -1,0 +1,220 @@
+"""Measurement helpers shared by every benchmark.
+
+- :func:`provenance` - who/what/where of a measurement (GPU, driver, CUDA,
+  torch/cupy versions, git commit, date).
+- :func:`time_cuda` - CUDA-event timing, warm-up first, raw samples in ms.
+- :func:`measure_copy_bandwidth` / :func:`measure_bf16_matmul_tflops` - the
+  two ceilings, measured in the same run as the kernel they judge.
+- :func:`write_measurement` / :func:`load_measurement` - the JSON files under
+  ``data/measurements/<gpu>/<name>.json`` that notebooks and papers read.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from workbench import MEASUREMENTS_DIR, REPO_ROOT
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO_ROOT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """The commit the measured code came from.
+
+    ``WORKBENCH_COMMIT`` wins (the device machine receives a copy of the tree
+    without ``.git``); otherwise ``git rev-parse HEAD`` plus ``-dirty`` when
+    the tree has uncommitted changes.
+    """
+    env = os.environ.get("WORKBENCH_COMMIT")
+    if env:
+        return env
+    head = _run(["git", "rev-parse", "HEAD"])
+    if head is None:
+        return None
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    return head + ("-dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    """Environment record stored with every measurement."""
+    info: dict[str, Any] = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda_runtime"] = torch.version.cuda
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            info["gpu"] = p.name
+            info["gpu_sm_count"] = p.multi_processor_count
+            info["gpu_memory_bytes"] = p.total_memory
+            info["gpu_capability"] = f"{p.major}.{p.minor}"
+    except ImportError:
+        info["torch"] = None
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except Exception:  # cupy missing or no driver
+        info["cupy"] = None
+    smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem",
+                "--format=csv,noheader"])
+    if smi:
+        fields = [f.strip() for f in smi.splitlines()[0].split(",")]
+        info["driver"] = fields[1] if len(fields) > 1 else None
+        info["nvidia_smi"] = smi.splitlines()[0]
+    nvcc = _run(["nvcc", "--version"])
+    if nvcc:
+        info["nvcc"] = nvcc.splitlines()[-1]
+    return info
+
+
+def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 50,
+              setup: Callable[[int], Any] | None = None) -> list[float]:
+    """Time ``fn`` with CUDA events; returns ``reps`` samples in milliseconds.
+
+    ``setup(i)``, when given, runs before repeat ``i`` outside the timed region
+    (rotate inputs larger than L2 there).
+    """
+    import torch
+
+    for i in range(warmup):
+        if setup is not None:
+            setup(i)
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for i in range(reps):
+        if setup is not None:
+            setup(i)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return samples
+
+
+def time_cpu(fn: Callable[[], Any], *, warmup: int = 2, reps: int = 20) -> list[float]:
+    """Wall-clock samples in milliseconds for CPU code (``time.perf_counter``)."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def median(samples: Iterable[float]) -> float:
+    return float(statistics.median(list(samples)))
+
+
+def measure_copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, Any]:
+    """Device-to-device copy bandwidth (bytes read + bytes written) in GB/s."""
+    import torch
+
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    samples = time_cuda(lambda: dst.copy_(src), warmup=3, reps=reps)
+    moved = 2 * src.numel() * 4
+    med = median(samples)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes_moved": moved, "samples_ms": samples, "median_ms": med,
+            "gb_per_s": moved / (med * 1e-3) / 1e9}
+
+
+def measure_bf16_matmul_tflops(n: int = 8192, reps: int = 10) -> dict[str, Any]:
+    """Dense bf16 matrix rate through torch (cuBLAS) on random data, TFLOP/s."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    samples = time_cuda(lambda: a @ b, warmup=3, reps=reps)
+    med = median(samples)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"n": n, "samples_ms": samples, "median_ms": med,
+            "tflops": 2 * n**3 / (med * 1e-3) / 1e12}
+
+
+def gpu_slug() -> str:
+    """Short folder name for the current GPU (``h200``, ``h100``, ``cpu``...)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "cpu"
+        name = torch.cuda.get_device_name(0).lower()
+    except ImportError:
+        return "cpu"
+    for key in ("h200", "h100", "b300", "b200", "a100", "l40s"):
+        if key in name:
+            return key
+    if "rtx pro 6000" in name:
+        return "rtx-pro-6000"
+    return name.replace("nvidia ", "").replace(" ", "-")
+
+
+def write_measurement(name: str, *, parameters: dict[str, Any], results: Any,
+                      samples: Any = None, notes: str | None = None,
+                      out_dir: str | os.PathLike | None = None,
+                      extra: dict[str, Any] | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json`` with provenance; returns the path.
+
+    ``out_dir`` defaults to ``data/measurements/<gpu_slug()>``; benchmarks
+    run on the device machine pass ``$OUT``.
+    """
+    out = Path(out_dir) if out_dir is not None else MEASUREMENTS_DIR / gpu_slug()
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"name": name, "provenance": provenance(), "parameters": parameters,
+           "results": results, "samples": samples, "notes": notes}
+    if extra:
+        doc.update(extra)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    return path
+
+
+def _json_default(o: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def load_measurement(name: str, gpu: str = "h200") -> dict[str, Any] | None:
+    """The committed measurement ``data/measurements/<gpu>/<name>.json`` or None."""
+    path = MEASUREMENTS_DIR / gpu / f"{name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
