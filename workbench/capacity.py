@@ -1,0 +1,239 @@
+"""Capacity planning: does a context fit, and how many requests at once?
+
+All arithmetic is per GPU under tensor parallelism (TP):
+
+- Weights: routed experts INT4 group-wise with bf16 scales (0.5 B per weight
+  + 2 B per group), sharded TP ways; everything else bf16. Under TP
+  attention the head-parallel projections (q_b, kv_b, o), the dense and shared
+  MLPs, the embedding and lm_head are sharded; q_a, kv_a, the router and the
+  norms are replicated. Under data-parallel (DP) attention every rank holds
+  the whole attention block.
+- KV: MLA caches one latent row (kv_lora_rank + qk_rope_head_dim values) per
+  token per layer. It has no head dimension, so it cannot be sharded by head:
+  under TP attention every rank holds the full KV of every request. Under DP
+  attention each rank holds the KV of its own requests only.
+- KV pool per GPU = mem_fraction x GPU memory - weights - reserved activations.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from typing import Any
+
+from workbench.config import KV_DTYPE_BYTES, ModelConfig, load_config
+from workbench.hardware import get_gpu
+
+BF16 = 2
+GIB = 2**30
+
+
+@dataclasses.dataclass
+class WeightBreakdown:
+    """Bytes per GPU by component."""
+
+    embedding_and_head: float
+    attention: float
+    dense_mlp: float
+    shared_experts: float
+    routed_experts: float
+    router_and_norms: float
+
+    @property
+    def total(self) -> float:
+        return sum(dataclasses.asdict(self).values())
+
+
+def routed_expert_bytes_per_weight(cfg: ModelConfig) -> float:
+    """Bytes per routed-expert weight: 0.5 + 2/group for INT4 with bf16 scales, else 2 (bf16)."""
+    q = cfg.expert_quant
+    if q is None:
+        return BF16
+    return q.num_bits / 8 + BF16 / q.group_size
+
+
+def weight_bytes_per_gpu(cfg: ModelConfig, tp: int = 1, attention: str = "tp") -> WeightBreakdown:
+    """Weight bytes one GPU holds under ``tp``-way tensor parallelism.
+
+    ``attention`` is ``"tp"`` (heads sharded) or ``"dp"`` (data-parallel
+    attention: the attention block replicated on every rank).
+    """
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    if attention not in ("tp", "dp"):
+        raise ValueError(f"attention must be 'tp' or 'dp', got {attention!r}")
+    h, H, L = cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
+    q_in = cfg.q_lora_rank if cfg.q_lora_rank else h
+    replicated_attn = h * cfg.kv_row_width + cfg.kv_lora_rank  # kv_a_proj_with_mqa + kv_a_layernorm
+    sharded_attn = (q_in * H * cfg.qk_head_dim  # q_b_proj (or q_proj)
+                    + cfg.kv_lora_rank * H * (cfg.qk_nope_head_dim + cfg.v_head_dim)  # kv_b_proj
+                    + H * cfg.v_head_dim * h)  # o_proj
+    if cfg.q_lora_rank:
+        replicated_attn += h * cfg.q_lora_rank + cfg.q_lora_rank  # q_a_proj + q_a_layernorm
+    attn_split = tp if attention == "tp" else 1
+    attention_b = L * BF16 * (replicated_attn + sharded_attn / attn_split)
+    n_moe = cfg.num_moe_layers
+    n_dense = L - n_moe
+    dense_b = n_dense * BF16 * 3 * h * cfg.intermediate_size / tp
+    shared_b = n_moe * BF16 * 3 * h * cfg.moe_intermediate_size * cfg.n_shared_experts / tp
+    routed_weights = n_moe * cfg.n_routed_experts * 3 * h * cfg.moe_intermediate_size
+    routed_b = routed_weights * routed_expert_bytes_per_weight(cfg) / tp
+    router_b = n_moe * (BF16 * cfg.n_routed_experts * h + 4 * cfg.n_routed_experts)  # gate + fp32 bias
+    norms_b = BF16 * (2 * L + 1) * h
+    embed_b = BF16 * cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2) / tp
+    return WeightBreakdown(embedding_and_head=embed_b, attention=attention_b, dense_mlp=dense_b,
+                           shared_experts=shared_b, routed_experts=routed_b,
+                           router_and_norms=router_b + norms_b)
+
+
+@dataclasses.dataclass
+class CapacityAnswer:
+    model: str
+    gpu: str
+    gpu_name: str
+    tp: int
+    attention: str
+    mem_fraction: float
+    kv_dtype: str
+    context: int
+    gpu_memory_bytes: int
+    reserved_bytes: float
+    kv_bytes_per_token: int
+    yarn_limit: int
+    weights: WeightBreakdown
+    kv_pool_bytes: float
+    pool_tokens: int
+    max_context: int
+    request_kv_bytes: int
+    fits: bool
+    concurrent_requests: int
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["weights"]["total"] = self.weights.total
+        return d
+
+    def explain(self) -> str:
+        """The answer with its arithmetic, as plain text."""
+        gb = lambda b: f"{b / 1e9:,.2f} GB"  # noqa: E731
+        w = self.weights
+        lines = [
+            f"{self.model} on {self.tp} x {self.gpu_name} (TP={self.tp}, {self.attention.upper()} attention), "
+            f"KV {self.kv_dtype}, context {self.context:,}",
+            f"  KV per token   "
+            f"= kv_row x layers x {KV_DTYPE_BYTES[self.kv_dtype]} B = {self.kv_bytes_per_token:,} B",
+            f"  YaRN limit     = min(factor x original, max_position_embeddings) = {self.yarn_limit:,} tokens",
+            f"  GPU memory     = {gb(self.gpu_memory_bytes)}; x mem_fraction {self.mem_fraction} "
+            f"= {gb(self.mem_fraction * self.gpu_memory_bytes)}",
+            f"  weights/GPU    = {gb(w.total)} (routed experts {gb(w.routed_experts)}, attention {gb(w.attention)}, "
+            f"embedding+head {gb(w.embedding_and_head)}, shared experts {gb(w.shared_experts)}, "
+            f"dense MLP {gb(w.dense_mlp)}, router+norms {gb(w.router_and_norms)})",
+            f"  reserved       = {gb(self.reserved_bytes)} (activations, CUDA graphs, workspace: an assumption)",
+            f"  KV pool/GPU    = {gb(self.mem_fraction * self.gpu_memory_bytes)} - {gb(w.total)} - "
+            f"{gb(self.reserved_bytes)} = {gb(self.kv_pool_bytes)} = {self.pool_tokens:,} tokens",
+            f"  request KV     = {self.context:,} x {self.kv_bytes_per_token:,} B = {gb(self.request_kv_bytes)}",
+            f"  largest single-request context = min(pool, YaRN limit) = {self.max_context:,} tokens",
+            f"  fits: {'YES' if self.fits else 'NO'}; concurrent requests at {self.context:,} tokens: "
+            f"{self.concurrent_requests}",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def capacity(model: str | ModelConfig = "kimi-k2.6", gpu: str = "rtx-pro-6000", tp: int = 8,
+             mem_fraction: float = 0.85, context: int = 200_000, kv_dtype: str = "bf16",
+             reserved_gib: float = 2.0, attention: str = "tp") -> CapacityAnswer:
+    """Does ``context`` fit for one request, and how many such requests fit at once."""
+    cfg = load_config(model) if isinstance(model, str) else model
+    g = get_gpu(gpu)
+    if not (0 < mem_fraction <= 1) or math.isnan(mem_fraction):
+        raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+    if context < 1:
+        raise ValueError(f"context must be >= 1 token, got {context}")
+    if reserved_gib < 0:
+        raise ValueError(f"reserved_gib must be >= 0, got {reserved_gib}")
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown kv dtype {kv_dtype!r}; allowed: {', '.join(KV_DTYPE_BYTES)}")
+    if context > cfg.yarn_limit:
+        raise ValueError(f"context {context:,} exceeds the model's YaRN limit of {cfg.yarn_limit:,} tokens "
+                         f"(factor {cfg.rope_scaling.factor:g} x original "
+                         f"{cfg.rope_scaling.original_max_position_embeddings}, capped by "
+                         f"max_position_embeddings {cfg.max_position_embeddings:,}); allowed: 1..{cfg.yarn_limit:,}")
+    weights = weight_bytes_per_gpu(cfg, tp, attention)
+    reserved = reserved_gib * GIB
+    kv_tok = cfg.kv_bytes_per_token(kv_dtype)
+    pool = mem_fraction * g.memory - weights.total - reserved
+    pool_tokens = max(0, int(pool // kv_tok))
+    notes = []
+    if pool <= 0:
+        notes.append("the weights and reserve do not fit in mem_fraction x memory: no KV pool at all")
+    max_ctx = min(pool_tokens, cfg.yarn_limit)
+    req = context * kv_tok
+    fits = pool_tokens >= context
+    per_rank = pool_tokens // context
+    if attention == "tp":
+        concurrent = per_rank
+        notes.append("MLA's latent KV has no head dimension, so it is replicated on every tensor-parallel rank, "
+                     "not sharded: adding GPUs under TP does not add KV capacity. Data-parallel attention "
+                     "(attention='dp') keeps each request's KV on one rank instead.")
+    else:
+        concurrent = per_rank * tp
+        notes.append(f"DP attention: each of the {tp} ranks holds its own requests' KV, so concurrency is "
+                     f"{tp} x the per-rank count, but attention weights are replicated on every rank and a single "
+                     f"request's context is still bounded by one rank's pool.")
+    name = cfg.name or cfg.model_type
+    return CapacityAnswer(model=name, gpu=gpu, gpu_name=g.name, tp=tp, attention=attention,
+                          mem_fraction=mem_fraction, kv_dtype=kv_dtype, context=context,
+                          gpu_memory_bytes=g.memory, reserved_bytes=reserved, kv_bytes_per_token=kv_tok,
+                          yarn_limit=cfg.yarn_limit, weights=weights, kv_pool_bytes=pool,
+                          pool_tokens=pool_tokens, max_context=max_ctx, request_kv_bytes=req, fits=fits,
+                          concurrent_requests=concurrent, notes=notes)
+
+
+def capacity_table(gpus: list[str], **kw: Any) -> list[dict[str, Any]]:
+    """One summary row per GPU (same model, tp, context, ...)."""
+    rows = []
+    for g in gpus:
+        a = capacity(gpu=g, **kw)
+        rows.append({"gpu": a.gpu_name, "tp": a.tp, "attention": a.attention, "kv_dtype": a.kv_dtype,
+                     "weights_GB_per_gpu": round(a.weights.total / 1e9, 2),
+                     "kv_pool_GB_per_gpu": round(a.kv_pool_bytes / 1e9, 2),
+                     "pool_tokens": a.pool_tokens, "request_GB": round(a.request_kv_bytes / 1e9, 2),
+                     "max_context": a.max_context, "fits": a.fits,
+                     "concurrent_requests": a.concurrent_requests})
+    return rows
+
+
+def context_curve(contexts: list[int], gpus: list[str], **kw: Any) -> dict[str, Any]:
+    """Request KV bytes against context, and each GPU's KV pool (bytes), for plotting."""
+    cfg = load_config(kw.get("model", "kimi-k2.6"))
+    kv_tok = cfg.kv_bytes_per_token(kw.get("kv_dtype", "bf16"))
+    pools = {g: capacity(gpu=g, context=1, **kw).kv_pool_bytes for g in gpus}
+    return {"contexts": list(contexts), "request_bytes": [c * kv_tok for c in contexts],
+            "pools": pools, "yarn_limit": cfg.yarn_limit}
+
+
+# ---- CLI --------------------------------------------------------------------------
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("capacity", help="does a context fit? KV pool, weights and concurrency per GPU",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="kimi-k2.6", help="shipped model name or checkpoint dir / config.json")
+    p.add_argument("--gpu", default="rtx-pro-6000", help="GPU id from data/hardware.json")
+    p.add_argument("--tp", type=int, default=8, help="tensor-parallel ranks (GPUs)")
+    p.add_argument("--mem-fraction", type=float, default=0.85, help="fraction of GPU memory for weights + KV, in (0, 1]")
+    p.add_argument("--context", type=int, default=200_000, help="tokens per request")
+    p.add_argument("--kv-dtype", default="bf16", choices=sorted(KV_DTYPE_BYTES))
+    p.add_argument("--reserved-gib", type=float, default=2.0, help="activations/workspace reserve per GPU (GiB)")
+    p.add_argument("--attention", default="tp", choices=["tp", "dp"], help="tensor- or data-parallel attention")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    a = capacity(model=args.model, gpu=args.gpu, tp=args.tp, mem_fraction=args.mem_fraction,
+                 context=args.context, kv_dtype=args.kv_dtype, reserved_gib=args.reserved_gib,
+                 attention=args.attention)
+    print(json.dumps(a.as_dict(), indent=1) if args.json else a.explain())
+    return 0
