@@ -237,3 +237,69 @@ def _cli(args: argparse.Namespace) -> int:
                  attention=args.attention)
     print(json.dumps(a.as_dict(), indent=1) if args.json else a.explain())
     return 0
+
+
+# ---- the source's 200k claim ---------------------------------------------------------
+SOURCE_CLAIMS = {
+    "kv_bytes_per_token": 8.6e3,  # "approximately 8.6 KB" (seeds/001, seeds/000)
+    "kv_sharded_across_tp": True,  # "not stored redundantly across TP ranks—each GPU holds only its shard"
+    "verdict": "easily feasible",  # 200k context on 8x RTX PRO 6000, mem-fraction-static 0.85
+}
+
+
+def source_check(model: str = "kimi-k2.6", context: int = 200_000, mem_fraction: float = 0.85,
+                 reserved_gib: float = 2.0) -> list[dict[str, Any]]:
+    """The source's claims about 200k on 8x RTX PRO 6000 next to what the arithmetic gives."""
+    cfg = load_config(model)
+    kv = cfg.kv_bytes_per_token("bf16")
+    rows = [{"claim": "KV per token ~8.6 KB", "computed": f"{kv:,} B per token (all 61 layers, bf16)",
+             "holds": False,
+             "why": f"8.6 KB is {kv:,} B / 8 = {kv / 8:,.0f} B: the full per-token KV divided by TP=8, "
+                    "which is only right if the KV were sharded across ranks"},
+            {"claim": "KV is sharded across TP ranks", "computed": "replicated on every TP rank",
+             "holds": False,
+             "why": "the MLA latent row has no head dimension, so head-parallel TP cannot split it"}]
+    for kv_dtype in ("bf16", "fp8"):
+        for att in ("tp", "dp"):
+            a = capacity(model, "rtx-pro-6000", 8, mem_fraction, context, kv_dtype, reserved_gib, att)
+            rows.append({"claim": f"200k 'easily feasible' ({kv_dtype} KV, {att.upper()} attention)",
+                         "computed": f"pool {a.pool_tokens:,} tokens per GPU; request needs {context:,}",
+                         "holds": a.fits,
+                         "why": f"{a.kv_pool_bytes / 1e9:.2f} GB pool vs {a.request_kv_bytes / 1e9:.2f} GB request"})
+    return rows
+
+
+def verdict(model: str = "kimi-k2.6", context: int = 200_000, mem_fraction: float = 0.85,
+            reserved_gib: float = 2.0) -> str:
+    """One plain sentence on the source's 'easily feasible'."""
+    bf = capacity(model, "rtx-pro-6000", 8, mem_fraction, context, "bf16", reserved_gib)
+    f8 = capacity(model, "rtx-pro-6000", 8, mem_fraction, context, "fp8", reserved_gib)
+    if bf.fits:
+        return (f"'Easily feasible' holds: with bf16 KV one {context:,}-token request fits in the "
+                f"{bf.pool_tokens:,}-token pool per GPU ({bf.concurrent_requests} at once).")
+    tail = (f"with fp8 KV it fits ({f8.pool_tokens:,}-token pool, {f8.concurrent_requests} request(s) at once)"
+            if f8.fits else "not even with fp8 KV")
+    return (f"'Easily feasible' does not hold at bf16 KV: at mem-fraction {mem_fraction} and a "
+            f"{reserved_gib:g} GiB reserve, 8 x RTX PRO 6000 leave {bf.kv_pool_bytes / 1e9:.2f} GB of KV pool per GPU "
+            f"= {bf.pool_tokens:,} tokens, short of {context:,} ({bf.request_kv_bytes / 1e9:.2f} GB); "
+            f"{tail}. The source's 8.6 KB per token assumed the KV sharded 8 ways; MLA's KV is replicated.")
+
+
+def context_figure(contexts: list[int] | None = None, gpus: list[str] | None = None, **kw: Any):
+    """Plotly figure: request KV (GB) against context, with each GPU's KV pool and the YaRN limit."""
+    import plotly.graph_objects as go
+
+    gpus = gpus or ["rtx-pro-6000", "h200", "b300"]
+    contexts = contexts or [2**k for k in range(12, 19)] + [200_000, 262_144]
+    contexts = sorted(set(contexts))
+    curve = context_curve(contexts, gpus, **kw)
+    fig = go.Figure()
+    fig.add_scatter(x=curve["contexts"], y=[b / 1e9 for b in curve["request_bytes"]], mode="lines+markers",
+                    name=f"one request's KV ({kw.get('kv_dtype', 'bf16')})")
+    for g, pool in curve["pools"].items():
+        fig.add_scatter(x=[contexts[0], contexts[-1]], y=[pool / 1e9] * 2, mode="lines",
+                        line=dict(dash="dash"), name=f"KV pool per GPU: {get_gpu(g).name}")
+    fig.add_vline(x=curve["yarn_limit"], line=dict(dash="dot"), annotation_text="YaRN limit")
+    fig.update_layout(title="KV pool per GPU vs one request's KV", xaxis_title="context (tokens)",
+                      yaxis_title="GB", xaxis_type="log", height=480)
+    return fig
