@@ -18,22 +18,21 @@ from workbench.ddtree.reference import (  # noqa: F401
     topk_logprobs,
     tree_size,
 )
-try:  # GPU wrappers (being written; the references above never depend on them)
-    from workbench.ddtree.tree_gpu import (  # noqa: F401
-        MAX_BUDGET,
-        MAX_L,
-        accept_greedy_batched,
-        build_trees,
-        commit_compact,
-        commit_scattered,
-        tree_visibility,
-    )
-except ImportError:
-    pass
+from workbench.ddtree.tree_gpu import (  # noqa: F401
+    MAX_BUDGET,
+    MAX_L,
+    GpuAccepted,
+    GpuTrees,
+    accept_greedy_batched,
+    build_trees,
+    commit_compact,
+    commit_scattered,
+    tree_visibility,
+)
 
 __all__ = [n for n in ("Accepted", "DraftTree", "accept_greedy", "build_tree",
                         "grid_node_count", "topk_logprobs", "tree_size", "MAX_BUDGET", "MAX_L",
-                        "accept_greedy_batched", "build_trees", "commit_compact",
+                        "GpuAccepted", "GpuTrees", "accept_greedy_batched", "build_trees", "commit_compact",
                         "commit_scattered", "tree_visibility") if n in globals()]
 
 # Verify attention is written in parallel (workbench/ddtree/verify.py): re-export

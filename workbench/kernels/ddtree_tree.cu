@@ -1,0 +1,296 @@
+// DDTree tree kernels: best-first tree build, visibility, greedy accept, KV commit.
+//
+// ddtree_build      one thread block per request; the request's [L, K] log-probs
+//                   are staged in shared memory, thread 0 runs the best-first heap
+//                   (float64 scores, order (-score, rank path)) in shared memory,
+//                   then all threads write the nodes out. Bit-exact with
+//                   workbench.ddtree.reference.build_tree, ties included.
+// ddtree_visibility one thread per (request, i, j): j is i or an ancestor of i.
+// ddtree_accept     one warp per request: greedy longest matching root path.
+// ddtree_commit_scattered  keep slots (accepted path order) and free slots.
+// ddtree_commit_compact    move accepted KV rows to contiguous slots, in place.
+//
+// Integer tensors are int64 ("long long"); no includes (NVRTC and nvcc).
+
+#define DDT_FULL_MASK 0xffffffffu
+
+// Rank path of a heap entry = rank path of node `p` followed by rank `r`.
+// Lexicographic "less than" of two entries' rank paths (Python tuple order),
+// walking parent pointers of popped nodes (depth <= 32).
+__device__ __forceinline__ bool ddt_path_less(int pa, int ra, int pb, int rb,
+                                              const int* npar, const int* nrank,
+                                              const int* ndep) {
+    if (pa == pb) return ra < rb;
+    int da = ndep[pa], db = ndep[pb];
+    const bool b_longer = db > da;
+    while (da > db) { ra = nrank[pa]; pa = npar[pa]; --da; }
+    while (db > da) { rb = nrank[pb]; pb = npar[pb]; --db; }
+    while (pa != pb) {
+        ra = nrank[pa]; pa = npar[pa];
+        rb = nrank[pb]; pb = npar[pb];
+    }
+    if (ra != rb) return ra < rb;
+    return b_longer;  // one path is a prefix of the other: the shorter is smaller
+}
+
+// Heap entry "a comes out before b": higher score, then smaller rank path.
+__device__ __forceinline__ bool ddt_before(int a, int b, const double* hs, const int* hp,
+                                           const int* hr, const int* npar, const int* nrank,
+                                           const int* ndep) {
+    const double sa = hs[a], sb = hs[b];
+    if (sa != sb) return sa > sb;
+    return ddt_path_less(hp[a], hr[a], hp[b], hr[b], npar, nrank, ndep);
+}
+
+__device__ __forceinline__ void ddt_swap(int i, int j, double* hs, int* hp, int* hr) {
+    const double s = hs[i]; hs[i] = hs[j]; hs[j] = s;
+    const int p = hp[i]; hp[i] = hp[j]; hp[j] = p;
+    const int r = hr[i]; hr[i] = hr[j]; hr[j] = r;
+}
+
+// Shared memory layout (dynamic), for K = min(budget, K_in), n nodes, cap = n heap slots:
+//   double hs[cap] | float lps[L*K] | int hp[cap] | int hr[cap] | int npar[n] | int nrank[n] | int ndep[n]
+extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     // [B, L, Kin]
+                                        const long long* __restrict__ token_ids,  // [B, L, Kin]
+                                        const long long* __restrict__ root_tokens,  // [B] or null
+                                        long long root_default,
+                                        int L, int Kin, int K, int n,
+                                        long long* __restrict__ out_tokens,   // [B, n]
+                                        long long* __restrict__ out_parents,  // [B, n]
+                                        long long* __restrict__ out_depths,   // [B, n]
+                                        long long* __restrict__ out_ranks,    // [B, n]
+                                        float* __restrict__ out_scores) {     // [B, n]
+    extern __shared__ double ddt_smem[];
+    const int b = blockIdx.x;
+    const int cap = n;
+    double* hs = ddt_smem;
+    float* lps = reinterpret_cast<float*>(hs + cap);
+    int* hp = reinterpret_cast<int*>(lps + L * K);
+    int* hr = hp + cap;
+    int* npar = hr + cap;
+    int* nrank = npar + n;
+    int* ndep = nrank + n;
+
+    const float* lpb = logprobs + (long long)b * L * Kin;
+    for (int e = threadIdx.x; e < L * K; e += blockDim.x) {
+        const int d = e / K, r = e - d * K;
+        lps[e] = lpb[(long long)d * Kin + r];
+    }
+    __syncthreads();
+
+    if (threadIdx.x == 0) {
+        npar[0] = -1; nrank[0] = -1; ndep[0] = 0;
+        hs[0] = (double)lps[0]; hp[0] = 0; hr[0] = 0;
+        int size = 1;
+        for (int i = 1; i < n; ++i) {
+            // pop the top entry as node i
+            const double score = hs[0];
+            const int parent = hp[0], r = hr[0];
+            const int d = ndep[parent] + 1;
+            npar[i] = parent; nrank[i] = r; ndep[i] = d;
+            out_scores[(long long)b * n + i] = (float)score;
+            const bool last = (i == n - 1);
+            // replace the top with the next sibling, or with the last entry
+            if (!last && r + 1 < K) {
+                hs[0] = (score - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1];
+                hp[0] = parent; hr[0] = r + 1;
+            } else {
+                --size;
+                if (size > 0) { hs[0] = hs[size]; hp[0] = hp[size]; hr[0] = hr[size]; }
+            }
+            // sift down from the root
+            int pos = 0;
+            while (true) {
+                const int lc = 2 * pos + 1;
+                if (lc >= size) break;
+                int best = lc;
+                const int rc = lc + 1;
+                if (rc < size && ddt_before(rc, lc, hs, hp, hr, npar, nrank, ndep)) best = rc;
+                if (!ddt_before(best, pos, hs, hp, hr, npar, nrank, ndep)) break;
+                ddt_swap(best, pos, hs, hp, hr);
+                pos = best;
+            }
+            // push the first child
+            if (!last && d < L) {
+                int c = size++;
+                hs[c] = score + (double)lps[d * K];
+                hp[c] = i; hr[c] = 0;
+                while (c > 0) {
+                    const int up = (c - 1) >> 1;
+                    if (!ddt_before(c, up, hs, hp, hr, npar, nrank, ndep)) break;
+                    ddt_swap(c, up, hs, hp, hr);
+                    c = up;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    const long long* idb = token_ids + (long long)b * L * Kin;
+    const long long root = root_tokens ? root_tokens[b] : root_default;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const long long o = (long long)b * n + i;
+        if (i == 0) {
+            out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
+            out_ranks[o] = -1; out_scores[o] = 0.0f;
+        } else {
+            const int d = ndep[i], r = nrank[i];
+            out_tokens[o] = idb[(long long)(d - 1) * Kin + r];
+            out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
+        }
+    }
+}
+
+// vis[b, i, j] = 1 iff j == i or j is an ancestor of i (parents[b, i] < i).
+extern "C" __global__ void ddtree_visibility(const long long* __restrict__ parents,  // [B, n]
+                                             int B, int n,
+                                             unsigned char* __restrict__ vis) {   // [B, n, n]
+    const long long total = (long long)B * n * n;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const int j = (int)(e % n);
+        const long long bi = e / n;
+        const int i = (int)(bi % n);
+        const long long b = bi / n;
+        const long long* pb = parents + b * n;
+        int cur = i;
+        while (cur > j) cur = (int)pb[cur];
+        vis[e] = (cur == j) ? 1 : 0;
+    }
+}
+
+// One warp per request, DDT_ACCEPT_WARPS requests per block.
+// Shared: int mp[warps][n]: mp[j] = parents[j] when tokens[j] == argmax[parents[j]], else -1.
+extern "C" __global__ void ddtree_accept(const long long* __restrict__ tokens,   // [B, n]
+                                         const long long* __restrict__ parents,  // [B, n]
+                                         const long long* __restrict__ argmax,   // [B, n]
+                                         int B, int n,
+                                         long long* __restrict__ accepted,  // [B, n], -1 padded
+                                         long long* __restrict__ lengths,   // [B]
+                                         long long* __restrict__ bonus) {   // [B]
+    extern __shared__ int ddt_acc_smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (b >= B) return;  // whole warp leaves together
+    int* mp = ddt_acc_smem + warp * n;
+    const long long base = (long long)b * n;
+    for (int j = lane; j < n; j += 32) {
+        int m = -1;
+        if (j > 0) {
+            const long long p = parents[base + j];
+            if (tokens[base + j] == argmax[base + p]) m = (int)p;
+        }
+        mp[j] = m;
+        accepted[base + j] = -1;
+    }
+    __syncwarp();
+    int cur = 0, len = 1;
+    if (lane == 0) accepted[base] = 0;
+    while (true) {
+        int found = -1;
+        for (int j0 = cur + 1; j0 < n; j0 += 32) {
+            const int j = j0 + lane;
+            const unsigned hit = __ballot_sync(DDT_FULL_MASK, j < n && mp[j] == cur);
+            if (hit) { found = j0 + __ffs(hit) - 1; break; }
+        }
+        if (found < 0) break;
+        if (lane == 0) accepted[base + len] = found;
+        ++len;
+        cur = found;
+    }
+    if (lane == 0) {
+        lengths[b] = len;
+        bonus[b] = argmax[base + cur];
+    }
+}
+
+// keep[b, j] = slots[b, accepted[b, j]] for j < lengths[b], else -1 (path order).
+// freed[b, :] = slots of the other nodes in node order, -1 padded; nfree[b] their count.
+extern "C" __global__ void ddtree_commit_scattered(const long long* __restrict__ slots,     // [B, n]
+                                                   const long long* __restrict__ accepted,  // [B, n]
+                                                   const long long* __restrict__ lengths,   // [B]
+                                                   int B, int n,
+                                                   long long* __restrict__ keep,    // [B, n]
+                                                   long long* __restrict__ freed,   // [B, n]
+                                                   long long* __restrict__ nfree) { // [B]
+    extern __shared__ unsigned char ddt_keep_flag[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (b >= B) return;
+    unsigned char* flag = ddt_keep_flag + warp * n;
+    const long long base = (long long)b * n;
+    const int len = (int)lengths[b];
+    for (int j = lane; j < n; j += 32) flag[j] = 0;
+    __syncwarp();
+    for (int j = lane; j < n; j += 32) {
+        if (j < len) {
+            const int a = (int)accepted[base + j];
+            flag[a] = 1;
+            keep[base + j] = slots[base + a];
+        } else {
+            keep[base + j] = -1;
+        }
+    }
+    __syncwarp();
+    int count = 0;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        const int j = j0 + lane;
+        const bool f = j < n && !flag[j];
+        const unsigned m = __ballot_sync(DDT_FULL_MASK, f);
+        if (f) freed[base + count + __popc(m & ((1u << lane) - 1u))] = slots[base + j];
+        count += __popc(m);
+    }
+    for (int j = count + lane; j < n; j += 32) freed[base + j] = -1;
+    if (lane == 0) nfree[b] = count;
+}
+
+// In-place compaction: row dest_start[b] + j <- row slots[b, accepted[b, j]], j < lengths[b],
+// for every plane. kv is viewed as [planes, S, W] 32-bit words. One block per (request,
+// plane); each column tile of all accepted rows is read fully before any of it is written,
+// so overlapping sources and destinations of one request are safe.
+#define DDT_COMPACT_REGS 4
+extern "C" __global__ void ddtree_commit_compact(unsigned int* __restrict__ kv,
+                                                 long long plane_stride, int W,
+                                                 const long long* __restrict__ slots,     // [B, n]
+                                                 const long long* __restrict__ accepted,  // [B, n]
+                                                 const long long* __restrict__ lengths,   // [B]
+                                                 const long long* __restrict__ dest_start,// [B]
+                                                 int n) {
+    extern __shared__ long long ddt_src_rows[];
+    const int b = blockIdx.x;
+    unsigned int* plane = kv + (long long)blockIdx.y * plane_stride;
+    const long long base = (long long)b * n;
+    const int len = (int)lengths[b];
+    const long long dst0 = dest_start[b];
+    for (int j = threadIdx.x; j < len; j += blockDim.x)
+        ddt_src_rows[j] = slots[base + accepted[base + j]];
+    __syncthreads();
+    const int per_tile = blockDim.x * DDT_COMPACT_REGS;
+    // columns per tile; a root path has at most L + 1 <= 33 rows, far below per_tile
+    int tc = len > 0 ? per_tile / len : W;
+    if (tc < 1) tc = 1;
+    if (tc > W) tc = W;
+    for (int c0 = 0; c0 < W; c0 += tc) {
+        const int cols = (W - c0 < tc) ? (W - c0) : tc;
+        const int items = cols * len;
+        unsigned int v[DDT_COMPACT_REGS];
+#pragma unroll
+        for (int q = 0; q < DDT_COMPACT_REGS; ++q) {
+            const int e = threadIdx.x + q * blockDim.x;
+            if (e < items) {
+                const int j = e / cols, c = e - j * cols;
+                v[q] = plane[ddt_src_rows[j] * W + c0 + c];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < DDT_COMPACT_REGS; ++q) {
+            const int e = threadIdx.x + q * blockDim.x;
+            if (e < items) {
+                const int j = e / cols, c = e - j * cols;
+                plane[(dst0 + j) * W + c0 + c] = v[q];
+            }
+        }
+        __syncthreads();
+    }
+}
