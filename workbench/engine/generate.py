@@ -1,0 +1,341 @@
+"""Greedy and DDTree speculative generation over the paged latent KV cache.
+
+:func:`generate` runs several requests together (concurrency C = number of
+prompts): each step is one ragged target forward over every active request.
+
+- ``greedy``: one new token per request per step.
+- ``ddtree``: per step, drafter -> top-K log-probs (K = min(budget, vocab))
+  -> best-first tree of ``budget`` nodes under the bonus token -> one verify
+  forward over all tree nodes (position = start + depth, tree visibility;
+  the nodes' latent rows are written to freshly allocated slots) -> greedy
+  accept -> commit (``scattered``: keep the accepted nodes' slots;
+  ``compacted``: move their rows to the first slots) -> next bonus token.
+  Output equals greedy decoding token for token (lossless) for any drafter.
+
+Per step and request a :class:`StepRecord` holds the accepted length (root
+counted: tokens committed this step), the tree size (verify width), the batch
+and the phase times in ms (draft, tree_build, verify, accept, commit, total):
+CUDA events on the GPU, ``time.perf_counter`` on the CPU. The phases use the
+references of :mod:`workbench.ddtree` for top-k, tree build and accept, and
+its GPU kernels where they exist (verify attention inside the model).
+A full KV pool ends only the request that asked for slots (its result gets
+``error``); the others continue.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from workbench.engine.kv_cache import COMMIT_MODES, KVPoolFull, PagedKVCache
+from workbench.engine.model import Segment
+
+METHODS = ("greedy", "ddtree")
+PHASES = ("draft", "tree_build", "verify", "accept", "commit")
+
+
+@dataclasses.dataclass
+class StepRecord:
+    step: int
+    accepted_length: int
+    tree_size: int
+    batch: int
+    times_ms: dict[str, float]
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """One request: its prompt, the generated tokens, per-step records, and an error if it failed."""
+
+    prompt: list[int]
+    tokens: list[int]
+    steps: list[StepRecord]
+    prefill_ms: float = 0.0
+    error: str | None = None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return float(np.mean([s.accepted_length for s in self.steps])) if self.steps else float("nan")
+
+
+class _Timer:
+    """Phase timer: CUDA events on the GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._now()))
+
+    def finish(self) -> dict[str, float]:
+        out = {p: 0.0 for p in PHASES}
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = out.get(name, 0.0) + (a.elapsed_time(b) if self.cuda else (b - a) * 1e3)
+        out["total"] = sum(out[p] for p in out if p != "total")
+        return out
+
+
+@dataclasses.dataclass(eq=False)
+class _Req:
+    index: int
+    prompt: list[int]
+    out: list[int]
+    steps: list[StepRecord]
+    feats: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    feat_pos: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    prefill_ms: float = 0.0
+    error: str | None = None
+    done: bool = False
+
+
+def _check_prompts(prompts, vocab: int) -> list[list[int]]:
+    if isinstance(prompts, torch.Tensor):
+        prompts = [prompts.tolist()] if prompts.dim() == 1 else prompts.tolist()
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; give at least one prompt")
+    out = []
+    for i, p in enumerate(prompts):
+        p = [int(x) for x in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        bad = [x for x in p if not 0 <= x < vocab]
+        if bad:
+            raise ValueError(f"prompt {i} holds token ids outside [0, {vocab}): {bad[:5]}")
+        out.append(p)
+    return out
+
+
+def _features(captured: dict[int, torch.Tensor], layers: Sequence[int]) -> torch.Tensor | None:
+    if not layers:
+        return None
+    return torch.cat([captured[l] for l in layers], -1)
+
+
+@torch.no_grad()
+def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafter=None, block: int = 16,
+             budget: int = 32, *, cache: PagedKVCache | None = None, kv_slots: int | None = None,
+             commit: str = "scattered", eos_token_id: int | None = None,
+             keep_cache: bool = False) -> list[GenerationResult]:
+    """Generate up to ``max_new_tokens`` per prompt; returns one :class:`GenerationResult` per prompt.
+
+    prompts: a list of token-id sequences (lists or int tensors) or an int tensor [T] / [B, T].
+    method: ``greedy`` or ``ddtree`` (needs ``drafter``, see :mod:`workbench.engine.drafters`).
+    block: drafted positions are ``block - 1`` (the drafter must produce at least that many).
+    budget: tree nodes besides the root (verify width budget + 1).
+    cache: a :class:`PagedKVCache` to use (default: a new one of ``kv_slots`` slots, enough for
+    every request by default). commit: ``scattered`` or ``compacted``. keep_cache: leave the
+    requests' slots in the cache (request ids are the prompt indices) instead of releasing them.
+    """
+    cfg = model.config
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    if commit not in COMMIT_MODES:
+        raise ValueError(f"unknown commit mode {commit!r}; allowed: {', '.join(COMMIT_MODES)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if method == "ddtree":
+        if drafter is None:
+            raise ValueError("method 'ddtree' needs a drafter (ScriptedDrafter, DFlashDrafter, ...)")
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        if block < 2:
+            raise ValueError(f"block must be >= 2, got {block}")
+    prompts = _check_prompts(prompts, cfg.vocab_size)
+    dev = model.device
+    width = (budget + 1) if method == "ddtree" else 1
+    if cache is None:
+        need = sum(len(p) + max_new_tokens + width + 1 for p in prompts)
+        cache = PagedKVCache.for_model(model, kv_slots or need)
+    longest = max(len(p) for p in prompts) + max_new_tokens + (block if method == "ddtree" else 0)
+    if longest > model.rotary.max_positions:
+        raise ValueError(f"prompt + max_new_tokens reaches position {longest}, beyond the context limit "
+                         f"{model.rotary.max_positions}")
+    layers = tuple(getattr(drafter, "target_layers", ()) or ()) if method == "ddtree" else ()
+    reqs = [_Req(i, p, [], []) for i, p in enumerate(prompts)]
+    timer = _Timer(dev)
+
+    def fail(r: _Req, err: Exception) -> None:
+        r.error, r.done = f"{type(err).__name__}: {err}", True
+        if r.index in cache.requests():
+            cache.release(r.index)
+
+    def finish(r: _Req, new: list[int]) -> None:
+        for t in new:
+            if len(r.out) >= max_new_tokens:
+                break
+            r.out.append(int(t))
+            if eos_token_id is not None and int(t) == eos_token_id:
+                break
+        if len(r.out) >= max_new_tokens or (eos_token_id is not None and r.out and r.out[-1] == eos_token_id):
+            r.done = True
+
+    # ---- prefill: every prompt in one ragged forward -------------------------
+    timer.start()
+    segs, toks, pos, live = [], [], [], []
+    for r in reqs:
+        cache.add_request(r.index)
+        try:
+            s = cache.allocate(r.index, len(r.prompt))
+        except KVPoolFull as e:
+            fail(r, e)
+            continue
+        segs.append(Segment(cache.slots(r.index), s))
+        toks.append(torch.tensor(r.prompt, dtype=torch.int64))
+        pos.append(torch.arange(len(r.prompt)))
+        live.append(r)
+    if live:
+        logits, cap = model.forward_batch(torch.cat(toks).to(dev), torch.cat(pos).to(dev), segs, cache, layers)
+        ends = torch.tensor(np.cumsum([len(r.prompt) for r in live]) - 1, device=dev)
+        first = logits[ends].argmax(-1).tolist()
+        feats = _features(cap, layers)
+        off = 0
+        for r, s, t in zip(live, segs, first):
+            cache.append(r.index, s.tail_slots)
+            if feats is not None:
+                r.feats.append(feats[off:off + len(r.prompt)])
+                r.feat_pos.append(torch.arange(len(r.prompt), device=dev))
+            off += len(r.prompt)
+            finish(r, [t])
+    timer.mark("verify")
+    prefill_ms = timer.finish()["total"]
+    for r in reqs:
+        r.prefill_ms = prefill_ms
+
+    # ---- decode steps ----------------------------------------------------------
+    step = 0
+    while True:
+        active = [r for r in reqs if not r.done]
+        if not active:
+            break
+        timer.start()
+        if method == "greedy":
+            records = _greedy_step(model, cache, active, timer, fail)
+            for r, (tok, rec) in records.items():
+                finish(r, [tok])
+        else:
+            records = _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers)
+            for r, (new, rec) in records.items():
+                finish(r, new)
+        times = timer.finish()
+        for r, (_, rec) in records.items():
+            rec.step, rec.times_ms, rec.batch = step, times, len(records)
+            r.steps.append(rec)
+        step += 1
+    if not keep_cache:
+        for r in reqs:
+            if r.index in cache.requests():
+                cache.release(r.index)
+    return [GenerationResult(r.prompt, r.out, r.steps, r.prefill_ms, r.error) for r in reqs]
+
+
+def _np(x) -> np.ndarray:
+    return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _allocate(cache, active, n_of, fail):
+    got = []
+    for r in active:
+        try:
+            got.append((r, cache.allocate(r.index, n_of(r))))
+        except KVPoolFull as e:
+            fail(r, e)
+    return got
+
+
+def _greedy_step(model, cache, active, timer, fail):
+    dev = model.device
+    timer.mark("draft")
+    got = _allocate(cache, active, lambda r: 1, fail)
+    if not got:
+        return {}
+    segs = [Segment(cache.slots(r.index), s) for r, s in got]
+    toks = torch.tensor([r.out[-1] for r, _ in got], device=dev)
+    pos = torch.tensor([cache.length(r.index) for r, _ in got], device=dev)
+    logits, _ = model.forward_batch(toks, pos, segs, cache)
+    timer.mark("verify")
+    nxt = logits.argmax(-1).tolist()
+    timer.mark("accept")
+    for r, s in got:
+        cache.append(r.index, s)
+    timer.mark("commit")
+    return {r: (t, StepRecord(0, 1, 1, 0, {})) for (r, _), t in zip(got, nxt)}
+
+
+def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers):
+    from workbench.ddtree import accept_greedy, build_tree, topk_logprobs
+
+    dev = model.device
+    L = block - 1
+    V = model.config.vocab_size
+    inp_feats = None
+    if layers:
+        inp_feats = [torch.cat(r.feats) for r in active]
+        inp_pos = [torch.cat(r.feat_pos) for r in active]
+    from workbench.engine.drafters import DraftInput
+
+    inp = DraftInput(bonus=torch.tensor([r.out[-1] for r in active], device=dev),
+                     positions=torch.tensor([cache.length(r.index) for r in active], device=dev),
+                     request_index=[r.index for r in active], num_generated=[len(r.out) for r in active],
+                     context_features=inp_feats, context_positions=inp_pos if layers else None)
+    logits = drafter.draft(inp)
+    if logits.dim() != 3 or logits.shape[0] != len(active) or logits.shape[2] != V:
+        raise ValueError(f"drafter returned logits of shape {tuple(logits.shape)}; expected "
+                         f"[{len(active)}, >= {L}, {V}]")
+    if logits.shape[1] < L:
+        raise ValueError(f"block {block} needs {L} drafted positions, the drafter produced {logits.shape[1]}")
+    logits = logits[:, :L]
+    timer.mark("draft")
+    k = min(budget, V)
+    lp, ids = topk_logprobs(logits.float(), k)
+    lp, ids = _np(lp), _np(ids)
+    trees = {r.index: build_tree(lp[b], ids[b], budget, root_token=r.out[-1]) for b, r in enumerate(active)}
+    timer.mark("tree_build")
+    got = _allocate(cache, active, lambda r: trees[r.index].n, fail)
+    if not got:
+        return {}
+    segs, toks, pos = [], [], []
+    for r, s in got:
+        tr = trees[r.index]
+        start = cache.length(r.index)
+        segs.append(Segment(cache.slots(r.index), s, torch.as_tensor(tr.parents, device=dev)))
+        toks.append(torch.as_tensor(tr.tokens))
+        pos.append(torch.as_tensor(tr.depths) + start)
+    logits, cap = model.forward_batch(torch.cat(toks).to(dev), torch.cat(pos).to(dev), segs, cache, layers)
+    timer.mark("verify")
+    am = logits.argmax(-1).cpu().numpy()
+    accs, off = [], 0
+    for r, s in got:
+        n = trees[r.index].n
+        accs.append(accept_greedy(trees[r.index], am[off:off + n]))
+        off += n
+    timer.mark("accept")
+    feats = _features(cap, layers)
+    out, off = {}, 0
+    for (r, s), acc, seg, p in zip(got, accs, segs, pos):
+        tr = trees[r.index]
+        cache.commit(r.index, s, acc.nodes, mode=commit)
+        if feats is not None:
+            nodes = torch.as_tensor(acc.nodes, device=dev)
+            r.feats.append(feats[off:off + tr.n][nodes])
+            r.feat_pos.append(p.to(dev)[nodes])
+        off += tr.n
+        new = [int(t) for t in tr.tokens[acc.nodes[1:]]] + [int(acc.bonus)]
+        out[r] = (new, StepRecord(0, int(acc.length), int(tr.n), 0, {}))
+    timer.mark("commit")
+    return out

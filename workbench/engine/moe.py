@@ -1,0 +1,167 @@
+"""Mixture of experts in the DeepSeek-V3 / Kimi K2 form.
+
+- :class:`Router`: sigmoid scores, ``e_score_correction_bias`` added for the
+  choice only, group-limited top-k (groups ranked by the sum of their top-2
+  biased scores, ``topk_group`` groups kept), weights = unbiased scores of the
+  chosen experts, normalised when ``norm_topk_prob``, times
+  ``routed_scaling_factor``. Computed in float32.
+- :class:`RoutedExperts`: the routed experts, stacked, either dense
+  (``gate_proj``/``up_proj`` [E, I, D], ``down_proj`` [E, D, I]) or INT4
+  compressed-tensors pack-quantized (``*_packed`` int32 [E, out, in // 8],
+  ``*_scale`` bf16 [E, out, in // group]). The torch path dequantises each
+  touched expert once per call; ``workbench.moe.fused_moe_int4`` is used on
+  CUDA for INT4 experts at K2.6 shapes when that module is importable.
+- :class:`MLP`: SwiGLU (dense layers and shared experts).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.config import ModelConfig
+from workbench.int4 import dequantize_int4
+
+PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x [..., D] -> [..., D]."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """``forward(x [N, D]) -> (topk_ids int64 [N, k], topk_weights float32 [N, k])``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        E = config.n_routed_experts
+        if config.scoring_func != "sigmoid":
+            raise ValueError(f"unsupported scoring_func {config.scoring_func!r}; allowed: sigmoid")
+        if E % config.n_group:
+            raise ValueError(f"n_routed_experts {E} is not a multiple of n_group {config.n_group}")
+        if not 1 <= config.topk_group <= config.n_group:
+            raise ValueError(f"topk_group must be in 1..n_group={config.n_group}, got {config.topk_group}")
+        self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=torch.float32))
+        self.register_buffer("e_score_correction_bias", torch.zeros(E, dtype=torch.float32))
+        self.top_k = config.num_experts_per_tok
+        self.n_group, self.topk_group = config.n_group, config.topk_group
+        self.norm_topk_prob = config.norm_topk_prob
+        self.scaling = config.routed_scaling_factor
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        N = x.shape[0]
+        E = self.weight.shape[0]
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.e_score_correction_bias
+        if self.n_group > 1:
+            group_scores = choice.view(N, self.n_group, E // self.n_group).topk(2, dim=-1)[0].sum(-1)
+            group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
+            score_mask = group_mask.unsqueeze(-1).expand(N, self.n_group, E // self.n_group).reshape(N, E)
+            choice = choice.masked_fill(score_mask == 0, float("-inf"))
+        ids = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+        w = scores.gather(1, ids)
+        if self.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        return ids, w * self.scaling
+
+
+class RoutedExperts(nn.Module):
+    """Stacked routed experts; ``forward(x [N, D], ids [N, k], weights [N, k]) -> [N, D]`` in x.dtype."""
+
+    def __init__(self, config: ModelConfig, int4: bool = False, dtype: torch.dtype | None = None):
+        super().__init__()
+        E, D, I = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        self.num_experts, self.hidden, self.intermediate = E, D, I
+        self.int4 = int4
+        shapes = {"gate_proj": (I, D), "up_proj": (I, D), "down_proj": (D, I)}
+        self.shapes = shapes
+        if int4:
+            g = (config.expert_quant.group_size if config.expert_quant else 32)
+            self.group_size = g
+            for name, (o, i) in shapes.items():
+                if i % g:
+                    raise ValueError(f"expert {name} input dim {i} is not a multiple of group size {g}")
+                self.register_buffer(f"{name}_packed", torch.empty(E, o, i // 8, dtype=torch.int32))
+                self.register_buffer(f"{name}_scale", torch.empty(E, o, i // g, dtype=torch.bfloat16))
+        else:
+            for name, (o, i) in shapes.items():
+                self.register_parameter(name, nn.Parameter(torch.empty(E, o, i, dtype=dtype)))
+
+    def expert_weight(self, name: str, e: int, dtype: torch.dtype) -> torch.Tensor:
+        """Weight ``name`` of expert ``e`` as ``dtype`` [out, in] (dequantised for INT4)."""
+        if self.int4:
+            return dequantize_int4(getattr(self, f"{name}_packed")[e], getattr(self, f"{name}_scale")[e],
+                                   dtype=dtype)
+        return getattr(self, name)[e].to(dtype)
+
+    def weight_bytes_per_expert(self) -> int:
+        if self.int4:
+            return sum(getattr(self, f"{n}_packed")[0].numel() * 4 + getattr(self, f"{n}_scale")[0].numel() * 2
+                       for n in PROJS)
+        return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in PROJS)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        fused = _fused_int4()
+        if (fused is not None and self.int4 and x.is_cuda and x.dtype == torch.bfloat16
+                and self.hidden == 7168 and self.intermediate == 2048):
+            return fused(x, ids, weights, self)
+        out = torch.zeros_like(x)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tok = order // ids.shape[1]
+        slot = order % ids.shape[1]
+        start = 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            t, s = tok[start:start + c], slot[start:start + c]
+            start += c
+            xe = x[t]
+            h = F.silu(F.linear(xe, self.expert_weight("gate_proj", e, x.dtype))) * \
+                F.linear(xe, self.expert_weight("up_proj", e, x.dtype))
+            ye = F.linear(h, self.expert_weight("down_proj", e, x.dtype))
+            ye = ye * weights[t, s, None]
+            out.index_add_(0, t, ye.to(out.dtype))
+        return out
+
+
+def _fused_int4():
+    try:
+        from workbench.moe import fused_moe_int4  # type: ignore
+    except Exception:  # not written yet or its import failed: the torch path is used
+        return None
+    return fused_moe_int4
+
+
+class MoE(nn.Module):
+    """Router + routed experts + shared experts; ``forward(x [N, D]) -> [N, D]``.
+
+    ``last_expert_ids`` keeps the last call's routing (for byte counting in benchmarks).
+    """
+
+    def __init__(self, config: ModelConfig, int4: bool = False, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.gate = Router(config)
+        self.experts = RoutedExperts(config, int4=int4, dtype=dtype)
+        self.shared_experts = (MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
+                               if config.n_shared_experts else None)
+        self.last_expert_ids: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, w = self.gate(x)
+        self.last_expert_ids = ids
+        y = self.experts(x, ids, w)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y

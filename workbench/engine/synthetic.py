@@ -1,0 +1,82 @@
+"""Synthetic models: true K2.6 (or any config's) dimensions with random, never-zero weights.
+
+:func:`synthetic_model` builds a :class:`~workbench.engine.model.DeepseekV3`
+for a slice of a real config (a few layers, all or some routed experts) so
+that step times can be measured at real shapes on one GPU. :func:`tiny_config`
+gives a small config for CPU tests.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workbench.config import Int4Quant, ModelConfig, RopeScaling, load_config
+from workbench.engine.loader import build_empty
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A small DeepSeek-V3-shaped config (YaRN on, 2 groups, dense first layer) for CPU tests."""
+    base = dict(model_type="deepseek_v3", vocab_size=96, hidden_size=64, intermediate_size=96,
+                moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, n_shared_experts=1,
+                n_routed_experts=8, num_experts_per_tok=2, routed_scaling_factor=2.5, kv_lora_rank=32,
+                q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, n_group=2,
+                topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, scoring_func="sigmoid",
+                max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0,
+                rope_scaling=RopeScaling(type="yarn", factor=4.0, original_max_position_embeddings=256,
+                                         beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+                rope_interleave=True, name="tiny")
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+@torch.no_grad()
+def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None = 4, experts: int | None = None,
+                    seed: int = 0, device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16,
+                    int4: bool | None = None):
+    """A model with ``config``'s dimensions, its first ``layers`` layers and ``experts`` routed experts
+    (default: all), random weights (Gaussian, std 1/sqrt(fan_in); norms near 1; INT4 experts as random
+    nibbles with positive scales), reproducible from ``seed``.
+
+    int4: routed experts in INT4 (default: when the config says its experts are quantised).
+    Example: ``synthetic_model("kimi-k2.6", layers=4, device="cuda")`` is one dense and three MoE
+    layers with all 384 INT4 experts (about 30 GB).
+    """
+    cfg = load_config(config) if isinstance(config, str) else config
+    changes = {}
+    if layers is not None:
+        if not 1 <= layers <= cfg.num_hidden_layers:
+            raise ValueError(f"layers must be in 1..{cfg.num_hidden_layers}, got {layers}")
+        changes["num_hidden_layers"] = layers
+    if experts is not None:
+        if not cfg.num_experts_per_tok <= experts <= cfg.n_routed_experts or experts % cfg.n_group:
+            raise ValueError(f"experts must be in {cfg.num_experts_per_tok}..{cfg.n_routed_experts} and a "
+                             f"multiple of n_group={cfg.n_group}, got {experts}")
+        changes["n_routed_experts"] = experts
+    if int4 is None:
+        int4 = cfg.expert_quant is not None
+    if int4 and cfg.expert_quant is None:
+        changes["expert_quant"] = Int4Quant()
+    cfg = cfg.replace(**changes)
+    device = torch.device(device or "cpu")
+    model = build_empty(cfg, dtype, device, int4)
+    g = torch.Generator(device=device).manual_seed(seed)
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.endswith("_packed"):
+            t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, device=device, dtype=torch.int64)
+                    .to(torch.int32))
+        elif name.endswith("_scale"):
+            fan_in = t.shape[-1] * (model.layers[int(name.split(".")[1])].mlp.experts.group_size)
+            std_q = 4.61  # std of a uniform int in [-8, 7]
+            s = (1.0 + 0.25 * torch.rand(t.shape, generator=g, device=device)) / (std_q * math.sqrt(fan_in))
+            t.copy_(s.to(t.dtype))
+        elif name.endswith("e_score_correction_bias"):
+            t.copy_(0.01 * torch.randn(t.shape, generator=g, device=device))
+        elif t.dim() == 1:  # norm weights
+            t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g, device=device))
+        elif name == "embed_tokens.weight":
+            t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype))
+        else:
+            std = 1.0 / math.sqrt(t.shape[-1])
+            t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype) * std)
+    return model
