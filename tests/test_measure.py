@@ -1,0 +1,27 @@
+import json
+
+from workbench import display, measure
+
+
+def test_write_and_load_measurement_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_COMMIT", "abc123")
+    p = measure.write_measurement("unit", parameters={"m": 1}, results={"ms": 1.5}, samples=[1.4, 1.5, 1.6],
+                                  out_dir=tmp_path)
+    doc = json.loads(p.read_text())
+    assert doc["name"] == "unit" and doc["parameters"] == {"m": 1} and doc["samples"] == [1.4, 1.5, 1.6]
+    prov = doc["provenance"]
+    assert prov["git_commit"] == "abc123" and prov["python"] and prov["date_utc"].startswith("20")
+    assert measure.median(doc["samples"]) == 1.5
+
+
+def test_time_cpu_returns_samples():
+    s = measure.time_cpu(lambda: sum(range(1000)), warmup=1, reps=5)
+    assert len(s) == 5 and all(x > 0 for x in s)
+
+
+def test_tables():
+    rows = [{"a": 1, "b": 2.5, "c": True}, {"a": 12345, "b": 0.001, "c": None}]
+    fig = display.table(rows, title="t")
+    assert list(fig.data[0].header.values) == ["a", "b", "c"]
+    txt = display.text_table(rows)
+    assert "12,345" in txt and txt.splitlines()[0].split() == ["a", "b", "c"]
