@@ -1,0 +1,379 @@
+"""Calibration of the step-cost model: this workbench's H200 measurements where present,
+the source's anchors otherwise.
+
+Measurement files (``data/measurements/h200/<name>.json``, read with
+:func:`workbench.measure.load_measurement`, or given as paths):
+
+- ``moe_bandwidth`` -> the MoE kernel's fraction of the copy bandwidth per M
+  (uniform routing) and the copy bandwidth of the same run;
+- ``ddtree_kernels`` -> the verify attention's fraction of its floor per prefix
+  length (at heads = 64 / tp), and the GPU tree-build time;
+- ``engine_step`` -> a measured step breakdown, shown beside the model (not
+  fitted).
+
+Their layouts are read defensively (see :func:`_records`): records are dicts
+found anywhere under ``results``; a file whose records cannot be read is
+reported in :attr:`Calibration.notes` and the anchors are used instead. No
+measured number is typed here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from workbench.measure import load_measurement
+from workbench.projection.model import (
+    GpuSpec, Range, default_model, load_anchors, load_assumptions, load_gpu, moe_layer_bytes,
+)
+
+MEASUREMENT_NAMES = ("moe_bandwidth", "ddtree_kernels", "engine_step")
+
+
+# ---------------------------------------------------------------------------
+# Reading measurement files defensively
+# ---------------------------------------------------------------------------
+def _records(obj: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
+    """Every dict under ``obj`` with the keys that led to it (list indices skipped)."""
+    if isinstance(obj, dict):
+        yield path, obj
+        for k, v in obj.items():
+            yield from _records(v, path + (str(k),))
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _records(v, path)
+
+
+def _num(d: Mapping[str, Any], *keys: str) -> float | None:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def _text(path: tuple, d: Mapping[str, Any]) -> str:
+    parts = list(path) + [str(v) for k, v in d.items() if isinstance(v, str)]
+    return " ".join(parts).lower()
+
+
+_M_KEYS = ("m", "M", "tokens", "num_tokens", "n_tokens")
+_MS_KEYS = ("median_ms_per_layer", "ms_per_layer", "median_ms", "time_ms", "ms")
+_PCT_COPY_KEYS = ("percent_of_copy_bandwidth", "pct_of_copy_bandwidth", "percent_of_copy", "pct_of_copy",
+                  "percent_of_measured_bandwidth", "pct_of_measured_bandwidth", "percent_of_bandwidth",
+                  "pct_bandwidth", "percent_of_peak", "pct_of_peak")
+_FRAC_COPY_KEYS = ("fraction_of_copy_bandwidth", "fraction_of_copy", "frac_of_copy")
+_BYTES_KEYS = ("bytes_moved", "bytes", "weight_bytes")
+_COPY_KEYS_GBPS = ("copy_gb_per_s", "copy_bandwidth_gb_per_s", "measured_copy_gb_per_s", "gb_per_s")
+_COPY_KEYS_BPS = ("copy_bytes_per_s", "copy_bandwidth_bytes_per_s", "measured_copy_bytes_per_s",
+                  "bandwidth_bytes_per_s")
+_PEER_WORDS = ("cublas", "torch", "dequant", "bf16_peer", "peer", "reference", "skew")
+
+
+def _is_peer(text: str) -> bool:
+    return any(w in text for w in _PEER_WORDS)
+
+
+def _copy_bandwidth(doc: Mapping[str, Any]) -> float | None:
+    """The copy bandwidth (bytes/s) measured in the same run, if the file records one."""
+    for path, d in _records(doc.get("results")):
+        t = _text(path, d)
+        if "copy" not in t:
+            continue
+        v = _num(d, *_COPY_KEYS_BPS)
+        if v:
+            return v
+        v = _num(d, *_COPY_KEYS_GBPS)
+        if v:
+            return v * 1e9
+        v = _num(d, "copy_tb_per_s", "tb_per_s")
+        if v:
+            return v * 1e12
+    for d in (doc.get("parameters") or {}, doc.get("results") or {}):
+        if isinstance(d, dict):
+            v = _num(d, *_COPY_KEYS_BPS)
+            if v:
+                return v
+            v = _num(d, *_COPY_KEYS_GBPS)
+            if v:
+                return v * 1e9
+    return None
+
+
+def moe_points_from_measurement(doc: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """(M, fraction of the copy bandwidth) of the workbench MoE kernel, uniform routing, sorted by M.
+
+    Uses a recorded percent/fraction of the copy bandwidth when present, else
+    bytes moved / (median ms x the run's copy bandwidth).
+    """
+    copy_bw = _copy_bandwidth(doc)
+    pts: dict[float, float] = {}
+    for path, d in _records(doc.get("results")):
+        m = _num(d, *_M_KEYS)
+        if m is None or m < 1:
+            continue
+        t = _text(path, d)
+        if _is_peer(t):
+            continue
+        frac = _num(d, *_FRAC_COPY_KEYS)
+        if frac is None:
+            pct = _num(d, *_PCT_COPY_KEYS)
+            if pct is not None:
+                frac = pct / 100.0
+        if frac is None:
+            ms = _num(d, *_MS_KEYS)
+            nbytes = _num(d, *_BYTES_KEYS)
+            if ms and nbytes and copy_bw:
+                frac = nbytes / (ms * 1e-3) / copy_bw
+        if frac is not None and 0 < frac < 2 and m not in pts:
+            pts[m] = frac
+    return sorted(pts.items())
+
+
+def attention_points_from_measurement(doc: Mapping[str, Any], heads: int) -> list[tuple[float, float]]:
+    """(prefix length, fraction of the floor) of the verify attention at ``heads`` heads, sorted."""
+    pts: dict[float, float] = {}
+    for path, d in _records(doc.get("results")):
+        t = _text(path, d)
+        if "verify" not in t and "attention" not in t:
+            continue
+        if _is_peer(t) and "workbench" not in t:
+            continue
+        prefix = _num(d, "prefix", "prefix_len", "prefix_length", "context", "P")
+        h = _num(d, "heads", "H", "num_heads", "n_heads")
+        if prefix is None or (h is not None and int(h) != heads):
+            continue
+        frac = _num(d, "fraction_of_floor", "frac_of_floor")
+        if frac is None:
+            pct = _num(d, "percent_of_floor", "pct_of_floor", "floor_percent")
+            frac = None if pct is None else pct / 100.0
+        if frac is None:
+            ms, floor = _num(d, "median_ms", "ms", "time_ms"), _num(d, "floor_ms")
+            if ms and floor:
+                frac = floor / ms
+        if frac is not None and 0 < frac <= 1.5 and prefix not in pts:
+            pts[prefix] = frac
+    return sorted(pts.items())
+
+
+def tree_build_ms_from_measurement(doc: Mapping[str, Any]) -> float | None:
+    """Median GPU tree-build time (ms) for one launch, if the file records one."""
+    for path, d in _records(doc.get("results")):
+        t = _text(path, d)
+        if "build" not in t or "cpu" in " ".join(path).lower():
+            continue
+        v = _num(d, "gpu_median_ms", "median_ms", "gpu_ms")
+        if v is not None:
+            return v
+        v = _num(d, "gpu_median_us", "median_us", "gpu_us")
+        if v is not None:
+            return v * 1e-3
+    return None
+
+
+def _interp_log(points: list[tuple[float, float]], x: float) -> float:
+    """Linear interpolation in log(x); constant beyond the ends."""
+    if not points:
+        raise ValueError("no points to interpolate")
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    return points[-1][1]
+
+
+# ---------------------------------------------------------------------------
+# The calibration
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class Calibration:
+    """Where each calibrated quantity of the model comes from.
+
+    ``moe_measured``: (M, fraction of copy) points from a measurement, or None
+    (then the source's PRO 6000 anchors are used, converted to a fraction of
+    the copy bandwidth with the ranged PRO 6000 copy fraction).
+    """
+
+    moe_measured: list[tuple[float, float]] | None = None
+    moe_measured_gpu: str | None = None
+    moe_copy_bytes_per_s: float | None = None
+    moe_file: str | None = None
+    attention_measured: list[tuple[float, float]] | None = None
+    tree_build_measured_ms: float | None = None
+    engine_step: dict[str, Any] | None = None
+    files: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    heads_per_gpu: int = 8
+
+    # -- quantities the model asks for -------------------------------------
+    def moe_fraction(self, m: float, params: Mapping[str, float]) -> float:
+        """Fraction of the copy bandwidth the MoE GEMM reaches at ``m`` tokens."""
+        if self.moe_measured:
+            return _interp_log(self.moe_measured, m)
+        return _interp_log(self.anchor_moe_points(params), m)
+
+    @staticmethod
+    def anchor_moe_points(params: Mapping[str, float]) -> list[tuple[float, float]]:
+        anchors = load_anchors()["anchors"]
+        cfg = default_model()
+        pro = load_gpu("rtx-pro-6000")
+        copy = params.get("copy_fraction:rtx-pro-6000", pro.copy_fraction.central)
+        pts = []
+        for key in ("moe_ms_per_layer_m9", "moe_ms_per_layer_m32"):
+            a = anchors[key]
+            achieved = moe_layer_bytes(cfg, a["m"]) / (a["value"] * 1e-3)
+            pts.append((float(a["m"]), achieved / (pro.bandwidth_bytes_per_s * copy)))
+        return sorted(pts)
+
+    def attention_fraction(self, context: int, params: Mapping[str, float]) -> float:
+        if self.attention_measured:
+            return _interp_log(self.attention_measured, max(context, 1))
+        return params["attention_fraction_of_floor"]
+
+    def gpu_tree_build_ms(self, params: Mapping[str, float]) -> float:
+        if self.tree_build_measured_ms is not None:
+            return self.tree_build_measured_ms
+        return params["gpu_tree_build_ms"]
+
+    # -- ranges it contributes ----------------------------------------------
+    def param_ranges(self) -> dict[str, Range]:
+        """Ranged quantities the calibration needs (keys of the ``params`` dict)."""
+        a = load_assumptions()
+        out: dict[str, Range] = {}
+        if not self.moe_measured:
+            out["copy_fraction:rtx-pro-6000"] = load_gpu("rtx-pro-6000").copy_fraction
+        if not self.attention_measured:
+            out["attention_fraction_of_floor"] = Range.from_json(a["attention_fraction_of_floor"])
+        if self.tree_build_measured_ms is None:
+            out["gpu_tree_build_ms"] = Range.from_json(a["gpu_tree_build_ms"], unit="ms")
+        return out
+
+    def gpu_overrides(self, gpu: GpuSpec) -> dict[str, Range]:
+        """Measured replacements for a GPU's ranged quantities (the copy fraction of the run)."""
+        if self.moe_measured and self.moe_copy_bytes_per_s and gpu.id == self.moe_measured_gpu:
+            frac = self.moe_copy_bytes_per_s / gpu.bandwidth_bytes_per_s
+            return {f"copy_fraction:{gpu.id}": Range.fixed(
+                frac, f"copy bandwidth measured in the same run as the MoE kernel ({self.moe_file})",
+                kind="measured")}
+        return {}
+
+    @property
+    def moe_source(self) -> str:
+        if self.moe_measured:
+            return f"measured: {self.moe_measured_gpu} moe_bandwidth ({len(self.moe_measured)} M points)"
+        return "anchors: PRO 6000 Marlin 1.18 ms/layer at M=9, 3.171 ms/layer at M=32"
+
+    def describe(self) -> list[dict[str, str]]:
+        """One row per calibrated quantity: what, value, source."""
+        rows = [{"quantity": "MoE fraction of copy bandwidth", "source": self.moe_source,
+                 "value": ", ".join(f"M={m:g}: {f:.3f}" for m, f in
+                                    (self.moe_measured or self.anchor_moe_points({})))}]
+        if self.attention_measured:
+            rows.append({"quantity": "verify attention fraction of floor",
+                         "source": "measured: ddtree_kernels", "value": ", ".join(
+                             f"prefix {p:g}: {f:.3f}" for p, f in self.attention_measured)})
+        else:
+            r = Range.from_json(load_assumptions()["attention_fraction_of_floor"])
+            rows.append({"quantity": "verify attention fraction of floor", "source": "assumption",
+                         "value": f"{r.low:g}-{r.high:g} (central {r.central:g})"})
+        if self.tree_build_measured_ms is not None:
+            rows.append({"quantity": "GPU tree build", "source": "measured: ddtree_kernels",
+                         "value": f"{self.tree_build_measured_ms * 1e3:.1f} us"})
+        else:
+            r = Range.from_json(load_assumptions()["gpu_tree_build_ms"])
+            rows.append({"quantity": "GPU tree build", "source": "assumption",
+                         "value": f"{r.low * 1e3:g}-{r.high * 1e3:g} us"})
+        return rows
+
+
+def _load_doc(item: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    if isinstance(item, Mapping):
+        return dict(item), str(item.get("name", "<dict>"))
+    p = Path(item)
+    if not p.exists():
+        raise FileNotFoundError(f"calibration file {str(p)!r} does not exist")
+    try:
+        doc = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"calibration file {str(p)!r} is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"calibration file {str(p)!r} must hold a JSON object (a measurement file)")
+    return doc, str(p)
+
+
+def _kind_of(doc: Mapping[str, Any], label: str) -> str:
+    name = str(doc.get("name") or Path(label).stem)
+    for n in MEASUREMENT_NAMES:
+        if n in name:
+            return n
+    raise ValueError(f"calibration file {label!r} has name {name!r}; allowed measurement names: "
+                     f"{', '.join(MEASUREMENT_NAMES)}")
+
+
+def _gpu_of(doc: Mapping[str, Any], default: str) -> str:
+    name = str((doc.get("provenance") or {}).get("gpu") or "").lower()
+    for key in ("h200", "h100", "b300", "b200"):
+        if key in name:
+            return key
+    if "rtx pro 6000" in name:
+        return "rtx-pro-6000"
+    return default
+
+
+def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = None, *,
+                     use_measurements: bool = True, gpu: str = "h200", tp: int = 8,
+                     num_attention_heads: int | None = None) -> Calibration:
+    """Build a :class:`Calibration`.
+
+    ``files``: measurement files (paths or parsed dicts) that take precedence
+    over the committed ones; ``use_measurements=False`` ignores the committed
+    ``data/measurements/<gpu>/`` files (anchors only, the source's own stack).
+    """
+    heads = (num_attention_heads or default_model().num_attention_heads) // tp
+    cal = Calibration(heads_per_gpu=max(heads, 1))
+    docs: dict[str, tuple[dict[str, Any], str]] = {}
+    for item in files or ():
+        doc, label = _load_doc(item)
+        docs[_kind_of(doc, label)] = (doc, label)
+    if use_measurements:
+        for n in MEASUREMENT_NAMES:
+            if n not in docs:
+                doc = load_measurement(n, gpu)
+                if doc is not None:
+                    docs[n] = (doc, f"data/measurements/{gpu}/{n}.json")
+    if "moe_bandwidth" in docs:
+        doc, label = docs["moe_bandwidth"]
+        pts = moe_points_from_measurement(doc)
+        if pts:
+            cal.moe_measured = pts
+            cal.moe_measured_gpu = _gpu_of(doc, gpu)
+            cal.moe_copy_bytes_per_s = _copy_bandwidth(doc)
+            cal.moe_file = label
+            cal.files.append(label)
+        else:
+            cal.notes.append(f"{label}: no MoE records with M and a fraction of the copy bandwidth "
+                             f"found; using the source's anchors")
+    if "ddtree_kernels" in docs:
+        doc, label = docs["ddtree_kernels"]
+        pts = attention_points_from_measurement(doc, cal.heads_per_gpu)
+        if pts:
+            cal.attention_measured = pts
+        else:
+            cal.notes.append(f"{label}: no verify records at {cal.heads_per_gpu} heads with a floor; "
+                             f"attention efficiency stays an assumption")
+        tb = tree_build_ms_from_measurement(doc)
+        if tb is not None:
+            cal.tree_build_measured_ms = tb
+        if pts or tb is not None:
+            cal.files.append(label)
+    if "engine_step" in docs:
+        doc, label = docs["engine_step"]
+        cal.engine_step = doc
+        cal.files.append(label)
+    return cal

@@ -1,0 +1,76 @@
+"""``workbench project``: tokens/s on another GPU from the calibrated step-cost model.
+
+    workbench project --gpu b300 --block 16 --budget 32 --accept 12 16 [--overhead-ms 8]
+                      [--calibration FILE...] [--json]
+
+Also: ``--context`` (tokens, default 1024), ``--tp`` (default 8),
+``--tree-builder cpu|gpu``, ``--bandwidth-tbs`` (what-if datasheet bandwidth),
+``--overhead-cut-ms`` (subtract from the calibrated host overhead) and
+``--anchors-only`` (ignore data/measurements: the source's own stack).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "project", help="project DDTree decode tokens/s onto a GPU (B300, ...) from the calibrated step model",
+        description="Per-step cost model of DDTree decode at concurrency 1, calibrated on this workbench's H200 "
+                    "measurements where present and on the source's anchors (data/anchors/). Prints tokens/s "
+                    "low / central / high and the step breakdown.")
+    p.add_argument("--gpu", required=True, help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
+    p.add_argument("--block", type=int, required=True, help="drafter block size (bonus token + drafted positions)")
+    p.add_argument("--budget", type=int, required=True, help="tree budget: non-root nodes (verify width budget+1)")
+    p.add_argument("--accept", type=float, nargs="+", required=True,
+                   help="accepted length(s) per step, root included (1 <= a <= block)")
+    p.add_argument("--overhead-ms", type=float, default=None,
+                   help="fix the host overhead per step (default: calibrated on the source's B300 anchor)")
+    p.add_argument("--overhead-cut-ms", type=float, default=None,
+                   help="subtract this much from the calibrated host overhead")
+    p.add_argument("--calibration", nargs="+", default=None, metavar="FILE",
+                   help="measurement files (moe_bandwidth / ddtree_kernels / engine_step JSON) that replace the "
+                        "committed data/measurements/h200 ones")
+    p.add_argument("--anchors-only", action="store_true",
+                   help="ignore data/measurements; calibrate on the source's anchors only")
+    p.add_argument("--context", type=int, default=1024, help="context length in tokens (default 1024)")
+    p.add_argument("--tp", type=int, default=8, help="tensor-parallel GPUs (default 8)")
+    p.add_argument("--tree-builder", choices=("cpu", "gpu"), default="cpu",
+                   help="where the draft tree is built (default cpu, as in SGLang)")
+    p.add_argument("--bandwidth-tbs", type=float, default=None,
+                   help="what-if datasheet memory bandwidth of the GPU in TB/s")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from workbench.projection.project import project
+
+    for name in ("block", "budget", "tp"):
+        v = getattr(args, name)
+        if v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if args.context < 0:
+        raise ValueError(f"--context must be >= 0 tokens, got {args.context}")
+    if args.overhead_ms is not None and args.overhead_ms < 0:
+        raise ValueError(f"--overhead-ms must be >= 0, got {args.overhead_ms:g}")
+    if args.overhead_cut_ms is not None and args.overhead_cut_ms < 0:
+        raise ValueError(f"--overhead-cut-ms must be >= 0, got {args.overhead_cut_ms:g}")
+    if args.bandwidth_tbs is not None and args.bandwidth_tbs <= 0:
+        raise ValueError(f"--bandwidth-tbs must be > 0, got {args.bandwidth_tbs:g}")
+    try:
+        res = project(args.gpu, args.block, args.budget, tuple(args.accept), overhead_ms=args.overhead_ms,
+                      overhead_cut_ms=args.overhead_cut_ms, context=args.context, tp=args.tp,
+                      tree_builder=args.tree_builder,
+                      bandwidth_bytes_per_s=None if args.bandwidth_tbs is None else args.bandwidth_tbs * 1e12,
+                      calibration=args.calibration, use_measurements=not args.anchors_only)
+    except (KeyError, TypeError) as e:  # a malformed calibration file
+        raise ValueError(f"could not read the calibration: {type(e).__name__}: {e}") from None
+    if args.json:
+        json.dump(res.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(res.table())
+    return 0

@@ -1,0 +1,264 @@
+"""Projection: tokens/s low / central / high and the step breakdown on any GPU of data/hardware.json.
+
+``project(gpu, block, budget, accept)`` evaluates the step-cost model
+(:mod:`workbench.projection.model`) with every ranged quantity at its central
+value, then once per quantity at each end of its range (a one-at-a-time
+sensitivity), and finally at the two corners made of each quantity's slower
+end and faster end: those give the low and high tokens/s. The model is
+monotone in each quantity, so the corners bound it.
+
+The host overhead is calibrated, at every one of those points, on the
+source's B300 anchor (303 tok/s at block 8, accepted ~4.4): overhead =
+anchor step - the other terms at the anchor. ``overhead_ms`` fixes it instead;
+``overhead_cut_ms`` subtracts a fixed amount from the calibrated value (the
+source's "12.5 ms -> 8 ms" read as a 4.5 ms cut).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+from workbench.projection.calibration import Calibration, load_calibration
+from workbench.projection.model import (
+    TERM_NAMES, TERMS, GpuSpec, Range, StepShape, default_model, load_anchors, load_assumptions,
+    load_gpu, step_terms, tokens_per_s,
+)
+
+ANCHOR_GPU = "b300"
+
+
+def _anchor() -> dict[str, Any]:
+    a = load_anchors()["anchors"]
+    point = a["b300_tokens_per_s"]
+    s = point["setting"]
+    return {"tokens_per_s": float(point["value"]), "block": int(s["block"]), "budget": int(s["budget"]),
+            "tp": int(s["tp"]), "accept": Range.from_json({"low": a["b300_accept"]["range"][0],
+                                                          "central": a["b300_accept"]["value"],
+                                                          "high": a["b300_accept"]["range"][1],
+                                                          "source": a["b300_accept"]["source"]}, kind="anchor"),
+            "context": Range.from_json({"low": a["anchor_context"]["range"][0],
+                                        "central": a["anchor_context"]["value"],
+                                        "high": a["anchor_context"]["range"][1],
+                                        "source": a["anchor_context"]["range_reason"]})}
+
+
+def _gpu_ranges(gpu: GpuSpec, calib: Calibration) -> dict[str, Range]:
+    out = {f"copy_fraction:{gpu.id}": gpu.copy_fraction,
+           f"matmul_fraction:{gpu.id}": gpu.matmul_fraction,
+           f"matmul_flops:{gpu.id}": gpu.matmul_flops,
+           f"allreduce_latency_s:{gpu.id}": gpu.allreduce_latency_s}
+    out.update(calib.gpu_overrides(gpu))
+    return out
+
+
+def param_ranges(gpus: Iterable[GpuSpec], calib: Calibration, *, calibrated_overhead: bool = True
+                 ) -> dict[str, Range]:
+    """Every ranged quantity a projection onto ``gpus`` depends on, by ``params`` key."""
+    a = load_assumptions()
+    out: dict[str, Range] = {}
+    for g in gpus:
+        out.update(_gpu_ranges(g, calib))
+    out["dense_fraction_of_copy"] = Range.from_json(a["dense_fraction_of_copy"])
+    out["drafter_layers"] = Range.from_json(a["drafter_layers"])
+    out["cpu_tree_us_per_node"] = Range.from_json(a["cpu_tree_us_per_node"], unit="us")
+    out.update(calib.param_ranges())
+    if calibrated_overhead:
+        anc = _anchor()
+        out["anchor_accept"] = anc["accept"]
+        out["anchor_context"] = anc["context"]
+    return out
+
+
+def calibrate_overhead(params: Mapping[str, float], calib: Calibration, anchor_gpu: GpuSpec | None = None
+                       ) -> tuple[float, dict[str, float]]:
+    """Host overhead (ms) that makes the model reproduce the B300 anchor, and the anchor's terms."""
+    anc = _anchor()
+    gpu = anchor_gpu or load_gpu(ANCHOR_GPU)
+    shape = StepShape(block=anc["block"], budget=anc["budget"], context=int(round(params["anchor_context"])),
+                      tp=anc["tp"], tree_builder="cpu")
+    terms = step_terms(shape, gpu, params, calib)
+    step = params["anchor_accept"] / anc["tokens_per_s"] * 1e3
+    overhead = step - sum(terms.values())
+    if overhead < 0:
+        raise ValueError(f"the B300 anchor ({anc['tokens_per_s']} tok/s at accepted {params['anchor_accept']}) "
+                         f"is faster than the model's device terms alone ({sum(terms.values()):.2f} ms > "
+                         f"{step:.2f} ms): the calibration or assumptions are inconsistent")
+    terms["overhead"] = overhead
+    return overhead, terms
+
+
+@dataclasses.dataclass
+class Projection:
+    """Result of :func:`project`. Times in ms, rates in tokens/s."""
+
+    gpu: str
+    gpu_name: str
+    shape: StepShape
+    accept: tuple[float, ...]
+    overhead_mode: str
+    tokens_per_s: list[dict[str, float]]            # per accept: accept, low, central, high
+    breakdown: dict[str, dict[str, float]]          # corner ('low','central','high') -> term -> ms
+    sensitivity: list[dict[str, Any]]               # per ranged quantity: step ms at its ends
+    ranges: dict[str, Range]
+    calibration: Calibration
+    anchor_overhead_ms: dict[str, float]            # calibrated host overhead at each corner
+    bandwidth_bytes_per_s: float
+
+    @property
+    def step_ms(self) -> dict[str, float]:
+        return {k: sum(v.values()) for k, v in self.breakdown.items()}
+
+    @property
+    def lumped_overhead_ms(self) -> dict[str, float]:
+        """Step minus the MoE term: what the source's single 'overhead' figure lumps together."""
+        return {k: sum(v.values()) - v["moe"] for k, v in self.breakdown.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu, "gpu_name": self.gpu_name,
+            "inputs": {"block": self.shape.block, "budget": self.shape.budget, "verify_tokens": self.shape.m,
+                       "context": self.shape.context, "tp": self.shape.tp,
+                       "tree_builder": self.shape.tree_builder, "accept": list(self.accept),
+                       "overhead": self.overhead_mode, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s},
+            "tokens_per_s": self.tokens_per_s,
+            "step_ms": self.step_ms,
+            "breakdown_ms": self.breakdown,
+            "lumped_overhead_ms": self.lumped_overhead_ms,
+            "anchor_overhead_ms": self.anchor_overhead_ms,
+            "sensitivity": self.sensitivity,
+            "ranges": {k: dataclasses.asdict(v) for k, v in self.ranges.items()},
+            "terms": [dataclasses.asdict(t) for t in TERMS],
+            "calibration": {"files": self.calibration.files, "notes": self.calibration.notes,
+                            "quantities": self.calibration.describe()},
+        }
+
+    def table(self) -> str:
+        """Plain-text summary: tokens/s per accepted length and the step breakdown."""
+        s = self.shape
+        lines = [f"{self.gpu_name} ({self.gpu}), TP={s.tp}, block {s.block}, budget {s.budget} "
+                 f"(M={s.m} verify tokens), context {s.context}, tree build on {s.tree_builder}, "
+                 f"overhead: {self.overhead_mode}",
+                 f"bandwidth {self.bandwidth_bytes_per_s / 1e12:.2f} TB/s (datasheet); "
+                 f"calibration: {self.calibration.moe_source}",
+                 "", f"{'accepted':>9} {'low':>9} {'central':>9} {'high':>9}   tokens/s"]
+        for r in self.tokens_per_s:
+            lines.append(f"{r['accept']:>9g} {r['low']:>9.0f} {r['central']:>9.0f} {r['high']:>9.0f}")
+        lines += ["", f"{'term':<12} {'low':>8} {'central':>8} {'high':>8}   ms per step "
+                  "(low/high = the slow/fast corners)"]
+        for name in TERM_NAMES:
+            lines.append(f"{name:<12} {self.breakdown['low'][name]:>8.2f} "
+                         f"{self.breakdown['central'][name]:>8.2f} {self.breakdown['high'][name]:>8.2f}")
+        st = self.step_ms
+        lines.append(f"{'step':<12} {st['low']:>8.2f} {st['central']:>8.2f} {st['high']:>8.2f}")
+        lo = self.lumped_overhead_ms
+        lines.append(f"{'step - moe':<12} {lo['low']:>8.2f} {lo['central']:>8.2f} {lo['high']:>8.2f}"
+                     "   (what the source calls 'overhead')")
+        for n in self.calibration.notes:
+            lines.append(f"note: {n}")
+        return "\n".join(lines)
+
+
+def _check_accept(accept: Sequence[float], shape: StepShape) -> tuple[float, ...]:
+    if isinstance(accept, (int, float)):
+        accept = (accept,)
+    acc = tuple(float(a) for a in accept)
+    if not acc:
+        raise ValueError("give at least one accepted length")
+    for a in acc:
+        if not math.isfinite(a) or a < 1:
+            raise ValueError(f"accepted length must be >= 1 (it counts the root/bonus token), got {a:g}")
+        if a > shape.block:
+            raise ValueError(f"accepted length {a:g} is above the block {shape.block}: at most block tokens "
+                             f"(the bonus token plus block-1 drafted positions) can be accepted per step")
+        if a > shape.m:
+            raise ValueError(f"accepted length {a:g} is above the tree size budget+1 = {shape.m}")
+    return acc
+
+
+def project(gpu: str = "b300", block: int = 16, budget: int = 32, accept: Sequence[float] | float = (12, 16), *,
+            overhead_ms: float | None = None, overhead_cut_ms: float | None = None, context: int = 1024,
+            tp: int = 8, tree_builder: str = "cpu", bandwidth_bytes_per_s: float | None = None,
+            calibration: Calibration | Iterable[Any] | None = None, use_measurements: bool = True
+            ) -> Projection:
+    """Project tokens/s at concurrency 1 on ``gpu`` (an id of data/hardware.json).
+
+    ``accept``: one or more accepted lengths per step (root included; 1 <= a <= block).
+    ``overhead_ms``: fix the host overhead term (ms >= 0) instead of calibrating it on the B300
+    anchor; ``overhead_cut_ms``: calibrate, then subtract this many ms.
+    ``bandwidth_bytes_per_s``: what-if datasheet bandwidth for ``gpu``.
+    ``calibration``: a :class:`Calibration` or measurement files to load; ``use_measurements``:
+    read the committed data/measurements/h200 files (False = the source's anchors only).
+    Raises ValueError on an unknown GPU, negative or non-integer sizes, an accepted length above
+    the block, or a negative overhead.
+    """
+    target = load_gpu(gpu)
+    if bandwidth_bytes_per_s is not None:
+        target = target.with_bandwidth(bandwidth_bytes_per_s)
+    if not isinstance(context, int) or isinstance(context, bool) or context < 0:
+        raise ValueError(f"context must be an integer >= 0 tokens, got {context!r}")
+    shape = StepShape(block=block, budget=budget, context=context, tp=tp, tree_builder=tree_builder)
+    acc = _check_accept(accept, shape)
+    if overhead_ms is not None and overhead_cut_ms is not None:
+        raise ValueError("give overhead_ms or overhead_cut_ms, not both")
+    if overhead_ms is not None and not (math.isfinite(overhead_ms) and overhead_ms >= 0):
+        raise ValueError(f"overhead must be >= 0 ms, got {overhead_ms}")
+    if overhead_cut_ms is not None and not (math.isfinite(overhead_cut_ms) and overhead_cut_ms >= 0):
+        raise ValueError(f"overhead cut must be >= 0 ms, got {overhead_cut_ms}")
+    if isinstance(calibration, Calibration):
+        calib = calibration
+    else:
+        calib = load_calibration(calibration, use_measurements=use_measurements, tp=tp)
+    cfg = default_model()
+    if cfg.num_attention_heads % tp:
+        raise ValueError(f"tp={tp} must divide the {cfg.num_attention_heads} attention heads")
+
+    anchor_gpu = load_gpu(ANCHOR_GPU)
+    calibrated = overhead_ms is None
+    gpus = [target] if not calibrated or target.id == ANCHOR_GPU else [target, anchor_gpu]
+    ranges = param_ranges(gpus, calib, calibrated_overhead=calibrated)
+
+    def evaluate(params: Mapping[str, float]) -> tuple[dict[str, float], float]:
+        if calibrated:
+            oh, _ = calibrate_overhead(params, calib, anchor_gpu)
+            anchor_oh = oh
+            if overhead_cut_ms is not None:
+                oh -= overhead_cut_ms
+                if oh < 0:
+                    raise ValueError(f"overhead cut {overhead_cut_ms} ms exceeds the calibrated host overhead "
+                                     f"{anchor_oh:.2f} ms")
+        else:
+            oh = anchor_oh = float(overhead_ms)
+        return step_terms(shape, target, params, calib, cfg, overhead_ms=oh), anchor_oh
+
+    central = {k: r.central for k, r in ranges.items()}
+    base_terms, base_oh = evaluate(central)
+    base_step = sum(base_terms.values())
+    slow, fast = dict(central), dict(central)
+    sens = []
+    for k, r in ranges.items():
+        if not r.is_ranged:
+            continue
+        t_lo = sum(evaluate({**central, k: r.low})[0].values())
+        t_hi = sum(evaluate({**central, k: r.high})[0].values())
+        slow[k], fast[k] = (r.low, r.high) if t_lo >= t_hi else (r.high, r.low)
+        sens.append({"quantity": k, "low": r.low, "central": r.central, "high": r.high, "kind": r.kind,
+                     "source": r.source, "step_ms_at_low": t_lo, "step_ms_at_high": t_hi,
+                     "swing_ms": abs(t_hi - t_lo)})
+    sens.sort(key=lambda d: -d["swing_ms"])
+    slow_terms, slow_oh = evaluate(slow)
+    fast_terms, fast_oh = evaluate(fast)
+    breakdown = {"low": slow_terms, "central": base_terms, "high": fast_terms}
+    rows = [{"accept": a, "low": tokens_per_s(a, sum(slow_terms.values())),
+             "central": tokens_per_s(a, base_step), "high": tokens_per_s(a, sum(fast_terms.values()))}
+            for a in acc]
+    if overhead_ms is not None:
+        mode = f"fixed {overhead_ms:g} ms"
+    elif overhead_cut_ms is not None:
+        mode = f"calibrated on the B300 anchor minus {overhead_cut_ms:g} ms"
+    else:
+        mode = "calibrated on the B300 anchor"
+    return Projection(gpu=target.id, gpu_name=target.name, shape=shape, accept=acc, overhead_mode=mode,
+                      tokens_per_s=rows, breakdown=breakdown, sensitivity=sens, ranges=ranges,
+                      calibration=calib, anchor_overhead_ms={"low": slow_oh, "central": base_oh, "high": fast_oh},
+                      bandwidth_bytes_per_s=target.bandwidth_bytes_per_s)
