@@ -1,0 +1,231 @@
+"""Invariants of the step-cost model and its calibration (CPU, fast)."""
+import json
+import math
+
+import pytest
+
+from workbench.projection import load_calibration, load_gpu, project, step_terms
+from workbench.projection.calibration import moe_points_from_measurement
+from workbench.projection.model import (
+    StepShape, default_model, expected_distinct_experts, expert_bytes, load_anchors, moe_layer_bytes,
+)
+from workbench.projection.project import param_ranges
+from workbench.projection.scenarios import source_moe_percent, source_step_arithmetic
+
+GPUS = ("rtx-pro-6000", "h200", "b300")
+
+
+@pytest.fixture(scope="module")
+def calib():
+    return load_calibration(use_measurements=False)
+
+
+def _central(calib, gpu):
+    return {k: r.central for k, r in param_ranges([gpu], calib, calibrated_overhead=False).items()}
+
+
+def test_expert_bytes_and_expected_experts():
+    cfg = default_model()
+    # 3 x 7168 x 2048 INT4 values + one bf16 scale per 32 values
+    assert expert_bytes(cfg) == 3 * 7168 * 2048 // 2 + 3 * 7168 * 2048 // 32 * 2
+    assert expected_distinct_experts(cfg, 1) == pytest.approx(8)
+    assert expected_distinct_experts(cfg, 10_000) == pytest.approx(384)
+    e = [expected_distinct_experts(cfg, m) for m in (1, 2, 9, 33, 256)]
+    assert e == sorted(e) and e[-1] < 384
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("block,budget,acc", [(8, 8, 4.4), (16, 32, 12), (16, 256, 14)])
+def test_more_bandwidth_never_slower(calib, gpu, block, budget, acc):
+    bw = load_gpu(gpu).bandwidth_bytes_per_s
+    prev = None
+    for scale in (0.5, 1, 1.5, 2, 4, 10):
+        r = project(gpu, block, budget, acc, calibration=calib, bandwidth_bytes_per_s=bw * scale).tokens_per_s[0]
+        if prev is not None:
+            for k in ("low", "central", "high"):
+                assert r[k] >= prev[k] - 1e-9
+        prev = r
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_higher_acceptance_never_slower(calib, gpu):
+    res = project(gpu, 16, 32, [1, 2, 4.4, 8, 12, 15.5, 16], calibration=calib)
+    for k in ("low", "central", "high"):
+        vals = [r[k] for r in res.tokens_per_s]
+        assert vals == sorted(vals)
+        assert len(set(vals)) == len(vals)
+    for r in res.tokens_per_s:  # tokens/s = accepted / step
+        assert r["central"] == pytest.approx(r["accept"] / res.step_ms["central"] * 1e3)
+        assert r["low"] <= r["central"] <= r["high"]
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("ratio", [1.5, 2, 4, 10])
+def test_zero_overhead_bandwidth_speedup_bounded(calib, gpu, ratio):
+    bw = load_gpu(gpu).bandwidth_bytes_per_s
+    for builder in ("cpu", "gpu"):
+        a = project(gpu, 16, 32, 12, calibration=calib, overhead_ms=0, tree_builder=builder)
+        b = project(gpu, 16, 32, 12, calibration=calib, overhead_ms=0, tree_builder=builder,
+                    bandwidth_bytes_per_s=bw * ratio)
+        for k in ("low", "central", "high"):
+            speedup = b.tokens_per_s[0][k] / a.tokens_per_s[0][k]
+            assert 1 < speedup <= ratio + 1e-9
+
+
+def test_terms_respond_as_their_formulas(calib):
+    gpu = load_gpu("b300")
+    params = _central(calib, gpu)
+    cfg = default_model()
+    shape = StepShape(block=16, budget=32, context=1024)
+    t1 = step_terms(shape, gpu, params, calib)
+    # bandwidth x2: bandwidth-bound terms halve, link and host terms do not move
+    t2 = step_terms(shape, gpu.with_bandwidth(2 * gpu.bandwidth_bytes_per_s), params, calib)
+    for name in ("moe", "dense", "draft"):
+        assert t2[name] == pytest.approx(t1[name] / 2)
+    # 33 nodes x 8 heads over a short prefix is compute-bound: it follows the matrix rate instead
+    for name in ("attention", "allreduce", "tree_build", "overhead"):
+        assert t2[name] == t1[name]
+    mm = f"matmul_flops:{gpu.id}"
+    t2b = step_terms(shape, gpu, {**params, mm: 2 * params[mm]}, calib)
+    assert t2b["attention"] == pytest.approx(t1["attention"] / 2)
+    assert t2b["moe"] == t1["moe"]
+    # overhead adds one for one
+    t3 = step_terms(shape, gpu, params, calib, overhead_ms=7.5)
+    assert sum(t3.values()) - sum(t1.values()) == pytest.approx(7.5)
+    # all-reduce: 2 per layer, linear in latency
+    lat = f"allreduce_latency_s:{gpu.id}"
+    t4 = step_terms(shape, gpu, {**params, lat: params[lat] + 10e-6}, calib)
+    assert t4["allreduce"] - t1["allreduce"] == pytest.approx(2 * cfg.num_hidden_layers * 10e-6 * 1e3)
+    # CPU tree build: budget x per-node cost
+    t5 = step_terms(StepShape(block=16, budget=64, context=1024), gpu, params, calib)
+    assert t5["tree_build"] == pytest.approx(2 * t1["tree_build"])
+    assert t1["tree_build"] == pytest.approx(32 * params["cpu_tree_us_per_node"] * 1e-3)
+    # MoE: E(M) x expert bytes / tp / (bw x copy x fraction), per MoE layer
+    frac = calib.moe_fraction(33, params)
+    want = (cfg.num_moe_layers * moe_layer_bytes(cfg, 33) / 8
+            / (gpu.bandwidth_bytes_per_s * params["copy_fraction:b300"] * frac) * 1e3)
+    assert t1["moe"] == pytest.approx(want)
+    # tp=1 has no all-reduce
+    assert step_terms(StepShape(block=16, budget=32, tp=1), gpu, params, calib)["allreduce"] == 0
+
+
+def test_moe_term_reproduces_the_source_anchor_times(calib):
+    """On the PRO 6000 with one GPU holding the whole layer, the calibrated MoE term is the anchor."""
+    pro = load_gpu("rtx-pro-6000")
+    params = _central(calib, pro)
+    a = load_anchors()["anchors"]
+    layers = default_model().num_moe_layers
+    for key in ("moe_ms_per_layer_m9", "moe_ms_per_layer_m32"):
+        m = a[key]["m"]
+        t = step_terms(StepShape(block=16, budget=m - 1, tp=1), pro, params, calib)
+        assert t["moe"] / layers == pytest.approx(a[key]["value"], rel=1e-9)
+
+
+def test_b300_anchor_is_reproduced_by_the_calibration(calib):
+    a = load_anchors()["anchors"]
+    res = project("b300", 8, 8, a["b300_accept"]["value"], calibration=calib)
+    assert res.tokens_per_s[0]["central"] == pytest.approx(a["b300_tokens_per_s"]["value"])
+    # the source's 'overhead' is the step minus the MoE term: close to its ~12.5 ms
+    ar = source_step_arithmetic()
+    assert ar["lumped_overhead_ms"] == pytest.approx(a["source_overhead_ms"]["value"], abs=0.1)
+    assert res.lumped_overhead_ms["central"] == pytest.approx(ar["lumped_overhead_ms"], abs=0.05)
+
+
+def test_source_moe_percent_counts_payload_only():
+    """The source's '67-73% of 1.8 TB/s' holds only without the bf16 group scales."""
+    lo, hi = load_anchors()["anchors"]["moe_percent_of_peak"]["value"]
+    rows = source_moe_percent()
+    for r in rows:
+        assert lo - 1 <= r["payload_pct_of_1_8"] <= hi + 1
+        assert r["with_scales_pct_of_datasheet"] > hi + 3
+
+
+def test_pro6000_cross_check_brackets_the_measured_baseline(calib):
+    """138.7 tok/s (accepted length not stated) is inside the model's range at the B300 anchor's 4.4."""
+    a = load_anchors()["anchors"]
+    r = project("rtx-pro-6000", 8, 8, a["b300_accept"]["value"], calibration=calib).tokens_per_s[0]
+    assert r["low"] <= a["rtx_pro_6000_tokens_per_s"]["value"] <= r["high"]
+
+
+def _synthetic_moe(tmp_path, frac=0.8, copy_tbs=4.25):
+    doc = {"name": "moe_bandwidth", "provenance": {"gpu": "NVIDIA H200"},
+           "parameters": {"ms": [1, 9, 32]},
+           "results": {"copy": {"gb_per_s": copy_tbs * 1e3},
+                       "uniform": [{"m": m, "median_ms_per_layer": 1.0, "percent_of_copy_bandwidth": 100 * frac}
+                                   for m in (1, 8, 9, 16, 32, 64)],
+                       "skewed": [{"m": m, "percent_of_copy_bandwidth": 10.0} for m in (1, 9, 32)],
+                       "peers": [{"m": 9, "kernel": "cublas_bf16", "percent_of_copy_bandwidth": 30.0}]}}
+    p = tmp_path / "moe_bandwidth.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_synthetic_calibration_file(tmp_path):
+    p = _synthetic_moe(tmp_path, frac=0.8)
+    cal = load_calibration([p], use_measurements=False)
+    assert cal.moe_measured == [(m, pytest.approx(0.8)) for m in (1, 8, 9, 16, 32, 64)]
+    assert cal.moe_measured_gpu == "h200" and cal.moe_copy_bytes_per_s == pytest.approx(4.25e12)
+    h200 = load_gpu("h200")
+    assert cal.gpu_overrides(h200)["copy_fraction:h200"].central == pytest.approx(4.25 / 4.8)
+    # a lower MoE efficiency than the anchors' makes the MoE term longer by the ratio
+    anchors = load_calibration(use_measurements=False)
+    a = project("b300", 16, 32, 12, calibration=anchors, overhead_ms=0)
+    b = project("b300", 16, 32, 12, calibration=cal, overhead_ms=0)
+    fa = anchors.moe_fraction(33, {k: r.central for k, r in a.ranges.items()})
+    assert b.breakdown["central"]["moe"] == pytest.approx(a.breakdown["central"]["moe"] * fa / 0.8)
+    # via the CLI option too
+    c = project("b300", 16, 32, 12, calibration=[str(p)], use_measurements=False, overhead_ms=0)
+    assert c.breakdown["central"]["moe"] == pytest.approx(b.breakdown["central"]["moe"])
+
+
+def test_synthetic_ddtree_kernels_file(tmp_path):
+    doc = {"name": "ddtree_kernels", "provenance": {"gpu": "NVIDIA H200"}, "parameters": {},
+           "results": {"tree_build": {"gpu_median_us": 20.0, "cpu_median_us": 9000.0},
+                       "verify": [{"heads": 8, "prefix": p, "median_ms": 0.2, "floor_ms": 0.1}
+                                  for p in (4096, 131072)] +
+                                 [{"heads": 64, "prefix": 4096, "median_ms": 1.0, "floor_ms": 0.9}]}}
+    p = tmp_path / "ddtree_kernels.json"
+    p.write_text(json.dumps(doc))
+    cal = load_calibration([p], use_measurements=False)
+    assert cal.attention_measured == [(4096, pytest.approx(0.5)), (131072, pytest.approx(0.5))]
+    assert cal.tree_build_measured_ms == pytest.approx(0.02)
+    res = project("b300", 16, 32, 12, calibration=cal, tree_builder="gpu", overhead_ms=0)
+    assert res.breakdown["central"]["tree_build"] == pytest.approx(0.02)
+    assert "attention_fraction_of_floor" not in res.ranges and "gpu_tree_build_ms" not in res.ranges
+
+
+def test_unreadable_measurement_falls_back_with_a_note(tmp_path):
+    p = tmp_path / "moe_bandwidth.json"
+    p.write_text(json.dumps({"name": "moe_bandwidth", "results": {"something": [1, 2, 3]}}))
+    cal = load_calibration([p], use_measurements=False)
+    assert cal.moe_measured is None and any("anchors" in n for n in cal.notes)
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"name": "unrelated"}))
+    with pytest.raises(ValueError, match="allowed measurement names"):
+        load_calibration([bad])
+    with pytest.raises(FileNotFoundError):
+        load_calibration([tmp_path / "missing.json"])
+
+
+def test_moe_points_skip_peers_and_skewed(tmp_path):
+    doc = json.loads(_synthetic_moe(tmp_path, frac=0.9).read_text())
+    pts = moe_points_from_measurement(doc)
+    assert all(math.isclose(f, 0.9) for _, f in pts)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"gpu": "b301"}, "unknown GPU"),
+    ({"accept": 17}, "above the block"),
+    ({"accept": 0.5}, ">= 1"),
+    ({"budget": -1}, "budget"),
+    ({"block": 0}, "block"),
+    ({"overhead_ms": -1.0}, "overhead"),
+    ({"context": -5}, "context"),
+    ({"bandwidth_bytes_per_s": -1.0}, "bandwidth"),
+    ({"tree_builder": "fpga"}, "tree_builder"),
+    ({"tp": 3}, "divide"),
+])
+def test_bad_inputs_are_clear_errors(calib, kw, match):
+    args = {"gpu": "b300", "block": 16, "budget": 32, "accept": 12, "calibration": calib, **kw}
+    with pytest.raises(ValueError, match=match):
+        project(**args)

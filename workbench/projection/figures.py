@@ -1,0 +1,134 @@
+"""Plotly figures and tables of the projection (what notebook 04 shows).
+
+Tables are ``go.Table`` figures (pandas is not a dependency). Every function
+computes from the model, the anchors and the measurement files.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import plotly.graph_objects as go
+
+from workbench.projection.calibration import Calibration, load_calibration
+from workbench.projection.model import TERM_NAMES, TERMS, load_gpu
+from workbench.projection.project import Projection, project
+
+TERM_COLORS = {"moe": "#1f77b4", "dense": "#aec7e8", "attention": "#2ca02c", "allreduce": "#ff7f0e",
+               "draft": "#9467bd", "tree_build": "#8c564b", "overhead": "#d62728"}
+DEFAULT_GPUS = ("rtx-pro-6000", "h200", "b300")
+
+
+def table_figure(rows: Sequence[dict[str, Any]], title: str = "", height: int | None = None,
+                 column_widths: Sequence[float] | None = None) -> go.Figure:
+    """A go.Table of ``rows`` (dicts with the same keys)."""
+    if not rows:
+        raise ValueError("no rows to show")
+    cols = list(rows[0])
+    fig = go.Figure(go.Table(
+        columnwidth=list(column_widths) if column_widths else None,
+        header=dict(values=[f"<b>{c}</b>" for c in cols], align="left"),
+        cells=dict(values=[[r[c] for r in rows] for c in cols], align="left")))
+    fig.update_layout(title=title, margin=dict(l=10, r=10, t=40 if title else 10, b=10),
+                      height=height or (120 + 60 * len(rows)))
+    return fig
+
+
+def terms_table() -> go.Figure:
+    """The model's terms: formula, source, scaling rule."""
+    return table_figure([{"term": t.name, "formula": t.formula, "source": t.source, "scaling": t.scaling}
+                         for t in TERMS], "Step-cost terms", height=620, column_widths=[1, 4, 4, 2.5])
+
+
+def calibration_table(calib: Calibration) -> go.Figure:
+    rows = calib.describe()
+    rows.append({"quantity": "files read", "source": "; ".join(calib.files) or "none (anchors only)",
+                 "value": "; ".join(calib.notes) or "-"})
+    return table_figure(rows, "Calibration", column_widths=[2, 3, 4])
+
+
+def projection_table(res: Projection) -> go.Figure:
+    rows = [{"accepted": f"{r['accept']:g}", "low tok/s": f"{r['low']:.0f}", "central tok/s": f"{r['central']:.0f}",
+             "high tok/s": f"{r['high']:.0f}"} for r in res.tokens_per_s]
+    st = res.step_ms
+    rows.append({"accepted": "step ms", "low tok/s": f"{st['low']:.2f}", "central tok/s": f"{st['central']:.2f}",
+                 "high tok/s": f"{st['high']:.2f}"})
+    s = res.shape
+    return table_figure(rows, f"{res.gpu_name}: block {s.block}, budget {s.budget}, TP {s.tp}, "
+                              f"context {s.context}, overhead {res.overhead_mode}")
+
+
+def sensitivity_figure(res: Projection, top: int = 10) -> go.Figure:
+    """Tornado: step time at each end of every ranged quantity (others central)."""
+    sens = res.sensitivity[:top][::-1]
+    base = res.step_ms["central"]
+    names = [s["quantity"] for s in sens]
+    fig = go.Figure()
+    fig.add_bar(y=names, x=[s["step_ms_at_low"] - base for s in sens], orientation="h", name="at low end",
+                base=base, marker_color="#6baed6")
+    fig.add_bar(y=names, x=[s["step_ms_at_high"] - base for s in sens], orientation="h", name="at high end",
+                base=base, marker_color="#fd8d3c")
+    fig.update_layout(barmode="overlay", title=f"Which assumption moves the step ({res.gpu_name}, block "
+                      f"{res.shape.block}, budget {res.shape.budget})", xaxis_title="step ms",
+                      height=120 + 30 * len(sens), margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def breakdown_by_gpu(gpus: Iterable[str] = DEFAULT_GPUS, configs: Sequence[dict[str, Any]] | None = None,
+                     calibration: Calibration | None = None, use_measurements: bool = False,
+                     context: int = 1024) -> list[tuple[str, Projection]]:
+    """Projections of each config on each GPU: (label, Projection) pairs.
+
+    ``configs``: dicts of :func:`project` keyword arguments plus ``label``;
+    default: the source's current drafter (block 8, budget 8, accepted 4.4) and
+    the stronger drafter (block 16, budget 32, accepted 12).
+    """
+    calib = calibration or load_calibration(use_measurements=use_measurements)
+    configs = configs or [{"label": "block 8, budget 8, acc 4.4", "block": 8, "budget": 8, "accept": (4.4,)},
+                          {"label": "block 16, budget 32, acc 12", "block": 16, "budget": 32, "accept": (12,)}]
+    out = []
+    for cfg in configs:
+        kw = {k: v for k, v in cfg.items() if k != "label"}
+        for g in gpus:
+            res = project(g, calibration=calib, context=context, **kw)
+            out.append((f"{load_gpu(g).name.replace('NVIDIA ', '')}<br>{cfg['label']}", res))
+    return out
+
+
+def breakdown_figure(items: Sequence[tuple[str, Projection]], title: str | None = None) -> go.Figure:
+    """Stacked bar of the central step breakdown, one bar per (label, projection), with the MoE
+    share and the central tokens/s on top: the Amdahl shift as bandwidth grows."""
+    labels = [lab for lab, _ in items]
+    fig = go.Figure()
+    for name in TERM_NAMES:
+        fig.add_bar(x=labels, y=[r.breakdown["central"][name] for _, r in items], name=name,
+                    marker_color=TERM_COLORS[name])
+    for lab, r in items:
+        step = r.step_ms["central"]
+        moe_share = r.breakdown["central"]["moe"] / step * 100
+        host = (r.breakdown["central"]["overhead"] + r.breakdown["central"]["tree_build"]) / step * 100
+        fig.add_annotation(x=lab, y=step, yshift=22, showarrow=False,
+                           text=f"{r.tokens_per_s[0]['central']:.0f} tok/s<br>MoE {moe_share:.0f}% | host {host:.0f}%")
+    fig.update_layout(barmode="stack", yaxis_title="ms per step (central)", height=520,
+                      title=title or "Step breakdown per GPU: as bandwidth grows the MoE term shrinks and the "
+                                     "host overhead dominates (Amdahl)",
+                      margin=dict(l=10, r=10, t=80, b=10), legend_traceorder="normal")
+    return fig
+
+
+def accept_sweep_figure(gpus: Iterable[str] = DEFAULT_GPUS, block: int = 16, budget: int = 32,
+                        calibration: Calibration | None = None, use_measurements: bool = False,
+                        overhead_ms: float | None = None) -> go.Figure:
+    """tokens/s against accepted length (1..block) per GPU, central line and low-high band."""
+    calib = calibration or load_calibration(use_measurements=use_measurements)
+    accepts = list(range(1, block + 1))
+    fig = go.Figure()
+    for g in gpus:
+        res = project(g, block, budget, accepts, calibration=calib, overhead_ms=overhead_ms)
+        name = load_gpu(g).name.replace("NVIDIA ", "")
+        fig.add_scatter(x=accepts + accepts[::-1], y=[r["high"] for r in res.tokens_per_s] +
+                        [r["low"] for r in res.tokens_per_s][::-1], fill="toself", opacity=0.2,
+                        line=dict(width=0), showlegend=False, hoverinfo="skip", name=name)
+        fig.add_scatter(x=accepts, y=[r["central"] for r in res.tokens_per_s], mode="lines+markers", name=name)
+    fig.update_layout(title=f"tokens/s vs accepted length (block {block}, budget {budget}; bands = assumption ranges)",
+                      xaxis_title="accepted length per step", yaxis_title="tokens/s (C=1)", height=450)
+    return fig
