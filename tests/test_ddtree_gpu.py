@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.ddtree import (accept_greedy, accept_greedy_batched, build_tree, build_trees,
-                              commit_compact, commit_scattered, tree_visibility)
+from workbench.ddtree import (GpuAccepted, GpuTrees, accept_greedy, accept_greedy_batched,
+                              build_tree, build_trees, commit_compact, commit_scattered,
+                              tree_size, tree_visibility)
 from workbench.ddtree.compose import (ddtree_round, make_toy_problem, verify_attention_torch)
 
 
@@ -132,14 +133,19 @@ def test_verify_attention_torch_matches_loop():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["warp", "heap"])
 @pytest.mark.parametrize("B,L,K,budget,quant", [(64, 15, 32, 32, None), (8, 7, 8, 8, 2),
                                                   (16, 15, 64, 256, 4), (4, 32, 1024, 1024, 8),
                                                   (5, 3, 40, 1024, None), (3, 1, 5, 9, 1)])
-def test_gpu_build_bit_exact(B, L, K, budget, quant):
+def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
     gen = torch.Generator().manual_seed(B * 1000 + budget)
     lp, ids = _grid(gen, B, L, K, quant, device="cuda")
     roots = torch.randint(0, 100, (B,)).cuda()
-    trees = build_trees(lp, ids, budget, root_tokens=roots)
+    n = tree_size(L, K, budget)
+    poison = GpuTrees(*(torch.full((B, n), -7, dtype=torch.int64, device="cuda") for _ in range(4)),
+                      torch.full((B, n), float("nan"), device="cuda"))
+    trees = build_trees(lp, ids, budget, root_tokens=roots, method=method, out=poison)
+    assert trees.tokens.data_ptr() == poison.tokens.data_ptr()
     torch.cuda.synchronize()
     _assert_same_as_reference(trees, lp, ids, budget, roots.cpu())
     vis = trees.visibility()
@@ -148,10 +154,11 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant):
 
 
 @pytest.mark.gpu
-def test_gpu_build_all_ties():
+@pytest.mark.parametrize("method", ["warp", "heap"])
+def test_gpu_build_all_ties(method):
     lp = torch.zeros(3, 6, 4, device="cuda")
     ids = torch.arange(72, device="cuda").view(3, 6, 4)
-    trees = build_trees(lp, ids, 200)
+    trees = build_trees(lp, ids, 200, method=method)
     _assert_same_as_reference(trees, lp, ids, 200, [-1, -1, -1])
 
 
@@ -164,7 +171,10 @@ def test_gpu_accept_and_commit(B, budget):
     trees = build_trees(lp, ids, budget)
     n = trees.n
     am = torch.randint(0, 3, (B, n), generator=gen).cuda()
-    acc = accept_greedy_batched(trees, am)
+    poison = GpuAccepted(torch.full((B, n), -7, dtype=torch.int64, device="cuda"),
+                         torch.full((B,), -7, dtype=torch.int64, device="cuda"),
+                         torch.full((B,), -7, dtype=torch.int64, device="cuda"))
+    acc = accept_greedy_batched(trees, am, out=poison)
     cpu = accept_greedy_batched(type(trees)(*(t.cpu() for t in (trees.tokens, trees.parents,
                                                                    trees.depths, trees.ranks,
                                                                    trees.scores))), am.cpu())

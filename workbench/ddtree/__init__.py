@@ -41,7 +41,7 @@ _VERIFY_NAMES = ("verify_attention_reference", "verify_attention", "verify_atten
                  "verify_parity_rows", "benchmark_verify")
 try:
     from workbench.ddtree import verify as _verify
-except ImportError:  # not written yet, or its own import failed
+except Exception:  # not written yet, or its own import failed
     _verify = None
 if _verify is not None:
     for _name in tuple(getattr(_verify, "__all__", ())) + _VERIFY_NAMES:

@@ -23,7 +23,7 @@ import numpy as np
 
 from workbench.ddtree import reference as ref
 
-__all__ = ["MAX_BUDGET", "MAX_L", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
+__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
            "accept_greedy_batched", "commit_scattered", "commit_compact", "build_smem_bytes"]
 
 MAX_BUDGET = 1024
@@ -85,15 +85,55 @@ class GpuAccepted:
     bonus: Any
 
 
-def build_smem_bytes(L: int, K: int, n: int) -> int:
-    """Dynamic shared memory of one build block: heap (12 B/entry), log-probs, nodes."""
+BUILD_METHODS = ("warp", "heap")
+
+
+def build_smem_bytes(L: int, K: int, n: int, method: str = "warp") -> int:
+    """Dynamic shared memory of one build block: frontier/heap entries, the
+    request's log-probs, and the node arrays."""
+    if method == "warp":
+        return 12 * (n - 1) + 4 * L * K + 12 * n
     return 8 * n + 4 * L * K + 4 * (2 * n) + 4 * (3 * n)
 
 
-def _kernel(name: str):
-    from workbench.kernels import get_kernel
+_KERNELS: dict[str, Any] = {}
+_STREAMS: dict[tuple[int, int], Any] = {}
 
-    return get_kernel(_FAMILY, name)
+
+def _kernel(name: str):
+    k = _KERNELS.get(name)
+    if k is None:
+        from workbench.kernels import get_kernel
+
+        k = _KERNELS[name] = get_kernel(_FAMILY, name)
+    return k
+
+
+def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch on torch's current stream (made CuPy's current stream for the call).
+
+    Torch tensors go as device pointers, Python ints as int32; numpy scalars as
+    they are. CuPy raises if the launch itself fails."""
+    import cupy as cp
+    import torch
+
+    s = torch.cuda.current_stream()
+    key = (s.cuda_stream, s.device.index)
+    ext = _STREAMS.get(key)
+    if ext is None:
+        ext = _STREAMS[key] = cp.cuda.ExternalStream(s.cuda_stream, s.device.index)
+    conv = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if not a.is_cuda:
+                raise ValueError("kernel argument tensors must be on the GPU")
+            conv.append(np.uint64(a.data_ptr()))
+        elif isinstance(a, (bool, int)):
+            conv.append(np.int32(a))
+        else:
+            conv.append(a)
+    with ext:
+        kernel(tuple(grid), tuple(block), tuple(conv), shared_mem=shared_mem)
 
 
 _SMEM_SET: dict[str, int] = {}
@@ -116,7 +156,8 @@ def _check_tensor(t: Any, what: str) -> None:
 # ---------------------------------------------------------------------------
 
 def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
-                validate: bool = False) -> GpuTrees:
+                validate: bool = False, method: str = "warp",
+                out: GpuTrees | None = None) -> GpuTrees:
     """Build ``B`` draft trees at once.
 
     ``logprobs``: float32 ``[B, L, K]`` (rows sorted descending), ``token_ids``:
@@ -125,6 +166,9 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     (the bonus tokens from the previous round, on the device). Returns a
     :class:`GpuTrees` with ``n = tree_size(L, K, budget)`` nodes per request.
     ``validate=True`` also checks sortedness and finiteness (a host sync).
+    ``method``: "warp" (frontier reduced by one warp per pop, the default) or
+    "heap" (a binary heap run by one thread); both are bit-exact. ``out``:
+    preallocated :class:`GpuTrees` of shape ``[B, n]`` to write into (GPU).
     """
     torch = _torch()
     _check_tensor(logprobs, "logprobs")
@@ -134,6 +178,8 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     budget = int(budget)
     if budget < 1:
         raise ValueError(f"budget must be >= 1 (it counts non-root nodes), got {budget}")
+    if method not in BUILD_METHODS:
+        raise ValueError(f"method must be one of {BUILD_METHODS}, got {method!r}")
     if logprobs.dim() != 3:
         raise ValueError(f"logprobs must be [B, L, K], got shape {tuple(logprobs.shape)}")
     if logprobs.dtype != torch.float32:
@@ -173,32 +219,53 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         raise ValueError(f"build_trees on the GPU supports budget <= {MAX_BUDGET}, got {budget}")
     if L > MAX_L:
         raise ValueError(f"build_trees on the GPU supports L <= {MAX_L}, got {L}")
-    from workbench.kernels import launch, require_gpu
+    from workbench.kernels import require_gpu
 
     require_gpu("build_trees")
     K = min(budget, Kin)
     n = ref.tree_size(L, Kin, budget)
-    smem = build_smem_bytes(L, K, n)
+    smem = build_smem_bytes(L, K, n, method)
     if smem > _SMEM_OPTIN:
         raise ValueError(f"tree build needs {smem} B of shared memory (L={L}, K={K}, n={n}); "
                          f"the limit is {_SMEM_OPTIN}")
     lp = logprobs.contiguous()
     ids = token_ids.contiguous().to(torch.int64)
     dev = lp.device
-    tokens = torch.empty((B, n), dtype=torch.int64, device=dev)
-    parents = torch.empty_like(tokens)
-    depths = torch.empty_like(tokens)
-    ranks = torch.empty_like(tokens)
-    scores = torch.empty((B, n), dtype=torch.float32, device=dev)
+    if out is not None:
+        _check_out(out, (B, n), dev)
+        tokens, parents, depths, ranks, scores = (out.tokens, out.parents, out.depths, out.ranks,
+                                                  out.scores)
+        if scores.dtype != torch.float32:
+            raise ValueError("out.scores must be float32")
+    else:
+        tokens = torch.empty((B, n), dtype=torch.int64, device=dev)
+        parents = torch.empty_like(tokens)
+        depths = torch.empty_like(tokens)
+        ranks = torch.empty_like(tokens)
+        scores = torch.empty((B, n), dtype=torch.float32, device=dev)
     if B > 0:
-        k = _kernel("ddtree_build")
-        _ensure_smem(k, "ddtree_build", smem)
+        name = "ddtree_build_warp" if method == "warp" else "ddtree_build"
+        k = _kernel(name)
+        _ensure_smem(k, name, smem)
         root_ptr = root_t if root_t is not None else np.uint64(0)
         root_def = np.int64(0 if root_t is not None else int(root_tokens))
-        launch(k, (B,), (_BUILD_THREADS,),
+        _launch(k, (B,), (_BUILD_THREADS,),
                (lp, ids, root_ptr, root_def, L, Kin, K, n, tokens, parents, depths, ranks, scores),
                shared_mem=smem)
     return GpuTrees(tokens, parents, depths, ranks, scores)
+
+
+def _check_out(out, shapes, dev) -> None:
+    torch = _torch()
+    fields = [getattr(out, f) for f in out.__dataclass_fields__]
+    if not isinstance(shapes, list):
+        shapes = [shapes] * len(fields)
+    for f, t, shp in zip(out.__dataclass_fields__, fields, shapes):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shp) or t.device != dev \
+                or not t.is_contiguous():
+            raise ValueError(f"out.{f} must be a contiguous tensor of shape {tuple(shp)} on {dev}")
+        if f != "scores" and t.dtype != torch.int64:
+            raise ValueError(f"out.{f} must be int64, got {t.dtype}")
 
 
 def _build_trees_cpu(logprobs, token_ids, budget, root_t, root_default) -> GpuTrees:
@@ -244,13 +311,11 @@ def tree_visibility(parents):
                     out[b, i, :i] = out[b, p[b, i], :i]
                 out[b, i, i] = True
         return torch.from_numpy(out)
-    from workbench.kernels import launch
-
     vis = torch.empty((B, n, n), dtype=torch.bool, device=parents.device)
     total = B * n * n
     if total:
         blocks = min((total + 255) // 256, 65535)
-        launch(_kernel("ddtree_visibility"), (blocks,), (256,),
+        _launch(_kernel("ddtree_visibility"), (blocks,), (256,),
                (parents.contiguous(), B, n, vis))
     return vis
 
@@ -265,11 +330,12 @@ def _tree_tensors(trees) -> tuple[Any, Any]:
     return trees.tokens, trees.parents
 
 
-def accept_greedy_batched(trees, target_argmax) -> GpuAccepted:
+def accept_greedy_batched(trees, target_argmax, out: GpuAccepted | None = None) -> GpuAccepted:
     """Greedy accept for a batch: ``trees`` has ``tokens`` and ``parents``
     int64 ``[B, n]`` (a :class:`GpuTrees`); ``target_argmax`` int64 ``[B, n]``
     is the target's argmax at every node. Row ``b`` equals
-    ``accept_greedy(tree_b, target_argmax[b])`` (nodes padded with -1)."""
+    ``accept_greedy(tree_b, target_argmax[b])`` (nodes padded with -1).
+    ``out``: preallocated :class:`GpuAccepted` to write into (GPU)."""
     torch = _torch()
     tokens, parents = _tree_tensors(trees)
     for t, what in ((tokens, "tokens"), (parents, "parents"), (target_argmax, "target_argmax")):
@@ -296,18 +362,20 @@ def accept_greedy_batched(trees, target_argmax) -> GpuAccepted:
             lengths[b] = a.length
             bonus[b] = a.bonus
         return GpuAccepted(nodes, lengths, bonus)
-    from workbench.kernels import launch
-
     dev = tokens.device
-    nodes = torch.empty((B, n), dtype=torch.int64, device=dev)
-    lengths = torch.empty(B, dtype=torch.int64, device=dev)
-    bonus = torch.empty(B, dtype=torch.int64, device=dev)
+    if out is not None:
+        _check_out(out, [(B, n), (B,), (B,)], dev)
+        nodes, lengths, bonus = out.nodes, out.lengths, out.bonus
+    else:
+        nodes = torch.empty((B, n), dtype=torch.int64, device=dev)
+        lengths = torch.empty(B, dtype=torch.int64, device=dev)
+        bonus = torch.empty(B, dtype=torch.int64, device=dev)
     if B:
         warps = min(_ACCEPT_WARPS, B)
         smem = 4 * n * warps
         k = _kernel("ddtree_accept")
         _ensure_smem(k, "ddtree_accept", smem)
-        launch(k, ((B + warps - 1) // warps,), (32 * warps,),
+        _launch(k, ((B + warps - 1) // warps,), (32 * warps,),
                (tokens.contiguous(), parents.contiguous(), target_argmax.contiguous(), B, n,
                 nodes, lengths, bonus), shared_mem=smem)
     return GpuAccepted(nodes, lengths, bonus)
@@ -357,14 +425,12 @@ def commit_scattered(slots, accepted: GpuAccepted):
             freed[b, :rest.numel()] = rest
             nfree[b] = rest.numel()
         return keep, freed, nfree
-    from workbench.kernels import launch
-
     keep = torch.empty_like(slots)
     freed = torch.empty_like(slots)
     nfree = torch.empty(B, dtype=torch.int64, device=slots.device)
     if B:
         warps = min(_ACCEPT_WARPS, B)
-        launch(_kernel("ddtree_commit_scattered"), ((B + warps - 1) // warps,), (32 * warps,),
+        _launch(_kernel("ddtree_commit_scattered"), ((B + warps - 1) // warps,), (32 * warps,),
                (slots.contiguous(), accepted.nodes.contiguous(), accepted.lengths.contiguous(),
                 B, n, keep, freed, nfree), shared_mem=n * warps)
     return keep, freed, nfree
@@ -409,13 +475,11 @@ def commit_compact(kv_cache, slots, accepted: GpuAccepted, dest_start, slot_dim:
             d0 = int(dest_start[b])
             view[:, d0:d0 + ln] = view[:, src].clone()
         return kv_cache
-    from workbench.kernels import launch
-
     W = row_bytes // 4
     if B and planes:
         if planes > 65535:
             raise ValueError(f"at most 65535 planes, got {planes}")
-        launch(_kernel("ddtree_commit_compact"), (B, planes), (_COMPACT_THREADS,),
+        _launch(_kernel("ddtree_commit_compact"), (B, planes), (_COMPACT_THREADS,),
                (kv_cache, np.int64(S * W), W, slots.contiguous(), accepted.nodes.contiguous(),
                 accepted.lengths.contiguous(), dest_start.contiguous(), n),
                shared_mem=8 * n)

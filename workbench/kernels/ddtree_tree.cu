@@ -141,6 +141,150 @@ extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     
     }
 }
 
+// Warp-parallel variant of ddtree_build (same arguments, same output, bit for bit).
+// The frontier lives in shared memory, slot s owned by lane s % 32 (at most 32 slots per
+// lane, capacity n - 1 <= 1024); each lane caches the best of its own slots, and every pop
+// is a warp butterfly reduction over the 32 cached bests under the total order
+// (higher score, then smaller rank path). Only the lane that lost the popped entry rescans.
+// Entry fields are packed: parent << 16 | depth << 10 | rank (parent <= 1024, depth <= 32,
+// rank < 1024).
+// Shared layout: double es[cap] | float lps[L*K] | int ep[cap] | int npar[n] | int nrank[n] | int ndep[n]
+__device__ __forceinline__ bool ddt_entry_before(double sa, int pka, bool oka, double sb, int pkb,
+                                                 bool okb, const int* npar, const int* nrank,
+                                                 const int* ndep) {
+    if (!oka) return false;
+    if (!okb) return true;
+    if (sa != sb) return sa > sb;
+    return ddt_path_less(pka >> 16, pka & 1023, pkb >> 16, pkb & 1023, npar, nrank, ndep);
+}
+
+extern "C" __global__ void ddtree_build_warp(const float* __restrict__ logprobs,     // [B, L, Kin]
+                                             const long long* __restrict__ token_ids,  // [B, L, Kin]
+                                             const long long* __restrict__ root_tokens,  // [B] or null
+                                             long long root_default,
+                                             int L, int Kin, int K, int n,
+                                             long long* __restrict__ out_tokens,   // [B, n]
+                                             long long* __restrict__ out_parents,  // [B, n]
+                                             long long* __restrict__ out_depths,   // [B, n]
+                                             long long* __restrict__ out_ranks,    // [B, n]
+                                             float* __restrict__ out_scores) {     // [B, n]
+    extern __shared__ double ddt_wsmem[];
+    const int b = blockIdx.x;
+    const int cap = n - 1;  // frontier size never exceeds the number of pops
+    double* es = ddt_wsmem;
+    float* lps = reinterpret_cast<float*>(es + cap);
+    int* ep = reinterpret_cast<int*>(lps + L * K);
+    int* npar = ep + cap;
+    int* nrank = npar + n;
+    int* ndep = nrank + n;
+
+    const float* lpb = logprobs + (long long)b * L * Kin;
+    for (int e = threadIdx.x; e < L * K; e += blockDim.x) {
+        const int d = e / K, r = e - d * K;
+        lps[e] = lpb[(long long)d * Kin + r];
+    }
+    if (threadIdx.x == 0) { npar[0] = -1; nrank[0] = -1; ndep[0] = 0; }
+    __syncthreads();
+
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int e_lane = 0;  // slots owned by this lane: lane + 32 k < cap
+        if (lane < cap) e_lane = (cap - 1 - lane) / 32 + 1;
+        const unsigned full = e_lane >= 32 ? 0xffffffffu : ((1u << e_lane) - 1u);
+        unsigned valid = 0;
+        double best_s = 0.0;
+        int best_pk = 0, best_slot = -1;
+        bool best_ok = false;
+        if (lane == 0) {
+            es[0] = (double)lps[0];
+            ep[0] = (0 << 16) | (1 << 10) | 0;
+            valid = 1u;
+            best_s = es[0]; best_pk = ep[0]; best_slot = 0; best_ok = true;
+        }
+        __syncwarp();
+        for (int i = 1; i < n; ++i) {
+            double rs = best_s;
+            int rpk = best_pk, rslot = best_slot;
+            bool rok = best_ok;
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const double os = __shfl_xor_sync(DDT_FULL_MASK, rs, off);
+                const int opk = __shfl_xor_sync(DDT_FULL_MASK, rpk, off);
+                const int oslot = __shfl_xor_sync(DDT_FULL_MASK, rslot, off);
+                const bool ook = __shfl_xor_sync(DDT_FULL_MASK, (int)rok, off) != 0;
+                if (ddt_entry_before(os, opk, ook, rs, rpk, rok, npar, nrank, ndep)) {
+                    rs = os; rpk = opk; rslot = oslot; rok = ook;
+                }
+            }
+            const int parent = rpk >> 16, d = (rpk >> 10) & 63, r = rpk & 1023;
+            if (lane == 0) {
+                npar[i] = parent; nrank[i] = r; ndep[i] = d;
+                out_scores[(long long)b * n + i] = (float)rs;
+            }
+            if (i == n - 1) break;
+            const int owner = rslot & 31, k_own = rslot >> 5;
+            if (lane == owner) {
+                if (r + 1 < K) {
+                    es[rslot] = (rs - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1];
+                    ep[rslot] = (parent << 16) | (d << 10) | (r + 1);
+                } else {
+                    valid &= ~(1u << k_own);
+                }
+            }
+            int child_lane = -1;
+            double cs = 0.0;
+            int cpk = 0, cslot = -1;
+            if (d < L) {
+                const unsigned has_free = __ballot_sync(DDT_FULL_MASK, (valid & full) != full);
+                child_lane = __ffs(has_free) - 1;  // a free slot always exists (size <= cap)
+                if (lane == child_lane) {
+                    const int k2 = __ffs(~valid & full) - 1;
+                    cslot = lane + 32 * k2;
+                    cs = rs + (double)lps[d * K];
+                    cpk = (i << 16) | ((d + 1) << 10) | 0;
+                    es[cslot] = cs; ep[cslot] = cpk;
+                    valid |= 1u << k2;
+                }
+            }
+            __syncwarp();  // node i and the new entries are visible to every lane
+            if (lane == owner) {
+                best_ok = false;
+                unsigned m = valid;
+                while (m) {
+                    const int k = __ffs(m) - 1;
+                    m &= m - 1;
+                    const int slot = lane + 32 * k;
+                    const double s = es[slot];
+                    const int pk = ep[slot];
+                    if (ddt_entry_before(s, pk, true, best_s, best_pk, best_ok, npar, nrank, ndep)) {
+                        best_s = s; best_pk = pk; best_slot = slot; best_ok = true;
+                    }
+                }
+            } else if (lane == child_lane) {
+                if (ddt_entry_before(cs, cpk, true, best_s, best_pk, best_ok, npar, nrank, ndep)) {
+                    best_s = cs; best_pk = cpk; best_slot = cslot; best_ok = true;
+                }
+            }
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+
+    const long long* idb = token_ids + (long long)b * L * Kin;
+    const long long root = root_tokens ? root_tokens[b] : root_default;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const long long o = (long long)b * n + i;
+        if (i == 0) {
+            out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
+            out_ranks[o] = -1; out_scores[o] = 0.0f;
+        } else {
+            const int d = ndep[i], r = nrank[i];
+            out_tokens[o] = idb[(long long)(d - 1) * Kin + r];
+            out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
+        }
+    }
+}
+
 // vis[b, i, j] = 1 iff j == i or j is an ancestor of i (parents[b, i] < i).
 extern "C" __global__ void ddtree_visibility(const long long* __restrict__ parents,  // [B, n]
                                              int B, int n,
