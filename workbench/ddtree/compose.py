@@ -14,7 +14,9 @@ fixed budget (:func:`capture_round`).
 
 Verify attention: ``verify="torch"`` uses :func:`verify_attention_torch`
 (batched, dense masked softmax in float32, written here); ``verify="kernel"``
-calls ``workbench.ddtree.verify.verify_attention`` once per request;
+calls ``workbench.ddtree.verify.verify_attention_batched`` (``check=False``,
+so no host sync; or ``verify_attention`` per request where the batched form is
+missing);
 ``"auto"`` takes the kernel when that module provides it and tensors are on
 the GPU.
 """
@@ -179,14 +181,24 @@ def ddtree_round(prob: ToyProblem, verify: str = "auto") -> RoundResult:
     q = prob.q_embed[tok]                                  # [B, n, H, 576]
     q_lat, q_rope = q[..., :D_LATENT], q[..., D_LATENT:]
     if use_kernel:
-        from workbench.ddtree.verify import verify_attention
+        from workbench.ddtree import verify as vmod
 
-        outs = []
-        for b in range(B):
-            o, _ = verify_attention(q_lat[b], q_rope[b], prob.kv_cache, prob.prefix_slots[b],
-                                    tail_kv[b], trees.parents[b], prob.scale)
-            outs.append(o.float())
-        out = torch.stack(outs)
+        if hasattr(vmod, "verify_attention_batched"):
+            P = prob.prefix_slots.shape[1]
+            offsets = torch.arange(B + 1, dtype=torch.int64, device=tok.device) * P
+            out, _ = vmod.verify_attention_batched(
+                q_lat.contiguous(), q_rope.contiguous(), prob.kv_cache,
+                prob.prefix_slots.reshape(-1), offsets, tail_kv, trees.parents, prob.scale,
+                check=False)
+            out = out.float()
+        else:
+            outs = []
+            for b in range(B):
+                o, _ = vmod.verify_attention(q_lat[b].contiguous(), q_rope[b].contiguous(),
+                                             prob.kv_cache, prob.prefix_slots[b], tail_kv[b],
+                                             trees.parents[b], prob.scale, check=False)
+                outs.append(o.float())
+            out = torch.stack(outs)
     else:
         vis = tree_visibility(trees.parents)
         out, _ = verify_attention_torch(q_lat, q_rope, prob.kv_cache, prob.prefix_slots,
