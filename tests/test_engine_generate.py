@@ -189,3 +189,18 @@ def test_ddtree_lossless_on_gpu(greedy):
     for commit in ("scattered", "compacted"):
         res = generate(m, PROMPTS, 24, method="ddtree", drafter=d, block=8, budget=16, commit=commit)
         assert [r.tokens for r in res] == g
+
+
+def test_int4_experts_share_the_moe_kernel_layout():
+    """The engine's INT4 storage is a zero-copy workbench.moe.Int4Experts; the moe reference agrees."""
+    moe = pytest.importorskip("workbench.moe")
+    cfg = tiny_config(n_routed_experts=8, n_group=1, topk_group=1)
+    m = synthetic_model(cfg, seed=4, dtype=torch.bfloat16, int4=True)
+    ex = m.layers[1].mlp.experts
+    view = ex.as_int4_experts()
+    assert view.gate_up_packed.data_ptr() == ex.gate_up_packed.data_ptr()
+    x = torch.randn(5, cfg.hidden_size, dtype=torch.bfloat16)
+    ids, w = m.layers[1].mlp.gate(x)
+    ours = ex(x, ids, w).float()
+    ref = moe.moe_reference(x, ids, w, view).float()
+    assert float((ours - ref).norm() / ref.norm()) < 1e-2

@@ -135,14 +135,14 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
     targets.update({k: v for k, v in model.named_buffers()})
     filled: set[str] = set()
 
-    def put(internal: str, tensor: torch.Tensor, hf_name: str, index=None, shape=None) -> None:
+    def put(internal: str, tensor: torch.Tensor, hf_name: str) -> None:
         dst = targets[internal]
-        view = dst if index is None else dst[index]
+        view = dst
         if tuple(tensor.shape) != tuple(view.shape):
             raise ValueError(f"tensor {hf_name} has shape {tuple(tensor.shape)}, the config implies "
                              f"{tuple(view.shape)}")
         view.copy_(tensor.to(device=device, dtype=dst.dtype))
-        filled.add(internal if index is None else f"{internal}[{index}]")
+        filled.add(internal)
 
     by_file: dict[Path, list[str]] = {}
     for k, f in names.items():
@@ -168,20 +168,25 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
                         if e >= config.n_routed_experts:
                             raise ValueError(f"unexpected tensor {hf}: expert {e} >= n_routed_experts "
                                              f"{config.n_routed_experts}")
-                        base = f"layers.{i}.mlp.experts.{proj}"
                         exp = model.layers[i].mlp.experts
+                        key = f"model.layers.{i}.mlp.experts.{e}.{proj}.{kind}"
                         if kind == "weight_shape":
                             want = exp.shapes[proj]
                             got = tuple(int(x) for x in sf.get_tensor(hf).tolist())
                             if got != want:
                                 raise ValueError(f"tensor {hf} = {got}, the config implies {want}")
-                            filled.add(f"{base}_shape[{e}]")
+                            filled.add(key)
                             continue
                         if (kind == "weight") == int4:
                             raise ValueError(f"tensor {hf}: checkpoint mixes INT4 and unquantised routed experts")
-                        internal = {"weight": base, "weight_packed": base + "_packed",
-                                    "weight_scale": base + "_scale"}[kind]
-                        put(internal, sf.get_tensor(hf), hf, index=e)
+                        t = sf.get_tensor(hf)
+                        view = (getattr(exp, proj)[e] if kind == "weight"
+                                else exp.int4_slot(proj, kind[len("weight_"):], e))
+                        if tuple(t.shape) != tuple(view.shape):
+                            raise ValueError(f"tensor {hf} has shape {tuple(t.shape)}, the config implies "
+                                             f"{tuple(view.shape)}")
+                        view.copy_(t.to(device=device, dtype=view.dtype))
+                        filled.add(key)
                         continue
                     fm = _FUSED.match(name)
                     if fm:
@@ -189,15 +194,19 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
                         if not (0 <= i < L and model.layers[i].is_moe) or int4:
                             raise ValueError(f"unexpected tensor {hf}")
                         t = sf.get_tensor(hf)
+                        E = config.n_routed_experts
                         if which == "gate_up_proj":
                             I = config.moe_intermediate_size
                             if t.dim() != 3 or t.shape[1] != 2 * I:
                                 raise ValueError(f"tensor {hf} has shape {tuple(t.shape)}, the config implies "
-                                                 f"({config.n_routed_experts}, {2 * I}, {config.hidden_size})")
+                                                 f"({E}, {2 * I}, {config.hidden_size})")
                             put(f"layers.{i}.mlp.experts.gate_proj", t[:, :I], hf)
                             put(f"layers.{i}.mlp.experts.up_proj", t[:, I:], hf)
+                            projs = ("gate_proj", "up_proj")
                         else:
                             put(f"layers.{i}.mlp.experts.down_proj", t, hf)
+                            projs = ("down_proj",)
+                        filled.update(f"model.layers.{i}.mlp.experts.{e}.{p}.weight" for e in range(E) for p in projs)
                         continue
                     if name == "lm_head.weight" or name in targets:
                         if name not in targets:
@@ -210,28 +219,19 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
         model.lm_head.weight = model.embed_tokens.weight
         filled.add("lm_head.weight")
     missing = []
-    for name, t in targets.items():
-        m = re.match(r"^(layers\.\d+\.mlp\.experts\.(?:gate|up|down)_proj)(_packed|_scale)?$", name)
-        if m:
-            for e in range(t.shape[0]):
-                if f"{name}[{e}]" not in filled and name not in filled:
-                    missing.append(_hf_expert_name(m.group(1), e, m.group(2)))
-            if m.group(2) == "_packed":
-                missing += [_hf_expert_name(m.group(1), e, "_shape") for e in range(t.shape[0])
-                            if f"{m.group(1)}_shape[{e}]" not in filled]
-        elif name not in filled:
+    kinds = ("weight_packed", "weight_scale", "weight_shape") if int4 else ("weight",)
+    for i, layer in enumerate(model.layers):
+        if layer.is_moe:
+            missing += [f"model.layers.{i}.mlp.experts.{e}.{p}.{k}" for e in range(config.n_routed_experts)
+                        for p in PROJS for k in kinds
+                        if f"model.layers.{i}.mlp.experts.{e}.{p}.{k}" not in filled]
+    for name in targets:
+        if ".mlp.experts." not in name and name not in filled:
             missing.append(("" if name.startswith("lm_head") else "model.") + name)
     if missing:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise ValueError(f"checkpoint {path} lacks tensors: {', '.join(missing[:10])}{more}")
     return model
-
-
-def _hf_expert_name(base: str, e: int, suffix: str | None) -> str:
-    i = base.split(".")[1]
-    proj = base.rsplit(".", 1)[1]
-    tail = {None: "weight", "_packed": "weight_packed", "_scale": "weight_scale", "_shape": "weight_shape"}[suffix]
-    return f"model.layers.{i}.mlp.experts.{e}.{proj}.{tail}"
 
 
 def quantize_experts_int4(src: str | Path, dst: str | Path, group_size: int = 32) -> Path:

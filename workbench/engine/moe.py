@@ -7,10 +7,14 @@
   ``routed_scaling_factor``. Computed in float32.
 - :class:`RoutedExperts`: the routed experts, stacked, either dense
   (``gate_proj``/``up_proj`` [E, I, D], ``down_proj`` [E, D, I]) or INT4
-  compressed-tensors pack-quantized (``*_packed`` int32 [E, out, in // 8],
-  ``*_scale`` bf16 [E, out, in // group]). The torch path dequantises each
-  touched expert once per call; ``workbench.moe.fused_moe_int4`` is used on
-  CUDA for INT4 experts at K2.6 shapes when that module is importable.
+  compressed-tensors pack-quantized in the stacked layout of
+  ``workbench.moe.Int4Experts``: ``gate_up_packed`` int32 [E, 2I, D // 8]
+  (gate rows then up rows), ``gate_up_scale`` bf16 [E, 2I, D // group],
+  ``down_packed`` int32 [E, D, I // 8], ``down_scale`` bf16 [E, D, I // group].
+  The torch path dequantises each touched expert once per call;
+  ``workbench.moe.fused_moe_int4`` runs instead on CUDA for bf16 INT4 experts
+  when it is importable and supports the shapes (set
+  ``RoutedExperts.use_fused = False`` to force the torch path).
 - :class:`MLP`: SwiGLU (dense layers and shared experts).
 """
 from __future__ import annotations
@@ -88,34 +92,64 @@ class RoutedExperts(nn.Module):
         if int4:
             g = (config.expert_quant.group_size if config.expert_quant else 32)
             self.group_size = g
-            for name, (o, i) in shapes.items():
-                if i % g:
-                    raise ValueError(f"expert {name} input dim {i} is not a multiple of group size {g}")
-                self.register_buffer(f"{name}_packed", torch.empty(E, o, i // 8, dtype=torch.int32))
-                self.register_buffer(f"{name}_scale", torch.empty(E, o, i // g, dtype=torch.bfloat16))
+            if D % g or I % g:
+                raise ValueError(f"expert dims {D}, {I} must be multiples of the group size {g}")
+            self.register_buffer("gate_up_packed", torch.empty(E, 2 * I, D // 8, dtype=torch.int32))
+            self.register_buffer("gate_up_scale", torch.empty(E, 2 * I, D // g, dtype=torch.bfloat16))
+            self.register_buffer("down_packed", torch.empty(E, D, I // 8, dtype=torch.int32))
+            self.register_buffer("down_scale", torch.empty(E, D, I // g, dtype=torch.bfloat16))
         else:
             for name, (o, i) in shapes.items():
                 self.register_parameter(name, nn.Parameter(torch.empty(E, o, i, dtype=dtype)))
+        self.use_fused = True
+        self._int4_view = None
+
+    def int4_slot(self, proj: str, kind: str, e: int) -> torch.Tensor:
+        """The view of the stacked INT4 storage holding ``proj``'s ``kind`` (packed/scale) of expert e."""
+        I = self.intermediate
+        if proj == "down_proj":
+            return getattr(self, f"down_{kind}")[e]
+        rows = slice(0, I) if proj == "gate_proj" else slice(I, 2 * I)
+        return getattr(self, f"gate_up_{kind}")[e, rows]
+
+    def _gate_up(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_gate_up [2I, D], W_down [D, I]) of expert e in ``dtype`` (dequantised for INT4)."""
+        if self.int4:
+            gu = dequantize_int4(self.gate_up_packed[e], self.gate_up_scale[e], dtype=dtype)
+            dn = dequantize_int4(self.down_packed[e], self.down_scale[e], dtype=dtype)
+            return gu, dn
+        return torch.cat([self.gate_proj[e], self.up_proj[e]]).to(dtype), self.down_proj[e].to(dtype)
 
     def expert_weight(self, name: str, e: int, dtype: torch.dtype) -> torch.Tensor:
-        """Weight ``name`` of expert ``e`` as ``dtype`` [out, in] (dequantised for INT4)."""
+        """Weight ``name`` (gate_proj/up_proj/down_proj) of expert ``e`` as ``dtype`` [out, in]."""
         if self.int4:
-            return dequantize_int4(getattr(self, f"{name}_packed")[e], getattr(self, f"{name}_scale")[e],
-                                   dtype=dtype)
+            return dequantize_int4(self.int4_slot(name, "packed", e), self.int4_slot(name, "scale", e), dtype=dtype)
         return getattr(self, name)[e].to(dtype)
 
     def weight_bytes_per_expert(self) -> int:
-        if self.int4:
-            return sum(getattr(self, f"{n}_packed")[0].numel() * 4 + getattr(self, f"{n}_scale")[0].numel() * 2
-                       for n in PROJS)
-        return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in PROJS)
+        names = ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale") if self.int4 else PROJS
+        return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in names)
+
+    def as_int4_experts(self):
+        """A zero-copy ``workbench.moe.Int4Experts`` over this storage (INT4 only)."""
+        from workbench.moe import Int4Experts  # type: ignore
+
+        if self._int4_view is None or self._int4_view.gate_up_packed.data_ptr() != self.gate_up_packed.data_ptr():
+            self._int4_view = Int4Experts(self.gate_up_packed, self.gate_up_scale, self.down_packed,
+                                          self.down_scale, self.group_size)
+        return self._int4_view
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        fused = _fused_int4()
-        if (fused is not None and self.int4 and x.is_cuda and x.dtype == torch.bfloat16
-                and self.hidden == 7168 and self.intermediate == 2048):
-            return fused(x, ids, weights, self)
+        if self.use_fused and self.int4 and x.is_cuda and x.dtype == torch.bfloat16:
+            fused = _fused_int4()
+            if fused is not None:
+                exp = self.as_int4_experts()
+                from workbench.moe.fused import gpu_supported  # type: ignore
+
+                if gpu_supported(exp) is None:
+                    return fused(x, ids, weights, exp, validate=False)
         out = torch.zeros_like(x)
+        I = self.intermediate
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
@@ -128,10 +162,10 @@ class RoutedExperts(nn.Module):
             t, s = tok[start:start + c], slot[start:start + c]
             start += c
             xe = x[t]
-            h = F.silu(F.linear(xe, self.expert_weight("gate_proj", e, x.dtype))) * \
-                F.linear(xe, self.expert_weight("up_proj", e, x.dtype))
-            ye = F.linear(h, self.expert_weight("down_proj", e, x.dtype))
-            ye = ye * weights[t, s, None]
+            w_gu, w_dn = self._gate_up(e, x.dtype)
+            gu = F.linear(xe, w_gu)
+            h = F.silu(gu[:, :I]) * gu[:, I:]
+            ye = F.linear(h, w_dn) * weights[t, s, None]
             out.index_add_(0, t, ye.to(out.dtype))
         return out
 
