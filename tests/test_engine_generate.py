@@ -195,7 +195,7 @@ def test_int4_experts_share_the_moe_kernel_layout():
     """The engine's INT4 storage is a zero-copy workbench.moe.Int4Experts; the moe reference agrees."""
     moe = pytest.importorskip("workbench.moe")
     cfg = tiny_config(n_routed_experts=8, n_group=1, topk_group=1)
-    m = synthetic_model(cfg, seed=4, dtype=torch.bfloat16, int4=True)
+    m = synthetic_model(cfg, layers=2, seed=4, dtype=torch.bfloat16, int4=True)
     ex = m.layers[1].mlp.experts
     view = ex.as_int4_experts()
     assert view.gate_up_packed.data_ptr() == ex.gate_up_packed.data_ptr()
