@@ -132,3 +132,31 @@ def accept_sweep_figure(gpus: Iterable[str] = DEFAULT_GPUS, block: int = 16, bud
     fig.update_layout(title=f"tokens/s vs accepted length (block {block}, budget {budget}; bands = assumption ranges)",
                       xaxis_title="accepted length per step", yaxis_title="tokens/s (C=1)", height=450)
     return fig
+
+
+def scenario_table(results: Sequence[Any], title: str = "The source's B300 scenarios beside this model") -> go.Figure:
+    """Table of :func:`workbench.projection.scenarios.source_scenarios` results, reasons included."""
+    from workbench.projection.scenarios import scenario_rows
+
+    return table_figure(scenario_rows(list(results)), title, height=760,
+                        column_widths=[2.2, 0.8, 0.9, 1, 1, 0.7, 0.8, 6])
+
+
+def source_arithmetic_table() -> go.Figure:
+    """The source's own arithmetic and its MoE percentages, recomputed from its anchors."""
+    from workbench.projection.scenarios import plateau_check, source_moe_percent, source_step_arithmetic
+
+    a = source_step_arithmetic()
+    rows = [{"quantity": "B300 step at the anchor (accepted / tok/s)", "value": f"{a['anchor_step_ms']:.2f} ms"},
+            {"quantity": "MoE at M=9 on B300 (PRO 6000 anchor / bandwidth ratio)", "value": f"{a['moe_m9_ms']:.2f} ms"},
+            {"quantity": "step - MoE = the source's 'overhead'",
+             "value": f"{a['lumped_overhead_ms']:.2f} ms (source ~{a['source_overhead_ms']:g})"},
+            {"quantity": "MoE at M=32 on B300", "value": f"{a['moe_m32_ms']:.2f} ms"}]
+    for r in source_moe_percent():
+        rows.append({"quantity": f"Marlin MoE at M={r['m']}: % of peak, INT4 payload only / with bf16 scales",
+                     "value": f"{r['payload_pct_of_1_8']:.1f}% of 1.8 TB/s / {r['with_scales_pct_of_datasheet']:.1f}% of 1.79 TB/s"})
+    for r in plateau_check():
+        rows.append({"quantity": f"M={r['m']} on {r['gpu']}: byte time vs flop time per layer",
+                     "value": f"{r['byte_ms']:.2f} ms vs {r['flop_ms']:.2f} ms "
+                              f"({'bandwidth' if r['byte_ms'] > r['flop_ms'] else 'compute'}-bound)"})
+    return table_figure(rows, "The source's arithmetic, recomputed from its anchors", column_widths=[3, 2])

@@ -80,6 +80,28 @@ def source_moe_percent() -> list[dict[str, float]]:
     return out
 
 
+def plateau_check(m: int | None = None) -> list[dict[str, float]]:
+    """The source's '~7 ms -> ~1.5 ms at the compute-bound plateau (M >= 256)': bytes and flops of one
+    whole MoE layer at that M, and their times on the PRO 6000 and the B300 (datasheet x central
+    fractions; the PRO 6000 MoE fraction from its M=32 anchor)."""
+    from workbench.projection.model import moe_layer_flops
+    from workbench.projection.calibration import Calibration
+    a = load_anchors()["anchors"]
+    m = m or a["moe_plateau_ms_per_layer"]["m"]
+    cfg = default_model()
+    frac = Calibration.anchor_moe_points({})[-1][1]
+    out = []
+    for gid in ("rtx-pro-6000", "b300"):
+        g = load_gpu(gid)
+        bw = g.bandwidth_bytes_per_s * g.copy_fraction.central * frac
+        mm = g.matmul_flops.central * g.matmul_fraction.central
+        out.append({"gpu": gid, "m": m, "experts": expected_distinct_experts(cfg, m),
+                    "bytes": moe_layer_bytes(cfg, m), "flops": moe_layer_flops(cfg, m),
+                    "byte_ms": moe_layer_bytes(cfg, m) / bw * 1e3, "flop_ms": moe_layer_flops(cfg, m) / mm * 1e3,
+                    "source_ms": a["moe_plateau_ms_per_layer"]["value"] if gid == "rtx-pro-6000" else None})
+    return out
+
+
 def _reason(sid: str, reading: str, res: Projection, src: tuple[float, float], acc: tuple[float, ...],
             arith: dict[str, float], calibrated_overhead_ms: float) -> str:
     lo_a, hi_a = min(acc), max(acc)

@@ -1,0 +1,62 @@
+"""The paper's generated blocks, the figures and the what-if explorer (headless)."""
+import plotly.graph_objects as go
+import pytest
+
+from workbench.projection import figures, load_calibration, project
+from workbench.projection.report import BLOCKS, PAPER, _BLOCK, main, render
+
+
+def test_paper_has_every_generated_block_and_renders(tmp_path):
+    text = PAPER.read_text()
+    names = [m.group("name") for m in _BLOCK.finditer(text)]
+    assert sorted(names) == sorted(BLOCKS)
+    out = render(text)
+    for name in BLOCKS:
+        assert f"<!-- BEGIN GENERATED: {name} -->" in out
+    assert "| scenario |" in out and "| term |" in out
+    p = tmp_path / "paper.md"
+    p.write_text(text.replace("<!-- END GENERATED: terms -->", "stale\n<!-- END GENERATED: terms -->"))
+    assert main(["--paper", str(p), "--check"]) == 1
+    assert main(["--paper", str(p)]) == 0
+    assert main(["--paper", str(p), "--check"]) == 0
+    bad = tmp_path / "bad.md"
+    bad.write_text("<!-- BEGIN GENERATED: nope -->\n<!-- END GENERATED: nope -->\n")
+    with pytest.raises(ValueError, match="unknown generated block"):
+        main(["--paper", str(bad)])
+
+
+def test_figures_are_plotly_figures():
+    cal = load_calibration(use_measurements=False)
+    res = project("b300", 16, 32, (12, 16), calibration=cal)
+    items = figures.breakdown_by_gpu(calibration=cal)
+    fig = figures.breakdown_figure(items)
+    assert isinstance(fig, go.Figure) and len(fig.data) == 7 and len(items) == 6
+    # the Amdahl shift: for each config the MoE share falls as bandwidth grows (PRO 6000 -> H200 -> B300)
+    for k in (0, 3):
+        shares = [r.breakdown["central"]["moe"] / r.step_ms["central"] for _, r in items[k:k + 3]]
+        assert shares == sorted(shares, reverse=True)
+    for f in (figures.sensitivity_figure(res), figures.terms_table(), figures.calibration_table(cal),
+              figures.projection_table(res), figures.source_arithmetic_table(),
+              figures.accept_sweep_figure(calibration=cal, block=8, budget=8)):
+        assert isinstance(f, go.Figure) and f.data
+
+
+def test_explorer_runs_headless_and_reports_bad_input():
+    pytest.importorskip("ipywidgets")
+    from workbench.projection.widgets import projection_explorer
+
+    cal = load_calibration(use_measurements=False)
+    box = projection_explorer("b300", 16, 32, 12, calibration=cal)
+    sliders = {s.description: s for row in box.children[:2] for s in row.children}
+    message = box.children[2]
+    assert set(sliders) == {"accepted", "block", "budget", "TB/s", "overhead ms"}
+    sliders["accepted"].value = 20          # above the block: an error message, no exception, no clipping
+    assert "above the block" in message.value
+    assert sliders["accepted"].value == 20
+    sliders["accepted"].value = 12
+    assert message.value == ""
+    sliders["TB/s"].value = 16.0
+    fig = box.children[3]
+    if isinstance(fig, go.FigureWidget):
+        moe = fig.data[0].y
+        assert moe[1] == pytest.approx(moe[0] / 2)   # twice the bandwidth, half the MoE term

@@ -1,0 +1,195 @@
+"""Generated tables of papers/b300_projection.md.
+
+Every number in the paper's tables comes from here: the anchors
+(data/anchors/), the assumptions (data/anchors/projection_assumptions.json,
+data/hardware.json), the model config and the measurement files
+(data/measurements/h200/). The paper holds blocks between
+``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``;
+regenerate them with
+
+    python -m workbench.projection.report            # rewrite papers/b300_projection.md in place
+    python -m workbench.projection.report --check    # exit 1 if the paper is stale
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from workbench import REPO_ROOT
+from workbench.projection.calibration import load_calibration
+from workbench.projection.figures import breakdown_by_gpu
+from workbench.projection.model import (
+    TERM_NAMES, TERMS, load_assumptions, load_hardware,
+)
+from workbench.projection.project import project
+from workbench.projection.scenarios import (
+    plateau_check, scenario_rows, source_moe_percent, source_scenarios, source_step_arithmetic,
+)
+
+PAPER = REPO_ROOT / "papers" / "b300_projection.md"
+_BLOCK = re.compile(r"(<!-- BEGIN GENERATED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END GENERATED: (?P=name) -->)",
+                    re.S)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "(none)\n"
+    cols = list(rows[0])
+    esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    lines += ["| " + " | ".join(esc(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _scenarios(use_measurements: bool) -> str:
+    cal = load_calibration(use_measurements=use_measurements)
+    if use_measurements and not cal.files:
+        return ("No H200 measurement file of this workbench (moe_bandwidth, ddtree_kernels, engine_step) is "
+                "committed yet, so the recalibrated table equals the anchors-only one above.\n")
+    rows = scenario_rows(source_scenarios(cal))
+    head = ""
+    if use_measurements:
+        head = f"Calibrated from: {'; '.join(cal.files)}. MoE: {cal.moe_source}.\n\n"
+        if cal.notes:
+            head += "Notes: " + " ".join(cal.notes) + "\n\n"
+    short = [{k: v for k, v in r.items() if k != "why they differ"} for r in rows]
+    reasons = "\n".join(f"- **{r['scenario']}**: {r['why they differ']}" for r in rows)
+    return head + markdown_table(short) + "\n" + reasons + "\n"
+
+
+def block_scenarios() -> str:
+    return _scenarios(False)
+
+
+def block_scenarios_measured() -> str:
+    return _scenarios(True)
+
+
+def block_source_arithmetic() -> str:
+    a = source_step_arithmetic()
+    rows = [{"quantity": "bandwidth ratio B300 / PRO 6000 (datasheet)", "value": f"{a['bandwidth_ratio']:.2f}"},
+            {"quantity": "B300 step at the anchor (4.4 / 303 tok/s)", "value": f"{a['anchor_step_ms']:.2f} ms"},
+            {"quantity": "MoE at M=9 on B300 (1.18 ms/layer x MoE layers / TP / ratio)",
+             "value": f"{a['moe_m9_ms']:.2f} ms"},
+            {"quantity": "step - MoE (the source's 'overhead')", "value": f"{a['lumped_overhead_ms']:.2f} ms "
+                                                                          f"(source: ~{a['source_overhead_ms']:g})"},
+            {"quantity": "MoE at M=32 on B300", "value": f"{a['moe_m32_ms']:.2f} ms"},
+            {"quantity": "overhead + MoE at M=32 (no draft growth)",
+             "value": f"{a['strong_step_without_draft_ms']:.2f} ms"}]
+    moe = [{"M": r["m"], "ms/layer (source)": r["ms_per_layer"], "experts touched E(M)": f"{r['experts']:.1f}",
+            "INT4 payload GB": f"{r['payload_bytes'] / 1e9:.3f}", "payload % of 1.8 TB/s": f"{r['payload_pct_of_1_8']:.1f}",
+            "with bf16 scales GB": f"{r['bytes_with_scales'] / 1e9:.3f}",
+            "with scales % of 1.79 TB/s": f"{r['with_scales_pct_of_datasheet']:.1f}"} for r in source_moe_percent()]
+    plateau = [{"GPU": r["gpu"], "M": r["m"], "experts touched": f"{r['experts']:.1f}",
+                "GB/layer": f"{r['bytes'] / 1e9:.2f}", "byte time ms": f"{r['byte_ms']:.2f}",
+                "flop time ms": f"{r['flop_ms']:.2f}",
+                "bound": "bandwidth" if r["byte_ms"] > r["flop_ms"] else "compute",
+                "source ms": "~" + format(r["source_ms"], "g") if r["source_ms"] else "-"} for r in plateau_check()]
+    return markdown_table(rows) + "\n" + markdown_table(moe) + "\n" + markdown_table(plateau)
+
+
+def block_breakdown() -> str:
+    items = breakdown_by_gpu(use_measurements=False)
+    rows = []
+    for label, r in items:
+        c = r.breakdown["central"]
+        step = r.step_ms["central"]
+        row = {"GPU, config": label.replace("<br>", ", ")}
+        row.update({n: f"{c[n]:.2f}" for n in TERM_NAMES})
+        row["step ms"] = f"{step:.2f}"
+        row["MoE %"] = f"{c['moe'] / step * 100:.0f}"
+        row["host %"] = f"{(c['overhead'] + c['tree_build']) / step * 100:.0f}"
+        row["tok/s (low-central-high)"] = (f"{r.tokens_per_s[0]['low']:.0f}-{r.tokens_per_s[0]['central']:.0f}-"
+                                           f"{r.tokens_per_s[0]['high']:.0f}")
+        rows.append(row)
+    return markdown_table(rows)
+
+
+def block_sensitivity() -> str:
+    r = project("b300", 16, 32, (12, 16), use_measurements=False)
+    rows = [{"quantity": s["quantity"], "kind": s["kind"], "range": f"{s['low']:g} .. {s['high']:g}",
+             "step ms at ends": f"{s['step_ms_at_low']:.2f} / {s['step_ms_at_high']:.2f}",
+             "swing ms": f"{s['swing_ms']:.2f}"} for s in r.sensitivity[:10]]
+    return (f"B300, block 16, budget 32, anchors only; central step {r.step_ms['central']:.2f} ms.\n\n"
+            + markdown_table(rows))
+
+
+def block_assumptions() -> str:
+    a = load_assumptions()
+    rows = []
+    for k, v in a.items():
+        if k.startswith("_") or not isinstance(v, dict):
+            continue
+        if "low" in v:
+            val = f"{v['low']:g} / {v['central']:g} / {v['high']:g}"
+        elif "value" in v:
+            val = str(v["value"])
+        else:
+            val = "-"
+        rows.append({"assumption": k, "low / central / high": val, "source": v.get("source", v.get("note", ""))})
+    for gid, g in load_hardware()["gpus"].items():
+        for k, v in (g.get("projection") or {}).items():
+            rows.append({"assumption": f"{gid}.{k}", "low / central / high":
+                         f"{v['low']:.3g} / {v['central']:.3g} / {v['high']:.3g}", "source": v.get("source", "")})
+    return markdown_table(rows)
+
+
+def block_terms() -> str:
+    return markdown_table([{"term": t.name, "formula": t.formula, "source": t.source, "scaling": t.scaling}
+                           for t in TERMS])
+
+
+def block_calibration() -> str:
+    cal = load_calibration(use_measurements=True)
+    rows = cal.describe()
+    text = markdown_table(rows)
+    if cal.engine_step is not None:
+        text += ("\ndata/measurements/h200/engine_step.json is committed: its measured step breakdown is shown "
+                 "in notebook 04 beside the model; it is not fitted.\n")
+    files = "; ".join(cal.files) if cal.files else "none yet (anchors only)"
+    return f"Measurement files read: {files}.\n\n" + text
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "terms": block_terms,
+    "assumptions": block_assumptions,
+    "calibration": block_calibration,
+    "source-arithmetic": block_source_arithmetic,
+    "scenarios": block_scenarios,
+    "scenarios-measured": block_scenarios_measured,
+    "breakdown": block_breakdown,
+    "sensitivity": block_sensitivity,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block rewritten; unknown block names are an error."""
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in BLOCKS:
+            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
+        return m.group(1) + BLOCKS[name]() + m.group(4)
+    return _BLOCK.sub(sub, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.projection.report", description=__doc__.split("\n")[0])
+    ap.add_argument("--paper", type=Path, default=PAPER)
+    ap.add_argument("--check", action="store_true", help="exit 1 if the paper's generated blocks are stale")
+    args = ap.parse_args(argv)
+    text = args.paper.read_text()
+    new = render(text)
+    if args.check:
+        stale = new != text
+        print(f"{args.paper}: {'stale, regenerate with python -m workbench.projection.report' if stale else 'up to date'}")
+        return 1 if stale else 0
+    args.paper.write_text(new)
+    print(f"wrote {args.paper} ({len(_BLOCK.findall(new))} generated blocks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
