@@ -1,0 +1,637 @@
+// Tree-verify attention, MLA absorbed (DDTree verify step).
+//
+// Every query row (request b, node i, head h) attends over
+//   keys 0..P_b-1 : the request's prefix, read through slot indices
+//                   (paged KV, page_size 1: kv + slots[off_b + j] * row_stride)
+//   keys P_b..P_b+T-1 : the request's T tree-tail rows, masked by ancestry
+//                   (row of node i sees tail key t iff t is i or an ancestor).
+// A key row is [c_kv (512) | k_rope (64)]; score = (q_lat . c_kv + q_rope . k_rope)
+// * scale; the output is the softmax-weighted c_kv (512 values).
+//
+// Work split (flash-decoding): each request's key range [0, P_b + T) is cut into
+// chunks of `chunk_len` keys; a thread block handles one chunk for one block of
+// query rows (every head of every node in the block reads each latent row once
+// per block) and writes a normalised partial output plus its log-sum-exp.
+// ddtree_verify_merge combines the partials of a request by log-sum-exp.
+//
+// Kernels (all extern "C"):
+//   ddtree_verify_chunks      chunk_start[B+1]: prefix sum of chunks per request
+//   ddtree_verify_visibility  vis[B*T, W] ancestor bitmasks from parents
+//   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
+//                             64 query rows x 64 keys per step, 256 threads
+//   ddtree_verify_simple_f32 / _bf16   CUDA-core path, 16 query rows per block
+//   ddtree_verify_merge_f32 / _bf16    partials -> out (input dtype), lse (f32)
+//
+// No includes: bf16 is handled as raw 16-bit values (NVRTC-safe).
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+
+#define DV 512           // kv_lora_rank: c_kv and output width
+#define DR 64            // qk_rope_head_dim
+#define DK 576           // DV + DR
+#define ROW_CHUNKS 72    // 16-byte chunks in a 576-value bf16 row
+#define NEG_INF (__int_as_float(0xff800000))
+#define LN2F 0.69314718055994530942f
+
+// ---------------------------------------------------------------- helpers
+
+__device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((u32)v) << 16); }
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16_t v) { return bf2f(v); }
+
+// pack two floats as bf16x2 (lo in the low half), round to nearest even
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_out(bf16_t* p, float v) {
+    *p = (bf16_t)(pack_bf16x2(v, 0.f) & 0xffffu);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Which request a global chunk belongs to: the largest b with chunk_start[b] <= g.
+__device__ __forceinline__ int find_request(const int* __restrict__ chunk_start, int B, int g) {
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (chunk_start[mid] <= g) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Is tail key t visible to the query row of node `node` of request b?
+__device__ __forceinline__ bool tail_visible(const u32* __restrict__ vis, int b, int T, int W, int node, int t) {
+    if (node >= T) return true;  // padding row: anything finite
+    return (vis[((long long)b * T + node) * W + (t >> 5)] >> (t & 31)) & 1u;
+}
+
+// ---------------------------------------------------------------- planning kernels
+
+// chunk_start[0] = 0, chunk_start[b+1] = chunk_start[b] + ceil((P_b + T) / chunk_len).
+// One block of 1024 threads.
+extern "C" __global__ void ddtree_verify_chunks(const long long* __restrict__ offsets, int B, int T,
+                                                 int chunk_len, int* __restrict__ chunk_start) {
+    __shared__ int buf[1024];
+    __shared__ int carry;
+    const int tid = threadIdx.x;
+    if (tid == 0) { carry = 0; chunk_start[0] = 0; }
+    __syncthreads();
+    for (int base = 0; base < B; base += 1024) {
+        const int i = base + tid;
+        int n = 0;
+        if (i < B) {
+            long long keys = offsets[i + 1] - offsets[i] + T;
+            n = (int)((keys + chunk_len - 1) / chunk_len);
+        }
+        buf[tid] = n;
+        __syncthreads();
+        for (int off = 1; off < 1024; off <<= 1) {
+            int v = tid >= off ? buf[tid - off] : 0;
+            __syncthreads();
+            buf[tid] += v;
+            __syncthreads();
+        }
+        if (i < B) chunk_start[i + 1] = carry + buf[tid];
+        __syncthreads();
+        if (tid == 0) carry += buf[1023];
+        __syncthreads();
+    }
+}
+
+// vis[(b*T + i)*W + w]: bit t set iff tail node t is node i or one of its ancestors.
+extern "C" __global__ void ddtree_verify_visibility(const long long* __restrict__ parents, int B, int T, int W,
+                                                    u32* __restrict__ vis) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * T) return;
+    const int b = (int)(idx / T);
+    const int i = (int)(idx % T);
+    u32* row = vis + idx * W;
+    for (int w = 0; w < W; ++w) row[w] = 0u;
+    int cur = i;
+    for (int steps = 0; cur >= 0 && steps <= T; ++steps) {
+        row[cur >> 5] |= 1u << (cur & 31);
+        long long p = parents[(long long)b * T + cur];
+        if (p >= cur) break;  // invalid tree (checked on the host when asked)
+        cur = (int)p;
+    }
+}
+
+// ---------------------------------------------------------------- tensor-core kernel (bf16)
+//
+// Block: 64 query rows (rows row0.. of one request) x one key chunk; 8 warps.
+// Warp w: mi = w & 1 owns rows 32*mi .. +32 in both phases;
+//         qd = w >> 1 owns keys 16*qd .. +16 of a 64-key tile in the score phase
+//         and output dims 128*qd .. +128 in the P.V phase.
+// Shared memory (dynamic, 230,400 bytes):
+//   sQ  64 x 576 bf16 (swizzled 16-byte chunks)        73,728
+//   sK  2 stages x 64 keys x 576 bf16 (swizzled)      147,456
+//   sP  64 x 64 bf16 probabilities (swizzled)            8,192
+//   red 4 x 64 floats (row max / row sum exchange)       1,024
+
+#define MMA_ROWS 64
+#define MMA_KEYS 64
+#define MMA_THREADS 256
+#define SQ_BYTES (MMA_ROWS * DK * 2)
+#define SK_BYTES (MMA_KEYS * DK * 2)
+#define SP_BYTES (MMA_ROWS * MMA_KEYS * 2)
+#define MMA_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4)
+
+// byte offset of 16-byte chunk c of row r in a 576-value bf16 row-major tile
+__device__ __forceinline__ u32 swz576(int r, int c) {
+    return (u32)(r * (DK * 2) + (((c & ~7) | ((c & 7) ^ (r & 7))) << 4));
+}
+// byte offset of 16-byte chunk c (0..7) of row r in the 64-key probability tile
+__device__ __forceinline__ u32 swz64(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 1)
+ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
+                       const bf16_t* __restrict__ q_rope,     // [B*M, 64]
+                       const bf16_t* __restrict__ kv,         // [S, kv_stride]
+                       long long kv_stride,                   // elements between cache rows
+                       const long long* __restrict__ slots,   // [N]
+                       const long long* __restrict__ offsets, // [B+1]
+                       const bf16_t* __restrict__ tail,       // [B*T, 576]
+                       const u32* __restrict__ vis,           // [B*T, W]
+                       const int* __restrict__ chunk_start,   // [B+1]
+                       float* __restrict__ o_part,            // [C, M, 512]
+                       float* __restrict__ lse_part,          // [C, M]
+                       int B, int T, int H, int W, int chunk_len, float scale_log2) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* sQ = smem;
+    unsigned char* sK = smem + SQ_BYTES;
+    unsigned char* sP = sK + 2 * SK_BYTES;
+    float* red = reinterpret_cast<float*>(sP + SP_BYTES);
+
+    const int g = blockIdx.y;
+    if (g >= chunk_start[B]) return;
+    const int b = find_request(chunk_start, B, g);
+    const long long off_b = offsets[b];
+    const int P = (int)(offsets[b + 1] - off_b);
+    const int M = T * H;
+    const int row0 = blockIdx.x * MMA_ROWS;
+    const int key_begin = (g - chunk_start[b]) * chunk_len;
+    const int key_end = min(key_begin + chunk_len, P + T);
+    const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int mi = warp & 1;
+    const int qd = warp >> 1;
+    const int gq = lane >> 2;  // mma group (row within 8)
+    const int tq = lane & 3;   // thread in group
+
+    const u32 sQ_a = smem_u32(sQ);
+    const u32 sK_a = smem_u32(sK);
+    const u32 sP_a = smem_u32(sP);
+
+    // ---- load Q (zero-fill rows past M)
+    {
+        const int r = tid >> 2;
+        const bool ok = row0 + r < M;
+        const long long grow = (long long)b * M + row0 + r;
+        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
+        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+            const int c = (tid & 3) + 4 * i;
+            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
+            cp_async16(sQ_a + swz576(r, c), ok ? src : q_lat, ok ? 16 : 0);
+        }
+    }
+    // ---- key tile loader: thread loads 18 chunks of key (tid >> 2)
+    auto load_tile = [&](int tile, int stage) {
+        const int kk = tid >> 2;
+        const int key = key_begin + tile * MMA_KEYS + kk;
+        const bf16_t* src = tail;
+        int bytes = 0;
+        if (key < key_end) {
+            bytes = 16;
+            if (key < P) src = kv + slots[off_b + key] * kv_stride;
+            else src = tail + ((long long)b * T + (key - P)) * DK;
+        }
+        const u32 base = sK_a + stage * SK_BYTES;
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+            const int c = (tid & 3) + 4 * i;
+            cp_async16(base + swz576(kk, c), bytes ? src + c * 8 : tail, bytes);
+        }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+
+    float m_run[2][2], l_run[2][2];
+    float acc[2][16][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) { m_run[mt][h] = NEG_INF; l_run[mt][h] = 0.f; }
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.f;
+    }
+
+    for (int it = 0; it < ntiles; ++it) {
+        cp_async_wait_all();
+        __syncthreads();  // tile `it` landed; every warp is done with tile it-1
+        if (it + 1 < ntiles) {
+            load_tile(it + 1, (it + 1) & 1);
+            cp_async_commit();
+        }
+        const u32 kbase = sK_a + (it & 1) * SK_BYTES;
+
+        // ---- scores: 32 rows x 16 keys per warp, 36 k-steps of 16
+        float s[2][2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) s[mt][nt][c] = 0.f;
+
+        const int a_row = 32 * mi + (lane & 15);
+        const int a_cof = lane >> 4;
+        const int b_key = 16 * qd + (lane & 7) + ((lane >> 4) << 3);
+        const int b_cof = (lane >> 3) & 1;
+#pragma unroll 4
+        for (int ks = 0; ks < 36; ++ks) {
+            u32 a[2][4], bb[4];
+            ldsm_x4(sQ_a + swz576(a_row, 2 * ks + a_cof), a[0][0], a[0][1], a[0][2], a[0][3]);
+            ldsm_x4(sQ_a + swz576(a_row + 16, 2 * ks + a_cof), a[1][0], a[1][1], a[1][2], a[1][3]);
+            ldsm_x4(kbase + swz576(b_key, 2 * ks + b_cof), bb[0], bb[1], bb[2], bb[3]);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                mma_bf16(s[mt][0], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bb[0], bb[1]);
+                mma_bf16(s[mt][1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bb[2], bb[3]);
+            }
+        }
+
+        // ---- scale, mask (chunk end, tree tail), partial row max
+        const int kt0 = key_begin + it * MMA_KEYS;
+        const bool need_mask = (kt0 + MMA_KEYS > key_end) || (kt0 + MMA_KEYS > P);
+        float rmax[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rmax[mt][h] = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float v = s[mt][nt][c] * scale_log2;
+                    if (need_mask) {
+                        const int key = kt0 + 16 * qd + 8 * nt + 2 * tq + (c & 1);
+                        const int row = row0 + 32 * mi + 16 * mt + gq + 8 * (c >> 1);
+                        bool ok = key < key_end;
+                        if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
+                        if (!ok) v = NEG_INF;
+                    }
+                    s[mt][nt][c] = v;
+                    rmax[mt][c >> 1] = fmaxf(rmax[mt][c >> 1], v);
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = rmax[mt][h];
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                if (tq == 0) red[qd * 64 + 32 * mi + 16 * mt + gq + 8 * h] = v;
+            }
+        __syncthreads();  // (A) partial maxima visible
+
+        // ---- online softmax; probabilities to sP; rescale the accumulators
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            float alpha[2], muse[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 32 * mi + 16 * mt + gq + 8 * h;
+                float mt_ = fmaxf(fmaxf(red[r], red[64 + r]), fmaxf(red[128 + r], red[192 + r]));
+                const float m_new = fmaxf(m_run[mt][h], mt_);
+                muse[h] = m_new == NEG_INF ? 0.f : m_new;
+                alpha[h] = fast_exp2(m_run[mt][h] - muse[h]);
+                m_run[mt][h] = m_new;
+            }
+            float lsum[2] = {0.f, 0.f};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float p0 = fast_exp2(s[mt][nt][2 * h] - muse[h]);
+                    const float p1 = fast_exp2(s[mt][nt][2 * h + 1] - muse[h]);
+                    lsum[h] += p0 + p1;
+                    const int r = 32 * mi + 16 * mt + gq + 8 * h;
+                    *reinterpret_cast<u32*>(sP + swz64(r, 2 * qd + nt) + 4 * tq) = pack_bf16x2(p0, p1);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l_run[mt][h] = l_run[mt][h] * alpha[h] + lsum[h];
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt) {
+                acc[mt][nt][0] *= alpha[0];
+                acc[mt][nt][1] *= alpha[0];
+                acc[mt][nt][2] *= alpha[1];
+                acc[mt][nt][3] *= alpha[1];
+            }
+        }
+        __syncthreads();  // (B) probabilities visible
+
+        // ---- O[32 rows x 128 dims] += P[32 x 64] . V[64 x 128]
+        const int v_key = (lane & 7) + (((lane >> 3) & 1) << 3);
+        const int v_cof = 16 * qd + (lane >> 4);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            u32 a[2][4];
+            ldsm_x4(sP_a + swz64(32 * mi + (lane & 15), 2 * ks + a_cof), a[0][0], a[0][1], a[0][2], a[0][3]);
+            ldsm_x4(sP_a + swz64(32 * mi + 16 + (lane & 15), 2 * ks + a_cof), a[1][0], a[1][1], a[1][2],
+                    a[1][3]);
+#pragma unroll
+            for (int np = 0; np < 8; ++np) {
+                u32 bb[4];
+                ldsm_x4_t(kbase + swz576(16 * ks + v_key, v_cof + 2 * np), bb[0], bb[1], bb[2], bb[3]);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma_bf16(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bb[0], bb[1]);
+                    mma_bf16(acc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+    // ---- epilogue: total row sums across the 4 key-quarter warps, normalise, store
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float v = l_run[mt][h];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (tq == 0) red[qd * 64 + 32 * mi + 16 * mt + gq + 8 * h] = v;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 32 * mi + 16 * mt + gq + 8 * h;
+            if (row0 + r >= M) continue;
+            const float l = red[r] + red[64 + r] + red[128 + r] + red[192 + r];
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            float* dst = o_part + ((long long)g * M + row0 + r) * DV + 128 * qd + 2 * tq;
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt) {
+                float2 v = make_float2(acc[mt][nt][2 * h] * inv, acc[mt][nt][2 * h + 1] * inv);
+                *reinterpret_cast<float2*>(dst + 8 * nt) = v;
+            }
+            if (qd == 0 && tq == 0)
+                lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[mt][h] + __log2f(l)) * LN2F : NEG_INF;
+        }
+}
+
+// ---------------------------------------------------------------- CUDA-core kernel (f32 or bf16)
+//
+// Block: 16 query rows x one key chunk, 256 threads, 32-key tiles.
+// Shared memory (dynamic): sQ 16 x 576 f32, sK 32 x 577 f32 (padded),
+// sS 16 x 32 f32, running max / sum / rescale per row.
+
+#define SIM_ROWS 16
+#define SIM_KEYS 32
+#define SIM_KSTRIDE (DK + 1)
+#define SIM_SMEM ((SIM_ROWS * DK + SIM_KEYS * SIM_KSTRIDE + SIM_ROWS * SIM_KEYS + 3 * SIM_ROWS) * 4)
+
+template <typename TIn>
+__device__ __forceinline__ void verify_simple(const TIn* __restrict__ q_lat, const TIn* __restrict__ q_rope,
+                                              const TIn* __restrict__ kv, long long kv_stride,
+                                              const long long* __restrict__ slots,
+                                              const long long* __restrict__ offsets,
+                                              const TIn* __restrict__ tail, const u32* __restrict__ vis,
+                                              const int* __restrict__ chunk_start, float* __restrict__ o_part,
+                                              float* __restrict__ lse_part, int B, int T, int H, int W,
+                                              int chunk_len, float scale_log2) {
+    extern __shared__ __align__(16) float fsm[];
+    float* sQ = fsm;                              // [16][576]
+    float* sK = sQ + SIM_ROWS * DK;               // [32][577]
+    float* sS = sK + SIM_KEYS * SIM_KSTRIDE;      // [16][32]
+    float* sM = sS + SIM_ROWS * SIM_KEYS;         // [16]
+    float* sL = sM + SIM_ROWS;                    // [16]
+    float* sA = sL + SIM_ROWS;                    // [16]
+
+    const int g = blockIdx.y;
+    if (g >= chunk_start[B]) return;
+    const int b = find_request(chunk_start, B, g);
+    const long long off_b = offsets[b];
+    const int P = (int)(offsets[b + 1] - off_b);
+    const int M = T * H;
+    const int row0 = blockIdx.x * SIM_ROWS;
+    const int key_begin = (g - chunk_start[b]) * chunk_len;
+    const int key_end = min(key_begin + chunk_len, P + T);
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+
+    for (int i = tid; i < SIM_ROWS * DK; i += blockDim.x) {
+        const int r = i / DK, d = i % DK;
+        float v = 0.f;
+        if (row0 + r < M) {
+            const long long grow = (long long)b * M + row0 + r;
+            v = d < DV ? to_f(q_lat[grow * DV + d]) : to_f(q_rope[grow * DR + d - DV]);
+        }
+        sQ[i] = v;
+    }
+    if (tid < SIM_ROWS) { sM[tid] = NEG_INF; sL[tid] = 0.f; }
+    float acc[SIM_ROWS][2];
+#pragma unroll
+    for (int r = 0; r < SIM_ROWS; ++r) { acc[r][0] = 0.f; acc[r][1] = 0.f; }
+
+    for (int kt0 = key_begin; kt0 < key_end; kt0 += SIM_KEYS) {
+        __syncthreads();  // previous tile fully consumed
+        for (int i = tid; i < SIM_KEYS * DK; i += blockDim.x) {
+            const int kk = i / DK, d = i % DK;
+            const int key = kt0 + kk;
+            float v = 0.f;
+            if (key < key_end) {
+                if (key < P) v = to_f(kv[slots[off_b + key] * kv_stride + d]);
+                else v = to_f(tail[((long long)b * T + key - P) * DK + d]);
+            }
+            sK[kk * SIM_KSTRIDE + d] = v;
+        }
+        __syncthreads();
+        // scores: warp w -> rows w and w + 8, lane -> key
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int r = warp + 8 * j;
+            const float* qrow = sQ + r * DK;
+            const float* krow = sK + lane * SIM_KSTRIDE;
+            float dot = 0.f;
+#pragma unroll 8
+            for (int d = 0; d < DK; ++d) dot = fmaf(qrow[d], krow[d], dot);
+            float v = dot * scale_log2;
+            const int key = kt0 + lane;
+            bool ok = key < key_end;
+            if (ok && key >= P) ok = tail_visible(vis, b, T, W, (row0 + r) / H, key - P);
+            if (!ok) v = NEG_INF;
+            // online softmax for row r (the whole row is in this warp)
+            float mx = v;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_old = sM[r];
+            const float m_new = fmaxf(m_old, mx);
+            const float muse = m_new == NEG_INF ? 0.f : m_new;
+            const float p = fast_exp2(v - muse);
+            float ps = p;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            sS[r * SIM_KEYS + lane] = p;
+            __syncwarp();
+            if (lane == 0) {
+                const float alpha = fast_exp2(m_old - muse);
+                sA[r] = alpha;
+                sL[r] = sL[r] * alpha + ps;
+                sM[r] = m_new;
+            }
+        }
+        __syncthreads();
+        // P . V: thread owns dims tid and tid + 256 for all 16 rows
+#pragma unroll
+        for (int r = 0; r < SIM_ROWS; ++r) {
+            const float a = sA[r];
+            acc[r][0] *= a;
+            acc[r][1] *= a;
+        }
+        for (int kk = 0; kk < SIM_KEYS; ++kk) {
+            const float v0 = sK[kk * SIM_KSTRIDE + tid];
+            const float v1 = sK[kk * SIM_KSTRIDE + tid + 256];
+#pragma unroll
+            for (int r = 0; r < SIM_ROWS; ++r) {
+                const float p = sS[r * SIM_KEYS + kk];
+                acc[r][0] = fmaf(p, v0, acc[r][0]);
+                acc[r][1] = fmaf(p, v1, acc[r][1]);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < SIM_ROWS; ++r) {
+        if (row0 + r >= M) continue;
+        const float l = sL[r];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float* dst = o_part + ((long long)g * M + row0 + r) * DV;
+        dst[tid] = acc[r][0] * inv;
+        dst[tid + 256] = acc[r][1] * inv;
+        if (tid == 0) lse_part[(long long)g * M + row0 + r] = l > 0.f ? (sM[r] + log2f(l)) * LN2F : NEG_INF;
+    }
+}
+
+#define SIMPLE_ARGS(TIn)                                                                                  \
+    const TIn *__restrict__ q_lat, const TIn *__restrict__ q_rope, const TIn *__restrict__ kv,           \
+        long long kv_stride, const long long *__restrict__ slots, const long long *__restrict__ offsets, \
+        const TIn *__restrict__ tail, const u32 *__restrict__ vis, const int *__restrict__ chunk_start,  \
+        float *__restrict__ o_part, float *__restrict__ lse_part, int B, int T, int H, int W,             \
+        int chunk_len, float scale_log2
+
+extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_f32(SIMPLE_ARGS(float)) {
+    verify_simple<float>(q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part,
+                         B, T, H, W, chunk_len, scale_log2);
+}
+extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_bf16(SIMPLE_ARGS(bf16_t)) {
+    verify_simple<bf16_t>(q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part,
+                          lse_part, B, T, H, W, chunk_len, scale_log2);
+}
+
+// ---------------------------------------------------------------- merge of the chunk partials
+//
+// One block of 128 threads per query row (b, r); thread owns 4 output dims.
+
+template <typename TOut>
+__device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                             const int* __restrict__ chunk_start, TOut* __restrict__ out,
+                                             float* __restrict__ lse_out, int B, int M) {
+    const long long row = blockIdx.x;
+    if (row >= (long long)B * M) return;
+    const int b = (int)(row / M);
+    const int r = (int)(row % M);
+    const int c0 = chunk_start[b], c1 = chunk_start[b + 1];
+    float mx = NEG_INF;
+    for (int c = c0; c < c1; ++c) mx = fmaxf(mx, lse_part[(long long)c * M + r]);
+    float lse = NEG_INF;
+    float sum = 0.f;
+    if (mx != NEG_INF) {
+        for (int c = c0; c < c1; ++c) sum += expf(lse_part[(long long)c * M + r] - mx);
+        lse = mx + logf(sum);
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mx != NEG_INF) {
+        for (int c = c0; c < c1; ++c) {
+            const float lc = lse_part[(long long)c * M + r];
+            if (lc == NEG_INF) continue;
+            const float w = expf(lc - lse);
+            const float4 v = reinterpret_cast<const float4*>(o_part + ((long long)c * M + r) * DV)[threadIdx.x];
+            acc.x = fmaf(w, v.x, acc.x);
+            acc.y = fmaf(w, v.y, acc.y);
+            acc.z = fmaf(w, v.z, acc.z);
+            acc.w = fmaf(w, v.w, acc.w);
+        }
+    }
+    TOut* dst = out + row * DV + 4 * threadIdx.x;
+    store_out(dst + 0, acc.x);
+    store_out(dst + 1, acc.y);
+    store_out(dst + 2, acc.z);
+    store_out(dst + 3, acc.w);
+    if (threadIdx.x == 0) lse_out[row] = lse;
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+ddtree_verify_merge_f32(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                        const int* __restrict__ chunk_start, float* __restrict__ out, float* __restrict__ lse_out,
+                        int B, int M) {
+    verify_merge<float>(o_part, lse_part, chunk_start, out, lse_out, B, M);
+}
+extern "C" __global__ void __launch_bounds__(128)
+ddtree_verify_merge_bf16(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                         const int* __restrict__ chunk_start, bf16_t* __restrict__ out, float* __restrict__ lse_out,
+                         int B, int M) {
+    verify_merge<bf16_t>(o_part, lse_part, chunk_start, out, lse_out, B, M);
+}
