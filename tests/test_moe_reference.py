@@ -1,0 +1,101 @@
+"""CPU tests of the float32 MoE reference, the CPU path of fused_moe_int4 and the bench analysis helpers."""
+import pytest
+import torch
+
+from workbench.moe import fused_moe_int4, moe_reference, random_int4_experts
+from workbench.moe.bench import (bytes_moved, distinct_experts, flops, make_routing, plateau_m, rel_error,
+                                 group_pairs, peer_moe, dequantize_gpu)
+from workbench.moe.fused import kernel_config, max_work_items
+
+
+def _naive(x, ids, w, ex):
+    out = torch.zeros(x.shape[0], ex.hidden)
+    for m in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            gu, dn = ex.dequantize(int(ids[m, j]))
+            a = gu @ x[m].float()
+            h = torch.nn.functional.silu(a[:ex.intermediate]) * a[ex.intermediate:]
+            out[m] += float(w[m, j]) * (dn @ h)
+    return out
+
+
+def test_reference_matches_token_by_token_loop():
+    ex = random_int4_experts(6, 64, 32, seed=1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=g).bfloat16()
+    ids, w = make_routing(5, 6, 3, "uniform", g)
+    ids[1] = ids[0]  # shared experts across tokens
+    ref = moe_reference(x, ids, w, ex)
+    assert ref.dtype == torch.float32 and ref.shape == (5, 64)
+    torch.testing.assert_close(ref, _naive(x, ids, w, ex), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_fused_path_is_reference_in_bf16():
+    ex = random_int4_experts(8, 256, 64, seed=2)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 256, generator=g).bfloat16()
+    ids, w = make_routing(4, 8, 2, "skewed", g)
+    out = fused_moe_int4(x, ids, w, ex)
+    assert out.dtype == torch.bfloat16 and out.shape == (4, 256)
+    assert rel_error(out, moe_reference(x, ids, w, ex)) < 1e-2
+
+
+def test_peer_loop_matches_reference():
+    ex = random_int4_experts(8, 64, 32, seed=4)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 64, generator=g).bfloat16()
+    ids, w = make_routing(6, 8, 3, "uniform", g)
+    gu = lambda e, xx: xx.float() @ dequantize_gpu(ex.gate_up_packed[e], ex.gate_up_scale[e], torch.float32).T
+    dn = lambda e, h: h @ dequantize_gpu(ex.down_packed[e], ex.down_scale[e], torch.float32).T
+    out = peer_moe(x, group_pairs(ids, w), gu, dn, ex.intermediate)
+    assert rel_error(out, moe_reference(x, ids, w, ex)) < 1e-2
+
+
+def test_bad_inputs_raise():
+    ex = random_int4_experts(4, 64, 32)
+    x = torch.randn(2, 64).bfloat16()
+    ids = torch.tensor([[0, 1], [2, 3]])
+    w = torch.ones(2, 2)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        fused_moe_int4(x, torch.tensor([[0, 4], [1, 2]]), w, ex)
+    with pytest.raises(ValueError, match="hidden must be"):
+        fused_moe_int4(torch.randn(2, 32).bfloat16(), ids, w, ex)
+    with pytest.raises(ValueError, match="bf16"):
+        fused_moe_int4(x.float(), ids, w, ex)
+    with pytest.raises(ValueError, match="topk_weights"):
+        fused_moe_int4(x, ids, torch.ones(2, 3), ex)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        fused_moe_int4(x, ids.float(), w, ex)
+
+
+def test_routing_and_counting():
+    g = torch.Generator().manual_seed(0)
+    for kind in ("uniform", "skewed"):
+        ids, w = make_routing(64, 384, 8, kind, g)
+        assert ids.shape == (64, 8) and ids.dtype == torch.int32
+        assert all(len(set(r.tolist())) == 8 for r in ids)  # distinct experts per token
+        torch.testing.assert_close(w.sum(1), torch.ones(64))
+    u = [distinct_experts(make_routing(16, 384, 8, "uniform", g)[0]) for _ in range(20)]
+    s = [distinct_experts(make_routing(16, 384, 8, "skewed", g)[0]) for _ in range(20)]
+    assert sum(s) < sum(u)  # skew concentrates the load
+    with pytest.raises(ValueError, match="routing"):
+        make_routing(1, 8, 2, "zipf", g)
+    # Kimi: one expert = 3 x 7168 x 2048 / 2 bytes + scales; M=1 touches 8
+    bpe = 3 * 7168 * 2048 // 2 + 3 * 7168 * 2048 // 32 * 2
+    assert bytes_moved(8, bpe, 1, 7168, 8) == 8 * bpe + 4 * 7168 + 64
+    assert flops(1, 8, 7168, 2048) == 2 * 8 * 3 * 7168 * 2048
+
+
+def test_plateau_and_work_item_bound():
+    ms = [1.0, 1.1, 1.3, 2.0, 4.0, 8.1]
+    assert plateau_m([1, 2, 4, 8, 16, 32], ms) == 8   # 2.0 / 8 = 0.25 ms/token is already the lowest
+    assert plateau_m([1, 2], [float("nan"), 1.0]) == 2
+    assert kernel_config(1)[0] == 1 and kernel_config(1024)[0] == 4
+    g = torch.Generator().manual_seed(5)
+    for m in (1, 3, 16, 100, 1024):
+        for kind in ("uniform", "skewed"):
+            ids, _ = make_routing(m, 384, 8, kind, g)
+            counts = torch.bincount(ids.reshape(-1).long(), minlength=384)
+            chunk = 8 * kernel_config(m)[0]
+            need = int(((counts + chunk - 1) // chunk).sum())
+            assert need <= max_work_items(m * 8, 384, chunk)

@@ -1,0 +1,411 @@
+// Fused W4A16 MoE for decode shapes (Kimi K2.x / DeepSeek-V3 routed experts).
+//
+// Weights stay in the compressed-tensors pack-quantized layout (workbench/int4.py):
+// int32 words [rows, K/8], eight 4-bit values q+8 per word along K (value j in
+// bits 4j..4j+3), bf16 scales [rows, K/32] (symmetric, group 32). The only
+// re-packing (workbench/moe/packing.py) stacks experts and concatenates
+// gate_proj and up_proj rows: gate_up [E, 2I, H/8], down [E, H, I/8].
+//
+// Pipeline (four launches, no host synchronisation):
+//   moe_align      one CTA: counts (token, k) pairs per expert, sorts pair ids
+//                  by expert and cuts each expert's list into work items of at
+//                  most C = 8*NT pairs: (expert, first slot, count).
+//   moe_gate_up_*  per (work item, row tile): gate/up GEMM on tensor cores
+//                  (mma.m16n8k16 bf16 -> f32), SiLU(gate)*up fused, h stored
+//                  as bf16 [P, I] in sorted-slot order.
+//   moe_down_*     per (work item, row tile): down GEMM; y * routing weight
+//                  stored f32 [P, H] by pair index p = token*topk + k.
+//   moe_combine    out[t] = bf16(sum_k Y[t*topk + k]) in a fixed order.
+//
+// GEMM mapping: a warp owns RT tiles of 16 weight rows and 1/4 of K (the four
+// warps of a CTA split K and reduce through shared memory). mma rows = weight
+// rows, mma columns = up to 8 routed tokens per token tile (NT tiles).
+// Lane (g = lane/4, t = lane%4) loads one whole quantisation group (16 bytes =
+// 32 int4) of rows g and g+8 per 128-wide K step (group 4*step + t), so each
+// mma's K slots map to physical K positions chosen per thread; B (activations)
+// uses the same mapping, so the dot product is unchanged. Int4 -> bf16 with
+// the magic-number trick: (w >> 4i) & 0x000F000F | 0x43004300 gives the pair
+// (128 + u_i, 128 + u_{i+4}); subtract 136 (exact) and multiply by the group
+// scale (one bf16 rounding). Activation pairs (x_i, x_{i+4}) are built with
+// byte permutes. Weights are streamed with L1::no_allocate 16-byte loads,
+// D steps ahead in registers.
+#include <cuda_bf16.h>
+
+#define MOE_WARPS 4
+
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int ld_u16(const unsigned short* p) {
+    unsigned short v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return (unsigned int)v;
+}
+
+__device__ __forceinline__ unsigned int bf2_sub(unsigned int a, unsigned int b) {
+    __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
+    __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
+    __nv_bfloat162 r = __hsub2(x, y);
+    return *reinterpret_cast<unsigned int*>(&r);
+}
+
+__device__ __forceinline__ unsigned int bf2_mul(unsigned int a, unsigned int b) {
+    __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
+    __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
+    __nv_bfloat162 r = __hmul2(x, y);
+    return *reinterpret_cast<unsigned int*>(&r);
+}
+
+// Dequantise the pair (u_i, u_{i+4}) of word w with scale pair s2.
+__device__ __forceinline__ unsigned int deq_pair(unsigned int w, int i, unsigned int s2) {
+    unsigned int v = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // 128 + u
+    v = bf2_sub(v, 0x43084308u);                                       // - 136 -> q
+    return bf2_mul(v, s2);
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, unsigned int a0, unsigned int a1, unsigned int a2,
+                                         unsigned int a3, unsigned int b0, unsigned int b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct StepBuf {
+    uint4 wa, wb;          // group of row g and of row g+8
+    unsigned int sa, sb;   // their scales (bf16 bits)
+};
+
+// One CTA = MOE_WARPS warps; grid.x = row-tile blocks of RT tiles, grid.y = work items.
+// GATE_UP: weights [E, 2*I, H/8], K = H, output h [P, I] bf16 by slot.
+// DOWN:    weights [E, H, I/8],   K = I, output Y [P, H] f32 by pair.
+template <int NT, int RT, int D, bool GATE_UP>
+__device__ __forceinline__ void moe_gemm(
+    const uint4* __restrict__ W, const unsigned short* __restrict__ S,
+    const __nv_bfloat16* __restrict__ X,      // GATE_UP: hidden [M, H]; DOWN: h [P, I]
+    const int* __restrict__ sorted_pair, const int* __restrict__ items, const int* __restrict__ num_items,
+    const float* __restrict__ topk_w, int topk, int H, int I,
+    __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
+    __shared__ float red[MOE_WARPS - 1][RT * NT * 4][32];
+
+    const int item = blockIdx.y;
+    if (item >= num_items[0]) return;
+    const int expert = items[3 * item];
+    const int slot0 = items[3 * item + 1];
+    const int count = items[3 * item + 2];
+
+    const int K = GATE_UP ? H : I;
+    const int rows_total = GATE_UP ? 2 * I : H;
+    const int kgroups = K / 32;           // uint4 per row, scales per row
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    const long long wexp = (long long)expert * rows_total * kgroups;
+    const uint4* Wb = W + wexp;
+    const unsigned short* Sb = S + wexp;
+
+    // rows of this thread for each row tile
+    int rowA[RT], rowB[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        const int tile = blockIdx.x * RT + r;
+        if (GATE_UP) {
+            rowA[r] = tile * 8 + g;          // gate feature f
+            rowB[r] = I + tile * 8 + g;      // up feature f
+        } else {
+            rowA[r] = tile * 16 + g;
+            rowB[r] = tile * 16 + 8 + g;
+        }
+    }
+
+    // activation rows (uint4 pointers) for token column g of each token tile
+    const uint4* xrow[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int j = n * 8 + g;
+        if (j < count) {
+            const int slot = slot0 + j;
+            if (GATE_UP) {
+                const int tok = sorted_pair[slot] / topk;
+                xrow[n] = reinterpret_cast<const uint4*>(X + (long long)tok * H);
+            } else {
+                xrow[n] = reinterpret_cast<const uint4*>(X + (long long)slot * I);
+            }
+        } else {
+            xrow[n] = nullptr;
+        }
+    }
+
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[r][n][c] = 0.f;
+
+    const int steps = K / (128 * MOE_WARPS);   // 128-wide K steps per warp
+    const int step0 = warp * steps;
+
+    StepBuf buf[D][RT];
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+        if (d < steps) {
+            const int G = 4 * (step0 + d) + t;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                buf[d][r].wa = ld_stream16(Wb + (long long)rowA[r] * kgroups + G);
+                buf[d][r].wb = ld_stream16(Wb + (long long)rowB[r] * kgroups + G);
+                buf[d][r].sa = ld_u16(Sb + (long long)rowA[r] * kgroups + G);
+                buf[d][r].sb = ld_u16(Sb + (long long)rowB[r] * kgroups + G);
+            }
+        }
+    }
+
+#pragma unroll 1
+    for (int j0 = 0; j0 < steps; j0 += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int j = j0 + d;
+            if (j < steps) {
+                const int G = 4 * (step0 + j) + t;
+                // activations of this step: 32 bf16 (4 x uint4) per token tile
+                uint4 xq[NT][4];
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        if (xrow[n] != nullptr) xq[n][q] = __ldg(xrow[n] + 4 * G + q);
+                        else xq[n][q] = make_uint4(0u, 0u, 0u, 0u);
+                    }
+                }
+                unsigned int sa2[RT], sb2[RT];
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    sa2[r] = buf[d][r].sa | (buf[d][r].sa << 16);
+                    sb2[r] = buf[d][r].sb | (buf[d][r].sb << 16);
+                }
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {   // word w of the group: K elements 8w..8w+7
+                    unsigned int bx[NT][4];
+#pragma unroll
+                    for (int n = 0; n < NT; ++n) {
+                        const uint4 u = xq[n][w];
+                        // (x0,x4) (x1,x5) (x2,x6) (x3,x7)
+                        bx[n][0] = __byte_perm(u.x, u.z, 0x5410);
+                        bx[n][1] = __byte_perm(u.x, u.z, 0x7632);
+                        bx[n][2] = __byte_perm(u.y, u.w, 0x5410);
+                        bx[n][3] = __byte_perm(u.y, u.w, 0x7632);
+                    }
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        const uint4 A4 = buf[d][r].wa;
+                        const uint4 B4 = buf[d][r].wb;
+                        const unsigned int wa = w == 0 ? A4.x : w == 1 ? A4.y : w == 2 ? A4.z : A4.w;
+                        const unsigned int wb = w == 0 ? B4.x : w == 1 ? B4.y : w == 2 ? B4.z : B4.w;
+                        const unsigned int a00 = deq_pair(wa, 0, sa2[r]);
+                        const unsigned int a01 = deq_pair(wa, 1, sa2[r]);
+                        const unsigned int a02 = deq_pair(wa, 2, sa2[r]);
+                        const unsigned int a03 = deq_pair(wa, 3, sa2[r]);
+                        const unsigned int b00 = deq_pair(wb, 0, sb2[r]);
+                        const unsigned int b01 = deq_pair(wb, 1, sb2[r]);
+                        const unsigned int b02 = deq_pair(wb, 2, sb2[r]);
+                        const unsigned int b03 = deq_pair(wb, 3, sb2[r]);
+#pragma unroll
+                        for (int n = 0; n < NT; ++n) {
+                            mma_bf16(acc[r][n], a00, b00, a01, b01, bx[n][0], bx[n][1]);
+                            mma_bf16(acc[r][n], a02, b02, a03, b03, bx[n][2], bx[n][3]);
+                        }
+                    }
+                }
+                // refill this buffer slot with step j + D
+                if (j + D < steps) {
+                    const int G2 = G + 4 * D;
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        buf[d][r].wa = ld_stream16(Wb + (long long)rowA[r] * kgroups + G2);
+                        buf[d][r].wb = ld_stream16(Wb + (long long)rowB[r] * kgroups + G2);
+                        buf[d][r].sa = ld_u16(Sb + (long long)rowA[r] * kgroups + G2);
+                        buf[d][r].sb = ld_u16(Sb + (long long)rowB[r] * kgroups + G2);
+                    }
+                }
+            }
+        }
+    }
+
+    // reduce the four K quarters (fixed order: warp 0 + 1 + 2 + 3)
+    if (warp > 0) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) red[warp - 1][(r * NT + n) * 4 + c][lane] = acc[r][n][c];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int w2 = 0; w2 < MOE_WARPS - 1; ++w2)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[r][n][c] += red[w2][(r * NT + n) * 4 + c][lane];
+
+    // epilogue: c0 (row g, col 2t), c1 (row g, col 2t+1), c2 (row g+8, col 2t), c3 (row g+8, col 2t+1)
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int jcol = n * 8 + 2 * t + cc;
+                if (jcol >= count) continue;
+                const int slot = slot0 + jcol;
+                if (GATE_UP) {
+                    const float gt = acc[r][n][cc];
+                    const float up = acc[r][n][2 + cc];
+                    const float hval = gt / (1.f + __expf(-gt)) * up;
+                    h_out[(long long)slot * I + rowA[r]] = __float2bfloat16(hval);
+                } else {
+                    const int pair = sorted_pair[slot];
+                    const float wgt = topk_w[pair];
+                    y_out[(long long)pair * H + rowA[r]] = wgt * acc[r][n][cc];
+                    y_out[(long long)pair * H + rowB[r]] = wgt * acc[r][n][2 + cc];
+                }
+            }
+        }
+    }
+}
+
+#define MOE_INSTANCE(NT, RT, D)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) moe_gate_up_nt##NT##_rt##RT##_d##D(               \
+        const uint4* W, const unsigned short* S, const __nv_bfloat16* X, const int* sorted_pair,       \
+        const int* items, const int* num_items, int topk, int H, int I, __nv_bfloat16* h_out) {       \
+        moe_gemm<NT, RT, D, true>(W, S, X, sorted_pair, items, num_items, nullptr, topk, H, I, h_out, \
+                                  nullptr);                                                            \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) moe_down_nt##NT##_rt##RT##_d##D(                  \
+        const uint4* W, const unsigned short* S, const __nv_bfloat16* h, const int* sorted_pair,       \
+        const int* items, const int* num_items, const float* topk_w, int topk, int H, int I,           \
+        float* y_out) {                                                                                \
+        moe_gemm<NT, RT, D, false>(W, S, h, sorted_pair, items, num_items, topk_w, topk, H, I, nullptr, \
+                                   y_out);                                                             \
+    }
+
+// (token tiles NT, row tiles per warp RT, weight steps in flight D); fused.py's VARIANTS lists them.
+MOE_INSTANCE(1, 1, 4)
+MOE_INSTANCE(1, 1, 8)
+MOE_INSTANCE(1, 2, 2)
+MOE_INSTANCE(1, 2, 4)
+MOE_INSTANCE(2, 1, 4)
+MOE_INSTANCE(2, 2, 2)
+MOE_INSTANCE(4, 1, 4)
+MOE_INSTANCE(4, 2, 2)
+
+// One CTA of 1024 threads; E <= 1024. ids [P] int32 (P = M * topk).
+// Out: sorted_pair [P] (pair ids grouped by expert), items [max_items][3]
+// (expert, first slot, count <= C), num_items [1].
+// Pairs whose expert id is outside [0, E) are dropped (moe_combine writes NaN
+// for their token).
+extern "C" __global__ void __launch_bounds__(1024) moe_align(
+    const int* __restrict__ ids, int P, int E, int C, int* __restrict__ sorted_pair,
+    int* __restrict__ items, int* __restrict__ num_items, int max_items) {
+    __shared__ int cnt[1024];
+    __shared__ int cursor[1024];
+    __shared__ int wsum_c[32], wsum_ch[32];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    cnt[tid] = 0;
+    cursor[tid] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    const int c = tid < E ? cnt[tid] : 0;
+    const int ch = (c + C - 1) / C;
+    int ic = c, ich = ch;   // inclusive warp scans
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, ic, o);
+        const int b = __shfl_up_sync(0xffffffffu, ich, o);
+        if (lane >= o) { ic += a; ich += b; }
+    }
+    if (lane == 31) { wsum_c[warp] = ic; wsum_ch[warp] = ich; }
+    __syncthreads();
+    if (warp == 0) {
+        int vc = wsum_c[lane], vch = wsum_ch[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, vc, o);
+            const int b = __shfl_up_sync(0xffffffffu, vch, o);
+            if (lane >= o) { vc += a; vch += b; }
+        }
+        wsum_c[lane] = vc;    // inclusive over warps
+        wsum_ch[lane] = vch;
+    }
+    __syncthreads();
+    const int base_c = warp > 0 ? wsum_c[warp - 1] : 0;
+    const int base_ch = warp > 0 ? wsum_ch[warp - 1] : 0;
+    const int off = base_c + ic - c;      // exclusive prefix of counts
+    const int choff = base_ch + ich - ch; // exclusive prefix of chunks
+    if (tid < E) {
+        for (int q = 0; q < ch; ++q) {
+            const int idx = choff + q;
+            if (idx < max_items) {
+                items[3 * idx] = tid;
+                items[3 * idx + 1] = off + q * C;
+                items[3 * idx + 2] = min(C, c - q * C);
+            }
+        }
+    }
+    if (tid == blockDim.x - 1) {
+        const int total = wsum_ch[31];
+        num_items[0] = total < max_items ? total : max_items;
+    }
+    cnt[tid] = off;   // reuse as exclusive offsets (all reads of cnt finished above)
+    __syncthreads();
+    for (int p = tid; p < P; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) {
+            const int pos = cnt[e] + atomicAdd(&cursor[e], 1);
+            sorted_pair[pos] = p;
+        }
+    }
+}
+
+// out [M, H] bf16 = sum_k Y[(m*topk + k), :] (k ascending). grid (ceil(H/4/256), M), block 256.
+extern "C" __global__ void __launch_bounds__(256) moe_combine(
+    const float* __restrict__ Y, const int* __restrict__ ids, int topk, int E, int H,
+    __nv_bfloat16* __restrict__ out) {
+    const int m = blockIdx.y;
+    const int c4 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (4 * c4 >= H) return;
+    bool ok = true;
+    for (int k = 0; k < topk; ++k) {
+        const int e = ids[m * topk + k];
+        ok = ok && e >= 0 && e < E;
+    }
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (ok) {
+        for (int k = 0; k < topk; ++k) {
+            const float4 v = *reinterpret_cast<const float4*>(Y + (long long)(m * topk + k) * H + 4 * c4);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+    } else {
+        s = make_float4(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000),
+                        __int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    }
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + (long long)m * H + 4 * c4);
+    o[0] = __floats2bfloat162_rn(s.x, s.y);
+    o[1] = __floats2bfloat162_rn(s.z, s.w);
+}

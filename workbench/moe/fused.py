@@ -1,0 +1,156 @@
+"""Fused INT4 (W4A16) routed-expert MoE: ``fused_moe_int4``.
+
+On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu:
+an alignment kernel groups the (token, k) pairs by expert on the GPU (no host
+synchronisation), a gate/up kernel with SiLU(gate)*up fused, a down kernel,
+and a fixed-order combine over k. Each touched expert's weights are streamed
+once per call for every chunk of up to ``8 * NT`` of its tokens (NT = 1, 2
+or 4, chosen from M by :data:`KERNEL_TABLE`). Elsewhere it runs :func:`workbench.moe.reference.moe_reference`
+and rounds to bf16.
+"""
+from __future__ import annotations
+
+import torch
+
+import functools
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+from workbench.kernels import KERNEL_DIR, gpu_available, launch, load_module
+from workbench.moe.packing import Int4Experts
+from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
+
+FAMILY = "moe_int4"
+MAX_EXPERTS = 1024
+THREADS = 128
+
+
+# Compiled (NT, RT, D) variants of moe_gate_up_* / moe_down_* (see moe_int4.cu):
+# NT token tiles of 8 per work item, RT row tiles of 16 per warp, D weight steps in flight.
+VARIANTS: tuple[tuple[int, int, int], ...] = (
+    (1, 1, 4), (1, 1, 8), (1, 2, 2), (1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 4), (4, 2, 2))
+
+# (largest M, variant) in increasing M; the last entry covers every larger M.
+KERNEL_TABLE: list[tuple[int, tuple[int, int, int]]] = [
+    (16, (1, 1, 4)), (128, (2, 2, 2)), (1 << 30, (4, 2, 2))]
+
+
+def kernel_config(m: int) -> tuple[int, int, int]:
+    """(NT, RT, D) variant used for M tokens (from :data:`KERNEL_TABLE`)."""
+    for max_m, var in KERNEL_TABLE:
+        if m <= max_m:
+            return var
+    return KERNEL_TABLE[-1][1]
+
+
+def set_kernel_table(table: list[tuple[int, tuple[int, int, int]]]) -> None:
+    """Replace :data:`KERNEL_TABLE` (the benchmark's tuning uses this); variants must be compiled ones."""
+    for _, var in table:
+        if tuple(var) not in VARIANTS:
+            raise ValueError(f"variant {var} is not compiled; choose from {VARIANTS}")
+    KERNEL_TABLE[:] = [(int(mx), tuple(v)) for mx, v in sorted(table)]
+
+
+def max_work_items(pairs: int, num_experts: int, chunk: int) -> int:
+    """Upper bound on sum_e ceil(c_e / chunk) over experts, given sum_e c_e = pairs."""
+    active = min(num_experts, pairs)
+    return max(1, (pairs + active * (chunk - 1)) // chunk)
+
+
+@functools.cache
+def _module():
+    """The compiled moe_int4 module: NVRTC through the shared loader, else an nvcc-built cubin (with a warning)."""
+    try:
+        return load_module(FAMILY)
+    except Exception as nvrtc_err:  # noqa: BLE001 - fall back to nvcc when NVRTC cannot build it
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            raise
+        import cupy as cp
+        import torch as _t
+
+        major, minor = _t.cuda.get_device_capability()
+        out = Path(tempfile.mkdtemp()) / "moe_int4.cubin"
+        res = subprocess.run([nvcc, f"-arch=sm_{major}{minor}", "-std=c++17", "-cubin", f"-I{KERNEL_DIR}",
+                              str(KERNEL_DIR / f"{FAMILY}.cu"), "-o", str(out)], capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"NVRTC failed ({nvrtc_err!r}) and nvcc failed:\n{res.stderr}") from nvrtc_err
+        warnings.warn(f"moe_int4: NVRTC failed ({str(nvrtc_err)[:200]}); using an nvcc-built cubin", stacklevel=2)
+        return cp.RawModule(path=str(out))
+
+
+def _kernel(name: str):
+    return _module().get_function(name)
+
+
+def gpu_supported(experts: Int4Experts) -> str | None:
+    """None when the CUDA kernel handles these shapes, else the reason it does not."""
+    if experts.hidden % 512 or experts.intermediate % 512:
+        return f"hidden {experts.hidden} and intermediate {experts.intermediate} must be multiples of 512"
+    if experts.num_experts > MAX_EXPERTS:
+        return f"at most {MAX_EXPERTS} experts, got {experts.num_experts}"
+    return None
+
+
+def fused_moe_int4(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                   experts: Int4Experts, *, validate: bool = True) -> torch.Tensor:
+    """Routed-expert MoE output, bf16 [M, H].
+
+    hidden [M, H] bf16; topk_ids [M, k] int32/int64 in [0, E); topk_weights
+    [M, k] float (multiplies each expert's output; apply routed_scaling_factor
+    before or after, as the model does). ``experts`` is an :class:`Int4Experts`
+    on hidden's device. ``validate`` checks the id range on the host (one
+    synchronisation on a GPU); without it an out-of-range id makes its token's
+    output row NaN on the GPU path rather than raising.
+    """
+    check_moe_inputs(hidden, topk_ids, topk_weights, experts)
+    if hidden.dtype != torch.bfloat16:
+        raise ValueError(f"hidden must be bf16, got {hidden.dtype}")
+    if experts.device != hidden.device:
+        raise ValueError(f"experts are on {experts.device}, hidden on {hidden.device}")
+    if not hidden.is_cuda or not gpu_available():
+        return moe_reference(hidden, topk_ids, topk_weights, experts).to(torch.bfloat16)
+    why = gpu_supported(experts)
+    if why is not None:
+        raise ValueError(f"fused_moe_int4 on the GPU: {why}")
+    if validate:
+        check_ids_range(topk_ids, experts.num_experts)
+    return _fused_cuda(hidden.contiguous(), topk_ids, topk_weights, experts)
+
+
+def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                experts: Int4Experts) -> torch.Tensor:
+    m, k = topk_ids.shape
+    h, i, e = experts.hidden, experts.intermediate, experts.num_experts
+    dev = hidden.device
+    out = torch.empty(m, h, dtype=torch.bfloat16, device=dev)
+    if m == 0:
+        return out
+    if m > 65535:
+        raise ValueError(f"at most 65535 tokens per call on the GPU, got {m}")
+    if hidden.data_ptr() % 16:
+        hidden = hidden.clone()
+    p = m * k
+    nt, rt, d = kernel_config(m)
+    chunk = 8 * nt
+    nitems = max_work_items(p, e, chunk)
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    wts = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    sorted_pair = torch.empty(p, dtype=torch.int32, device=dev)
+    items = torch.empty(nitems, 3, dtype=torch.int32, device=dev)
+    num_items = torch.empty(1, dtype=torch.int32, device=dev)
+    hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
+    ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
+
+    launch(_kernel("moe_align"), (1,), (1024,),
+           (ids, p, e, chunk, sorted_pair, items, num_items, nitems))
+    launch(_kernel(f"moe_gate_up_nt{nt}_rt{rt}_d{d}"), (i // 8 // rt, nitems), (THREADS,),
+           (experts.gate_up_packed, experts.gate_up_scale, hidden, sorted_pair, items, num_items, k, h, i, hbuf))
+    launch(_kernel(f"moe_down_nt{nt}_rt{rt}_d{d}"), (h // 16 // rt, nitems), (THREADS,),
+           (experts.down_packed, experts.down_scale, hbuf, sorted_pair, items, num_items, wts, k, h, i, ybuf))
+    launch(_kernel("moe_combine"), ((h // 4 + 255) // 256, m), (256,),
+           (ybuf, ids, k, e, h, out))
+    return out

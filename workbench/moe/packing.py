@@ -1,0 +1,171 @@
+"""Routed-expert weights in the layout the fused INT4 MoE kernel reads.
+
+The per-matrix format is compressed-tensors ``pack-quantized`` exactly as
+stored on disk (see :mod:`workbench.int4`): int32 words ``[out, in // 8]``
+holding eight ``q + 8`` nibbles along the input dimension, bf16 scales
+``[out, in // 32]``, symmetric, group size 32. Nothing inside a row is
+reordered. The one re-packing done at load time is stacking:
+
+- ``gate_up_packed`` int32 ``[E, 2 * I, H // 8]``: rows ``0..I-1`` are
+  ``experts.{e}.gate_proj``, rows ``I..2I-1`` are ``experts.{e}.up_proj``;
+  ``gate_up_scale`` bf16 ``[E, 2 * I, H // 32]`` likewise.
+- ``down_packed`` int32 ``[E, H, I // 8]`` (``experts.{e}.down_proj``),
+  ``down_scale`` bf16 ``[E, H, I // 32]``.
+
+(H = hidden size, 7168 for Kimi K2.6; I = moe_intermediate_size, 2048.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from workbench.int4 import PACK, dequantize_int4, quantize_int4
+
+GROUP_SIZE = 32
+
+
+@dataclass
+class Int4Experts:
+    """Stacked INT4 routed experts (layout in the module docstring)."""
+
+    gate_up_packed: torch.Tensor  # int32 [E, 2I, H/8]
+    gate_up_scale: torch.Tensor   # bf16  [E, 2I, H/32]
+    down_packed: torch.Tensor     # int32 [E, H, I/8]
+    down_scale: torch.Tensor      # bf16  [E, H, I/32]
+    group_size: int = GROUP_SIZE
+
+    def __post_init__(self) -> None:
+        gu, gus, dn, dns = self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
+        if self.group_size != GROUP_SIZE:
+            raise ValueError(f"only group_size {GROUP_SIZE} is supported, got {self.group_size}")
+        for name, t, dt in (("gate_up_packed", gu, torch.int32), ("down_packed", dn, torch.int32),
+                            ("gate_up_scale", gus, torch.bfloat16), ("down_scale", dns, torch.bfloat16)):
+            if t.dim() != 3:
+                raise ValueError(f"{name} must be 3-D [E, out, ...], got shape {tuple(t.shape)}")
+            if t.dtype != dt:
+                raise ValueError(f"{name} must be {dt}, got {t.dtype}")
+        e, two_i, h8 = gu.shape
+        if two_i % 2:
+            raise ValueError(f"gate_up_packed has {two_i} rows; expected 2 * intermediate")
+        i, h = two_i // 2, h8 * PACK
+        want = {"gate_up_scale": (e, 2 * i, h // GROUP_SIZE), "down_packed": (e, h, i // PACK),
+                "down_scale": (e, h, i // GROUP_SIZE)}
+        for name, t in (("gate_up_scale", gus), ("down_packed", dn), ("down_scale", dns)):
+            if tuple(t.shape) != want[name]:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; with gate_up_packed {tuple(gu.shape)} "
+                                 f"it must be {want[name]}")
+        if h % GROUP_SIZE or i % GROUP_SIZE:
+            raise ValueError(f"hidden {h} and intermediate {i} must be multiples of {GROUP_SIZE}")
+        devs = {t.device for t in (gu, gus, dn, dns)}
+        if len(devs) != 1:
+            raise ValueError(f"expert tensors are on different devices: {devs}")
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate_up_packed.shape[0]
+
+    @property
+    def hidden(self) -> int:
+        return self.gate_up_packed.shape[2] * PACK
+
+    @property
+    def intermediate(self) -> int:
+        return self.gate_up_packed.shape[1] // 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.gate_up_packed.device
+
+    def to(self, device: str | torch.device) -> "Int4Experts":
+        return Int4Experts(self.gate_up_packed.to(device), self.gate_up_scale.to(device),
+                           self.down_packed.to(device), self.down_scale.to(device), self.group_size)
+
+    def bytes_per_expert(self) -> int:
+        """Packed weights + scales of one expert (what the kernel must stream for it)."""
+        return sum(t[0].numel() * t.element_size() for t in
+                   (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
+
+    def dequantize(self, e: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``e`` as (W_gate_up [2I, H], W_down [H, I]) in ``dtype``."""
+        if not 0 <= e < self.num_experts:
+            raise ValueError(f"expert {e} out of range [0, {self.num_experts})")
+        gu = dequantize_int4(self.gate_up_packed[e], self.gate_up_scale[e], group_size=GROUP_SIZE, dtype=dtype)
+        dn = dequantize_int4(self.down_packed[e], self.down_scale[e], group_size=GROUP_SIZE, dtype=dtype)
+        return gu, dn
+
+
+def stack_experts(gate: list[tuple[torch.Tensor, torch.Tensor]], up: list[tuple[torch.Tensor, torch.Tensor]],
+                  down: list[tuple[torch.Tensor, torch.Tensor]]) -> Int4Experts:
+    """Stack per-expert (weight_packed, weight_scale) pairs into :class:`Int4Experts`."""
+    if not (len(gate) == len(up) == len(down)) or not gate:
+        raise ValueError(f"need the same non-zero number of gate/up/down matrices, got "
+                         f"{len(gate)}/{len(up)}/{len(down)}")
+    for e, (g, u) in enumerate(zip(gate, up)):
+        if g[0].shape != u[0].shape:
+            raise ValueError(f"expert {e}: gate_proj {tuple(g[0].shape)} and up_proj {tuple(u[0].shape)} differ")
+    gu_p = torch.stack([torch.cat([g[0], u[0]], 0) for g, u in zip(gate, up)])
+    gu_s = torch.stack([torch.cat([g[1], u[1]], 0) for g, u in zip(gate, up)]).to(torch.bfloat16)
+    dn_p = torch.stack([d[0] for d in down])
+    dn_s = torch.stack([d[1] for d in down]).to(torch.bfloat16)
+    return Int4Experts(gu_p.contiguous(), gu_s.contiguous(), dn_p.contiguous(), dn_s.contiguous())
+
+
+def experts_from_state_dict(state: Mapping[str, torch.Tensor], prefix: str, num_experts: int) -> Int4Experts:
+    """Build from checkpoint tensors ``{prefix}.{e}.{gate,up,down}_proj.weight_{packed,scale}``.
+
+    ``prefix`` is e.g. ``"model.layers.3.mlp.experts"``. ``weight_shape``, when
+    present, is checked against the packed tensor.
+    """
+    mats: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"gate_proj": [], "up_proj": [], "down_proj": []}
+    for e in range(num_experts):
+        for name, lst in mats.items():
+            base = f"{prefix}.{e}.{name}"
+            try:
+                packed, scale = state[f"{base}.weight_packed"], state[f"{base}.weight_scale"]
+            except KeyError as err:
+                raise ValueError(f"checkpoint lacks {err.args[0]!r} (expected compressed-tensors "
+                                 "pack-quantized experts)") from None
+            shape = state.get(f"{base}.weight_shape")
+            if shape is not None:
+                want = tuple(int(x) for x in shape.tolist())
+                have = (packed.shape[0], packed.shape[1] * PACK)
+                if want != have:
+                    raise ValueError(f"{base}.weight_shape {want} disagrees with weight_packed, which holds {have}")
+            lst.append((packed, scale))
+    return stack_experts(mats["gate_proj"], mats["up_proj"], mats["down_proj"])
+
+
+def quantize_experts(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> Int4Experts:
+    """Quantise float experts: w_gate, w_up [E, I, H]; w_down [E, H, I]."""
+    if w_gate.dim() != 3 or w_gate.shape != w_up.shape:
+        raise ValueError(f"w_gate and w_up must both be [E, I, H], got {tuple(w_gate.shape)}, {tuple(w_up.shape)}")
+    e, i, h = w_gate.shape
+    if tuple(w_down.shape) != (e, h, i):
+        raise ValueError(f"w_down must be [E, H, I] = {(e, h, i)}, got {tuple(w_down.shape)}")
+    q = [[quantize_int4(w[x], GROUP_SIZE) for x in range(e)] for w in (w_gate, w_up, w_down)]
+    return stack_experts(*q)
+
+
+def random_int4_experts(num_experts: int, hidden: int, intermediate: int, *, device: str | torch.device = "cpu",
+                        scale: float = 0.02, seed: int = 0) -> Int4Experts:
+    """Random packed experts (uniform nibbles, positive random scales); for tests and benchmarks.
+
+    Draws the packed words directly (no float weights), so 384 Kimi-sized
+    experts take seconds on a GPU. Scales are ``scale * U(0.5, 1.5)`` in bf16.
+    """
+    if min(num_experts, hidden, intermediate) < 1 or hidden % GROUP_SIZE or intermediate % GROUP_SIZE:
+        raise ValueError(f"need positive sizes with hidden and intermediate multiples of {GROUP_SIZE}, "
+                         f"got E={num_experts}, H={hidden}, I={intermediate}")
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def words(*shape: int) -> torch.Tensor:
+        return torch.randint(-2**31, 2**31 - 1, shape, generator=gen, device=device, dtype=torch.int32)
+
+    def scales(*shape: int) -> torch.Tensor:
+        return (scale * (0.5 + torch.rand(shape, generator=gen, device=device))).to(torch.bfloat16)
+
+    e, h, i = num_experts, hidden, intermediate
+    return Int4Experts(words(e, 2 * i, h // PACK), scales(e, 2 * i, h // GROUP_SIZE),
+                       words(e, h, i // PACK), scales(e, h, i // GROUP_SIZE))
