@@ -34,17 +34,19 @@ def test_greedy_batched_equals_single_and_prefill_logits(model, greedy):
     assert set(st.times_ms) >= {"draft", "tree_build", "verify", "accept", "commit", "total"}
 
 
-@pytest.mark.parametrize("block,budget,p_top,miss_rank,commit,conc", [
-    (8, 12, 0.8, None, "scattered", 4),
-    (4, 1, 0.9, 1, "compacted", 2),
-    (16, 32, 0.6, 2, "scattered", 3),
-    (6, 40, 0.3, 1, "compacted", 1),
-    (16, 8, 1.0, None, "compacted", 4),
+@pytest.mark.parametrize("block,budget,p_top,miss_rank,commit,conc,impl", [
+    (8, 12, 0.8, None, "scattered", 4, "reference"),
+    (4, 1, 0.9, 1, "compacted", 2, "reference"),
+    (16, 32, 0.6, 2, "scattered", 3, "reference"),
+    (6, 40, 0.3, 1, "compacted", 1, "reference"),
+    (16, 8, 1.0, None, "compacted", 4, "reference"),
+    (8, 24, 0.7, 1, "scattered", 4, "batched"),
+    (12, 16, 0.9, None, "compacted", 3, "batched"),
 ])
-def test_ddtree_is_lossless(model, greedy, block, budget, p_top, miss_rank, commit, conc):
+def test_ddtree_is_lossless(model, greedy, block, budget, p_top, miss_rank, commit, conc, impl):
     d = ScriptedDrafter(greedy, model.config.vocab_size, block=block, p_top=p_top, miss_rank=miss_rank, seed=block)
     res = generate(model, PROMPTS[:conc], 24, method="ddtree", drafter=d, block=block, budget=budget,
-                   commit=commit)
+                   commit=commit, tree_impl=impl)
     for r, want in zip(res, greedy):
         assert r.error is None and r.tokens == want
         assert all(1 <= s.accepted_length <= min(block, budget + 1) for s in r.steps)
@@ -159,8 +161,9 @@ def test_dflash_drafter_forward_load_and_generate(model, greedy, tmp_path):
     with pytest.raises(ValueError, match=r"tensor fc\.weight has shape \(3, 3\)"):
         DFlashDrafter.load(tmp_path / "bad.safetensors", model)
     # in generate: lossless, and it receives the target's features
-    res = generate(model, PROMPTS[:3], 16, method="ddtree", drafter=d2, block=6, budget=10)
-    assert [r.tokens for r in res] == [g[:16] for g in greedy[:3]]
+    for impl in ("reference", "batched"):
+        res = generate(model, PROMPTS[:3], 16, method="ddtree", drafter=d2, block=6, budget=10, tree_impl=impl)
+        assert [r.tokens for r in res] == [g[:16] for g in greedy[:3]]
     with pytest.raises(ValueError, match="hidden_size"):
         DFlashDrafter(DFlashConfig(hidden_size=8), model)
 
@@ -186,8 +189,9 @@ def test_ddtree_lossless_on_gpu(greedy):
     m = synthetic_model(tiny_config(), layers=None, dtype=torch.float32, seed=1, device="cuda")
     g = [r.tokens for r in generate(m, PROMPTS, 24)]
     d = ScriptedDrafter(g, m.config.vocab_size, block=8, p_top=0.8, miss_rank=1, device="cuda")
-    for commit in ("scattered", "compacted"):
-        res = generate(m, PROMPTS, 24, method="ddtree", drafter=d, block=8, budget=16, commit=commit)
+    for commit, impl in (("scattered", "batched"), ("compacted", "reference")):
+        res = generate(m, PROMPTS, 24, method="ddtree", drafter=d, block=8, budget=16, commit=commit,
+                       tree_impl=impl)
         assert [r.tokens for r in res] == g
 
 

@@ -131,7 +131,7 @@ def _features(captured: dict[int, torch.Tensor], layers: Sequence[int]) -> torch
 def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafter=None, block: int = 16,
              budget: int = 32, *, cache: PagedKVCache | None = None, kv_slots: int | None = None,
              commit: str = "scattered", eos_token_id: int | None = None,
-             keep_cache: bool = False) -> list[GenerationResult]:
+             keep_cache: bool = False, tree_impl: str = "auto") -> list[GenerationResult]:
     """Generate up to ``max_new_tokens`` per prompt; returns one :class:`GenerationResult` per prompt.
 
     prompts: a list of token-id sequences (lists or int tensors) or an int tensor [T] / [B, T].
@@ -141,6 +141,9 @@ def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafte
     cache: a :class:`PagedKVCache` to use (default: a new one of ``kv_slots`` slots, enough for
     every request by default). commit: ``scattered`` or ``compacted``. keep_cache: leave the
     requests' slots in the cache (request ids are the prompt indices) instead of releasing them.
+    tree_impl: ``reference`` (NumPy tree build and accept on the host), ``batched``
+    (workbench.ddtree.build_trees / accept_greedy_batched: CUDA kernels on the GPU, their CPU
+    path otherwise) or ``auto`` (batched on CUDA when importable, else reference).
     """
     cfg = model.config
     if method not in METHODS:
@@ -158,6 +161,7 @@ def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafte
             raise ValueError(f"block must be >= 2, got {block}")
     prompts = _check_prompts(prompts, cfg.vocab_size)
     dev = model.device
+    tree_impl = _resolve_tree_impl(tree_impl, dev, block, budget) if method == "ddtree" else "reference"
     width = (budget + 1) if method == "ddtree" else 1
     if cache is None:
         need = sum(len(p) + max_new_tokens + width + 1 for p in prompts)
@@ -229,7 +233,8 @@ def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafte
             for r, (tok, rec) in records.items():
                 finish(r, [tok])
         else:
-            records = _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers)
+            records = _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers,
+                                   tree_impl)
             for r, (new, rec) in records.items():
                 finish(r, new)
         times = timer.finish()
@@ -242,6 +247,20 @@ def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafte
             if r.index in cache.requests():
                 cache.release(r.index)
     return [GenerationResult(r.prompt, r.out, r.steps, r.prefill_ms, r.error) for r in reqs]
+
+
+def _resolve_tree_impl(impl: str, dev: torch.device, block: int, budget: int) -> str:
+    if impl not in ("auto", "reference", "batched"):
+        raise ValueError(f"unknown tree_impl {impl!r}; allowed: auto, reference, batched")
+    try:
+        from workbench.ddtree import MAX_BUDGET, MAX_L, build_trees  # noqa: F401
+        ok = budget <= MAX_BUDGET and block - 1 <= MAX_L
+    except ImportError:
+        ok = False
+    if impl == "batched" and not ok:
+        raise ValueError("tree_impl 'batched' needs workbench.ddtree's build_trees, budget <= MAX_BUDGET "
+                         "and block - 1 <= MAX_L")
+    return "batched" if impl == "batched" or (impl == "auto" and ok and dev.type == "cuda") else "reference"
 
 
 def _np(x) -> np.ndarray:
@@ -277,7 +296,7 @@ def _greedy_step(model, cache, active, timer, fail):
     return {r: (t, StepRecord(0, 1, 1, 0, {})) for (r, _), t in zip(got, nxt)}
 
 
-def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers):
+def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers, tree_impl):
     from workbench.ddtree import accept_greedy, build_tree, topk_logprobs
 
     dev = model.device
@@ -303,6 +322,9 @@ def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, comm
     timer.mark("draft")
     k = min(budget, V)
     lp, ids = topk_logprobs(logits.float(), k)
+    if tree_impl == "batched":
+        lp, ids = torch.as_tensor(lp, device=dev), torch.as_tensor(ids, device=dev)
+        return _ddtree_batched_tail(model, cache, active, timer, fail, lp, ids, budget, commit, layers)
     lp, ids = _np(lp), _np(ids)
     trees = {r.index: build_tree(lp[b], ids[b], budget, root_token=r.out[-1]) for b, r in enumerate(active)}
     timer.mark("tree_build")
@@ -327,7 +349,7 @@ def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, comm
     timer.mark("accept")
     feats = _features(cap, layers)
     out, off = {}, 0
-    for (r, s), acc, seg, p in zip(got, accs, segs, pos):
+    for (r, s), acc, p in zip(got, accs, pos):
         tr = trees[r.index]
         cache.commit(r.index, s, acc.nodes, mode=commit)
         if feats is not None:
@@ -337,5 +359,49 @@ def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, comm
         off += tr.n
         new = [int(t) for t in tr.tokens[acc.nodes[1:]]] + [int(acc.bonus)]
         out[r] = (new, StepRecord(0, int(acc.length), int(tr.n), 0, {}))
+    timer.mark("commit")
+    return out
+
+
+def _ddtree_batched_tail(model, cache, active, timer, fail, lp, ids, budget, commit, layers):
+    """Tree build and accept with workbench.ddtree's batched API: its CUDA kernels on the GPU (one host
+    copy, at accept), its CPU path otherwise."""
+    import types
+
+    from workbench.ddtree import accept_greedy_batched, build_trees
+
+    dev = model.device
+    roots = torch.tensor([r.out[-1] for r in active], dtype=torch.int64, device=dev)
+    gt = build_trees(lp.float().contiguous(), ids.to(torch.int64).contiguous(), budget, root_tokens=roots)
+    timer.mark("tree_build")
+    n = gt.n
+    row = {r.index: b for b, r in enumerate(active)}
+    got = _allocate(cache, active, lambda r: n, fail)
+    if not got:
+        return {}
+    rows = torch.tensor([row[r.index] for r, _ in got], device=dev)
+    tokens, parents, depths = gt.tokens[rows], gt.parents[rows], gt.depths[rows]
+    starts = torch.tensor([cache.length(r.index) for r, _ in got], device=dev)
+    segs = [Segment(cache.slots(r.index), s, parents[j]) for j, (r, s) in enumerate(got)]
+    pos = depths + starts[:, None]
+    logits, cap = model.forward_batch(tokens.reshape(-1), pos.reshape(-1), segs, cache, layers)
+    timer.mark("verify")
+    am = logits.argmax(-1).view(len(got), n)
+    acc = accept_greedy_batched(types.SimpleNamespace(tokens=tokens, parents=parents), am)
+    nodes, lengths, bonus = acc.nodes.cpu(), acc.lengths.tolist(), acc.bonus.tolist()
+    tok_host = tokens.cpu()
+    timer.mark("accept")
+    feats = _features(cap, layers)
+    out = {}
+    for j, (r, s) in enumerate(got):
+        a = lengths[j]
+        nd = nodes[j, :a]
+        cache.commit(r.index, s, nd.to(dev), mode=commit)
+        if feats is not None:
+            ndd = nd.to(dev)
+            r.feats.append(feats[j * n:(j + 1) * n][ndd])
+            r.feat_pos.append(pos[j][ndd])
+        new = tok_host[j, nd[1:]].tolist() + [int(bonus[j])]
+        out[r] = (new, StepRecord(0, int(a), int(n), 0, {}))
     timer.mark("commit")
     return out
