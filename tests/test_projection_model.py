@@ -179,19 +179,35 @@ def test_synthetic_calibration_file(tmp_path):
 
 
 def test_synthetic_ddtree_kernels_file(tmp_path):
+    """The layout workbench.ddtree.bench writes: build_* records and verify points."""
+    build = {f"build_B64_L15_budget{b}": {"gpu_graph_ms": g, "gpu_eager_ms": 0.05, "cpu_ms": c, "batch": 64,
+                                          "L": 15, "K": b, "budget": b, "method": "warp"}
+             for b, g, c in ((8, 0.01, 2.048), (32, 0.02, 8.192))}
+    build["build_B64_L15_budget32_heap"] = {"gpu_graph_ms": 0.03, "gpu_eager_ms": 0.06, "cpu_ms": 8.192,
+                                            "batch": 64, "budget": 32, "method": "heap"}
+    verify = {"points": [{"heads": 8, "nodes": 33, "prefix": p, "median_ms": 0.2, "floor_ms": 0.1,
+                          "percent_of_floor": 50.0, "peers": {"naive_torch": {"status": "ok", "median_ms": 1.0}}}
+                         for p in (4096, 131072)] +
+                        [{"heads": 64, "nodes": 33, "prefix": 4096, "median_ms": 1.0, "floor_ms": 0.9,
+                          "percent_of_floor": 90.0}],
+              "copy_gb_per_s": 4250.0}
     doc = {"name": "ddtree_kernels", "provenance": {"gpu": "NVIDIA H200"}, "parameters": {},
-           "results": {"tree_build": {"gpu_median_us": 20.0, "cpu_median_us": 9000.0},
-                       "verify": [{"heads": 8, "prefix": p, "median_ms": 0.2, "floor_ms": 0.1}
-                                  for p in (4096, 131072)] +
-                                 [{"heads": 64, "prefix": 4096, "median_ms": 1.0, "floor_ms": 0.9}]}}
+           "results": {**build, "verify": verify, "parity": [{"kernel": "build_trees", "passed": True}]}}
     p = tmp_path / "ddtree_kernels.json"
     p.write_text(json.dumps(doc))
     cal = load_calibration([p], use_measurements=False)
     assert cal.attention_measured == [(4096, pytest.approx(0.5)), (131072, pytest.approx(0.5))]
-    assert cal.tree_build_measured_ms == pytest.approx(0.02)
+    assert cal.tree_build_measured == [(8, pytest.approx(0.01)), (32, pytest.approx(0.02))]
+    assert cal.cpu_tree_us_per_node_measured == pytest.approx(4.0)  # 8.192 ms / (64 x 32)
     res = project("b300", 16, 32, 12, calibration=cal, tree_builder="gpu", overhead_ms=0)
     assert res.breakdown["central"]["tree_build"] == pytest.approx(0.02)
     assert "attention_fraction_of_floor" not in res.ranges and "gpu_tree_build_ms" not in res.ranges
+    assert res.ranges["cpu_tree_us_per_node"].kind == "measured"
+    # verify timings in a separate ddtree_verify file are read too
+    v = tmp_path / "ddtree_verify.json"
+    v.write_text(json.dumps({"name": "ddtree_verify", "results": verify}))
+    cal2 = load_calibration([v], use_measurements=False)
+    assert cal2.attention_measured == cal.attention_measured and not cal2.tree_build_measured
 
 
 def test_unreadable_measurement_falls_back_with_a_note(tmp_path):
@@ -229,3 +245,23 @@ def test_bad_inputs_are_clear_errors(calib, kw, match):
     args = {"gpu": "b300", "block": 16, "budget": 32, "accept": 12, "calibration": calib, **kw}
     with pytest.raises(ValueError, match=match):
         project(**args)
+
+
+def test_moe_bench_layout(tmp_path):
+    """The layout workbench.moe.bench writes: results.rows per (routing, m), copy_gb_per_s, checks."""
+    rows = [{"routing": r, "m": m, "bytes_median": 1e9, "ms_median": 0.4, "gb_per_s_median": 2500.0,
+             "pct_of_copy": (60.0 if r == "uniform" else 20.0) + m / 10, "floor_ms": 0.3,
+             "bf16_cublas_ms_median": 2.0, "speedup_vs_bf16_cublas": 5.0, "timing": "cuda_graph"}
+            for r in ("uniform", "skewed") for m in (1, 9, 32, 64)]
+    doc = {"name": "moe_bandwidth", "provenance": {"gpu": "NVIDIA H200"},
+           "results": {"copy_gb_per_s": 4200.0, "bf16_matmul_tflops": 700.0, "rows": rows,
+                       "tuning": {"ms": {"(64, 2)": {"1": 0.1}}, "best": [[1, [64, 2]]]},
+                       "checks": [{"m": 9, "routing": "uniform", "ok": True, "rel_err": 1e-3}]}}
+    p = tmp_path / "moe_bandwidth.json"
+    p.write_text(json.dumps(doc))
+    cal = load_calibration([p], use_measurements=False)
+    assert cal.moe_measured == [(m, pytest.approx((60 + m / 10) / 100)) for m in (1, 9, 32, 64)]
+    assert cal.moe_copy_bytes_per_s == pytest.approx(4.2e12)
+    # M = 33 sits between the 32 and 64 points (log-linear)
+    f33 = cal.moe_fraction(33, {})
+    assert cal.moe_measured[2][1] < f33 < cal.moe_measured[3][1]

@@ -29,7 +29,7 @@ from workbench.projection.model import (
     GpuSpec, Range, default_model, load_anchors, load_assumptions, load_gpu, moe_layer_bytes,
 )
 
-MEASUREMENT_NAMES = ("moe_bandwidth", "ddtree_kernels", "engine_step")
+MEASUREMENT_NAMES = ("moe_bandwidth", "ddtree_kernels", "ddtree_verify", "engine_step")
 
 
 # ---------------------------------------------------------------------------
@@ -135,9 +135,10 @@ def moe_points_from_measurement(doc: Mapping[str, Any]) -> list[tuple[float, flo
 def attention_points_from_measurement(doc: Mapping[str, Any], heads: int) -> list[tuple[float, float]]:
     """(prefix length, fraction of the floor) of the verify attention at ``heads`` heads, sorted."""
     pts: dict[float, float] = {}
+    whole = "verify" in str(doc.get("name", "")).lower()  # a ddtree_verify file: every record is verify
     for path, d in _records(doc.get("results")):
         t = _text(path, d)
-        if "verify" not in t and "attention" not in t:
+        if not whole and "verify" not in t and "attention" not in t:
             continue
         if _is_peer(t) and "workbench" not in t:
             continue
@@ -158,19 +159,51 @@ def attention_points_from_measurement(doc: Mapping[str, Any], heads: int) -> lis
     return sorted(pts.items())
 
 
-def tree_build_ms_from_measurement(doc: Mapping[str, Any]) -> float | None:
-    """Median GPU tree-build time (ms) for one launch, if the file records one."""
+def tree_build_points_from_measurement(doc: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """(budget, ms) of the GPU tree build, sorted by budget: per budget the fastest kernel variant,
+    the CUDA-graph time when recorded (``gpu_graph_ms``), else the eager one. The benchmark times a
+    batch (64 requests, one thread block each); at C=1 one block does no more work, so this is an
+    upper bound for one request."""
+    pts: dict[float, float] = {}
     for path, d in _records(doc.get("results")):
-        t = _text(path, d)
-        if "build" not in t or "cpu" in " ".join(path).lower():
+        if "build" not in " ".join(path).lower():
             continue
-        v = _num(d, "gpu_median_ms", "median_ms", "gpu_ms")
-        if v is not None:
-            return v
-        v = _num(d, "gpu_median_us", "median_us", "gpu_us")
-        if v is not None:
-            return v * 1e-3
-    return None
+        ms = _num(d, "gpu_graph_ms", "gpu_median_ms", "gpu_eager_ms", "median_ms", "gpu_ms")
+        if ms is None:
+            us = _num(d, "gpu_median_us", "median_us", "gpu_us")
+            ms = None if us is None else us * 1e-3
+        budget = _num(d, "budget")
+        if budget is None:
+            budget = _num(doc.get("parameters", {}).get("build", {}) if isinstance(doc.get("parameters"), dict)
+                          else {}, "budget")
+        if ms is None or budget is None or ms <= 0:
+            continue
+        pts[budget] = min(ms, pts.get(budget, math.inf))
+    return sorted(pts.items())
+
+
+def cpu_tree_us_per_node_from_measurement(doc: Mapping[str, Any]) -> float | None:
+    """CPU reference (Python heapq) build time per popped node, in us, from the largest-budget
+    build record that has a CPU time: cpu_ms / (batch x budget)."""
+    best = None
+    for path, d in _records(doc.get("results")):
+        if "build" not in " ".join(path).lower():
+            continue
+        cpu, batch, budget = _num(d, "cpu_ms"), _num(d, "batch"), _num(d, "budget")
+        if cpu and batch and budget and (best is None or budget > best[0]):
+            best = (budget, cpu * 1e3 / (batch * budget))
+    return None if best is None else best[1]
+
+
+def engine_step_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every numeric ``*_ms`` / ``*_us`` field under ``results`` of an engine_step measurement,
+    flattened as rows (record, field, value): shown beside the model, not fitted."""
+    rows = []
+    for path, d in _records(doc.get("results")):
+        for k, v in d.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (k.endswith("ms") or k.endswith("us")):
+                rows.append({"record": "/".join(path) or "results", "field": k, "value": float(v)})
+    return rows
 
 
 def _interp_log(points: list[tuple[float, float]], x: float) -> float:
@@ -205,8 +238,11 @@ class Calibration:
     moe_copy_bytes_per_s: float | None = None
     moe_file: str | None = None
     attention_measured: list[tuple[float, float]] | None = None
-    tree_build_measured_ms: float | None = None
+    tree_build_measured: list[tuple[float, float]] | None = None
+    cpu_tree_us_per_node_measured: float | None = None
     engine_step: dict[str, Any] | None = None
+    tree_file: str | None = None
+    attention_file: str | None = None
     files: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     heads_per_gpu: int = 8
@@ -236,9 +272,10 @@ class Calibration:
             return _interp_log(self.attention_measured, max(context, 1))
         return params["attention_fraction_of_floor"]
 
-    def gpu_tree_build_ms(self, params: Mapping[str, float]) -> float:
-        if self.tree_build_measured_ms is not None:
-            return self.tree_build_measured_ms
+    def gpu_tree_build_ms(self, params: Mapping[str, float], budget: int | None = None) -> float:
+        """GPU tree-build time (ms) at ``budget``: measured (interpolated in log budget) or assumed."""
+        if self.tree_build_measured:
+            return _interp_log(self.tree_build_measured, budget or self.tree_build_measured[-1][0])
         return params["gpu_tree_build_ms"]
 
     # -- ranges it contributes ----------------------------------------------
@@ -250,8 +287,15 @@ class Calibration:
             out["copy_fraction:rtx-pro-6000"] = load_gpu("rtx-pro-6000").copy_fraction
         if not self.attention_measured:
             out["attention_fraction_of_floor"] = Range.from_json(a["attention_fraction_of_floor"])
-        if self.tree_build_measured_ms is None:
+        if not self.tree_build_measured:
             out["gpu_tree_build_ms"] = Range.from_json(a["gpu_tree_build_ms"], unit="ms")
+        cpu = Range.from_json(a["cpu_tree_us_per_node"], unit="us")
+        if self.cpu_tree_us_per_node_measured is not None:
+            v = self.cpu_tree_us_per_node_measured
+            cpu = Range(min(v, cpu.low), v, max(v, cpu.high), f"measured: this workbench's heapq reference on "
+                        f"the H200 host ({self.tree_file}); range kept from the assumption (SGLang's builder "
+                        f"and host differ)", kind="measured", unit="us")
+        out["cpu_tree_us_per_node"] = cpu
         return out
 
     def gpu_overrides(self, gpu: GpuSpec) -> dict[str, Range]:
@@ -276,19 +320,26 @@ class Calibration:
                                     (self.moe_measured or self.anchor_moe_points({})))}]
         if self.attention_measured:
             rows.append({"quantity": "verify attention fraction of floor",
-                         "source": "measured: ddtree_kernels", "value": ", ".join(
+                         "source": f"measured: {self.attention_file}", "value": ", ".join(
                              f"prefix {p:g}: {f:.3f}" for p, f in self.attention_measured)})
         else:
             r = Range.from_json(load_assumptions()["attention_fraction_of_floor"])
             rows.append({"quantity": "verify attention fraction of floor", "source": "assumption",
                          "value": f"{r.low:g}-{r.high:g} (central {r.central:g})"})
-        if self.tree_build_measured_ms is not None:
-            rows.append({"quantity": "GPU tree build", "source": "measured: ddtree_kernels",
-                         "value": f"{self.tree_build_measured_ms * 1e3:.1f} us"})
+        if self.tree_build_measured:
+            rows.append({"quantity": "GPU tree build (batch-64 launch)", "source": f"measured: {self.tree_file}",
+                         "value": ", ".join(f"budget {b:g}: {t * 1e3:.1f} us" for b, t in self.tree_build_measured)})
         else:
             r = Range.from_json(load_assumptions()["gpu_tree_build_ms"])
             rows.append({"quantity": "GPU tree build", "source": "assumption",
                          "value": f"{r.low * 1e3:g}-{r.high * 1e3:g} us"})
+        if self.cpu_tree_us_per_node_measured is not None:
+            rows.append({"quantity": "CPU tree build per node", "source": f"measured: {self.tree_file}",
+                         "value": f"{self.cpu_tree_us_per_node_measured:.2f} us"})
+        else:
+            r = Range.from_json(load_assumptions()["cpu_tree_us_per_node"])
+            rows.append({"quantity": "CPU tree build per node", "source": "assumption",
+                         "value": f"{r.low:g}-{r.high:g} us (central {r.central:g})"})
         return rows
 
 
@@ -359,19 +410,25 @@ def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = No
         else:
             cal.notes.append(f"{label}: no MoE records with M and a fraction of the copy bandwidth "
                              f"found; using the source's anchors")
-    if "ddtree_kernels" in docs:
-        doc, label = docs["ddtree_kernels"]
-        pts = attention_points_from_measurement(doc, cal.heads_per_gpu)
-        if pts:
-            cal.attention_measured = pts
-        else:
-            cal.notes.append(f"{label}: no verify records at {cal.heads_per_gpu} heads with a floor; "
-                             f"attention efficiency stays an assumption")
-        tb = tree_build_ms_from_measurement(doc)
-        if tb is not None:
-            cal.tree_build_measured_ms = tb
-        if pts or tb is not None:
+    for name in ("ddtree_kernels", "ddtree_verify"):  # verify timings may live in either file
+        if name not in docs:
+            continue
+        doc, label = docs[name]
+        used = False
+        if not cal.attention_measured:
+            pts = attention_points_from_measurement(doc, cal.heads_per_gpu)
+            if pts:
+                cal.attention_measured, cal.attention_file, used = pts, label, True
+        if not cal.tree_build_measured:
+            tb = tree_build_points_from_measurement(doc)
+            if tb:
+                cal.tree_build_measured, cal.tree_file, used = tb, label, True
+                cal.cpu_tree_us_per_node_measured = cpu_tree_us_per_node_from_measurement(doc)
+        if used:
             cal.files.append(label)
+    if ("ddtree_kernels" in docs or "ddtree_verify" in docs) and not cal.attention_measured:
+        cal.notes.append(f"no verify records at {cal.heads_per_gpu} heads with a floor in the ddtree files; "
+                         f"the attention efficiency stays an assumption")
     if "engine_step" in docs:
         doc, label = docs["engine_step"]
         cal.engine_step = doc

@@ -160,3 +160,18 @@ def source_arithmetic_table() -> go.Figure:
                      "value": f"{r['byte_ms']:.2f} ms vs {r['flop_ms']:.2f} ms "
                               f"({'bandwidth' if r['byte_ms'] > r['flop_ms'] else 'compute'}-bound)"})
     return table_figure(rows, "The source's arithmetic, recomputed from its anchors", column_widths=[3, 2])
+
+
+def engine_step_table(calib: Calibration, limit: int = 40) -> go.Figure:
+    """The committed H200 engine_step measurement's timings (shown beside the model, not fitted)."""
+    from workbench.projection.calibration import engine_step_rows
+
+    if calib.engine_step is None:
+        return table_figure([{"engine_step": "data/measurements/h200/engine_step.json is not committed yet"}],
+                            "Measured engine step (H200)")
+    rows = [{"record": r["record"], "field": r["field"], "value": f"{r['value']:.4g}"}
+            for r in engine_step_rows(calib.engine_step)[:limit]]
+    if not rows:
+        rows = [{"record": "-", "field": "no *_ms / *_us fields found", "value": "-"}]
+    return table_figure(rows, "Measured engine step on the H200 (K2.6-shaped slice; not fitted)",
+                        height=min(900, 120 + 28 * len(rows)), column_widths=[4, 3, 1.5])

@@ -351,7 +351,7 @@ def step_terms(shape: StepShape, gpu: GpuSpec, params: Mapping[str, float], cali
     if shape.tree_builder == "cpu":
         tree = shape.budget * params["cpu_tree_us_per_node"] * 1e-6
     else:
-        tree = calib.gpu_tree_build_ms(params) * 1e-3
+        tree = calib.gpu_tree_build_ms(params, shape.budget) * 1e-3
 
     out = {"moe": moe, "dense": dense, "attention": attention, "allreduce": allreduce,
            "draft": draft, "tree_build": tree}

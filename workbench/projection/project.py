@@ -61,8 +61,7 @@ def param_ranges(gpus: Iterable[GpuSpec], calib: Calibration, *, calibrated_over
         out.update(_gpu_ranges(g, calib))
     out["dense_fraction_of_copy"] = Range.from_json(a["dense_fraction_of_copy"])
     out["drafter_layers"] = Range.from_json(a["drafter_layers"])
-    out["cpu_tree_us_per_node"] = Range.from_json(a["cpu_tree_us_per_node"], unit="us")
-    out.update(calib.param_ranges())
+    out.update(calib.param_ranges())  # includes cpu_tree_us_per_node (measured or assumed)
     if calibrated_overhead:
         anc = _anchor()
         out["anchor_accept"] = anc["accept"]
