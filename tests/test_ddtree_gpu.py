@@ -133,15 +133,20 @@ def test_verify_attention_torch_matches_loop():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["warp", "heap"])
+@pytest.mark.parametrize("method", ["auto", "small", "warp", "heap"])
 @pytest.mark.parametrize("B,L,K,budget,quant", [(64, 15, 32, 32, None), (8, 7, 8, 8, 2),
                                                   (16, 15, 64, 256, 4), (4, 32, 1024, 1024, 8),
-                                                  (5, 3, 40, 1024, None), (3, 1, 5, 9, 1)])
+                                                  (5, 3, 40, 1024, None), (3, 1, 5, 9, 1),
+                                                  (64, 7, 32, 32, 2), (9, 32, 8, 31, 1)])
 def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
     gen = torch.Generator().manual_seed(B * 1000 + budget)
     lp, ids = _grid(gen, B, L, K, quant, device="cuda")
     roots = torch.randint(0, 100, (B,)).cuda()
     n = tree_size(L, K, budget)
+    if method == "small" and n - 1 > 32:
+        with pytest.raises(ValueError, match="small"):
+            build_trees(lp, ids, budget, method=method)
+        return
     poison = GpuTrees(*(torch.full((B, n), -7, dtype=torch.int64, device="cuda") for _ in range(4)),
                       torch.full((B, n), float("nan"), device="cuda"))
     trees = build_trees(lp, ids, budget, root_tokens=roots, method=method, out=poison)
@@ -154,12 +159,13 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["warp", "heap"])
-def test_gpu_build_all_ties(method):
+@pytest.mark.parametrize("method,budget", [("warp", 200), ("heap", 200), ("small", 32),
+                                           ("warp", 32), ("heap", 32)])
+def test_gpu_build_all_ties(method, budget):
     lp = torch.zeros(3, 6, 4, device="cuda")
     ids = torch.arange(72, device="cuda").view(3, 6, 4)
-    trees = build_trees(lp, ids, 200, method=method)
-    _assert_same_as_reference(trees, lp, ids, 200, [-1, -1, -1])
+    trees = build_trees(lp, ids, budget, method=method)
+    _assert_same_as_reference(trees, lp, ids, budget, [-1, -1, -1])
 
 
 @pytest.mark.gpu

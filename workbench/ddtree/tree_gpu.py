@@ -23,7 +23,7 @@ import numpy as np
 
 from workbench.ddtree import reference as ref
 
-__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
+__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
            "accept_greedy_batched", "commit_scattered", "commit_compact", "build_smem_bytes"]
 
 MAX_BUDGET = 1024
@@ -85,15 +85,18 @@ class GpuAccepted:
     bonus: Any
 
 
-BUILD_METHODS = ("warp", "heap")
+BUILD_METHODS = ("auto", "small", "warp", "heap")
+SMALL_MAX_NODES = 32  # "small" holds the whole frontier in one warp's registers
 
 
 def build_smem_bytes(L: int, K: int, n: int, method: str = "warp") -> int:
     """Dynamic shared memory of one build block: frontier/heap entries, the
     request's log-probs, and the node arrays."""
+    if method == "small":
+        return 12 * L * K + 12 * n
     if method == "warp":
         return 12 * (n - 1) + 4 * L * K + 12 * n
-    return 8 * n + 4 * L * K + 4 * (2 * n) + 4 * (3 * n)
+    return 8 * n + 4 * L * K + 4 * n + 12 * n
 
 
 _KERNELS: dict[str, Any] = {}
@@ -156,7 +159,7 @@ def _check_tensor(t: Any, what: str) -> None:
 # ---------------------------------------------------------------------------
 
 def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
-                validate: bool = False, method: str = "warp",
+                validate: bool = False, method: str = "auto",
                 out: GpuTrees | None = None) -> GpuTrees:
     """Build ``B`` draft trees at once.
 
@@ -166,8 +169,10 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     (the bonus tokens from the previous round, on the device). Returns a
     :class:`GpuTrees` with ``n = tree_size(L, K, budget)`` nodes per request.
     ``validate=True`` also checks sortedness and finiteness (a host sync).
-    ``method``: "warp" (frontier reduced by one warp per pop, the default) or
-    "heap" (a binary heap run by one thread); both are bit-exact. ``out``:
+    ``method`` (all bit-exact): "small" (budget <= 32: the frontier is a
+    sorted list in one warp's registers), "heap" (a binary heap run by one
+    thread in shared memory), "warp" (frontier in shared memory, one warp
+    reduction per pop); "auto" takes "small" when it applies, else "heap". ``out``:
     preallocated :class:`GpuTrees` of shape ``[B, n]`` to write into (GPU).
     """
     torch = _torch()
@@ -224,6 +229,11 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     require_gpu("build_trees")
     K = min(budget, Kin)
     n = ref.tree_size(L, Kin, budget)
+    if method == "auto":
+        method = "small" if n - 1 <= SMALL_MAX_NODES else "heap"
+    elif method == "small" and n - 1 > SMALL_MAX_NODES:
+        raise ValueError(f"method='small' needs at most {SMALL_MAX_NODES} non-root nodes, "
+                         f"this tree has {n - 1}; use 'auto', 'heap' or 'warp'")
     smem = build_smem_bytes(L, K, n, method)
     if smem > _SMEM_OPTIN:
         raise ValueError(f"tree build needs {smem} B of shared memory (L={L}, K={K}, n={n}); "
@@ -244,7 +254,8 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         ranks = torch.empty_like(tokens)
         scores = torch.empty((B, n), dtype=torch.float32, device=dev)
     if B > 0:
-        name = "ddtree_build_warp" if method == "warp" else "ddtree_build"
+        name = {"small": "ddtree_build_small", "warp": "ddtree_build_warp",
+                "heap": "ddtree_build"}[method]
         k = _kernel(name)
         _ensure_smem(k, name, smem)
         root_ptr = root_t if root_t is not None else np.uint64(0)

@@ -5,6 +5,7 @@
 //                   (float64 scores, order (-score, rank path)) in shared memory,
 //                   then all threads write the nodes out. Bit-exact with
 //                   workbench.ddtree.reference.build_tree, ties included.
+// ddtree_build_warp / ddtree_build_small  faster variants of ddtree_build (same output).
 // ddtree_visibility one thread per (request, i, j): j is i or an ancestor of i.
 // ddtree_accept     one warp per request: greedy longest matching root path.
 // ddtree_commit_scattered  keep slots (accepted path order) and free slots.
@@ -33,23 +34,17 @@ __device__ __forceinline__ bool ddt_path_less(int pa, int ra, int pb, int rb,
     return b_longer;  // one path is a prefix of the other: the shorter is smaller
 }
 
-// Heap entry "a comes out before b": higher score, then smaller rank path.
-__device__ __forceinline__ bool ddt_before(int a, int b, const double* hs, const int* hp,
-                                           const int* hr, const int* npar, const int* nrank,
-                                           const int* ndep) {
-    const double sa = hs[a], sb = hs[b];
+// Entry order "a comes out before b": higher score, then smaller rank path. Entries
+// are packed as parent << 16 | rank.
+__device__ __forceinline__ bool ddt_hk_before(double sa, int ka, double sb, int kb,
+                                              const int* npar, const int* nrank, const int* ndep) {
     if (sa != sb) return sa > sb;
-    return ddt_path_less(hp[a], hr[a], hp[b], hr[b], npar, nrank, ndep);
+    return ddt_path_less(ka >> 16, ka & 0xffff, kb >> 16, kb & 0xffff, npar, nrank, ndep);
 }
 
-__device__ __forceinline__ void ddt_swap(int i, int j, double* hs, int* hp, int* hr) {
-    const double s = hs[i]; hs[i] = hs[j]; hs[j] = s;
-    const int p = hp[i]; hp[i] = hp[j]; hp[j] = p;
-    const int r = hr[i]; hr[i] = hr[j]; hr[j] = r;
-}
-
+// Binary heap run by one thread; the entry being sifted stays in registers (hole sifting).
 // Shared memory layout (dynamic), for K = min(budget, K_in), n nodes, cap = n heap slots:
-//   double hs[cap] | float lps[L*K] | int hp[cap] | int hr[cap] | int npar[n] | int nrank[n] | int ndep[n]
+//   double hs[cap] | float lps[L*K] | int hk[cap] | int npar[n] | int nrank[n] | int ndep[n]
 extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     // [B, L, Kin]
                                         const long long* __restrict__ token_ids,  // [B, L, Kin]
                                         const long long* __restrict__ root_tokens,  // [B] or null
@@ -65,9 +60,8 @@ extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     
     const int cap = n;
     double* hs = ddt_smem;
     float* lps = reinterpret_cast<float*>(hs + cap);
-    int* hp = reinterpret_cast<int*>(lps + L * K);
-    int* hr = hp + cap;
-    int* npar = hr + cap;
+    int* hk = reinterpret_cast<int*>(lps + L * K);
+    int* npar = hk + cap;
     int* nrank = npar + n;
     int* ndep = nrank + n;
 
@@ -80,47 +74,61 @@ extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     
 
     if (threadIdx.x == 0) {
         npar[0] = -1; nrank[0] = -1; ndep[0] = 0;
-        hs[0] = (double)lps[0]; hp[0] = 0; hr[0] = 0;
+        hs[0] = (double)lps[0]; hk[0] = 0;
         int size = 1;
         for (int i = 1; i < n; ++i) {
             // pop the top entry as node i
             const double score = hs[0];
-            const int parent = hp[0], r = hr[0];
+            const int pk = hk[0];
+            const int parent = pk >> 16, r = pk & 0xffff;
             const int d = ndep[parent] + 1;
             npar[i] = parent; nrank[i] = r; ndep[i] = d;
             out_scores[(long long)b * n + i] = (float)score;
             const bool last = (i == n - 1);
-            // replace the top with the next sibling, or with the last entry
+            // the top is replaced by the next sibling, or by the last entry
+            double xs = 0.0;
+            int xk = 0;
+            bool sift = true;
             if (!last && r + 1 < K) {
-                hs[0] = (score - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1];
-                hp[0] = parent; hr[0] = r + 1;
+                xs = (score - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1];
+                xk = (parent << 16) | (r + 1);
             } else {
                 --size;
-                if (size > 0) { hs[0] = hs[size]; hp[0] = hp[size]; hr[0] = hr[size]; }
+                if (size > 0) { xs = hs[size]; xk = hk[size]; } else { sift = false; }
             }
-            // sift down from the root
-            int pos = 0;
-            while (true) {
-                const int lc = 2 * pos + 1;
-                if (lc >= size) break;
-                int best = lc;
-                const int rc = lc + 1;
-                if (rc < size && ddt_before(rc, lc, hs, hp, hr, npar, nrank, ndep)) best = rc;
-                if (!ddt_before(best, pos, hs, hp, hr, npar, nrank, ndep)) break;
-                ddt_swap(best, pos, hs, hp, hr);
-                pos = best;
+            if (sift) {
+                int pos = 0;
+                while (true) {
+                    const int lc = 2 * pos + 1;
+                    if (lc >= size) break;
+                    double cs = hs[lc];
+                    int ck = hk[lc], best = lc;
+                    const int rc = lc + 1;
+                    if (rc < size) {
+                        const double rs = hs[rc];
+                        const int rk = hk[rc];
+                        if (ddt_hk_before(rs, rk, cs, ck, npar, nrank, ndep)) { cs = rs; ck = rk; best = rc; }
+                    }
+                    if (!ddt_hk_before(cs, ck, xs, xk, npar, nrank, ndep)) break;
+                    hs[pos] = cs; hk[pos] = ck;
+                    pos = best;
+                }
+                hs[pos] = xs; hk[pos] = xk;
             }
             // push the first child
             if (!last && d < L) {
+                const double ys = score + (double)lps[d * K];
+                const int yk = i << 16;
                 int c = size++;
-                hs[c] = score + (double)lps[d * K];
-                hp[c] = i; hr[c] = 0;
                 while (c > 0) {
                     const int up = (c - 1) >> 1;
-                    if (!ddt_before(c, up, hs, hp, hr, npar, nrank, ndep)) break;
-                    ddt_swap(c, up, hs, hp, hr);
+                    const double us = hs[up];
+                    const int uk = hk[up];
+                    if (!ddt_hk_before(ys, yk, us, uk, npar, nrank, ndep)) break;
+                    hs[c] = us; hk[c] = uk;
                     c = up;
                 }
+                hs[c] = ys; hk[c] = yk;
             }
         }
     }
@@ -280,6 +288,112 @@ extern "C" __global__ void ddtree_build_warp(const float* __restrict__ logprobs,
         } else {
             const int d = ndep[i], r = nrank[i];
             out_tokens[o] = idb[(long long)(d - 1) * Kin + r];
+            out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
+        }
+    }
+}
+
+// Small-budget variant (n - 1 <= 32, so K <= 32): the frontier is a sorted list held in
+// one warp's registers, lane j holding the j-th entry in pop order. A pop takes lane 0's
+// entry; the sibling and the first child are placed by two ballots and the list is
+// re-gathered with one shuffle, so a pop costs a handful of shuffles instead of a
+// shared-memory heap walk. The request's token ids are staged in shared memory with the
+// log-probs. Same arguments and output as ddtree_build, bit for bit.
+// Shared layout: long long sids[L*K] | float lps[L*K] | int npar[n] | int nrank[n] | int ndep[n]
+__device__ __forceinline__ bool ddt_pk_before(double sa, int pka, double sb, int pkb,
+                                              const int* npar, const int* nrank, const int* ndep) {
+    if (sa != sb) return sa > sb;
+    return ddt_path_less(pka >> 16, pka & 1023, pkb >> 16, pkb & 1023, npar, nrank, ndep);
+}
+
+extern "C" __global__ void ddtree_build_small(const float* __restrict__ logprobs,     // [B, L, Kin]
+                                              const long long* __restrict__ token_ids,  // [B, L, Kin]
+                                              const long long* __restrict__ root_tokens,  // [B] or null
+                                              long long root_default,
+                                              int L, int Kin, int K, int n,
+                                              long long* __restrict__ out_tokens,   // [B, n]
+                                              long long* __restrict__ out_parents,  // [B, n]
+                                              long long* __restrict__ out_depths,   // [B, n]
+                                              long long* __restrict__ out_ranks,    // [B, n]
+                                              float* __restrict__ out_scores) {     // [B, n]
+    extern __shared__ long long ddt_small_smem[];
+    const int b = blockIdx.x;
+    long long* sids = ddt_small_smem;
+    float* lps = reinterpret_cast<float*>(sids + L * K);
+    int* npar = reinterpret_cast<int*>(lps + L * K);
+    int* nrank = npar + n;
+    int* ndep = nrank + n;
+
+    const float* lpb = logprobs + (long long)b * L * Kin;
+    const long long* idb = token_ids + (long long)b * L * Kin;
+    for (int e = threadIdx.x; e < L * K; e += blockDim.x) {
+        const int d = e / K, r = e - d * K;
+        lps[e] = lpb[(long long)d * Kin + r];
+        sids[e] = idb[(long long)d * Kin + r];
+    }
+    const long long root = root_tokens ? root_tokens[b] : root_default;
+    if (threadIdx.x == 0) { npar[0] = -1; nrank[0] = -1; ndep[0] = 0; }
+    __syncthreads();
+
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        double es = (double)lps[0];
+        int epk = (0 << 16) | (1 << 10) | 0;
+        int m = 1;  // frontier size; lanes >= m hold stale values
+        for (int i = 1; i < n; ++i) {
+            const double s = __shfl_sync(DDT_FULL_MASK, es, 0);
+            const int pk = __shfl_sync(DDT_FULL_MASK, epk, 0);
+            const int parent = pk >> 16, d = (pk >> 10) & 63, r = pk & 1023;
+            if (lane == 0) {
+                npar[i] = parent; nrank[i] = r; ndep[i] = d;
+                out_scores[(long long)b * n + i] = (float)s;
+            }
+            if (i == n - 1) break;
+            const bool hs = r + 1 < K, hc = d < L;
+            const double ss = hs ? (s - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1] : 0.0;
+            const int spk = (parent << 16) | (d << 10) | (r + 1);
+            const double cs = hc ? s + (double)lps[d * K] : 0.0;
+            const int cpk = (i << 16) | ((d + 1) << 10) | 0;
+            __syncwarp();  // node i visible to every lane (rank-path comparisons)
+            // list without its head: lane l sees entry l + 1
+            const double rs = __shfl_down_sync(DDT_FULL_MASK, es, 1);
+            const int rpk = __shfl_down_sync(DDT_FULL_MASK, epk, 1);
+            const bool rv = lane + 1 < m;
+            const unsigned bs = __ballot_sync(DDT_FULL_MASK,
+                rv && hs && ddt_pk_before(rs, rpk, ss, spk, npar, nrank, ndep));
+            const unsigned bc = __ballot_sync(DDT_FULL_MASK,
+                rv && hc && ddt_pk_before(rs, rpk, cs, cpk, npar, nrank, ndep));
+            const int c_s = __popc(bs), c_c = __popc(bc);
+            int ps = -1, pc = -1;
+            if (hs && hc) {
+                if (ddt_pk_before(ss, spk, cs, cpk, npar, nrank, ndep)) { ps = c_s; pc = c_c + 1; }
+                else { pc = c_c; ps = c_s + 1; }
+            } else if (hs) {
+                ps = c_s;
+            } else if (hc) {
+                pc = c_c;
+            }
+            const int src = lane - ((ps >= 0 && ps < lane) ? 1 : 0) - ((pc >= 0 && pc < lane) ? 1 : 0);
+            const int src_lane = src + 1 < 31 ? src + 1 : 31;
+            const double gs = __shfl_sync(DDT_FULL_MASK, es, src_lane);
+            const int gpk = __shfl_sync(DDT_FULL_MASK, epk, src_lane);
+            if (lane == ps) { es = ss; epk = spk; }
+            else if (lane == pc) { es = cs; epk = cpk; }
+            else { es = gs; epk = gpk; }
+            m = m - 1 + (hs ? 1 : 0) + (hc ? 1 : 0);
+            __syncwarp();
+        }
+    }
+    __syncthreads();
+
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const long long o = (long long)b * n + i;
+        if (i == 0) {
+            out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
+            out_ranks[o] = -1; out_scores[o] = 0.0f;
+        } else {
+            const int d = ndep[i], r = nrank[i];
+            out_tokens[o] = sids[(d - 1) * K + r];
             out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
         }
     }
