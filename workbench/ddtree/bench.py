@@ -24,7 +24,8 @@ from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batc
                                        commit_compact, commit_scattered, tree_visibility)
 
 __all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels",
-           "load_kernel_results", "resolve_device", "main"]
+           "benchmark_round", "load_kernel_results", "resolve_device", "tree_timing_rows",
+           "kernel_results_rows", "goal_rows", "build_sweep_figure", "main"]
 
 MEASUREMENT = "ddtree_kernels"
 
@@ -325,6 +326,128 @@ def benchmark_round(batch: int = 64, L: int = 15, budget: int = 32, prefix: int 
             r["error"] = f"{type(exc).__name__}: {exc}"[:500]
         out[f"verify_{v}"] = r
     return out
+
+
+def tree_timing_rows(device: str = "auto", batch: int = 8, L: int = 7, budget: int = 32,
+                     seed: int = 0) -> list[dict[str, Any]]:
+    """Tree build and accept timed in this process: the CPU references (heapq
+    builder, accept), and on a GPU every build kernel and the batched accept
+    (median of CUDA-event timings around the Python call, launch included)."""
+    import torch
+
+    from workbench.measure import time_cpu, time_cuda
+
+    dev = resolve_device(device)
+    rng = np.random.default_rng(seed)
+    lp, ids = _random_grid(rng, batch, L, budget, None)
+    small = rng.integers(0, 2, size=ids.shape)
+    shape = f"B={batch} L={L} K={budget} budget={budget}"
+    rows = []
+    cpu_build = _median(time_cpu(lambda: [build_tree(lp[b], ids[b], budget) for b in range(batch)],
+                                 warmup=1, reps=5))
+    rows.append(dict(op="build", impl="CPU reference (heapq)", shapes=shape, median_ms=cpu_build,
+                     speedup_vs_cpu=1.0))
+    trees_cpu = [build_tree(lp[b], small[b], budget) for b in range(batch)]
+    n = trees_cpu[0].n
+    am = rng.integers(0, 2, size=(batch, n))
+    cpu_acc = _median(time_cpu(lambda: [accept_greedy(trees_cpu[b], am[b]) for b in range(batch)],
+                               warmup=1, reps=20))
+    rows.append(dict(op="accept", impl="CPU reference", shapes=f"B={batch} n={n}",
+                     median_ms=cpu_acc, speedup_vs_cpu=1.0))
+    if dev == "cuda":
+        lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids).cuda()
+        for m in ((["small"] if budget <= 32 else []) + ["warp", "heap"]):
+            t = _median(time_cuda(lambda m=m: build_trees(lpg, idg, budget, method=m)))
+            rows.append(dict(op="build", impl=f"GPU build_trees[{m}]", shapes=shape, median_ms=t,
+                             speedup_vs_cpu=cpu_build / t))
+        trees = build_trees(lpg, torch.from_numpy(small).cuda(), budget)
+        amg = torch.from_numpy(am).cuda()
+        t = _median(time_cuda(lambda: accept_greedy_batched(trees, amg)))
+        rows.append(dict(op="accept", impl="GPU accept_greedy_batched", shapes=f"B={batch} n={n}",
+                         median_ms=t, speedup_vs_cpu=cpu_acc / t))
+    return rows
+
+
+def kernel_results_rows(doc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Timing rows of a ddtree_kernels measurement (default: the committed H200 file)."""
+    doc = doc if doc is not None else load_kernel_results()
+    if not doc:
+        return []
+    rows = []
+    for key, v in doc["results"].items():
+        if not isinstance(v, dict) or "gpu_graph_ms" not in v:
+            continue
+        rows.append(dict(kernel=key, gpu_graph_us=v["gpu_graph_ms"] * 1e3,
+                         gpu_eager_us=v["gpu_eager_ms"] * 1e3, cpu_ref_ms=v.get("cpu_ms"),
+                         speedup_graph=v.get("speedup_graph")))
+    return rows
+
+
+def goal_rows(doc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The issue's performance goals against a ddtree_kernels measurement."""
+    doc = doc if doc is not None else load_kernel_results()
+    if not doc:
+        return []
+    r = doc["results"]
+    rows = []
+    b = r.get("build_B64_L15_budget32")
+    if b:
+        rows.append(dict(goal="build B=64 L=15 budget=32 under 50 us (graph replay)",
+                         measured=f"{b['gpu_graph_ms'] * 1e3:.1f} us",
+                         met=b["gpu_graph_ms"] * 1e3 < 50))
+        rows.append(dict(goal="build >= 300x the CPU reference (same run)",
+                         measured=f"{b['speedup_graph']:.0f}x (eager call: "
+                                  f"{b['speedup_eager']:.0f}x)",
+                         met=b["speedup_graph"] >= 300))
+    acc = next((v for k, v in r.items() if k.startswith("accept_B64")), None)
+    if acc:
+        rows.append(dict(goal="accept B=64 under 10 us (graph replay)",
+                         measured=f"{acc['gpu_graph_ms'] * 1e3:.1f} us",
+                         met=acc["gpu_graph_ms"] * 1e3 < 10))
+    rnd = r.get("round", {})
+    for v in ("verify_torch", "verify_kernel"):
+        if v in rnd:
+            rows.append(dict(goal=f"round ({v}): no host sync, CUDA graph equals eager",
+                             measured=f"sync-free={rnd[v].get('no_host_sync')}, "
+                                      f"graph==eager={rnd[v].get('graph_matches_eager')}, "
+                                      f"graph {rnd[v].get('graph_ms', float('nan')):.2f} ms",
+                             met=bool(rnd[v].get("no_host_sync")
+                                      and rnd[v].get("graph_matches_eager"))))
+    if "parity_all_passed" in r:
+        rows.append(dict(goal="GPU parity grid bit-exact", measured=f"{len(r.get('parity', []))} rows",
+                         met=bool(r["parity_all_passed"])))
+    return rows
+
+
+def build_sweep_figure(doc: dict[str, Any] | None = None):
+    """Build time against budget (B=64, L=15): each kernel (graph replay) and the CPU reference."""
+    import plotly.graph_objects as go
+
+    doc = doc if doc is not None else load_kernel_results()
+    fig = go.Figure()
+    if not doc:
+        fig.update_layout(title="no ddtree_kernels measurement committed")
+        return fig
+    series: dict[str, list[tuple[int, float]]] = {}
+    cpu: dict[int, float] = {}
+    for key, v in doc["results"].items():
+        if not key.startswith("build_") or not isinstance(v, dict) or "budget" not in v:
+            continue
+        series.setdefault(v.get("method", "auto"), []).append((v["budget"], v["gpu_graph_ms"] * 1e3))
+        if v.get("cpu_ms") is not None:
+            cpu[v["budget"]] = v["cpu_ms"] * 1e3
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                 name=f"GPU {name}"))
+    if cpu:
+        xs = sorted(cpu)
+        fig.add_trace(go.Scatter(x=xs, y=[cpu[x] for x in xs], mode="lines+markers",
+                                 name="CPU reference (heapq)", line=dict(dash="dash")))
+    fig.update_layout(title="Tree build, batch 64, L=15 (GPU: per call in a CUDA graph)",
+                      xaxis=dict(title="budget", type="log"),
+                      yaxis=dict(title="microseconds", type="log"))
+    return fig
 
 
 def load_kernel_results(gpu: str = "h200") -> dict[str, Any] | None:
