@@ -4,7 +4,7 @@ import json
 import pytest
 
 from workbench.cli import main
-from workbench.projection.scenarios import TOLERANCE, scenario_rows, source_scenarios
+from workbench.projection.scenarios import TOLERANCE, scenario_rows, source_scenarios, structural_whatifs
 
 
 def test_cli_projects_and_prints_breakdown(capsys):
@@ -77,3 +77,19 @@ def test_source_scenarios_reproduced_or_explained():
         assert "not proportional" in r.reason
     rows = scenario_rows(results)
     assert len(rows) == 4 and all(row["why they differ"] for row in rows)
+
+
+def test_structural_whatifs():
+    rows = structural_whatifs(use_measurements=False)
+    default = [r for r in rows if "(default)" in r["what-if"]]
+    assert len(default) == 1
+    base = source_scenarios(use_measurements=False)[1]
+    assert default[0]["tok/s (central)"] == "-".join(f"{t['central']:.0f}" for t in base.ours)
+    # a wider anchor tree leaves less host overhead: faster projections, monotonically
+    budgets = [r for r in rows if r["what-if"].startswith("anchor ran at budget")]
+    oh = [float(r["host overhead ms"]) for r in budgets]
+    assert len(budgets) >= 3 and oh == sorted(oh, reverse=True)
+    # the source's implied drafter growth brings the projection back near the source's 575-770
+    drafter = next(r for r in rows if r["what-if"].startswith("drafter costs"))
+    lo, hi = (float(x) for x in drafter["tok/s (central)"].split("-"))
+    assert abs(lo / 575 - 1) < 0.05 and abs(hi / 770 - 1) < 0.05

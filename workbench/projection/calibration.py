@@ -247,6 +247,12 @@ class Calibration:
     notes: list[str] = dataclasses.field(default_factory=list)
     heads_per_gpu: int = 8
 
+    def source_stack(self) -> "Calibration":
+        """This calibration with the MoE fraction of the source's stack (the PRO 6000 Marlin anchors):
+        what the B300 anchor was measured with, so the host overhead is fitted against it."""
+        return dataclasses.replace(self, moe_measured=None, moe_measured_gpu=None, moe_copy_bytes_per_s=None,
+                                   moe_file=None)
+
     # -- quantities the model asks for -------------------------------------
     def moe_fraction(self, m: float, params: Mapping[str, float]) -> float:
         """Fraction of the copy bandwidth the MoE GEMM reaches at ``m`` tokens."""

@@ -175,3 +175,12 @@ def engine_step_table(calib: Calibration, limit: int = 40) -> go.Figure:
         rows = [{"record": "-", "field": "no *_ms / *_us fields found", "value": "-"}]
     return table_figure(rows, "Measured engine step on the H200 (K2.6-shaped slice; not fitted)",
                         height=min(900, 120 + 28 * len(rows)), column_widths=[4, 3, 1.5])
+
+
+def structural_table(calibration: Calibration | None = None, **kw: Any) -> go.Figure:
+    """:func:`workbench.projection.scenarios.structural_whatifs` as a table."""
+    from workbench.projection.scenarios import structural_whatifs
+
+    rows = structural_whatifs(calibration or load_calibration(use_measurements=False), **kw)
+    return table_figure(rows, "Structural unknowns (not in the ranges): one change per row",
+                        column_widths=[3, 1.2, 1, 1.2, 5], height=140 + 70 * len(rows))

@@ -9,7 +9,10 @@ monotone in each quantity, so the corners bound it.
 
 The host overhead is calibrated, at every one of those points, on the
 source's B300 anchor (303 tok/s at block 8, accepted ~4.4): overhead =
-anchor step - the other terms at the anchor. ``overhead_ms`` fixes it instead;
+anchor step - the other terms at the anchor, the MoE term of the anchor
+taken with the source's own MoE kernel (the PRO 6000 Marlin curve), since
+that is what the anchor ran; the projection then uses the calibration's MoE
+fraction (this workbench's kernel when its measurement is committed). ``overhead_ms`` fixes it instead;
 ``overhead_cut_ms`` subtracts a fixed amount from the calibrated value (the
 source's "12.5 ms -> 8 ms" read as a 4.5 ms cut).
 """
@@ -33,6 +36,7 @@ def _anchor() -> dict[str, Any]:
     point = a["b300_tokens_per_s"]
     s = point["setting"]
     return {"tokens_per_s": float(point["value"]), "block": int(s["block"]), "budget": int(s["budget"]),
+            "budget_range": tuple(point.get("budget_range", [s["budget"], s["budget"]])),
             "tp": int(s["tp"]), "accept": Range.from_json({"low": a["b300_accept"]["range"][0],
                                                           "central": a["b300_accept"]["value"],
                                                           "high": a["b300_accept"]["range"][1],
@@ -63,6 +67,8 @@ def param_ranges(gpus: Iterable[GpuSpec], calib: Calibration, *, calibrated_over
     out["drafter_layers"] = Range.from_json(a["drafter_layers"])
     out.update(calib.param_ranges())  # includes cpu_tree_us_per_node (measured or assumed)
     if calibrated_overhead:
+        if "copy_fraction:rtx-pro-6000" not in out:  # the anchor's MoE term uses the PRO 6000 curve
+            out["copy_fraction:rtx-pro-6000"] = load_gpu("rtx-pro-6000").copy_fraction
         anc = _anchor()
         out["anchor_accept"] = anc["accept"]
         out["anchor_context"] = anc["context"]
@@ -74,9 +80,10 @@ def calibrate_overhead(params: Mapping[str, float], calib: Calibration, anchor_g
     """Host overhead (ms) that makes the model reproduce the B300 anchor, and the anchor's terms."""
     anc = _anchor()
     gpu = anchor_gpu or load_gpu(ANCHOR_GPU)
-    shape = StepShape(block=anc["block"], budget=anc["budget"], context=int(round(params["anchor_context"])),
+    budget = int(params.get("anchor_budget", anc["budget"]))
+    shape = StepShape(block=anc["block"], budget=budget, context=int(round(params["anchor_context"])),
                       tp=anc["tp"], tree_builder="cpu")
-    terms = step_terms(shape, gpu, params, calib)
+    terms = step_terms(shape, gpu, params, calib.source_stack())  # the anchor ran SGLang's Marlin MoE
     step = params["anchor_accept"] / anc["tokens_per_s"] * 1e3
     overhead = step - sum(terms.values())
     if overhead < 0:
@@ -178,14 +185,16 @@ def _check_accept(accept: Sequence[float], shape: StepShape) -> tuple[float, ...
 def project(gpu: str = "b300", block: int = 16, budget: int = 32, accept: Sequence[float] | float = (12, 16), *,
             overhead_ms: float | None = None, overhead_cut_ms: float | None = None, context: int = 1024,
             tp: int = 8, tree_builder: str = "cpu", bandwidth_bytes_per_s: float | None = None,
-            calibration: Calibration | Iterable[Any] | None = None, use_measurements: bool = True
-            ) -> Projection:
+            calibration: Calibration | Iterable[Any] | None = None, use_measurements: bool = True,
+            anchor_budget: int | None = None) -> Projection:
     """Project tokens/s at concurrency 1 on ``gpu`` (an id of data/hardware.json).
 
     ``accept``: one or more accepted lengths per step (root included; 1 <= a <= block).
     ``overhead_ms``: fix the host overhead term (ms >= 0) instead of calibrating it on the B300
     anchor; ``overhead_cut_ms``: calibrate, then subtract this many ms.
     ``bandwidth_bytes_per_s``: what-if datasheet bandwidth for ``gpu``.
+    ``anchor_budget``: the budget the B300 anchor is taken to have run at (default: the anchor
+    file's, 8; the source does not state it); a structural what-if, not part of the ranges.
     ``calibration``: a :class:`Calibration` or measurement files to load; ``use_measurements``:
     read the committed data/measurements/h200 files (False = the source's anchors only).
     Raises ValueError on an unknown GPU, negative or non-integer sizes, an accepted length above
@@ -230,10 +239,15 @@ def project(gpu: str = "b300", block: int = 16, budget: int = 32, accept: Sequen
             oh = anchor_oh = float(overhead_ms)
         return step_terms(shape, target, params, calib, cfg, overhead_ms=oh), anchor_oh
 
-    central = {k: r.central for k, r in ranges.items()}
+    if anchor_budget is not None:
+        if not isinstance(anchor_budget, int) or anchor_budget < 1:
+            raise ValueError(f"anchor_budget must be an integer >= 1, got {anchor_budget!r}")
+    fixed = {} if anchor_budget is None else {"anchor_budget": anchor_budget}
+
+    central = {**{k: r.central for k, r in ranges.items()}, **fixed}
     base_terms, base_oh = evaluate(central)
     base_step = sum(base_terms.values())
-    slow, fast = dict(central), dict(central)
+    slow, fast = dict(central), dict(central)  # 'fixed' entries ride along in every dict
     sens = []
     for k, r in ranges.items():
         if not r.is_ranged:

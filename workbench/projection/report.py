@@ -26,7 +26,7 @@ from workbench.projection.model import (
 )
 from workbench.projection.project import project
 from workbench.projection.scenarios import (
-    plateau_check, scenario_rows, source_moe_percent, source_scenarios, source_step_arithmetic,
+    plateau_check, scenario_rows, source_moe_percent, structural_whatifs, source_scenarios, source_step_arithmetic,
 )
 
 PAPER = REPO_ROOT / "papers" / "b300_projection.md"
@@ -117,6 +117,12 @@ def block_sensitivity() -> str:
             + markdown_table(rows))
 
 
+def block_structural() -> str:
+    rows = structural_whatifs(use_measurements=False)
+    return ("B300, block 16, budget 32, accepted 12-16, anchors only; each row changes one structural "
+            "assumption.\n\n" + markdown_table(rows))
+
+
 def block_assumptions() -> str:
     a = load_assumptions()
     rows = []
@@ -162,6 +168,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "scenarios-measured": block_scenarios_measured,
     "breakdown": block_breakdown,
     "sensitivity": block_sensitivity,
+    "structural": block_structural,
 }
 
 

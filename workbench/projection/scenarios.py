@@ -107,10 +107,17 @@ def _reason(sid: str, reading: str, res: Projection, src: tuple[float, float], a
     lo_a, hi_a = min(acc), max(acc)
     src_steps = (lo_a / src[0] * 1e3, hi_a / src[1] * 1e3)
     ours = res.step_ms["central"]
+    if sid == "current_drafter" and res.calibration.moe_measured:
+        return (f"The host overhead is fitted on this point with the source's MoE kernel (PRO 6000 Marlin curve); "
+                f"the projection swaps in this workbench's measured MoE kernel "
+                f"({res.breakdown['central']['moe']:.2f} ms of MoE per step), so it moves away from 303 by "
+                f"exactly the MoE difference: {ours:.2f} ms per step.")
     if sid == "current_drafter":
         return (f"This is the calibration point: the host overhead is fitted so that the model reproduces it "
-                f"({ours:.2f} ms per step); the range only reflects '~4.4' read as 4.35-4.45 and the "
-                f"other assumptions' effect on the fit.")
+                f"({ours:.2f} ms per step) at its central assumptions. Its range comes from the fit's "
+                f"assumptions: mostly the anchor's unstated budget (if that run verified a wider tree than "
+                f"budget 8, its MoE term was larger, the fitted host overhead smaller, and budget 8 on the "
+                f"same machine faster) and '~4.4' read as 4.35-4.45.")
     if sid == "strong_drafter":
         gap = src_steps[0] - arith["strong_step_without_draft_ms"]
         return (f"The source's range implies a step of {src_steps[0]:.1f}-{src_steps[1]:.1f} ms; its own "
@@ -205,4 +212,51 @@ def scenario_rows(results: list[ScenarioResult]) -> list[dict[str, Any]]:
             "within 15%": " / ".join("yes" if w else "no" for w in (r.within[:1] if len(r.ours) == 1 else r.within)),
             "why they differ": r.reason,
         })
+    return rows
+
+
+def structural_whatifs(calibration: Calibration | Iterable[Any] | None = None, *, use_measurements: bool = False,
+                       block: int = 16, budget: int = 32, accept: tuple[float, float] = (12.0, 16.0),
+                       gpu: str = "b300") -> list[dict[str, Any]]:
+    """What the parameter ranges do not cover: the model's structural unknowns, one row each, as
+    central tokens/s at ``accept`` on ``gpu`` (default: the strong-drafter scenario on the B300).
+
+    - the budget the B300 anchor ran at (not stated; 8 is the source estimator's reading);
+    - the drafter's cost growing with the block as the source's step implies;
+    - the GPU tree builder in place of the CPU heap.
+    """
+    if isinstance(calibration, Calibration):
+        calib = calibration
+    else:
+        calib = load_calibration(calibration, use_measurements=use_measurements)
+    anchors = load_anchors()["anchors"]
+    b_lo, b_hi = anchors["b300_tokens_per_s"].get("budget_range", [8, 8])
+    base_budget = anchors["b300_tokens_per_s"]["setting"]["budget"]
+    rows = []
+
+    def row(label: str, why: str, **kw: Any) -> None:
+        try:
+            r = project(gpu, block, budget, accept, calibration=calib, **kw)
+        except ValueError as e:
+            rows.append({"what-if": label, "host overhead ms": "-", "step ms": "-", "tok/s (central)": "-",
+                         "why": f"{why} Not feasible: {e}"})
+            return
+        rows.append({"what-if": label, "host overhead ms": f"{r.breakdown['central']['overhead']:.2f}",
+                     "step ms": f"{r.step_ms['central']:.2f}",
+                     "tok/s (central)": "-".join(f"{t['central']:.0f}" for t in r.tokens_per_s), "why": why})
+
+    for ab in sorted({int(b_lo), int(base_budget), int(round((b_lo * b_hi) ** 0.5)), int(b_hi)}):
+        row(f"anchor ran at budget {ab}" + (" (default)" if ab == base_budget else ""),
+            "The 303 tok/s run's budget is not stated; a wider tree there means a larger MoE term in the anchor "
+            "and less host overhead left to carry over.", anchor_budget=ab)
+    arith = source_step_arithmetic(calib)
+    src = next(s for s in load_anchors()["scenarios"] if s["id"] == "strong_drafter")
+    implied = min(src["accept"]) / src["source_tokens_per_s"][0] * 1e3
+    gap = implied - arith["strong_step_without_draft_ms"]
+    cal_oh = project(gpu, block, budget, accept, calibration=calib).breakdown["central"]["overhead"]
+    row(f"drafter costs {gap:.1f} ms more at block {block} (the source's implied growth)",
+        "Added to the host term: the gap between the source's block-16 step and its own overhead + MoE.",
+        overhead_ms=cal_oh + gap)
+    row("GPU tree builder", "The CPU heap replaced by the GPU kernel (measured in ddtree_kernels.json when "
+        "committed); everything else unchanged.", tree_builder="gpu")
     return rows
