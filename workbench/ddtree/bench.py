@@ -25,6 +25,7 @@ from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batc
 
 __all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels",
            "benchmark_round", "load_kernel_results", "resolve_device", "tree_timing_rows",
+           "verify_timing_rows",
            "kernel_results_rows", "goal_rows", "build_sweep_figure", "main"]
 
 MEASUREMENT = "ddtree_kernels"
@@ -365,6 +366,54 @@ def tree_timing_rows(device: str = "auto", batch: int = 8, L: int = 7, budget: i
         t = _median(time_cuda(lambda: accept_greedy_batched(trees, amg)))
         rows.append(dict(op="accept", impl="GPU accept_greedy_batched", shapes=f"B={batch} n={n}",
                          median_ms=t, speedup_vs_cpu=cpu_acc / t))
+    return rows
+
+
+def verify_timing_rows(device: str = "auto", nodes: int = 9, heads: int = 2, prefix: int = 256,
+                       dtype: str = "float32", seed: int = 0) -> list[dict[str, Any]]:
+    """Tree-verify attention and its peers timed in this process at one small
+    point (``workbench.ddtree.verify``; empty when that module is missing):
+    the float64 reference (CPU), the kernel (or its CPU torch path), naive
+    torch, SDPA with a dense mask, FlexAttention (status recorded if it fails)."""
+    try:
+        from workbench.ddtree import verify as vmod
+    except Exception:
+        return []
+    import torch
+
+    from workbench.measure import time_cpu, time_cuda
+
+    dev = resolve_device(device)
+    inp = vmod.random_verify_inputs(nodes, heads, prefix, dtype=dtype, device=dev, seed=seed)
+    shape = f"T={nodes} H={heads} P={prefix} {dtype}"
+    impls = [("verify_attention_reference (float64, CPU)", "verify_attention_reference"),
+             ("verify_attention", "verify_attention"), ("naive torch", "verify_attention_naive"),
+             ("SDPA dense mask", "verify_attention_sdpa"), ("FlexAttention", "verify_attention_flex")]
+    rows = []
+    for label, name in impls:
+        fn = getattr(vmod, name, None)
+        if fn is None:
+            continue
+        if name == "verify_attention_flex" and dev == "cpu":
+            rows.append(dict(op="verify", impl=label, shapes=shape, median_ms=None,
+                             status="not run on a CPU (torch.compile of FlexAttention)"))
+            continue
+        args = inp
+        if name == "verify_attention_reference":
+            args = {k: (v.detach().float().cpu().numpy() if isinstance(v, torch.Tensor)
+                        and v.is_floating_point() else
+                        v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+                    for k, v in inp.items()}
+        try:
+            call = (lambda fn=fn, args=args: fn(**args))
+            if dev == "cuda" and name != "verify_attention_reference":
+                t = _median(time_cuda(call, warmup=3, reps=20))
+            else:
+                t = _median(time_cpu(call, warmup=1, reps=5))
+            rows.append(dict(op="verify", impl=label, shapes=shape, median_ms=t, status="ok"))
+        except Exception as exc:  # a peer that does not accept these shapes
+            rows.append(dict(op="verify", impl=label, shapes=shape, median_ms=None,
+                             status=f"{type(exc).__name__}: {str(exc)[:80]}"))
     return rows
 
 
