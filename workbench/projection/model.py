@@ -255,8 +255,8 @@ TERMS: tuple[Term, ...] = (
          "by the bandwidth ratio"),
     Term("attention",
          "layers x max(KV bytes / (BW x copy_fraction), flops / (MM x matmul_fraction)) / attention_fraction",
-         "attention_fraction: data/measurements/h200/ddtree_kernels.json (verify vs its floor) when "
-         "present, else assumption; KV bytes = (context + M) x 576 x 2 per layer, replicated per rank",
+         "attention_fraction: data/measurements/h200/ddtree_kernels.json or ddtree_verify.json (verify vs "
+         "its floor, at heads/tp heads) when present, else assumption; KV bytes = (context + M) x 576 x 2 per layer, replicated per rank",
          "by the bandwidth ratio or the matrix rate, whichever bounds the floor"),
     Term("allreduce",
          "2 x layers x (latency + 2 (tp-1)/tp x M x hidden x 2 / link_bandwidth)",
@@ -275,7 +275,8 @@ TERMS: tuple[Term, ...] = (
          "host (cpu): unchanged; gpu kernel: unchanged (latency-bound)"),
     Term("overhead",
          "host overhead (Python dispatch, launches, sampling, accept/commit, syncs): "
-         "anchor step - sum of the other terms at the anchor",
+         "anchor step - sum of the other terms at the anchor (its MoE term with the source's Marlin curve, "
+         "which the anchor ran)",
          "calibrated on the B300 anchor 303 tok/s at block 8, accepted ~4.4 (data/anchors/source_b300.json), "
          "or given (--overhead-ms)",
          "host: unchanged across GPUs unless stated"),
