@@ -1,0 +1,193 @@
+"""Tables and plotly figures for notebooks/02_moe_bandwidth.ipynb.
+
+Everything reads the committed measurement (``data/measurements/<gpu>/moe_bandwidth.json``)
+and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
+here holds a measured number.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from workbench import DATA_DIR
+from workbench.measure import load_measurement
+from workbench.moe.bench import make_routing, rel_error
+from workbench.moe.fused import fused_moe_int4, gpu_supported
+from workbench.moe.packing import random_int4_experts
+from workbench.moe.reference import moe_reference
+
+ANCHORS = DATA_DIR / "anchors" / "rtx_pro_6000_moe.json"
+PEERS = {"bf16_cublas": "bf16 experts, cuBLAS per expert", "torch_int4pack": "torch int4 weight-only per expert",
+         "dequant_matmul": "dequantise then matmul per expert"}
+
+
+def load_anchors() -> dict[str, Any]:
+    """The source's RTX PRO 6000 MoE points (with their quotes)."""
+    return json.loads(ANCHORS.read_text())
+
+
+def load_moe_bandwidth(gpu: str = "h200") -> dict[str, Any] | None:
+    """The committed ``moe_bandwidth`` measurement for ``gpu``, or None."""
+    return load_measurement("moe_bandwidth", gpu)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' asked for, but torch sees no CUDA GPU")
+    return device
+
+
+def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_values: list[int],
+                device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
+    """fused_moe_int4 against the float32 reference on fresh random inputs, one row per (M, routing)."""
+    dev = resolve_device(device)
+    experts = random_int4_experts(num_experts, hidden, intermediate, device="cpu", seed=seed)
+    path = "CPU reference"
+    if dev == "cuda":
+        why = gpu_supported(experts)
+        if why is None:
+            experts, path = experts.to("cuda"), "CUDA kernel"
+        else:
+            dev, path = "cpu", f"CPU reference (kernel: {why})"
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for m in m_values:
+        for routing in ("uniform", "skewed"):
+            ids, w = make_routing(m, num_experts, topk, routing, gen)
+            x = torch.randn(m, hidden, generator=gen).to(torch.bfloat16)
+            out = fused_moe_int4(x.to(dev), ids.to(dev), w.to(dev), experts).cpu()
+            ref = moe_reference(x, ids, w, experts.to("cpu"))  # float32, dequantise-then-matmul
+            rows.append({"M": m, "routing": routing, "distinct experts": int(torch.unique(ids).numel()),
+                         "rel err": rel_error(out, ref), "non-finite": int((~torch.isfinite(out)).sum()),
+                         "path": path})
+    return rows
+
+
+def table_figure(rows: list[dict[str, Any]], title: str = ""):
+    """A plotly go.Table of a list of dicts (floats shown with 4 significant digits)."""
+    import plotly.graph_objects as go
+
+    if not rows:
+        fig = go.Figure()
+        fig.update_layout(title=title + " (no rows)")
+        return fig
+    cols = list(rows[0])
+
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    fig = go.Figure(go.Table(header={"values": cols},
+                             cells={"values": [[fmt(r.get(c)) for r in rows] for c in cols]}))
+    fig.update_layout(title=title, height=min(900, 80 + 28 * len(rows)))
+    return fig
+
+
+def _rows(doc: dict[str, Any], routing: str) -> list[dict[str, Any]]:
+    return sorted((r for r in doc["results"]["rows"] if r["routing"] == routing), key=lambda r: r["m"])
+
+
+def ms_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None):
+    """ms per layer against M: ours (uniform, skewed), the peers, the floor, the source's RTX PRO 6000 points."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    if doc is not None:
+        gpu = doc["provenance"].get("gpu", "GPU")
+        for routing, dash in (("uniform", "solid"), ("skewed", "dot")):
+            rr = _rows(doc, routing)
+            ms = [r["m"] for r in rr]
+            fig.add_trace(go.Scatter(x=ms, y=[r["ms_median"] for r in rr], mode="lines+markers",
+                                     name=f"fused W4A16, {routing} ({gpu})", line={"dash": dash, "width": 3}))
+            fig.add_trace(go.Scatter(x=ms, y=[r["floor_ms"] for r in rr], mode="lines",
+                                     name=f"floor (bytes / copy BW, flops / bf16 rate), {routing}",
+                                     line={"dash": dash, "color": "black", "width": 1}))
+            if routing == "uniform":
+                for key, label in PEERS.items():
+                    pts = [(r["m"], r[f"{key}_ms_median"]) for r in rr if f"{key}_ms_median" in r]
+                    if pts:
+                        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts],
+                                                 mode="lines+markers", name=f"peer: {label}, uniform",
+                                                 line={"width": 1}))
+    if anchors is not None:
+        pts = anchors["points"]
+        fig.add_trace(go.Scatter(x=[p["m"] for p in pts], y=[p["ms_per_layer"] for p in pts], mode="markers",
+                                 marker={"symbol": "star", "size": 14},
+                                 name=f"source: {anchors['gpu']} INT4 Marlin MoE (seed article)"))
+    fig.update_layout(title="INT4 MoE layer time vs tokens M (Kimi K2.6 experts: 384 x 7168 x 2048, top-8)",
+                      xaxis={"title": "tokens M", "type": "log"}, yaxis={"title": "ms per layer", "type": "log"},
+                      legend={"font": {"size": 10}})
+    return fig
+
+
+def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None):
+    """Achieved bandwidth as % of the copy bandwidth measured in the same run, with the source's 67-73% band."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    if doc is not None:
+        for routing in ("uniform", "skewed"):
+            rr = _rows(doc, routing)
+            fig.add_trace(go.Scatter(x=[r["m"] for r in rr], y=[r["pct_of_copy"] for r in rr],
+                                     mode="lines+markers", name=f"fused W4A16, {routing}: % of copy bandwidth"))
+            fig.add_trace(go.Scatter(x=[r["m"] for r in rr], y=[r["pct_of_floor"] for r in rr],
+                                     mode="lines", line={"dash": "dot"}, name=f"{routing}: % of floor (time)"))
+    if anchors is not None:
+        lo, hi = anchors["percent_of_peak"]["range"]
+        fig.add_hrect(y0=lo, y1=hi, opacity=0.15, line_width=0,
+                      annotation_text=f"source {anchors['gpu']}: {lo}-{hi}% of {anchors['peak_bandwidth_tb_per_s']} TB/s")
+    fig.add_hline(y=80, line_dash="dash", annotation_text="goal at M <= 16: 80%")
+    fig.update_layout(title="Achieved bandwidth vs M", xaxis={"title": "tokens M", "type": "log"},
+                      yaxis={"title": "% of measured peak", "range": [0, 105]})
+    return fig
+
+
+def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (routing, M): experts touched, ms, GB/s, % of copy, TFLOP/s, speedups over the peers."""
+    out = []
+    for r in doc["results"]["rows"]:
+        row = {"routing": r["routing"], "M": r["m"], "experts": r["distinct_experts_median"],
+               "ms": r["ms_median"], "GB/s": r["gb_per_s_median"], "% copy": r["pct_of_copy"],
+               "TFLOP/s": r["tflops"], "plateau M*": r.get("plateau_m")}
+        for key in PEERS:
+            row[f"x vs {key}"] = r.get(f"speedup_vs_{key}", "-")
+        out.append(row)
+    return out
+
+
+def goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
+    """The issue's H200 goals against the measurement (uniform and skewed routing, M <= m_max)."""
+    res = doc["results"]
+    small = [r for r in res["rows"] if r["m"] <= m_max]
+
+    def worst(key: str) -> float | None:
+        vals = [r[key] for r in small if isinstance(r.get(key), (int, float))]
+        return min(vals) if vals else None
+
+    pct, sb, si = worst("pct_of_copy"), worst("speedup_vs_bf16_cublas"), worst("speedup_vs_torch_int4pack")
+    errs = [c["rel_err"] for c in res["checks"] if isinstance(c.get("rel_err"), float) and "peer" not in c]
+    rows = [
+        {"goal": f"% of copy bandwidth at M <= {m_max}", "target": ">= 80", "measured (worst)": pct,
+         "met": pct is not None and pct >= 80},
+        {"goal": f"speedup over bf16 cuBLAS per expert, M <= {m_max}", "target": ">= 3", "measured (worst)": sb,
+         "met": sb is not None and sb >= 3},
+        {"goal": f"speedup over torch int4 per expert, M <= {m_max}", "target": ">= 2.5", "measured (worst)": si,
+         "met": si is not None and si >= 2.5},
+        {"goal": "rel. error vs float32 reference, every check", "target": "<= 1e-2, no NaN",
+         "measured (worst)": max(errs) if errs else None, "met": bool(res["all_checks_ok"])},
+    ]
+    return rows
+
+
+def tuning_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """ms of every compiled kernel variant at each M (uniform routing), from the run's tuning step."""
+    tun = doc["results"].get("tuning")
+    if not tun:
+        return []
+    ms_keys = list(next(iter(tun["ms"].values())).keys())
+    return [{"variant (NT, RT, D)": k, **{f"M={m}": v[m] for m in ms_keys}} for k, v in tun["ms"].items()]
