@@ -140,6 +140,8 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(self.H * self.dv, c.hidden_size, bias=False)
         self.scale = c.softmax_scale
         self.interleave = c.rope_interleave
+        self.use_kernel = True  # use workbench.ddtree.verify_attention on CUDA when it applies
+        self.last_path: str | None = None  # which attention path the last cached forward took
 
     # -- projections ----------------------------------------------------------
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -184,7 +186,8 @@ class MLAttention(nn.Module):
         kv_layer[tail_slots] = rows.to(kv_layer.dtype)
         w_uk, w_uv = self._wkv()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
-        kernel = _verify_kernel() if (x.is_cuda and self.R == 512 and self.dr == 64) else None
+        kernel = _verify_kernel() if (self.use_kernel and x.is_cuda and self.R == 512 and self.dr == 64) else None
+        self.last_path = "workbench.ddtree.verify_attention" if kernel is not None else "torch"
         outs = []
         start = 0
         for seg in segments:

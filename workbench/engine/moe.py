@@ -102,6 +102,7 @@ class RoutedExperts(nn.Module):
             for name, (o, i) in shapes.items():
                 self.register_parameter(name, nn.Parameter(torch.empty(E, o, i, dtype=dtype)))
         self.use_fused = True
+        self.last_path: str | None = None  # which path the last forward took
         self._int4_view = None
 
     def int4_slot(self, proj: str, kind: str, e: int) -> torch.Tensor:
@@ -147,7 +148,9 @@ class RoutedExperts(nn.Module):
                 from workbench.moe.fused import gpu_supported  # type: ignore
 
                 if gpu_supported(exp) is None:
+                    self.last_path = "workbench.moe.fused_moe_int4"
                     return fused(x, ids, weights, exp, validate=False)
+        self.last_path = "torch (dequantise each touched expert)"
         out = torch.zeros_like(x)
         I = self.intermediate
         flat = ids.reshape(-1)

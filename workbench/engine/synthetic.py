@@ -63,8 +63,7 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
     g = torch.Generator(device=device).manual_seed(seed)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if name.endswith("_packed"):
-            t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, device=device, dtype=torch.int64)
-                    .to(torch.int32))
+            t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, device=device, dtype=torch.int32))
         elif name.endswith("_scale"):
             fan_in = t.shape[-1] * (model.layers[int(name.split(".")[1])].mlp.experts.group_size)
             std_q = 4.61  # std of a uniform int in [-8, 7]
