@@ -7,7 +7,7 @@ import pytest
 from workbench.projection import load_calibration, load_gpu, project, step_terms
 from workbench.projection.calibration import moe_points_from_measurement
 from workbench.projection.model import (
-    StepShape, default_model, expected_distinct_experts, expert_bytes, load_anchors, moe_layer_bytes,
+    StepShape, attention_layer_costs, default_model, expected_distinct_experts, expert_bytes, load_anchors, moe_layer_bytes,
 )
 from workbench.projection.project import param_ranges
 from workbench.projection.scenarios import source_moe_percent, source_step_arithmetic
@@ -87,7 +87,8 @@ def test_terms_respond_as_their_formulas(calib):
         assert t2[name] == t1[name]
     mm = f"matmul_flops:{gpu.id}"
     t2b = step_terms(shape, gpu, {**params, mm: 2 * params[mm]}, calib)
-    assert t2b["attention"] == pytest.approx(t1["attention"] / 2)
+    fixed = cfg.num_hidden_layers * params["attention_fixed_us_per_layer"] * 1e-3  # per-call part, ms
+    assert t2b["attention"] - fixed == pytest.approx((t1["attention"] - fixed) / 2)
     assert t2b["moe"] == t1["moe"]
     # overhead adds one for one
     t3 = step_terms(shape, gpu, params, calib, overhead_ms=7.5)
@@ -173,6 +174,10 @@ def test_synthetic_calibration_file(tmp_path):
     b = project("b300", 16, 32, 12, calibration=cal, overhead_ms=0)
     fa = anchors.moe_fraction(33, {k: r.central for k, r in a.ranges.items()})
     assert b.breakdown["central"]["moe"] == pytest.approx(a.breakdown["central"]["moe"] * fa / 0.8)
+    # the host overhead is fitted with the anchor's own (source) MoE kernel either way
+    oa = project("b300", 8, 8, 4.4, calibration=anchors).anchor_overhead_ms["central"]
+    ob = project("b300", 8, 8, 4.4, calibration=cal).anchor_overhead_ms["central"]
+    assert ob == pytest.approx(oa)
     # via the CLI option too
     c = project("b300", 16, 32, 12, calibration=[str(p)], use_measurements=False, overhead_ms=0)
     assert c.breakdown["central"]["moe"] == pytest.approx(b.breakdown["central"]["moe"])
@@ -185,9 +190,10 @@ def test_synthetic_ddtree_kernels_file(tmp_path):
              for b, g, c in ((8, 0.01, 2.048), (32, 0.02, 8.192))}
     build["build_B64_L15_budget32_heap"] = {"gpu_graph_ms": 0.03, "gpu_eager_ms": 0.06, "cpu_ms": 8.192,
                                             "batch": 64, "budget": 32, "method": "heap"}
-    verify = {"points": [{"heads": 8, "nodes": 33, "prefix": p, "median_ms": 0.2, "floor_ms": 0.1,
-                          "percent_of_floor": 50.0, "peers": {"naive_torch": {"status": "ok", "median_ms": 1.0}}}
-                         for p in (4096, 131072)] +
+    verify = {"points": [{"heads": 8, "nodes": 33, "prefix": p, "median_ms": ms, "floor_ms": fl,
+                          "percent_of_floor": 100 * fl / ms,
+                          "peers": {"naive_torch": {"status": "ok", "median_ms": 1.0}}}
+                         for p, ms, fl in ((4096, 0.11, 0.005), (16384, 0.14, 0.02), (131072, 0.26, 0.08))] +
                         [{"heads": 64, "nodes": 33, "prefix": 4096, "median_ms": 1.0, "floor_ms": 0.9,
                           "percent_of_floor": 90.0}],
               "copy_gb_per_s": 4250.0}
@@ -196,12 +202,22 @@ def test_synthetic_ddtree_kernels_file(tmp_path):
     p = tmp_path / "ddtree_kernels.json"
     p.write_text(json.dumps(doc))
     cal = load_calibration([p], use_measurements=False)
-    assert cal.attention_measured == [(4096, pytest.approx(0.5)), (131072, pytest.approx(0.5))]
+    assert [p for p, _, _ in cal.attention_measured] == [4096, 16384, 131072]
+    fixed, eff = cal.attention_fit      # time = 0.1 ms + 2 x floor
+    assert fixed == pytest.approx(0.1) and eff == pytest.approx(0.5)
     assert cal.tree_build_measured == [(8, pytest.approx(0.01)), (32, pytest.approx(0.02))]
     assert cal.cpu_tree_us_per_node_measured == pytest.approx(4.0)  # 8.192 ms / (64 x 32)
     res = project("b300", 16, 32, 12, calibration=cal, tree_builder="gpu", overhead_ms=0)
     assert res.breakdown["central"]["tree_build"] == pytest.approx(0.02)
     assert "attention_fraction_of_floor" not in res.ranges and "gpu_tree_build_ms" not in res.ranges
+    # the fitted attention: layers x (fixed + floor / efficiency)
+    cfg = default_model()
+    gpu = load_gpu("b300")
+    params = {k: r.central for k, r in res.ranges.items()}
+    nbytes, flops = attention_layer_costs(cfg, 1024, 33, 8)
+    floor = max(nbytes / (gpu.bandwidth_bytes_per_s * params["copy_fraction:b300"]),
+                flops / (params["matmul_flops:b300"] * params["matmul_fraction:b300"])) * 1e3
+    assert res.breakdown["central"]["attention"] == pytest.approx(cfg.num_hidden_layers * (0.1 + floor / 0.5))
     assert res.ranges["cpu_tree_us_per_node"].kind == "measured"
     # verify timings in a separate ddtree_verify file are read too
     v = tmp_path / "ddtree_verify.json"

@@ -6,8 +6,9 @@ Measurement files (``data/measurements/h200/<name>.json``, read with
 
 - ``moe_bandwidth`` -> the MoE kernel's fraction of the copy bandwidth per M
   (uniform routing) and the copy bandwidth of the same run;
-- ``ddtree_kernels`` -> the verify attention's fraction of its floor per prefix
-  length (at heads = 64 / tp), and the GPU tree-build time;
+- ``ddtree_kernels`` / ``ddtree_verify`` -> the verify attention's time and floor
+  per prefix length (at heads = 64 / tp), fitted as fixed + floor / efficiency,
+  and the GPU tree-build time per budget;
 - ``engine_step`` -> a measured step breakdown, shown beside the model (not
   fitted).
 
@@ -132,9 +133,10 @@ def moe_points_from_measurement(doc: Mapping[str, Any]) -> list[tuple[float, flo
     return sorted(pts.items())
 
 
-def attention_points_from_measurement(doc: Mapping[str, Any], heads: int) -> list[tuple[float, float]]:
-    """(prefix length, fraction of the floor) of the verify attention at ``heads`` heads, sorted."""
-    pts: dict[float, float] = {}
+def attention_points_from_measurement(doc: Mapping[str, Any], heads: int) -> list[tuple[float, float, float]]:
+    """(prefix length, median ms, floor ms) of the verify attention at ``heads`` heads, sorted by prefix.
+    The floor is the record's ``floor_ms`` or, failing that, median x its percent/fraction of floor."""
+    pts: dict[float, tuple[float, float]] = {}
     whole = "verify" in str(doc.get("name", "")).lower()  # a ddtree_verify file: every record is verify
     for path, d in _records(doc.get("results")):
         t = _text(path, d)
@@ -146,17 +148,34 @@ def attention_points_from_measurement(doc: Mapping[str, Any], heads: int) -> lis
         h = _num(d, "heads", "H", "num_heads", "n_heads")
         if prefix is None or (h is not None and int(h) != heads):
             continue
-        frac = _num(d, "fraction_of_floor", "frac_of_floor")
-        if frac is None:
-            pct = _num(d, "percent_of_floor", "pct_of_floor", "floor_percent")
-            frac = None if pct is None else pct / 100.0
-        if frac is None:
-            ms, floor = _num(d, "median_ms", "ms", "time_ms"), _num(d, "floor_ms")
-            if ms and floor:
-                frac = floor / ms
-        if frac is not None and 0 < frac <= 1.5 and prefix not in pts:
-            pts[prefix] = frac
-    return sorted(pts.items())
+        ms = _num(d, "median_ms", "ms", "time_ms")
+        floor = _num(d, "floor_ms")
+        if ms and floor is None:
+            frac = _num(d, "fraction_of_floor", "frac_of_floor")
+            if frac is None:
+                pct = _num(d, "percent_of_floor", "pct_of_floor", "floor_percent")
+                frac = None if pct is None else pct / 100.0
+            floor = None if frac is None else ms * frac
+        if ms and floor and ms > 0 and floor > 0 and prefix not in pts:
+            pts[prefix] = (ms, floor)
+    return sorted((p, ms, fl) for p, (ms, fl) in pts.items())
+
+
+def fit_attention(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Fit time = fixed + floor / efficiency over (prefix, ms, floor ms) points (least squares on
+    the line ms = a + b floor, a >= 0, b >= 1). Returns (fixed ms per call, efficiency = 1/b)."""
+    if not points:
+        raise ValueError("no attention points to fit")
+    xs = [fl for _, _, fl in points]
+    ys = [ms for _, ms, _ in points]
+    if len(points) == 1 or max(xs) == min(xs):
+        return 0.0, min(1.0, xs[0] / ys[0])
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    b = max(b, 1.0)
+    a = max(0.0, my - b * mx)
+    return a, 1.0 / b
 
 
 def tree_build_points_from_measurement(doc: Mapping[str, Any]) -> list[tuple[float, float]]:
@@ -183,16 +202,20 @@ def tree_build_points_from_measurement(doc: Mapping[str, Any]) -> list[tuple[flo
 
 
 def cpu_tree_us_per_node_from_measurement(doc: Mapping[str, Any]) -> float | None:
-    """CPU reference (Python heapq) build time per popped node, in us, from the largest-budget
-    build record that has a CPU time: cpu_ms / (batch x budget)."""
-    best = None
+    """CPU reference (Python heapq) build time per popped node, in us: cpu_ms / (batch x budget) of
+    the headline build record (``parameters.build.budget``), else of the largest budget."""
+    params = doc.get("parameters") if isinstance(doc.get("parameters"), dict) else {}
+    headline = _num(params.get("build") or {}, "budget") if isinstance(params.get("build"), dict) else None
+    per: dict[float, float] = {}
     for path, d in _records(doc.get("results")):
         if "build" not in " ".join(path).lower():
             continue
         cpu, batch, budget = _num(d, "cpu_ms"), _num(d, "batch"), _num(d, "budget")
-        if cpu and batch and budget and (best is None or budget > best[0]):
-            best = (budget, cpu * 1e3 / (batch * budget))
-    return None if best is None else best[1]
+        if cpu and batch and budget:
+            per.setdefault(budget, cpu * 1e3 / (batch * budget))
+    if not per:
+        return None
+    return per[headline] if headline in per else per[max(per)]
 
 
 def engine_step_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -237,7 +260,8 @@ class Calibration:
     moe_measured_gpu: str | None = None
     moe_copy_bytes_per_s: float | None = None
     moe_file: str | None = None
-    attention_measured: list[tuple[float, float]] | None = None
+    attention_measured: list[tuple[float, float, float]] | None = None  # (prefix, ms, floor ms)
+    attention_fit: tuple[float, float] | None = None  # (fixed ms per call, efficiency of the rest)
     tree_build_measured: list[tuple[float, float]] | None = None
     cpu_tree_us_per_node_measured: float | None = None
     engine_step: dict[str, Any] | None = None
@@ -248,10 +272,11 @@ class Calibration:
     heads_per_gpu: int = 8
 
     def source_stack(self) -> "Calibration":
-        """This calibration with the MoE fraction of the source's stack (the PRO 6000 Marlin anchors):
-        what the B300 anchor was measured with, so the host overhead is fitted against it."""
+        """This calibration with the source's stack: the MoE fraction of the PRO 6000 Marlin anchors and
+        the assumed attention (SGLang's backend, not this workbench's kernel): what the B300 anchor was
+        measured with, so the host overhead is fitted against it."""
         return dataclasses.replace(self, moe_measured=None, moe_measured_gpu=None, moe_copy_bytes_per_s=None,
-                                   moe_file=None)
+                                   moe_file=None, attention_measured=None, attention_fit=None)
 
     # -- quantities the model asks for -------------------------------------
     def moe_fraction(self, m: float, params: Mapping[str, float]) -> float:
@@ -273,10 +298,13 @@ class Calibration:
             pts.append((float(a["m"]), achieved / (pro.bandwidth_bytes_per_s * copy)))
         return sorted(pts)
 
-    def attention_fraction(self, context: int, params: Mapping[str, float]) -> float:
-        if self.attention_measured:
-            return _interp_log(self.attention_measured, max(context, 1))
-        return params["attention_fraction_of_floor"]
+    def attention_layer_ms(self, floor_ms: float, params: Mapping[str, float]) -> float:
+        """Verify attention per layer: fixed + floor / efficiency (measured fit, or assumptions)."""
+        if self.attention_fit is not None:
+            fixed, eff = self.attention_fit
+        else:
+            fixed, eff = params["attention_fixed_us_per_layer"] * 1e-3, params["attention_fraction_of_floor"]
+        return fixed + floor_ms / eff
 
     def gpu_tree_build_ms(self, params: Mapping[str, float], budget: int | None = None) -> float:
         """GPU tree-build time (ms) at ``budget``: measured (interpolated in log budget) or assumed."""
@@ -291,8 +319,9 @@ class Calibration:
         out: dict[str, Range] = {}
         if not self.moe_measured:
             out["copy_fraction:rtx-pro-6000"] = load_gpu("rtx-pro-6000").copy_fraction
-        if not self.attention_measured:
+        if self.attention_fit is None:
             out["attention_fraction_of_floor"] = Range.from_json(a["attention_fraction_of_floor"])
+            out["attention_fixed_us_per_layer"] = Range.from_json(a["attention_fixed_us_per_layer"], unit="us")
         if not self.tree_build_measured:
             out["gpu_tree_build_ms"] = Range.from_json(a["gpu_tree_build_ms"], unit="ms")
         cpu = Range.from_json(a["cpu_tree_us_per_node"], unit="us")
@@ -324,14 +353,19 @@ class Calibration:
         rows = [{"quantity": "MoE fraction of copy bandwidth", "source": self.moe_source,
                  "value": ", ".join(f"M={m:g}: {f:.3f}" for m, f in
                                     (self.moe_measured or self.anchor_moe_points({})))}]
-        if self.attention_measured:
-            rows.append({"quantity": "verify attention fraction of floor",
-                         "source": f"measured: {self.attention_file}", "value": ", ".join(
-                             f"prefix {p:g}: {f:.3f}" for p, f in self.attention_measured)})
+        if self.attention_fit is not None:
+            fixed, eff = self.attention_fit
+            rows.append({"quantity": f"verify attention per layer ({self.heads_per_gpu} heads, 33 nodes): "
+                                     f"fixed + floor / efficiency",
+                         "source": f"measured: {self.attention_file} (fit over prefixes "
+                                   f"{', '.join(f'{p:g}' for p, _, _ in self.attention_measured)})",
+                         "value": f"fixed {fixed * 1e3:.1f} us, efficiency {eff:.2f} "
+                                  f"(measured {', '.join(f'{ms * 1e3:.0f}' for _, ms, _ in self.attention_measured)} us)"})
         else:
-            r = Range.from_json(load_assumptions()["attention_fraction_of_floor"])
-            rows.append({"quantity": "verify attention fraction of floor", "source": "assumption",
-                         "value": f"{r.low:g}-{r.high:g} (central {r.central:g})"})
+            a = load_assumptions()
+            r, f = Range.from_json(a["attention_fraction_of_floor"]), Range.from_json(a["attention_fixed_us_per_layer"])
+            rows.append({"quantity": "verify attention per layer: fixed + floor / efficiency", "source": "assumption",
+                         "value": f"fixed {f.low:g}-{f.high:g} us, efficiency {r.low:g}-{r.high:g}"})
         if self.tree_build_measured:
             rows.append({"quantity": "GPU tree build (batch-64 launch)", "source": f"measured: {self.tree_file}",
                          "value": ", ".join(f"budget {b:g}: {t * 1e3:.1f} us" for b, t in self.tree_build_measured)})
@@ -425,6 +459,7 @@ def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = No
             pts = attention_points_from_measurement(doc, cal.heads_per_gpu)
             if pts:
                 cal.attention_measured, cal.attention_file, used = pts, label, True
+                cal.attention_fit = fit_attention(pts)
         if not cal.tree_build_measured:
             tb = tree_build_points_from_measurement(doc)
             if tb:

@@ -254,10 +254,10 @@ TERMS: tuple[Term, ...] = (
          "(data/anchors/projection_assumptions.json)",
          "by the bandwidth ratio"),
     Term("attention",
-         "layers x max(KV bytes / (BW x copy_fraction), flops / (MM x matmul_fraction)) / attention_fraction",
-         "attention_fraction: data/measurements/h200/ddtree_kernels.json or ddtree_verify.json (verify vs "
-         "its floor, at heads/tp heads) when present, else assumption; KV bytes = (context + M) x 576 x 2 per layer, replicated per rank",
-         "by the bandwidth ratio or the matrix rate, whichever bounds the floor"),
+         "layers x (fixed + max(KV bytes / (BW x copy_fraction), flops / (MM x matmul_fraction)) / efficiency)",
+         "fixed and efficiency: fitted to data/measurements/h200/ddtree_kernels.json or ddtree_verify.json "
+         "(verify time vs its floor over prefix lengths, at heads/tp heads) when present, else assumptions; KV bytes = (context + M) x 576 x 2 per layer, replicated per rank",
+         "floor part: by the bandwidth ratio or the matrix rate, whichever bounds it; fixed part: unchanged"),
     Term("allreduce",
          "2 x layers x (latency + 2 (tp-1)/tp x M x hidden x 2 / link_bandwidth)",
          "latency: assumption per interconnect (data/hardware.json gpus.<id>.projection); link bandwidth: "
@@ -335,8 +335,7 @@ def step_terms(shape: StepShape, gpu: GpuSpec, params: Mapping[str, float], cali
     dense = max(dbytes / (bw * dense_frac), 2.0 * m * dbytes / BF16 / mm)
 
     abytes, aflops = attention_layer_costs(cfg, shape.context, m, tp)
-    attn_frac = calib.attention_fraction(shape.context, params)
-    attention = cfg.num_hidden_layers * max(abytes / bw, aflops / mm) / attn_frac
+    attention = cfg.num_hidden_layers * calib.attention_layer_ms(max(abytes / bw, aflops / mm) * 1e3, params) * 1e-3
 
     if tp > 1:
         msg = m * cfg.hidden_size * BF16

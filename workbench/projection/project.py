@@ -67,8 +67,9 @@ def param_ranges(gpus: Iterable[GpuSpec], calib: Calibration, *, calibrated_over
     out["drafter_layers"] = Range.from_json(a["drafter_layers"])
     out.update(calib.param_ranges())  # includes cpu_tree_us_per_node (measured or assumed)
     if calibrated_overhead:
-        if "copy_fraction:rtx-pro-6000" not in out:  # the anchor's MoE term uses the PRO 6000 curve
-            out["copy_fraction:rtx-pro-6000"] = load_gpu("rtx-pro-6000").copy_fraction
+        # the anchor is fitted with the source's stack: the PRO 6000 MoE curve and assumed attention
+        for k, r in calib.source_stack().param_ranges().items():
+            out.setdefault(k, r)
         anc = _anchor()
         out["anchor_accept"] = anc["accept"]
         out["anchor_context"] = anc["context"]

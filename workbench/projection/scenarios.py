@@ -102,57 +102,75 @@ def plateau_check(m: int | None = None) -> list[dict[str, float]]:
     return out
 
 
+def _kernel_delta(res: Projection, ref: Projection | None) -> str:
+    """Sentence: how the measured calibration moves each term against the source-stack projection."""
+    if ref is None:
+        return ""
+    c, r = res.breakdown["central"], ref.breakdown["central"]
+    moved = sorted(((k, c[k] - r[k]) for k in c if abs(c[k] - r[k]) >= 0.05), key=lambda kv: -abs(kv[1]))
+    if not moved:
+        return "The measured kernels leave the step within 0.05 ms of the source-stack projection. "
+    parts = ", ".join(f"{k} {d:+.2f} ms" for k, d in moved)
+    return (f"Against the source-stack projection ({ref.tokens_per_s[0]['central']:.0f}"
+            + (f"-{ref.tokens_per_s[-1]['central']:.0f}" if len(ref.tokens_per_s) > 1 else "")
+            + f" tok/s, step {ref.step_ms['central']:.2f} ms) this workbench's measured kernels move the step by: "
+            f"{parts}. ")
+
+
 def _reason(sid: str, reading: str, res: Projection, src: tuple[float, float], acc: tuple[float, ...],
-            arith: dict[str, float], calibrated_overhead_ms: float) -> str:
+            arith: dict[str, float], calibrated_overhead_ms: float, ref: Projection | None = None) -> str:
+    """Why this model and the source differ for one scenario. ``ref``: the same scenario with the
+    source's stack (anchors only) when ``res`` uses measured kernels."""
     lo_a, hi_a = min(acc), max(acc)
     src_steps = (lo_a / src[0] * 1e3, hi_a / src[1] * 1e3)
     ours = res.step_ms["central"]
-    if sid == "current_drafter" and res.calibration.moe_measured:
-        return (f"The host overhead is fitted on this point with the source's MoE kernel (PRO 6000 Marlin curve); "
-                f"the projection swaps in this workbench's measured MoE kernel "
-                f"({res.breakdown['central']['moe']:.2f} ms of MoE per step), so it moves away from 303 by "
-                f"exactly the MoE difference: {ours:.2f} ms per step.")
+    versus = (f"The source's figures are {(src[0] / res.tokens_per_s[0]['central'] - 1) * 100:+.0f}%"
+              + (f" / {(src[1] / res.tokens_per_s[-1]['central'] - 1) * 100:+.0f}%" if len(acc) > 1 else "")
+              + f" from this model's central values (step {ours:.2f} ms). ")
+    delta = _kernel_delta(res, ref)
     if sid == "current_drafter":
+        if ref is not None:
+            return ("The host overhead is fitted on this point with the source's stack (Marlin MoE curve, assumed "
+                    "attention); the projection swaps in this workbench's measured kernels, so it moves away from "
+                    "the calibration point by their difference. " + delta + versus)
         return (f"This is the calibration point: the host overhead is fitted so that the model reproduces it "
-                f"({ours:.2f} ms per step) at its central assumptions. Its range comes from the fit's "
-                f"assumptions: mostly the anchor's unstated budget (if that run verified a wider tree than "
-                f"budget 8, its MoE term was larger, the fitted host overhead smaller, and budget 8 on the "
-                f"same machine faster) and '~4.4' read as 4.35-4.45.")
+                f"({ours:.2f} ms per step) at its central assumptions; the range comes from the fit's "
+                f"assumptions ('~4.4' read as 4.35-4.45, copy fractions, ...). The anchor's unstated budget is a "
+                f"structural unknown, shown separately.")
     if sid == "strong_drafter":
         gap = src_steps[0] - arith["strong_step_without_draft_ms"]
-        return (f"The source's range implies a step of {src_steps[0]:.1f}-{src_steps[1]:.1f} ms; its own "
-                f"arithmetic (lumped overhead {arith['lumped_overhead_ms']:.2f} ms + MoE at M=32 "
-                f"{arith['moe_m32_ms']:.2f} ms) gives {arith['strong_step_without_draft_ms']:.2f} ms, so "
-                f"about {gap:.1f} ms more must come from its draft term 'scaled by block size', which the "
-                f"source does not quantify. This model's step is {ours:.2f} ms: its drafter term is "
-                f"weight-streaming-bound and barely grows with the block "
-                f"({res.breakdown['central']['draft']:.2f} ms at block {res.shape.block}), and M=33 costs "
-                f"{res.breakdown['central']['moe']:.2f} ms of MoE. The source's figures are "
-                f"{(src[0] / res.tokens_per_s[0]['central'] - 1) * 100:+.0f}% / "
-                f"{(src[1] / res.tokens_per_s[-1]['central'] - 1) * 100:+.0f}% from this model's central "
-                f"values (range {res.tokens_per_s[0]['low']:.0f}-{res.tokens_per_s[-1]['high']:.0f}); if the "
-                f"real drafter costs ~{gap:.0f} ms more at block {res.shape.block} than at block 8, the "
-                f"source is right.")
+        txt = (f"The source's range implies a step of {src_steps[0]:.1f}-{src_steps[1]:.1f} ms; its own "
+               f"arithmetic (lumped overhead {arith['lumped_overhead_ms']:.2f} ms + MoE at M=32 "
+               f"{arith['moe_m32_ms']:.2f} ms) gives {arith['strong_step_without_draft_ms']:.2f} ms, so "
+               f"about {gap:.1f} ms more must come from its draft term 'scaled by block size', which the "
+               f"source does not quantify. This model's drafter term is weight-streaming-bound and barely "
+               f"grows with the block ({res.breakdown['central']['draft']:.2f} ms at block {res.shape.block}). ")
+        if ref is not None:
+            return txt + delta + versus
+        return (txt + versus + f"If the real drafter costs ~{gap:.0f} ms more at block {res.shape.block} than at "
+                f"block 8, the source is right.")
     if sid == "native_engine":
         prop = src[0] * hi_a / lo_a
-        txt = (f"The source's 850-980 is not proportional to the accepted length: at one step time tokens/s "
-               f"scales with it, so 12 -> 16 must multiply by {hi_a / lo_a:.2f}, while "
+        txt = (f"The source's {src[0]:g}-{src[1]:g} is not proportional to the accepted length: at one step time "
+               f"tokens/s scales with it, so {lo_a:g} -> {hi_a:g} must multiply by {hi_a / lo_a:.2f}, while "
                f"{src[1]:g}/{src[0]:g} = {src[1] / src[0]:.2f}. Its high end implies a step of "
-               f"{src_steps[1]:.1f} ms (= the strong-drafter step minus the 4.5 ms cut), at which accepted "
-               f"{lo_a:g} gives {lo_a / src_steps[1] * 1e3:.0f} tok/s, not {src[0]:g}; the low end is "
-               f"the inconsistent figure (an accepted length of {src[0] * src_steps[1] / 1e3:.1f} would "
-               f"give it; proportional to 850 the high end would be {prop:.0f}). ")
+               f"{src_steps[1]:.1f} ms, at which accepted {lo_a:g} gives {lo_a / src_steps[1] * 1e3:.0f} tok/s, "
+               f"not {src[0]:g}: the low end is the inconsistent figure (accepted "
+               f"{src[0] * src_steps[1] / 1e3:.1f} would give it; proportional to {src[0]:g} the high end would be "
+               f"{prop:.0f}). ")
         if reading == "cut":
-            txt += (f"Read as a 4.5 ms cut of this model's calibrated host overhead, the step is "
-                    f"{ours:.2f} ms; this model's base step is shorter than the source's (previous row), "
-                    f"so the projection is higher.")
+            txt += (f"Read as a {calibrated_overhead_ms - res.breakdown['central']['overhead']:.1f} ms cut of this "
+                    f"model's calibrated host overhead, the step is {ours:.2f} ms, "
+                    + ("shorter" if ours < src_steps[1] else "longer")
+                    + f" than the source's implied {src_steps[1]:.1f} ms. ")
         else:
-            txt += (f"Read literally as this model's host overhead set to 8 ms (the CLI's --overhead-ms 8), "
-                    f"the cut is only {calibrated_overhead_ms - res.breakdown['central']['overhead']:.2f} ms from the "
-                    f"calibrated {calibrated_overhead_ms:.2f} ms: the source's 12.5 ms lumped everything "
-                    f"but the MoE ({arith['lumped_overhead_ms']:.2f} ms), this model's host term excludes "
-                    f"the dense weights, attention, all-reduce, draft and tree build.")
-        return txt
+            txt += (f"Read literally as this model's host overhead set to "
+                    f"{res.breakdown['central']['overhead']:g} ms (the CLI's --overhead-ms), the cut is only "
+                    f"{calibrated_overhead_ms - res.breakdown['central']['overhead']:.2f} ms from the calibrated "
+                    f"{calibrated_overhead_ms:.2f} ms: the source's ~12.5 ms lumped everything but the MoE "
+                    f"({arith['lumped_overhead_ms']:.2f} ms), this model's host term excludes the dense weights, "
+                    f"attention, all-reduce, draft and tree build. ")
+        return txt + delta + versus
     return ""
 
 
@@ -191,9 +209,13 @@ def source_scenarios(calibration: Calibration | Iterable[Any] | None = None, *,
                 title += f": overhead cut by {cut:g} ms"
             elif reading == "fixed":
                 title += f": host overhead = {target_ms:g} ms"
+            ref = None
+            if calib.files and (calib.moe_measured or calib.attention_fit or calib.tree_build_measured):
+                ref = project(sc["gpu"], sc["block"], sc["budget"], acc, context=ctx,
+                              calibration=load_calibration(use_measurements=False), **kw)
             out.append(ScenarioResult(id=sc["id"], title=title, reading=reading, source_low=src[0],
                                       source_high=src[1], accept=acc, projection=res, within=within,
-                                      reason=_reason(sc["id"], reading, res, src, acc, arith, cal_oh)))
+                                      reason=_reason(sc["id"], reading, res, src, acc, arith, cal_oh, ref)))
     return out
 
 
