@@ -87,6 +87,8 @@ def torch_stream() -> Any:
     import torch
 
     s = torch.cuda.current_stream()
+    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14
+        return cp.cuda.Stream.from_external(s)
     return cp.cuda.ExternalStream(s.cuda_stream, s.device.index)
 
 
