@@ -84,9 +84,14 @@ def test_prefill_and_decode_match_transformers(hf_ckpt):
         assert rel_err(decode_logits(model, ids[b], prefill=5), want[b]) <= 1e-4
 
 
-@pytest.mark.parametrize("interleave,q_lora", [(False, 24), (True, None)])
-def test_variants_match_transformers(tmp_path, interleave, q_lora):
-    ref = make_hf(tmp_path, seed=3, interleave=interleave, q_lora=q_lora)
+@pytest.mark.parametrize("interleave,q_lora,kw", [
+    (False, 24, {}),
+    (True, None, {}),
+    (True, 24, dict(n_group=1, topk_group=1, norm_topk_prob=False, first_k_dense_replace=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 50000.0})),
+])
+def test_variants_match_transformers(tmp_path, interleave, q_lora, kw):
+    ref = make_hf(tmp_path, seed=3, interleave=interleave, q_lora=q_lora, **kw)
     model = load_model(tmp_path, dtype=torch.float32)
     ids = torch.randint(0, 80, (1, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
