@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from functools import lru_cache
 from typing import Any, Mapping
 
