@@ -21,6 +21,7 @@ bandwidth measured in the same run. Writes ``engine_step.json`` through
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -57,6 +58,35 @@ def step_bytes(model, tokens_in_step: int, kv_rows_read: int) -> dict[str, int]:
     parts["total"] = sum(parts.values())
     parts["distinct_experts_per_moe_layer"] = distinct
     return parts
+
+
+def _time_dflash(model, block: int, dev: torch.device, reps: int = 10) -> dict[str, Any]:
+    """Draft time of a DFlash-style drafter at the model's hidden size (random weights): 2 layers,
+    heads x head_dim = 32 x 128, intermediate 4 x hidden... sized like published block drafters."""
+    from workbench.engine.drafters import DFlashConfig, DFlashDrafter, DraftInput
+
+    D = model.config.hidden_size
+    layers = tuple(sorted({0, len(model.layers) // 2, len(model.layers) - 1}))
+    cfg = DFlashConfig(hidden_size=D, num_layers=2, num_heads=32 if D >= 4096 else 2,
+                       head_dim=128 if D >= 4096 else 16, intermediate_size=min(4 * D, 18432), block=block,
+                       target_layers=layers, mask_token_id=0, context_window=64)
+    d = DFlashDrafter.random(cfg, model, seed=5)
+    W = cfg.context_window
+    inp = DraftInput(torch.tensor([1], device=dev), torch.tensor([4096], device=dev), [0], [1],
+                     [torch.randn(W, len(layers) * D, device=dev, dtype=model.dtype)],
+                     [torch.arange(4096 - W, 4096, device=dev)])
+    timer = _Timer(dev)
+    samples = []
+    for i in range(reps + 2):
+        timer.start()
+        d.draft(inp)
+        timer.mark("draft")
+        if i >= 2:
+            samples.append(timer.finish()["draft"])
+    nbytes = sum(p.numel() * p.element_size() for p in d.parameters())
+    del d
+    return {"config": dataclasses.asdict(cfg), "median_ms": _median(samples), "samples_ms": samples,
+            "own_weight_bytes": nbytes}
 
 
 def _fill_prefix(cache: PagedKVCache, rid, n: int, seed: int) -> None:
@@ -165,6 +195,7 @@ def run(out: str | None, layers: int = 4, experts: int | None = None, prefix: in
     d_out, d_recs = try_kernels(ddtree_run, steps)
     n_cmp = min(len(d_out), len(cont))
     agree = next((i for i in range(n_cmp) if d_out[i] != cont[i]), n_cmp)
+    dflash = _time_dflash(model, block, dev, reps=steps)
     bw = measure_copy_bandwidth(bandwidth_bytes) if dev.type == "cuda" else None
     gbps = bw["gb_per_s"] if bw else None
 
@@ -186,7 +217,7 @@ def run(out: str | None, layers: int = 4, experts: int | None = None, prefix: in
     expected = drafter.expected_accepted_length(budget)
     results = {"greedy": summarise(g_recs), "ddtree": summarise(d_recs), "lossless": agree == n_cmp,
                "tokens_agreeing_with_greedy": agree, "compared_tokens": n_cmp,
-               "scripted_expected_accepted_length": expected, "copy_bandwidth_gbps": gbps, "model_build_s": build_s,
+               "scripted_expected_accepted_length": expected, "dflash_draft": dflash, "copy_bandwidth_gbps": gbps, "model_build_s": build_s,
                "moe_path": next((l.mlp.experts.last_path for l in model.layers if l.is_moe), None),
                "verify_path": model.layers[0].self_attn.last_path, "tree_impl": impl}
     samples = {"greedy": [r.times_ms for r, _ in g_recs], "ddtree": [dict(r.times_ms, accepted=r.accepted_length)
@@ -221,6 +252,7 @@ def print_table(results: dict[str, Any]) -> None:
           f"tree: {results['tree_impl']}; ddtree = greedy for {results['tokens_agreeing_with_greedy']}/"
           f"{results['compared_tokens']} tokens; scripted E[accept] "
           f"{results['scripted_expected_accepted_length']:.2f})")
+    print(f"DFlash-style drafter (2 layers, random weights) draft: {results['dflash_draft']['median_ms']:.3f} ms")
     hdr = f"{'method':8s} {'total':>8s} " + " ".join(f"{p:>10s}" for p in PHASES) + \
         f" {'accept':>6s} {'ms/tok':>7s} {'floor':>7s} {'%floor':>6s}"
     print(hdr)
