@@ -138,8 +138,10 @@ def scenario_table(results: Sequence[Any], title: str = "The source's B300 scena
     """Table of :func:`workbench.projection.scenarios.source_scenarios` results, reasons included."""
     from workbench.projection.scenarios import scenario_rows
 
-    return table_figure(scenario_rows(list(results)), title, height=760,
-                        column_widths=[2.2, 0.8, 0.9, 1, 1, 0.7, 0.8, 6])
+    rows = scenario_rows(list(results))
+    # the reasons wrap: about 70 characters per line in their column at the default width
+    height = 140 + sum(22 * (len(r["why they differ"]) // 70 + 1) for r in rows)
+    return table_figure(rows, title, height=height, column_widths=[2.2, 0.8, 0.9, 1, 1, 0.7, 0.8, 6])
 
 
 def source_arithmetic_table() -> go.Figure:
