@@ -37,11 +37,14 @@ D_LATENT = 512  # kv_lora_rank: c_kv width and output width
 D_ROPE = 64     # qk_rope_head_dim
 D_KV = D_LATENT + D_ROPE
 
-_MMA_ROWS = 64      # query rows per block, tensor-core kernel
+_MMA_ROWS = 64      # query rows per block, tensor-core kernel (impl "mma")
+_WS_ROWS = 32       # query rows per block, warp-specialised tensor-core kernel (impl "ws")
 _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
+_WS_SMEM = 4 * 32 * 576 * 2 + 2 * 4 * 32 * 40 * 4 + 2 * 32 * 32 * 2 + 4 * 32 * 4
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "mma", "simple")
+_IMPLS = ("auto", "ws", "mma", "simple")
+_AUTO_BF16 = "ws"   # what impl="auto" runs for bf16 inputs
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -251,6 +254,32 @@ def _kernel(name: str, smem: int):
     return k
 
 
+_STREAMS: dict[int, Any] = {}
+
+
+def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch on torch's current stream (cached CuPy stream wrapper; tensors as pointers)."""
+    import cupy as cp
+    import torch
+
+    st = torch.cuda.current_stream()
+    cs = _STREAMS.get(st.cuda_stream)
+    if cs is None:
+        cs = _STREAMS[st.cuda_stream] = cp.cuda.ExternalStream(st.cuda_stream, st.device.index)
+    conv = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            conv.append(np.uint64(a.data_ptr()))
+        elif isinstance(a, int):
+            conv.append(np.int32(a))
+        elif isinstance(a, float):
+            conv.append(np.float32(a))
+        else:
+            conv.append(a)
+    kernel(tuple(grid) if not isinstance(grid, int) else (grid,), (block,), tuple(conv), shared_mem=shared_mem,
+           stream=cs)
+
+
 def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
     """Value checks that need one host sync (skipped with check=False)."""
     import torch
@@ -287,8 +316,11 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     parents, slots and offsets first, which syncs once). CPU tensors take a
     torch path computed in float32.
 
-    ``impl``: ``"auto"`` (tensor cores for bf16, CUDA cores for float32),
-    ``"mma"`` or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
+    ``impl``: ``"auto"`` (tensor cores for bf16: ``"ws"``; CUDA cores for
+    float32), ``"ws"`` (warp-specialised: 4 score warps keep Q in registers, 4
+    output warps keep O, 32 query rows x 32 keys per step), ``"mma"`` (64 rows x
+    64 keys per step, all warps in both phases) or ``"simple"`` (CUDA cores, any
+    dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
     Returns ``(out [B, T, H, 512] in the input dtype, lse [B, T, H] float32)``.
     """
@@ -341,7 +373,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     if dev.type != "cuda":
         raise ValueError(f"tensors must be on a CUDA device or the CPU, got {dev}")
-    from workbench.kernels import launch, require_gpu
+    from workbench.kernels import require_gpu
 
     require_gpu("verify_attention")
     if kv_cache.stride(1) != 1 or (kv_cache.stride(0) * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:
@@ -355,11 +387,11 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     qr = q_rope.contiguous()
     tail = tail_kv.contiguous()
 
-    use_mma = impl == "mma" or (impl == "auto" and dtype == torch.bfloat16)
-    if use_mma and dtype != torch.bfloat16:
-        raise ValueError("impl='mma' needs bfloat16 inputs (float32 takes impl='simple')")
-    rows = _MMA_ROWS if use_mma else _SIMPLE_ROWS
-    per_sm = 1 if use_mma else 2
+    kind = impl if impl != "auto" else (_AUTO_BF16 if dtype == torch.bfloat16 else "simple")
+    if kind in ("mma", "ws") and dtype != torch.bfloat16:
+        raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
+    rows = {"mma": _MMA_ROWS, "ws": _WS_ROWS, "simple": _SIMPLE_ROWS}[kind]
+    per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
 
@@ -381,18 +413,20 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     elif _shape(lse) != (B, T, H) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous float32 tensor [B, T, H] = {[B, T, H]}")
 
-    launch(_kernel("ddtree_verify_chunks", 0), 1, 1024, (offsets, B, T, clen, chunk_start))
-    launch(_kernel("ddtree_verify_visibility", 0), -(-(B * T) // 128), 128, (par, B, T, W, vis))
+    _launch(_kernel("ddtree_verify_chunks", 0), 1, 1024, (offsets, B, T, clen, chunk_start))
+    _launch(_kernel("ddtree_verify_visibility", 0), -(-(B * T) // 128), 128, (par, B, T, W, vis))
     scale_log2 = float(scale) * math.log2(math.e)
     args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offsets, tail, vis, chunk_start, o_part, lse_part,
             B, T, H, W, clen, scale_log2)
-    if use_mma:
-        launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM), (rb, n_chunks), 256, args, shared_mem=_MMA_SMEM)
+    if kind == "mma":
+        _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM), (rb, n_chunks), 256, args, shared_mem=_MMA_SMEM)
+    elif kind == "ws":
+        _launch(_kernel("ddtree_verify_ws_bf16", _WS_SMEM), (rb, n_chunks), 256, args, shared_mem=_WS_SMEM)
     else:
         name = "ddtree_verify_simple_bf16" if dtype == torch.bfloat16 else "ddtree_verify_simple_f32"
-        launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
+        _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
-    launch(_kernel(merge, 0), B * M, 128, (o_part, lse_part, chunk_start, out, lse, B, M))
+    _launch(_kernel(merge, 0), B * M, 128, (o_part, lse_part, chunk_start, out, lse, B, M))
     return out, lse
 
 
@@ -566,7 +600,13 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   repeats=3 if p < 100000 else 1))
         cases.append(dict(kernel="verify_attention_batched", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
                           dtype=dt, repeats=2))
+    for heads in (8, 64):
+        for p in (100, 4096 + 37, 131072):
+            cases.append(dict(kernel="verify_attention[mma]", nodes=33, heads=heads, prefix=p, dtype="bfloat16",
+                              repeats=2 if p < 100000 else 1))
     cases += [
+        dict(kernel="verify_attention_batched[mma]", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
+             dtype="bfloat16", repeats=1),
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=4096 + 37, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=17, heads=64, prefix=777, dtype="float32", repeats=2),
@@ -585,8 +625,9 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
                        seed: int = 0) -> list[dict[str, Any]]:
     """Parity rows: each case on fresh random inputs against the float64 reference.
 
-    A case is a dict: ``kernel`` (``verify_attention``, ``verify_attention[simple]``,
-    ``verify_attention_batched``, ``verify_attention_naive``, ``verify_attention_sdpa``),
+    A case is a dict: ``kernel`` (``verify_attention``, ``verify_attention_batched``,
+    either with an impl tag such as ``verify_attention[mma]``, ``[ws]``, ``[simple]``;
+    ``verify_attention_naive``, ``verify_attention_sdpa``),
     ``nodes``, ``heads``, ``prefix`` (int, or a list for the batched kernel),
     ``dtype`` (``"bfloat16"``/``"float32"``), ``repeats`` (random cases).
     ``None`` takes :func:`default_parity_cases`. Outputs are poisoned (NaN)
@@ -609,25 +650,26 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
         for rep in range(n):
             inp = random_verify_inputs(case["nodes"], case["heads"], case["prefix"], dtype, dev,
                                        seed=seed + 1000 * ci + rep)
-            if kernel == "verify_attention_batched":
+            base, _, tag = kernel.partition("[")
+            impl = tag.rstrip("]") or "auto"
+            if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
                 kw = dict(_poison_workspace=True) if dev.type == "cuda" else {}
-                o, l = verify_attention_batched(**inp, out=out, lse=lse, **kw)
+                o, l = verify_attention_batched(**inp, out=out, lse=lse, impl=impl, **kw)
                 offs = inp["prefix_offsets"].tolist()
                 refs = [verify_attention_reference(inp["q_latent"][b], inp["q_rope"][b], inp["kv_cache"],
                                                    inp["prefix_slots"][offs[b]:offs[b + 1]], inp["tail_kv"][b],
                                                    inp["parents"][b], inp["scale"]) for b in range(len(offs) - 1)]
                 ro, rl = torch.stack([r[0] for r in refs]), torch.stack([r[1] for r in refs])
             else:
-                if kernel in ("verify_attention", "verify_attention[simple]"):
+                if base == "verify_attention":
                     out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                     lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
-                    impl = "simple" if kernel.endswith("[simple]") else "auto"
                     o, l = verify_attention(**inp, out=out, lse=lse, impl=impl)
-                elif kernel == "verify_attention_naive":
+                elif base == "verify_attention_naive":
                     o, l = verify_attention_naive(**inp)
-                elif kernel == "verify_attention_sdpa":
+                elif base == "verify_attention_sdpa":
                     o, l = verify_attention_sdpa(**inp)
                 else:
                     raise ValueError(f"unknown kernel {kernel!r}")
@@ -674,21 +716,70 @@ _PEERS = {"naive_torch": verify_attention_naive, "sdpa_dense_mask": verify_atten
           "flex_attention": verify_attention_flex}
 
 
+def _capture(fns: Sequence[Any]) -> list[Any]:
+    """One CUDA graph per callable (warmed up on a side stream first)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graphs = []
+    for fn in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs.append(g)
+    torch.cuda.synchronize()
+    return graphs
+
+
+def _time_rotating(fns: Sequence[Any], reps: int, warmup: int, graph: bool) -> tuple[list[float], str]:
+    """CUDA-event samples (ms) of ``fns[i % len(fns)]``; replayed CUDA graphs when ``graph``
+    (falls back to eager launches, saying so, when capture fails)."""
+    import torch
+
+    from workbench.measure import time_cuda
+
+    mode = "eager"
+    calls = list(fns)
+    if graph:
+        try:
+            graphs = _capture(fns)
+            calls = [g.replay for g in graphs]
+            mode = "cuda_graph"
+        except Exception as e:  # noqa: BLE001 - recorded in the mode string
+            torch.cuda.synchronize()
+            mode = f"eager (graph capture failed: {type(e).__name__})"
+    cur = {"i": 0}
+
+    def setup(i):
+        cur["i"] = i % len(calls)
+
+    samples = time_cuda(lambda: calls[cur["i"]](), warmup=warmup, reps=reps, setup=setup)
+    return samples, mode
+
+
 def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                      prefixes: Sequence[int] = (4096, 16384, 65536, 131072), dtype: Any = "bfloat16",
                      out: Any = None, reps: int = 50, peer_reps: int = 10,
                      peers: Sequence[str] = ("naive_torch", "sdpa_dense_mask", "flex_attention"),
-                     seed: int = 0) -> dict[str, Any]:
+                     variants: Sequence[str] = ("mma", "ws"), seed: int = 0) -> dict[str, Any]:
     """Time :func:`verify_attention` against peers and its floor on the current GPU.
 
-    For every (heads, prefix) point: fresh random inputs (KV rotated over
-    several caches so that data larger than L2 is read from memory), the
-    kernel's median over ``reps`` CUDA-event samples, each peer's median over
-    ``peer_reps`` (FlexAttention recorded as unsupported, with the reason, where
-    it fails), the floor from :func:`verify_floor` with the copy bandwidth and
-    bf16 matrix rate measured in this process, percent of floor and speedups.
-    ``out``: a folder to write ``ddtree_verify.json`` into (``write_measurement``).
-    Returns the results dict.
+    For every (heads, prefix) point: fresh random inputs, the KV rotated over
+    several caches so that more than L2 is read; every callable (the kernel,
+    its ``variants`` impls, each peer) timed as replayed CUDA graphs (launch
+    overhead out; eager where capture fails, recorded in ``mode``) with CUDA
+    events, the kernel also eagerly (``eager_median_ms``, Python launch
+    overhead in); medians over ``reps`` (peers: ``peer_reps``); FlexAttention
+    recorded as unsupported, with the reason, where it fails; the floor from
+    :func:`verify_floor` with the copy bandwidth and bf16 matrix rate measured
+    in this process; percent of floor and the speedup over the best peer.
+    ``out``: a folder to write ``ddtree_verify.json`` into. Returns the results
+    dict (raw samples under ``samples``).
     """
     import torch
 
@@ -710,17 +801,23 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             n_sets = int(min(16, max(2, math.ceil(3 * l2 / max(kv_bytes, 1)))))
             sets = [random_verify_inputs(nodes, H, P, dt, dev, seed=seed + 7919 * s + P + H, cache_factor=1.0)
                     for s in range(n_sets)]
-            cur = {"i": 0}
-
-            def setup(i):
-                cur["i"] = i % n_sets
-
-            def run_kernel():
-                verify_attention(**sets[cur["i"]], check=False)
-
-            ks = time_cuda(run_kernel, warmup=5, reps=reps, setup=setup)
             key = f"H{H}_P{P}"
-            samples[key] = {"verify_attention": ks}
+            samples[key] = {}
+
+            def fns_for(impl):
+                return [lambda st=st: verify_attention(**st, check=False, impl=impl) for st in sets]
+
+            ks, kmode = _time_rotating(fns_for("auto"), reps, 5, graph=True)
+            samples[key]["verify_attention"] = ks
+            cur = {"i": 0}
+            eager = time_cuda(lambda: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
+                              setup=lambda i: cur.__setitem__("i", i % n_sets))
+            samples[key]["verify_attention_eager"] = eager
+            var_res = {}
+            for impl in variants:
+                vs, vmode = _time_rotating(fns_for(impl), reps, 3, graph=True)
+                samples[key][f"verify_attention[{impl}]"] = vs
+                var_res[impl] = {"median_ms": median(vs), "mode": vmode}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
             kmed = median(ks)
             peer_res = {}
@@ -734,21 +831,26 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                     fn(**sets[0])
                     torch.cuda.synchronize()
                     first_s = time.perf_counter() - t0
-                    ps = time_cuda(lambda: fn(**sets[cur["i"]]), warmup=2, reps=peer_reps, setup=setup)
+                    pfns = [lambda st=st: fn(**st) for st in sets]
+                    ps, pmode = _time_rotating(pfns, peer_reps, 2, graph=name != "flex_attention")
                     samples[key][name] = ps
-                    peer_res[name] = {"status": "ok", "median_ms": median(ps), "first_call_s": first_s}
+                    peer_res[name] = {"status": "ok", "median_ms": median(ps), "mode": pmode,
+                                      "first_call_s": first_s}
                 except Exception as e:  # noqa: BLE001 - recorded, not hidden
-                    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                    reason = f"{type(e).__name__}: {msg}"
                     if name == "flex_attention":
                         flex_reason = reason
                     peer_res[name] = {"status": "unsupported" if name == "flex_attention" else "failed",
                                       "reason": reason}
                     torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
+                torch.cuda.empty_cache()
             ok = [v["median_ms"] for v in peer_res.values() if v["status"] == "ok"]
             best = min(ok) if ok else None
-            points.append(dict(heads=H, nodes=nodes, prefix=P, dtype=dname, kv_sets=n_sets,
-                               median_ms=kmed, floor_ms=fl["floor_ms"], floor_bound=fl["bound"],
+            points.append(dict(heads=H, nodes=nodes, prefix=P, dtype=dname, kv_sets=n_sets, mode=kmode,
+                               impl=_AUTO_BF16 if dt == torch.bfloat16 else "simple",
+                               median_ms=kmed, eager_median_ms=median(eager), variants=var_res,
+                               floor_ms=fl["floor_ms"], floor_bound=fl["bound"],
                                percent_of_floor=100.0 * fl["floor_ms"] / kmed, bytes=fl["bytes"], flops=fl["flops"],
                                achieved_tflops=fl["flops"] / (kmed * 1e-3) / 1e12, peers=peer_res,
                                best_peer_ms=best, speedup_vs_best_peer=(best / kmed) if best else None,
@@ -760,7 +862,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                    all_faster_than_peers=all(p["faster_than_all_peers"] for p in points),
                    min_percent_of_floor=min(p["percent_of_floor"] for p in points) if points else None,
                    parameters=dict(heads=list(heads), nodes=nodes, prefixes=list(prefixes), dtype=dname,
-                                   reps=reps, peer_reps=peer_reps, peers=list(peers)),
+                                   reps=reps, peer_reps=peer_reps, peers=list(peers), variants=list(variants)),
                    samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"]))
     if out is not None:
         _write(results, out)
@@ -773,16 +875,19 @@ def _write(results: dict[str, Any], out: Any):
     body = {k: v for k, v in results.items() if k not in ("samples", "parameters")}
     return write_measurement("ddtree_verify", out_dir=out, parameters=results["parameters"], results=body,
                              samples=results["samples"],
-                             notes="verify_attention (bf16 mma.sync kernel, 64 query rows x 64 keys per step, "
-                                   "flash-decoding split + log-sum-exp merge) vs torch peers in the same process; "
-                                   "floor = max(bytes / measured copy bandwidth, flops / measured bf16 matmul "
-                                   "rate); results.parity: rows against the float64 reference")
+                             notes="verify_attention (bf16 mma.sync kernels: 'ws' warp-specialised 32 rows x 32 "
+                                   "keys, 'mma' 64 x 64; flash-decoding split + log-sum-exp merge) vs torch peers "
+                                   "in the same process, all timed as replayed CUDA graphs (eager_median_ms: the "
+                                   "kernel with Python launch overhead); floor = max(bytes / measured copy "
+                                   "bandwidth, flops / measured bf16 matmul rate); results.parity: rows against "
+                                   "the float64 reference")
 
 
 def verify_table(results: dict[str, Any]) -> str:
     """Plain-text table of :func:`benchmark_verify` results."""
-    lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'floor ms':>9} {'%floor':>7} {'naive ms':>9} {'sdpa ms':>9} "
-             f"{'flex':>12} {'xbest':>6}"]
+    lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'eager ms':>9} {'floor ms':>9} {'%floor':>7} "
+             + " ".join(f"{v + ' ms':>9}" for v in results["parameters"].get("variants", ()))
+             + f" {'naive ms':>9} {'sdpa ms':>9} {'flex':>12} {'xbest':>6}"]
     for p in results["points"]:
         def pm(name):
             r = p["peers"].get(name)
@@ -790,9 +895,11 @@ def verify_table(results: dict[str, Any]) -> str:
                 return "-"
             return f"{r['median_ms']:.3f}" if r["status"] == "ok" else r["status"]
         sp = p["speedup_vs_best_peer"]
-        lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p['floor_ms']:>9.4f} "
-                     f"{p['percent_of_floor']:>6.1f}% {pm('naive_torch'):>9} {pm('sdpa_dense_mask'):>9} "
-                     f"{pm('flex_attention'):>12} {(f'{sp:.1f}x' if sp else '-'):>6}")
+        var = " ".join(f"{p['variants'][v]['median_ms']:>9.4f}" for v in results["parameters"].get("variants", ())
+                       if v in p.get("variants", {}))
+        lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('eager_median_ms', 0):>9.4f} "
+                     f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "
+                     f"{pm('sdpa_dense_mask'):>9} {pm('flex_attention'):>12} {(f'{sp:.1f}x' if sp else '-'):>6}")
     return "\n".join(lines)
 
 
@@ -824,8 +931,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         cases = [dict(kernel=k, nodes=9, heads=8, prefix=p, dtype=d, repeats=1)
-                 for k, d in (("verify_attention", "bfloat16"), ("verify_attention", "float32"),
-                              ("verify_attention[simple]", "bfloat16")) for p in (0, 150)]
+                 for k, d in (("verify_attention[ws]", "bfloat16"), ("verify_attention[mma]", "bfloat16"),
+                              ("verify_attention", "float32"), ("verify_attention[simple]", "bfloat16"))
+                 for p in (0, 150)]
         cases.append(dict(kernel="verify_attention_batched", nodes=9, heads=8, prefix=[0, 70, 130],
                           dtype="bfloat16", repeats=1))
         rows = verify_parity_rows(cases, dev)

@@ -431,6 +431,322 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
         }
 }
 
+// ---------------------------------------------------------------- warp-specialised tensor-core kernel (bf16)
+//
+// Block: 32 query rows x one key chunk, 32-key tiles, 8 warps in two roles.
+//   score warps 0-3: warp s keeps Q[32 rows, dims 144s .. 144s+143] in registers
+//     (ldmatrix'd once), computes the partial scores Q_s . K_s^T of tile t over its
+//     144 dims (K read from shared memory once per block), writes them to sS;
+//     after a score-warp barrier it sums the 4 partials for 8 rows (warp s owns rows
+//     8s..8s+7), runs the online softmax (running max / sum live here), writes P
+//     (bf16) and the rescale factors, and signals FULL[t & 1]. It also issues the
+//     cp.async loads of the key tiles (4-stage ring).
+//   output warps 4-7: warp v owns O[32 rows, dims 128v .. 128v+127] (fp32 registers);
+//     waits FULL[t & 1], rescales O, O += P(t) . V(t) (V = the c_kv part of the key
+//     tile), signals EMPTY[t & 1] (P buffer and key stage free).
+// The two roles overlap: the score warps work on tile t+1 while the output warps
+// work on tile t. Named barriers: 1 score warps (128), 2-3 FULL, 4-5 EMPTY (256).
+// Shared memory (dynamic, 193,024 bytes):
+//   sK 4 stages x 32 keys x 576 bf16 (swizzled; stage 3 first holds Q)   147,456
+//   sS 2 x 4 warps x 32 rows x 40 floats (partial scores)                   40,960
+//   sP 2 x 32 x 32 bf16 (swizzled)                                           4,096
+//   sAlpha 2 x 32, sM 32, sL 32 floats                                         512
+
+#define WS_ROWS 32
+#define WS_KEYS 32
+#define WS_STAGES 4
+#define WS_STAGE_BYTES (WS_KEYS * DK * 2)
+#define WS_SS_STRIDE 40
+#define WS_SS_FLOATS (4 * WS_ROWS * WS_SS_STRIDE)
+#define WS_SP_BYTES (WS_ROWS * WS_KEYS * 2)
+#define WS_SMEM (WS_STAGES * WS_STAGE_BYTES + 2 * WS_SS_FLOATS * 4 + 2 * WS_SP_BYTES + 4 * WS_ROWS * 4)
+#define BAR_SCORE 1
+#define BAR_FULL 2
+#define BAR_EMPTY 4
+
+// byte offset of 16-byte chunk c (0..3) of row r in a 32-key bf16 probability tile
+__device__ __forceinline__ u32 swz32(int r, int c) { return (u32)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
+
+__device__ __forceinline__ void bar_sync_n(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive_n(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+ddtree_verify_ws_bf16(const bf16_t* __restrict__ q_lat, const bf16_t* __restrict__ q_rope,
+                      const bf16_t* __restrict__ kv, long long kv_stride, const long long* __restrict__ slots,
+                      const long long* __restrict__ offsets, const bf16_t* __restrict__ tail,
+                      const u32* __restrict__ vis, const int* __restrict__ chunk_start,
+                      float* __restrict__ o_part, float* __restrict__ lse_part, int B, int T, int H, int W,
+                      int chunk_len, float scale_log2) {
+    extern __shared__ __align__(128) unsigned char wsm[];
+    unsigned char* sK = wsm;
+    float* sS = reinterpret_cast<float*>(wsm + WS_STAGES * WS_STAGE_BYTES);
+    unsigned char* sP = reinterpret_cast<unsigned char*>(sS + 2 * WS_SS_FLOATS);
+    float* sAlpha = reinterpret_cast<float*>(sP + 2 * WS_SP_BYTES);
+    float* sM = sAlpha + 2 * WS_ROWS;
+    float* sL = sM + WS_ROWS;
+
+    const int g = blockIdx.y;
+    if (g >= chunk_start[B]) return;
+    const int b = find_request(chunk_start, B, g);
+    const long long off_b = offsets[b];
+    const int P = (int)(offsets[b + 1] - off_b);
+    const int M = T * H;
+    const int row0 = blockIdx.x * WS_ROWS;
+    const int key_begin = (g - chunk_start[b]) * chunk_len;
+    const int key_end = min(key_begin + chunk_len, P + T);
+    const int ntiles = (key_end - key_begin + WS_KEYS - 1) / WS_KEYS;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int gq = lane >> 2;
+    const int tq = lane & 3;
+    const u32 sK_a = smem_u32(sK);
+    const u32 sP_a = smem_u32(sP);
+    const u32 sQ_a = sK_a + (WS_STAGES - 1) * WS_STAGE_BYTES;
+
+    // ---- Q (32 rows x 576) into the last key stage, zero rows past M; all 256 threads
+    {
+        const int r = tid >> 3;
+        const bool ok = row0 + r < M;
+        const long long grow = (long long)b * M + row0 + r;
+        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
+        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int c = (tid & 7) + 8 * i;
+            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
+            cp_async16(sQ_a + swz576(r, c), ok ? src : q_lat, ok ? 16 : 0);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+    }
+    __syncthreads();
+
+    if (warp < 4) {
+        // =========================== score warps
+        const int s = warp;
+        const int stid = tid;  // 0..127
+        u32 qf[2][9][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < 9; ++j)
+                ldsm_x4(sQ_a + swz576(16 * mt + (lane & 15), 2 * (9 * s + j) + (lane >> 4)), qf[mt][j][0],
+                        qf[mt][j][1], qf[mt][j][2], qf[mt][j][3]);
+        bar_sync_n(BAR_SCORE, 128);  // Q read by every score warp: its stage may be refilled
+
+        // key tile loader (score threads): thread loads 18 chunks of key (stid >> 2)
+        auto load_tile = [&](int tile, int stage) {
+            const int kk = stid >> 2;
+            const int key = key_begin + tile * WS_KEYS + kk;
+            const bf16_t* src = tail;
+            int bytes = 0;
+            if (key < key_end) {
+                bytes = 16;
+                if (key < P) src = kv + slots[off_b + key] * kv_stride;
+                else src = tail + ((long long)b * T + (key - P)) * DK;
+            }
+            const u32 base = sK_a + stage * WS_STAGE_BYTES;
+#pragma unroll
+            for (int i = 0; i < 18; ++i) {
+                const int c = (stid & 3) + 4 * i;
+                cp_async16(base + swz576(kk, c), bytes ? src + c * 8 : tail, bytes);
+            }
+        };
+#pragma unroll
+        for (int st = 0; st < WS_STAGES - 1; ++st) {
+            if (st < ntiles) load_tile(st, st);
+            cp_async_commit();
+        }
+
+        const int r = 8 * s + (lane >> 2);  // softmax row owned by this lane (with 3 others)
+        const int k0 = (lane & 3) * 8;      // its 8 keys of the tile
+        float m_row = NEG_INF, l_row = 0.f;
+        const int b_key = (lane & 7) + ((lane >> 4) << 3);
+        const int b_cof = (lane >> 3) & 1;
+
+        for (int t = 0; t < ntiles; ++t) {
+            cp_async_wait<WS_STAGES - 2>();
+            bar_sync_n(BAR_SCORE, 128);  // tile t landed for every score thread
+            const u32 kb = sK_a + (t % WS_STAGES) * WS_STAGE_BYTES;
+
+            float acc[2][4][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 9; ++j) {
+                const int ks = 9 * s + j;
+                u32 b0, b1, b2, b3, c0, c1, c2, c3;
+                ldsm_x4(kb + swz576(b_key, 2 * ks + b_cof), b0, b1, b2, b3);
+                ldsm_x4(kb + swz576(16 + b_key, 2 * ks + b_cof), c0, c1, c2, c3);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma_bf16(acc[mt][0], qf[mt][j][0], qf[mt][j][1], qf[mt][j][2], qf[mt][j][3], b0, b1);
+                    mma_bf16(acc[mt][1], qf[mt][j][0], qf[mt][j][1], qf[mt][j][2], qf[mt][j][3], b2, b3);
+                    mma_bf16(acc[mt][2], qf[mt][j][0], qf[mt][j][1], qf[mt][j][2], qf[mt][j][3], c0, c1);
+                    mma_bf16(acc[mt][3], qf[mt][j][0], qf[mt][j][1], qf[mt][j][2], qf[mt][j][3], c2, c3);
+                }
+            }
+            float* ss = sS + (t & 1) * WS_SS_FLOATS;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = 16 * mt + gq + 8 * h;
+                        *reinterpret_cast<float2*>(ss + (s * WS_ROWS + row) * WS_SS_STRIDE + 8 * nt + 2 * tq) =
+                            make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                    }
+            bar_sync_n(BAR_SCORE, 128);  // partial scores of tile t complete
+
+            // ---- sum the 4 partials for (row r, keys k0..k0+7), online softmax
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = 0.f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float4* src = reinterpret_cast<const float4*>(ss + (w * WS_ROWS + r) * WS_SS_STRIDE + k0);
+                const float4 x0 = src[0], x1 = src[1];
+                v[0] += x0.x; v[1] += x0.y; v[2] += x0.z; v[3] += x0.w;
+                v[4] += x1.x; v[5] += x1.y; v[6] += x1.z; v[7] += x1.w;
+            }
+            const int kt0 = key_begin + t * WS_KEYS;
+            const bool need_mask = (kt0 + WS_KEYS > key_end) || (kt0 + WS_KEYS > P);
+            float mx = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                float x = v[i] * scale_log2;
+                if (need_mask) {
+                    const int key = kt0 + k0 + i;
+                    bool ok = key < key_end;
+                    if (ok && key >= P) ok = tail_visible(vis, b, T, W, (row0 + r) / H, key - P);
+                    if (!ok) x = NEG_INF;
+                }
+                v[i] = x;
+                mx = fmaxf(mx, x);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_row, mx);
+            const float muse = m_new == NEG_INF ? 0.f : m_new;
+            const float alpha = fast_exp2(m_row - muse);
+            float ps = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                v[i] = fast_exp2(v[i] - muse);
+                ps += v[i];
+            }
+            ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+            ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+            l_row = l_row * alpha + ps;
+            m_row = m_new;
+            // P buffer (t & 1) was released by the output warps at tile t-2 (EMPTY waited below)
+            uint4 pk;
+            pk.x = pack_bf16x2(v[0], v[1]);
+            pk.y = pack_bf16x2(v[2], v[3]);
+            pk.z = pack_bf16x2(v[4], v[5]);
+            pk.w = pack_bf16x2(v[6], v[7]);
+            *reinterpret_cast<uint4*>(sP + (t & 1) * WS_SP_BYTES + swz32(r, lane & 3)) = pk;
+            if ((lane & 3) == 0) sAlpha[(t & 1) * WS_ROWS + r] = alpha;
+            bar_arrive_n(BAR_FULL + (t & 1), 256);
+
+            // ---- refill: tile t+3 goes to stage (t+3) % 4 = (t-1) % 4, free once the
+            //      output warps are done with tile t-1
+            if (t >= 1) bar_sync_n(BAR_EMPTY + ((t - 1) & 1), 256);
+            const int nt_ = t + WS_STAGES - 1;
+            if (nt_ < ntiles) load_tile(nt_, nt_ % WS_STAGES);
+            cp_async_commit();
+        }
+        bar_sync_n(BAR_EMPTY + ((ntiles - 1) & 1), 256);  // output warps done with the last tile
+        cp_async_wait_all();
+        if ((lane & 3) == 0) { sM[r] = m_row; sL[r] = l_row; }
+    } else {
+        // =========================== output warps
+        const int v = warp - 4;
+        float o[2][16][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) o[mt][nt][c] = 0.f;
+        const int v_key = (lane & 7) + (((lane >> 3) & 1) << 3);
+        const int v_cof = 16 * v + (lane >> 4);
+        for (int t = 0; t < ntiles; ++t) {
+            bar_sync_n(BAR_FULL + (t & 1), 256);
+            const u32 kb = sK_a + (t % WS_STAGES) * WS_STAGE_BYTES;
+            const u32 pb = sP_a + (t & 1) * WS_SP_BYTES;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                const float a0 = sAlpha[(t & 1) * WS_ROWS + 16 * mt + gq];
+                const float a1 = sAlpha[(t & 1) * WS_ROWS + 16 * mt + gq + 8];
+#pragma unroll
+                for (int nt = 0; nt < 16; ++nt) {
+                    o[mt][nt][0] *= a0;
+                    o[mt][nt][1] *= a0;
+                    o[mt][nt][2] *= a1;
+                    o[mt][nt][3] *= a1;
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                u32 a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+                    ldsm_x4(pb + swz32(16 * mt + (lane & 15), 2 * ks + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2],
+                            a[mt][3]);
+#pragma unroll
+                for (int np = 0; np < 8; ++np) {
+                    u32 bb[4];
+                    ldsm_x4_t(kb + swz576(16 * ks + v_key, v_cof + 2 * np), bb[0], bb[1], bb[2], bb[3]);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma_bf16(o[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bb[0], bb[1]);
+                        mma_bf16(o[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bb[2], bb[3]);
+                    }
+                }
+            }
+            bar_arrive_n(BAR_EMPTY + (t & 1), 256);
+        }
+        // final sums arrive through shared memory after the block barrier below
+        __syncwarp();
+        // park the accumulators until sM / sL are written
+        bar_sync_n(0, 256);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int rr = 16 * mt + gq + 8 * h;
+                if (row0 + rr >= M) continue;
+                const float l = sL[rr];
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                float* dst = o_part + ((long long)g * M + row0 + rr) * DV + 128 * v + 2 * tq;
+#pragma unroll
+                for (int nt = 0; nt < 16; ++nt)
+                    *reinterpret_cast<float2*>(dst + 8 * nt) =
+                        make_float2(o[mt][nt][2 * h] * inv, o[mt][nt][2 * h + 1] * inv);
+                if (v == 0 && tq == 0)
+                    lse_part[(long long)g * M + row0 + rr] = l > 0.f ? (sM[rr] + __log2f(l)) * LN2F : NEG_INF;
+            }
+        return;
+    }
+    bar_sync_n(0, 256);  // score warps: sM / sL written
+}
+
 // ---------------------------------------------------------------- CUDA-core kernel (f32 or bf16)
 //
 // Block: 16 query rows x one key chunk, 256 threads, 32-key tiles.
