@@ -161,7 +161,16 @@ def source_arithmetic_table() -> go.Figure:
         rows.append({"quantity": f"M={r['m']} on {r['gpu']}: byte time vs flop time per layer",
                      "value": f"{r['byte_ms']:.2f} ms vs {r['flop_ms']:.2f} ms "
                               f"({'bandwidth' if r['byte_ms'] > r['flop_ms'] else 'compute'}-bound)"})
-    return table_figure(rows, "The source's arithmetic, recomputed from its anchors", column_widths=[3, 2])
+    from workbench.projection.scenarios import pro6000_cross_check
+
+    x = pro6000_cross_check()
+    rows.append({"quantity": f"cross-check: 8x RTX PRO 6000 at block 8, budget 8, accepted {x['accept']:g} "
+                             f"(source: {x['measured_tokens_per_s']:g} tok/s, accepted length not stated)",
+                 "value": f"model {x['low']:.0f}-{x['central']:.0f}-{x['high']:.0f} tok/s, step {x['step_ms']:.1f} ms "
+                          f"(source's verify forward: {x['source_verify_ms']:g} ms); 138.7 tok/s means accepted "
+                          f"{x['implied_accept']:.1f} at this step"})
+    return table_figure(rows, "The source's arithmetic, recomputed from its anchors", column_widths=[3, 2],
+                        height=140 + 45 * len(rows))
 
 
 def engine_step_table(calib: Calibration, limit: int = 40) -> go.Figure:

@@ -26,7 +26,7 @@ from workbench.projection.model import (
 )
 from workbench.projection.project import project
 from workbench.projection.scenarios import (
-    plateau_check, scenario_rows, source_moe_percent, structural_whatifs, source_scenarios, source_step_arithmetic,
+    plateau_check, pro6000_cross_check, scenario_rows, source_moe_percent, structural_whatifs, source_scenarios, source_step_arithmetic,
 )
 
 PAPER = REPO_ROOT / "papers" / "b300_projection.md"
@@ -134,7 +134,15 @@ def block_source_arithmetic() -> str:
                 "flop time ms": f"{r['flop_ms']:.2f}",
                 "bound": "bandwidth" if r["byte_ms"] > r["flop_ms"] else "compute",
                 "source ms": "~" + format(r["source_ms"], "g") if r["source_ms"] else "-"} for r in plateau_check()]
-    return markdown_table(rows) + "\n" + markdown_table(moe) + "\n" + markdown_table(plateau)
+    x = pro6000_cross_check()
+    cross = [{"check": f"8x RTX PRO 6000, block 8, budget 8, accepted {x['accept']:g}",
+              "model": f"{x['low']:.0f}-{x['central']:.0f}-{x['high']:.0f} tok/s (low-central-high), step "
+                       f"{x['step_ms']:.1f} ms ({x['step_low_ms']:.1f}-{x['step_high_ms']:.1f})",
+              "source": f"{x['measured_tokens_per_s']:g} tok/s (accepted length not stated); verify forward "
+                        f"{x['source_verify_ms']:g} ms at a 13-token context",
+              "reading": f"138.7 tok/s at the model's central step means accepted {x['implied_accept']:.1f}"}]
+    return (markdown_table(rows) + "\n" + markdown_table(moe) + "\n" + markdown_table(plateau) + "\n"
+            + markdown_table(cross))
 
 
 def block_breakdown() -> str:

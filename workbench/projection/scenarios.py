@@ -282,3 +282,20 @@ def structural_whatifs(calibration: Calibration | Iterable[Any] | None = None, *
     row("GPU tree builder", "The CPU heap replaced by the GPU kernel (measured in ddtree_kernels.json when "
         "committed); everything else unchanged.", tree_builder="gpu")
     return rows
+
+
+def pro6000_cross_check(calibration: Calibration | None = None) -> dict[str, float]:
+    """The model on 8x RTX PRO 6000 at the B300 anchor's settings (block 8, budget 8, accepted 4.4),
+    beside the source's 138.7 tok/s there (its accepted length is not stated) and its 34 ms verify
+    forward at a 13-token context: tokens/s low/central/high, the step, and the accepted length that
+    138.7 tok/s implies at the model's step."""
+    calib = calibration or load_calibration(use_measurements=False)
+    a = load_anchors()["anchors"]
+    acc = a["b300_accept"]["value"]
+    r = project("rtx-pro-6000", 8, 8, acc, calibration=calib, context=int(a["anchor_context"]["value"]))
+    t = r.tokens_per_s[0]
+    measured = a["rtx_pro_6000_tokens_per_s"]["value"]
+    return {"accept": acc, "low": t["low"], "central": t["central"], "high": t["high"],
+            "step_ms": r.step_ms["central"], "step_low_ms": r.step_ms["high"], "step_high_ms": r.step_ms["low"],
+            "measured_tokens_per_s": measured, "implied_accept": measured * r.step_ms["central"] / 1e3,
+            "source_verify_ms": a["rtx_pro_6000_verify_ms"]["value"][0]}
