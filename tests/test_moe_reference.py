@@ -5,7 +5,10 @@ import torch
 from workbench.moe import fused_moe_int4, moe_reference, random_int4_experts
 from workbench.moe.bench import (bytes_moved, distinct_experts, flops, make_routing, plateau_m, rel_error,
                                  group_pairs, peer_moe, dequantize_gpu)
-from workbench.moe.fused import kernel_config, max_work_items
+from workbench.kernels import KERNEL_DIR
+from workbench.moe.fused import VARIANTS, kernel_config, max_work_items, variant_name
+
+SRC = (KERNEL_DIR / "moe_int4.cu").read_text()
 
 
 def _naive(x, ids, w, ex):
@@ -91,6 +94,9 @@ def test_plateau_and_work_item_bound():
     assert plateau_m([1, 2, 4, 8, 16, 32], ms) == 8   # 2.0 / 8 = 0.25 ms/token is already the lowest
     assert plateau_m([1, 2], [float("nan"), 1.0]) == 2
     assert kernel_config(1)[0] == 1 and kernel_config(1024)[0] == 4
+    for var in VARIANTS:  # every listed variant is compiled in moe_int4.cu
+        nt, rt, d, s = var
+        assert f"MOE_INSTANCE({nt}, {rt}, {d}, {s}, {variant_name(var).split('_')[-1]})" in SRC
     g = torch.Generator().manual_seed(5)
     for m in (1, 3, 16, 100, 1024):
         for kind in ("uniform", "skewed"):

@@ -76,6 +76,75 @@ __device__ __forceinline__ void mma_bf16(float* c, unsigned int a0, unsigned int
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gsrc) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gsrc) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gsrc) {
+    const unsigned int d = (unsigned int)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gsrc) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// One 128-wide K step of a warp: RT row tiles x NT token tiles of mma.m16n8k16.
+// wa/wb: the 16-byte group of rows g / g+8; sa2/sb2: their scales as bf16x2 (s, s);
+// xq: the 32 activations of token column g of each token tile.
+template <int NT, int RT>
+__device__ __forceinline__ void compute_step(float (&acc)[RT][NT][4], const uint4 (&wa4)[RT], const uint4 (&wb4)[RT],
+                                             const unsigned int (&sa2)[RT], const unsigned int (&sb2)[RT],
+                                             const uint4 (&xq)[NT][4]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {   // word w of the group: K elements 8w..8w+7
+        unsigned int bx[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const uint4 u = xq[n][w];
+            // (x0,x4) (x1,x5) (x2,x6) (x3,x7)
+            bx[n][0] = __byte_perm(u.x, u.z, 0x5410);
+            bx[n][1] = __byte_perm(u.x, u.z, 0x7632);
+            bx[n][2] = __byte_perm(u.y, u.w, 0x5410);
+            bx[n][3] = __byte_perm(u.y, u.w, 0x7632);
+        }
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            const uint4 A4 = wa4[r];
+            const uint4 B4 = wb4[r];
+            const unsigned int wa = w == 0 ? A4.x : w == 1 ? A4.y : w == 2 ? A4.z : A4.w;
+            const unsigned int wb = w == 0 ? B4.x : w == 1 ? B4.y : w == 2 ? B4.z : B4.w;
+            const unsigned int a00 = deq_pair(wa, 0, sa2[r]);
+            const unsigned int a01 = deq_pair(wa, 1, sa2[r]);
+            const unsigned int a02 = deq_pair(wa, 2, sa2[r]);
+            const unsigned int a03 = deq_pair(wa, 3, sa2[r]);
+            const unsigned int b00 = deq_pair(wb, 0, sb2[r]);
+            const unsigned int b01 = deq_pair(wb, 1, sb2[r]);
+            const unsigned int b02 = deq_pair(wb, 2, sb2[r]);
+            const unsigned int b03 = deq_pair(wb, 3, sb2[r]);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                mma_bf16(acc[r][n], a00, b00, a01, b01, bx[n][0], bx[n][1]);
+                mma_bf16(acc[r][n], a02, b02, a03, b03, bx[n][2], bx[n][3]);
+            }
+        }
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void load_x(uint4 (&xq)[NT][4], const uint4* const (&xrow)[NT], int G) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            if (xrow[n] != nullptr) xq[n][q] = __ldg(xrow[n] + 4 * G + q);
+            else xq[n][q] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
 struct StepBuf {
     uint4 wa, wb;          // group of row g and of row g+8
     unsigned int sa, sb;   // their scales (bf16 bits)
@@ -84,14 +153,20 @@ struct StepBuf {
 // One CTA = MOE_WARPS warps; grid.x = row-tile blocks of RT tiles, grid.y = work items.
 // GATE_UP: weights [E, 2*I, H/8], K = H, output h [P, I] bf16 by slot.
 // DOWN:    weights [E, H, I/8],   K = I, output Y [P, H] f32 by pair.
-template <int NT, int RT, int D, bool GATE_UP>
+// S == 0: weights prefetched D steps ahead in registers.
+// S > 0:  weights and scales stream through a per-warp ring of S shared-memory
+//         stages with cp.async (S - 1 steps in flight, no register cost);
+//         activations are prefetched one step ahead in registers.
+template <int NT, int RT, int D, int S, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm(
-    const uint4* __restrict__ W, const unsigned short* __restrict__ S,
+    const uint4* __restrict__ W, const unsigned short* __restrict__ Sc,
     const __nv_bfloat16* __restrict__ X,      // GATE_UP: hidden [M, H]; DOWN: h [P, I]
     const int* __restrict__ sorted_pair, const int* __restrict__ items, const int* __restrict__ num_items,
     const float* __restrict__ topk_w, int topk, int H, int I,
     __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
-    __shared__ float red[MOE_WARPS - 1][RT * NT * 4][32];
+    constexpr int STAGE_BYTES = RT * 1280;   // RT x (2 x 32 lanes x 16 B weights + 2 x 32 lanes x 4 B scales)
+    constexpr int RED_FLOATS = RT * NT * 4 * 32;
+    __shared__ __align__(16) unsigned char smem[S > 0 ? MOE_WARPS * S * STAGE_BYTES : (MOE_WARPS - 1) * RED_FLOATS * 4];
 
     const int item = blockIdx.y;
     if (item >= num_items[0]) return;
@@ -108,7 +183,7 @@ __device__ __forceinline__ void moe_gemm(
 
     const long long wexp = (long long)expert * rows_total * kgroups;
     const uint4* Wb = W + wexp;
-    const unsigned short* Sb = S + wexp;
+    const unsigned short* Sb = Sc + wexp;
 
     // rows of this thread for each row tile
     int rowA[RT], rowB[RT];
@@ -153,6 +228,7 @@ __device__ __forceinline__ void moe_gemm(
     const int steps = K / (128 * MOE_WARPS);   // 128-wide K steps per warp
     const int step0 = warp * steps;
 
+    if constexpr (S == 0) {
     StepBuf buf[D][RT];
 #pragma unroll
     for (int d = 0; d < D; ++d) {
@@ -177,53 +253,17 @@ __device__ __forceinline__ void moe_gemm(
                 const int G = 4 * (step0 + j) + t;
                 // activations of this step: 32 bf16 (4 x uint4) per token tile
                 uint4 xq[NT][4];
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        if (xrow[n] != nullptr) xq[n][q] = __ldg(xrow[n] + 4 * G + q);
-                        else xq[n][q] = make_uint4(0u, 0u, 0u, 0u);
-                    }
-                }
+                load_x<NT>(xq, xrow, G);
                 unsigned int sa2[RT], sb2[RT];
+                uint4 wa4[RT], wb4[RT];
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
                     sa2[r] = buf[d][r].sa | (buf[d][r].sa << 16);
                     sb2[r] = buf[d][r].sb | (buf[d][r].sb << 16);
+                    wa4[r] = buf[d][r].wa;
+                    wb4[r] = buf[d][r].wb;
                 }
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {   // word w of the group: K elements 8w..8w+7
-                    unsigned int bx[NT][4];
-#pragma unroll
-                    for (int n = 0; n < NT; ++n) {
-                        const uint4 u = xq[n][w];
-                        // (x0,x4) (x1,x5) (x2,x6) (x3,x7)
-                        bx[n][0] = __byte_perm(u.x, u.z, 0x5410);
-                        bx[n][1] = __byte_perm(u.x, u.z, 0x7632);
-                        bx[n][2] = __byte_perm(u.y, u.w, 0x5410);
-                        bx[n][3] = __byte_perm(u.y, u.w, 0x7632);
-                    }
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        const uint4 A4 = buf[d][r].wa;
-                        const uint4 B4 = buf[d][r].wb;
-                        const unsigned int wa = w == 0 ? A4.x : w == 1 ? A4.y : w == 2 ? A4.z : A4.w;
-                        const unsigned int wb = w == 0 ? B4.x : w == 1 ? B4.y : w == 2 ? B4.z : B4.w;
-                        const unsigned int a00 = deq_pair(wa, 0, sa2[r]);
-                        const unsigned int a01 = deq_pair(wa, 1, sa2[r]);
-                        const unsigned int a02 = deq_pair(wa, 2, sa2[r]);
-                        const unsigned int a03 = deq_pair(wa, 3, sa2[r]);
-                        const unsigned int b00 = deq_pair(wb, 0, sb2[r]);
-                        const unsigned int b01 = deq_pair(wb, 1, sb2[r]);
-                        const unsigned int b02 = deq_pair(wb, 2, sb2[r]);
-                        const unsigned int b03 = deq_pair(wb, 3, sb2[r]);
-#pragma unroll
-                        for (int n = 0; n < NT; ++n) {
-                            mma_bf16(acc[r][n], a00, b00, a01, b01, bx[n][0], bx[n][1]);
-                            mma_bf16(acc[r][n], a02, b02, a03, b03, bx[n][2], bx[n][3]);
-                        }
-                    }
-                }
+                compute_step<NT, RT>(acc, wa4, wb4, sa2, sb2, xq);
                 // refill this buffer slot with step j + D
                 if (j + D < steps) {
                     const int G2 = G + 4 * D;
@@ -238,26 +278,82 @@ __device__ __forceinline__ void moe_gemm(
             }
         }
     }
+    } else {
+    unsigned char* ring = smem + warp * (S * STAGE_BYTES);
+    auto issue = [&](int j, int slot) {
+        const int G = 4 * (step0 + j) + t;
+        unsigned char* st = ring + slot * STAGE_BYTES;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            cp_async16(st + (2 * r) * 512 + lane * 16, Wb + (long long)rowA[r] * kgroups + G);
+            cp_async16(st + (2 * r + 1) * 512 + lane * 16, Wb + (long long)rowB[r] * kgroups + G);
+            cp_async4(st + RT * 1024 + (2 * r) * 128 + lane * 4, Sb + (long long)rowA[r] * kgroups + (G & ~1));
+            cp_async4(st + RT * 1024 + (2 * r + 1) * 128 + lane * 4, Sb + (long long)rowB[r] * kgroups + (G & ~1));
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st) {
+        if (st < steps) issue(st, st);
+        cp_async_commit();
+    }
+    uint4 xq[NT][4];
+    load_x<NT>(xq, xrow, 4 * step0 + t);
+    const unsigned int sel = (t & 1) ? 0x3232u : 0x1010u;   // scale of group G within the aligned pair
+#pragma unroll 1
+    for (int j = 0; j < steps; ++j) {
+        if (j + S - 1 < steps) issue(j + S - 1, (j + S - 1) % S);
+        cp_async_commit();
+        uint4 xn[NT][4];
+        if (j + 1 < steps) load_x<NT>(xn, xrow, 4 * (step0 + j + 1) + t);
+        cp_async_wait<S - 1>();
+        const unsigned char* st = ring + (j % S) * STAGE_BYTES;
+        uint4 wa4[RT], wb4[RT];
+        unsigned int sa2[RT], sb2[RT];
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            wa4[r] = *reinterpret_cast<const uint4*>(st + (2 * r) * 512 + lane * 16);
+            wb4[r] = *reinterpret_cast<const uint4*>(st + (2 * r + 1) * 512 + lane * 16);
+            sa2[r] = __byte_perm(*reinterpret_cast<const unsigned int*>(st + RT * 1024 + (2 * r) * 128 + lane * 4), 0u, sel);
+            sb2[r] = __byte_perm(*reinterpret_cast<const unsigned int*>(st + RT * 1024 + (2 * r + 1) * 128 + lane * 4), 0u, sel);
+        }
+        compute_step<NT, RT>(acc, wa4, wb4, sa2, sb2, xq);
+        if (j + 1 < steps) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) xq[n][q] = xn[n][q];
+        }
+    }
+    cp_async_wait<0>();
+    }
 
     // reduce the four K quarters (fixed order: warp 0 + 1 + 2 + 3)
+    // (S > 0: each warp's partial sums go into its own, now idle, ring; S == 0: a dedicated buffer)
+    auto red_of = [&](int w) -> float* {
+        return S > 0 ? reinterpret_cast<float*>(smem + w * (S * STAGE_BYTES))
+                     : reinterpret_cast<float*>(smem) + (w - 1) * RED_FLOATS;
+    };
     if (warp > 0) {
+        float* red = red_of(warp);
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) red[warp - 1][(r * NT + n) * 4 + c][lane] = acc[r][n][c];
+                for (int c = 0; c < 4; ++c) red[((r * NT + n) * 4 + c) * 32 + lane] = acc[r][n][c];
     }
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
-    for (int w2 = 0; w2 < MOE_WARPS - 1; ++w2)
+    for (int w2 = 1; w2 < MOE_WARPS; ++w2) {
+        const float* red = red_of(w2);
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) acc[r][n][c] += red[w2][(r * NT + n) * 4 + c][lane];
+                for (int c = 0; c < 4; ++c) acc[r][n][c] += red[((r * NT + n) * 4 + c) * 32 + lane];
+    }
 
     // epilogue: c0 (row g, col 2t), c1 (row g, col 2t+1), c2 (row g+8, col 2t), c3 (row g+8, col 2t+1)
 #pragma unroll
@@ -285,30 +381,32 @@ __device__ __forceinline__ void moe_gemm(
     }
 }
 
-#define MOE_INSTANCE(NT, RT, D)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) moe_gate_up_nt##NT##_rt##RT##_d##D(               \
-        const uint4* W, const unsigned short* S, const __nv_bfloat16* X, const int* sorted_pair,       \
+#define MOE_INSTANCE(NT, RT, D, S, TAG)                                                                \
+    extern "C" __global__ void __launch_bounds__(128) moe_gate_up_nt##NT##_rt##RT##_##TAG(              \
+        const uint4* W, const unsigned short* Sc, const __nv_bfloat16* X, const int* sorted_pair,      \
         const int* items, const int* num_items, int topk, int H, int I, __nv_bfloat16* h_out) {       \
-        moe_gemm<NT, RT, D, true>(W, S, X, sorted_pair, items, num_items, nullptr, topk, H, I, h_out, \
-                                  nullptr);                                                            \
+        moe_gemm<NT, RT, D, S, true>(W, Sc, X, sorted_pair, items, num_items, nullptr, topk, H, I,     \
+                                     h_out, nullptr);                                                  \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) moe_down_nt##NT##_rt##RT##_d##D(                  \
-        const uint4* W, const unsigned short* S, const __nv_bfloat16* h, const int* sorted_pair,       \
+    extern "C" __global__ void __launch_bounds__(128) moe_down_nt##NT##_rt##RT##_##TAG(                 \
+        const uint4* W, const unsigned short* Sc, const __nv_bfloat16* h, const int* sorted_pair,      \
         const int* items, const int* num_items, const float* topk_w, int topk, int H, int I,           \
         float* y_out) {                                                                                \
-        moe_gemm<NT, RT, D, false>(W, S, h, sorted_pair, items, num_items, topk_w, topk, H, I, nullptr, \
-                                   y_out);                                                             \
+        moe_gemm<NT, RT, D, S, false>(W, Sc, h, sorted_pair, items, num_items, topk_w, topk, H, I,     \
+                                      nullptr, y_out);                                                 \
     }
 
-// (token tiles NT, row tiles per warp RT, weight steps in flight D); fused.py's VARIANTS lists them.
-MOE_INSTANCE(1, 1, 4)
-MOE_INSTANCE(1, 1, 8)
-MOE_INSTANCE(1, 2, 2)
-MOE_INSTANCE(1, 2, 4)
-MOE_INSTANCE(2, 1, 4)
-MOE_INSTANCE(2, 2, 2)
-MOE_INSTANCE(4, 1, 4)
-MOE_INSTANCE(4, 2, 2)
+// Variants (token tiles NT, row tiles per warp RT, then d<D>: D register-prefetched steps, or
+// s<S>: S-stage cp.async ring). workbench/moe/fused.py's VARIANTS lists them.
+MOE_INSTANCE(1, 1, 4, 0, d4)
+MOE_INSTANCE(1, 2, 2, 0, d2)
+MOE_INSTANCE(2, 2, 2, 0, d2)
+MOE_INSTANCE(4, 2, 2, 0, d2)
+MOE_INSTANCE(1, 1, 0, 6, s6)
+MOE_INSTANCE(1, 1, 0, 8, s8)
+MOE_INSTANCE(1, 2, 0, 4, s4)
+MOE_INSTANCE(2, 2, 0, 4, s4)
+MOE_INSTANCE(4, 2, 0, 4, s4)
 
 // One CTA of 1024 threads; E <= 1024. ids [P] int32 (P = M * topk).
 // Out: sorted_pair [P] (pair ids grouped by expert), items [max_items][3]

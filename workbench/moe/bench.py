@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.moe.fused import KERNEL_TABLE, VARIANTS, fused_moe_int4, kernel_config, set_kernel_table
+from workbench.moe.fused import KERNEL_TABLE, VARIANTS, fused_moe_int4, kernel_config, set_kernel_table, variant_name
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -276,14 +276,16 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
             "x": x, "ids_all": ids_all, "w_all": w_all}
 
 
-def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: int = 10) -> dict[str, Any]:
-    """Median ms of every compiled variant at each M (uniform routing); picks the fastest per M."""
+def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: int = 10,
+                  variants=VARIANTS) -> dict[str, Any]:
+    """Median ms of each variant at each M (uniform routing); picks the fastest per M."""
     saved = list(KERNEL_TABLE)
     timings: dict[str, dict[int, float]] = {}
+    by_name = {variant_name(v): v for v in variants}
     try:
-        for var in VARIANTS:
+        for var in variants:
             set_kernel_table([(1 << 30, var)])
-            key = "nt{}_rt{}_d{}".format(*var)
+            key = variant_name(var)
             timings[key] = {m: statistics.median(time_ours(experts, m, "uniform", gen, reps, eager_reps=0)["ms"])
                             for m in m_values}
     finally:
@@ -291,7 +293,7 @@ def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: in
     best = []
     for m in sorted(m_values):
         k = min(timings, key=lambda kk: timings[kk][m])
-        best.append((m, tuple(int(x) for x in k.replace("nt", "").replace("rt", "").replace("d", "").split("_"))))
+        best.append((m, by_name[k]))
     # table: each swept M up to the next swept M uses the variant measured best at that M
     table = []
     for idx, (m, var) in enumerate(best):
@@ -388,7 +390,10 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
                 del peers[name]
 
     # ---- variant tuning (uniform routing), then the sweep with the tuned table
-    tuning = tune_variants(experts, gen, m_values, reps=tune_reps) if tune_reps > 0 else None
+    good = [v for v in VARIANTS if all(c["ok"] for c in checks if c.get("variant") == list(v))]
+    tuning = tune_variants(experts, gen, m_values, reps=tune_reps, variants=good) if tune_reps > 0 else None
+    if tuning is not None:
+        tuning["variants_failing_checks"] = [list(v) for v in VARIANTS if v not in good]
     if tuning is not None:
         set_kernel_table([(u, tuple(v)) for u, v in tuning["table"]])
         log(f"tuned table {tuning['table']}")
@@ -496,10 +501,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--tune-reps", type=int, default=10, help="repeats per variant and M when tuning (0: no tuning)")
     ap.add_argument("--sanitize", action="store_true", help="small parity checks only (for compute-sanitizer)")
+    ap.add_argument("--single", type=int, default=None, metavar="M",
+                    help="two calls (warm-up + one) per --variants at Kimi shapes and M tokens (for ncu)")
+    ap.add_argument("--variants", nargs="*", default=[], help="variants for --single, e.g. 1,2,2,0 1,1,0,8")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)
         return 2
+    if args.single is not None:
+        ex = random_int4_experts(KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], device="cuda")
+        gen = torch.Generator().manual_seed(0)
+        for spec in args.variants or [",".join(map(str, kernel_config(args.single)))]:
+            set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
+            for _ in range(2):
+                ids, w = make_routing(args.single, KIMI["num_experts"], KIMI["topk"], "uniform", gen)
+                x = torch.randn(args.single, KIMI["hidden"], device="cuda").to(torch.bfloat16)
+                fused_moe_int4(x, ids.cuda(), w.cuda(), ex, validate=False)
+            torch.cuda.synchronize()
+            print(f"variant {spec}: distinct experts {distinct_experts(ids)}")
+        return 0
     if args.sanitize:
         res = run_sanitize_checks()
         for r in res:

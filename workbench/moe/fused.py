@@ -28,25 +28,34 @@ MAX_EXPERTS = 1024
 THREADS = 128
 
 
-# Compiled (NT, RT, D) variants of moe_gate_up_* / moe_down_* (see moe_int4.cu):
-# NT token tiles of 8 per work item, RT row tiles of 16 per warp, D weight steps in flight.
-VARIANTS: tuple[tuple[int, int, int], ...] = (
-    (1, 1, 4), (1, 1, 8), (1, 2, 2), (1, 2, 4), (2, 1, 4), (2, 2, 2), (4, 1, 4), (4, 2, 2))
+# Compiled variants (NT, RT, D, S) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token tiles
+# of 8 per work item, RT row tiles of 16 per warp, and either D weight steps prefetched in
+# registers (S = 0) or an S-stage cp.async shared-memory ring (D = 0).
+VARIANTS: tuple[tuple[int, int, int, int], ...] = (
+    (1, 1, 4, 0), (1, 2, 2, 0), (2, 2, 2, 0), (4, 2, 2, 0),
+    (1, 1, 0, 6), (1, 1, 0, 8), (1, 2, 0, 4), (2, 2, 0, 4), (4, 2, 0, 4))
 
-# (largest M, variant) in increasing M; the last entry covers every larger M.
-KERNEL_TABLE: list[tuple[int, tuple[int, int, int]]] = [
-    (16, (1, 1, 4)), (128, (2, 2, 2)), (1 << 30, (4, 2, 2))]
+# (largest M, variant) in increasing M; the last entry covers every larger M. Set from the
+# variant timings of data/measurements/h200/moe_bandwidth.json (results.tuning).
+KERNEL_TABLE: list[tuple[int, tuple[int, int, int, int]]] = [
+    (1, (1, 1, 4, 0)), (511, (1, 2, 2, 0)), (1023, (2, 2, 2, 0)), (1 << 30, (4, 2, 2, 0))]
 
 
-def kernel_config(m: int) -> tuple[int, int, int]:
-    """(NT, RT, D) variant used for M tokens (from :data:`KERNEL_TABLE`)."""
+def variant_name(var: tuple[int, int, int, int]) -> str:
+    """Kernel-name suffix of a variant: ``nt1_rt2_d2`` or ``nt1_rt1_s8``."""
+    nt, rt, d, s = var
+    return f"nt{nt}_rt{rt}_" + (f"s{s}" if s else f"d{d}")
+
+
+def kernel_config(m: int) -> tuple[int, int, int, int]:
+    """(NT, RT, D, S) variant used for M tokens (from :data:`KERNEL_TABLE`)."""
     for max_m, var in KERNEL_TABLE:
         if m <= max_m:
             return var
     return KERNEL_TABLE[-1][1]
 
 
-def set_kernel_table(table: list[tuple[int, tuple[int, int, int]]]) -> None:
+def set_kernel_table(table: list[tuple[int, tuple[int, int, int, int]]]) -> None:
     """Replace :data:`KERNEL_TABLE` (the benchmark's tuning uses this); variants must be compiled ones."""
     for _, var in table:
         if tuple(var) not in VARIANTS:
@@ -134,7 +143,8 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     if hidden.data_ptr() % 16:
         hidden = hidden.clone()
     p = m * k
-    nt, rt, d = kernel_config(m)
+    var = kernel_config(m)
+    nt, rt, name = var[0], var[1], variant_name(var)
     chunk = 8 * nt
     nitems = max_work_items(p, e, chunk)
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
@@ -147,9 +157,9 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
 
     launch(_kernel("moe_align"), (1,), (1024,),
            (ids, p, e, chunk, sorted_pair, items, num_items, nitems))
-    launch(_kernel(f"moe_gate_up_nt{nt}_rt{rt}_d{d}"), (i // 8 // rt, nitems), (THREADS,),
+    launch(_kernel(f"moe_gate_up_{name}"), (i // 8 // rt, nitems), (THREADS,),
            (experts.gate_up_packed, experts.gate_up_scale, hidden, sorted_pair, items, num_items, k, h, i, hbuf))
-    launch(_kernel(f"moe_down_nt{nt}_rt{rt}_d{d}"), (h // 16 // rt, nitems), (THREADS,),
+    launch(_kernel(f"moe_down_{name}"), (h // 16 // rt, nitems), (THREADS,),
            (experts.down_packed, experts.down_scale, hbuf, sorted_pair, items, num_items, wts, k, h, i, ybuf))
     launch(_kernel("moe_combine"), ((h // 4 + 255) // 256, m), (256,),
            (ybuf, ids, k, e, h, out))
