@@ -89,6 +89,25 @@ def _time_dflash(model, block: int, dev: torch.device, reps: int = 10) -> dict[s
             "own_weight_bytes": nbytes}
 
 
+def _profile(out: str, greedy_run, ddtree_run, dev: torch.device) -> None:
+    """torch.profiler over 3 greedy and 3 DDTree steps; op tables to <out>/engine_profile.txt."""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    lines = []
+    for name, fn in (("greedy", greedy_run), ("ddtree", ddtree_run)):
+        with profile(activities=acts) as prof:
+            fn(3) if name == "ddtree" else fn(3, False)
+        ka = prof.key_averages()
+        key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+        lines.append(f"== {name}: 3 steps, by {key}\n" + ka.table(sort_by=key, row_limit=25, max_name_column_width=60))
+        lines.append(f"== {name}: 3 steps, by cpu_time_total\n" + ka.table(sort_by="cpu_time_total", row_limit=25,
+                                                                          max_name_column_width=60))
+    Path(out, "engine_profile.txt").write_text("\n".join(lines))
+
+
 def _fill_prefix(cache: PagedKVCache, rid, n: int, seed: int) -> None:
     cache.add_request(rid)
     s = cache.allocate(rid, n)
@@ -102,7 +121,7 @@ def _fill_prefix(cache: PagedKVCache, rid, n: int, seed: int) -> None:
 def run(out: str | None, layers: int = 4, experts: int | None = None, prefix: int = 4096, block: int = 16,
         budget: int = 32, p_top: float = 0.8, steps: int = 16, warmup: int = 3, tiny: bool = False,
         device: str = "auto", moe: str = "auto", verify: str = "auto", tree_impl: str = "auto",
-        bandwidth_bytes: int = 2 << 30) -> dict[str, Any]:
+        bandwidth_bytes: int = 2 << 30, profile: bool = False) -> dict[str, Any]:
     from workbench.measure import measure_copy_bandwidth, write_measurement
 
     if device == "auto":
@@ -195,6 +214,8 @@ def run(out: str | None, layers: int = 4, experts: int | None = None, prefix: in
     d_out, d_recs = try_kernels(ddtree_run, steps)
     n_cmp = min(len(d_out), len(cont))
     agree = next((i for i in range(n_cmp) if d_out[i] != cont[i]), n_cmp)
+    if profile and out is not None:
+        _profile(out, greedy_run, ddtree_run, dev)
     dflash = _time_dflash(model, block, dev, reps=steps)
     bw = measure_copy_bandwidth(bandwidth_bytes) if dev.type == "cuda" else None
     gbps = bw["gb_per_s"] if bw else None
@@ -205,14 +226,15 @@ def run(out: str | None, layers: int = 4, experts: int | None = None, prefix: in
         parts = {k: _median([b[k] for _, b in recs]) for k in recs[0][1] if k not in (
             "total", "distinct_experts_per_moe_layer")}
         acc = _median([r.accepted_length for r, _ in recs])
+        mean_acc = float(sum(r.accepted_length for r, _ in recs) / len(recs))
         floor_ms = nbytes / (gbps * 1e9) * 1e3 if gbps else None
         return {"median_ms": times, "bytes_touched": nbytes, "bytes_by_part": parts,
                 "distinct_experts_per_moe_layer": [
                     _median([b["distinct_experts_per_moe_layer"][i] for _, b in recs])
                     for i in range(len(recs[0][1]["distinct_experts_per_moe_layer"]))],
                 "floor_ms": floor_ms, "pct_of_floor": (100 * floor_ms / times["total"]) if floor_ms else None,
-                "median_accepted_length": acc, "tree_size": recs[0][0].tree_size,
-                "ms_per_token": times["total"] / acc if acc else None}
+                "median_accepted_length": acc, "mean_accepted_length": mean_acc,
+                "tree_size": recs[0][0].tree_size, "ms_per_token": times["total"] / mean_acc}
 
     expected = drafter.expected_accepted_length(budget)
     results = {"greedy": summarise(g_recs), "ddtree": summarise(d_recs), "lossless": agree == n_cmp,
@@ -262,7 +284,7 @@ def print_table(results: dict[str, Any]) -> None:
         fl = f"{r['floor_ms']:7.3f}" if r["floor_ms"] else "      -"
         pf = f"{r['pct_of_floor']:6.1f}" if r["pct_of_floor"] else "     -"
         print(f"{m:8s} {t['total']:8.3f} " + " ".join(f"{t[p]:10.3f}" for p in PHASES) +
-              f" {r['median_accepted_length']:6.1f} {r['ms_per_token']:7.3f} {fl} {pf}")
+              f" {r['mean_accepted_length']:6.2f} {r['ms_per_token']:7.3f} {fl} {pf}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,10 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify", choices=("auto", "torch"), default="auto")
     ap.add_argument("--tree-impl", choices=("auto", "reference", "batched"), default="auto")
     ap.add_argument("--tiny", action="store_true", help="small config (CPU smoke test)")
+    ap.add_argument("--profile", action="store_true", help="also write engine_profile.txt (torch.profiler)")
     a = ap.parse_args(argv)
     run(a.out, layers=a.layers, experts=a.experts, prefix=a.prefix, block=a.block, budget=a.budget,
         p_top=a.p_top, steps=a.steps, warmup=a.warmup, tiny=a.tiny, device=a.device, moe=a.moe,
-        verify=a.verify, tree_impl=a.tree_impl)
+        verify=a.verify, tree_impl=a.tree_impl, profile=a.profile)
     return 0
 
 
