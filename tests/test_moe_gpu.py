@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def small():
-    return random_int4_experts(16, 1024, 512, device="cuda", seed=7)
+    return random_int4_experts(16, 1024, 1024, device="cuda", seed=7)
 
 
 @pytest.mark.parametrize("m,routing", [(1, "uniform"), (5, "skewed"), (16, "uniform"), (40, "skewed"),

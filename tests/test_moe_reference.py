@@ -95,8 +95,9 @@ def test_plateau_and_work_item_bound():
     assert plateau_m([1, 2], [float("nan"), 1.0]) == 2
     assert kernel_config(1)[0] == 1 and kernel_config(1024)[0] == 4
     for var in VARIANTS:  # every listed variant is compiled in moe_int4.cu
-        nt, rt, d, s = var
-        assert f"MOE_INSTANCE({nt}, {rt}, {d}, {s}, {variant_name(var).split('_')[-1]})" in SRC
+        nt, rt, d, s, line = var
+        tag = variant_name(var).split("_")[-1]
+        assert f"MOE_INSTANCE({nt}, {rt}, {d}, {s}, {'true' if line else 'false'}, {tag})" in SRC
     g = torch.Generator().manual_seed(5)
     for m in (1, 3, 16, 100, 1024):
         for kind in ("uniform", "skewed"):

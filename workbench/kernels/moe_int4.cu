@@ -157,14 +157,20 @@ struct StepBuf {
 // S > 0:  weights and scales stream through a per-warp ring of S shared-memory
 //         stages with cp.async (S - 1 steps in flight, no register cost);
 //         activations are prefetched one step ahead in registers.
-template <int NT, int RT, int D, int S, bool GATE_UP>
+// LINE (with S > 0): a stage is two K steps; each cp.async instruction of a warp fetches 4 rows x
+//         128 contiguous bytes (whole L2 lines) and scatters them to the lanes that consume them,
+//         halving the L2 requests per byte against the fragment-order loads (needs an even
+//         number of steps per warp: K a multiple of 1024).
+template <int NT, int RT, int D, int S, bool LINE, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm(
     const uint4* __restrict__ W, const unsigned short* __restrict__ Sc,
     const __nv_bfloat16* __restrict__ X,      // GATE_UP: hidden [M, H]; DOWN: h [P, I]
     const int* __restrict__ sorted_pair, const int* __restrict__ items, const int* __restrict__ num_items,
     const float* __restrict__ topk_w, int topk, int H, int I,
     __nv_bfloat16* __restrict__ h_out, float* __restrict__ y_out) {
-    constexpr int STAGE_BYTES = RT * 1280;   // RT x (2 x 32 lanes x 16 B weights + 2 x 32 lanes x 4 B scales)
+    // S > 0: RT x (2 x 32 lanes x 16 B weights + 2 x 32 lanes x 4 B scales) per step;
+    // LINE: RT x (2 steps x 2 x 32 lanes x 16 B weights + 16 rows x 8 bf16 scales) per two steps.
+    constexpr int STAGE_BYTES = LINE ? RT * 2304 : RT * 1280;
     constexpr int RED_FLOATS = RT * NT * 4 * 32;
     __shared__ __align__(16) unsigned char smem[S > 0 ? MOE_WARPS * S * STAGE_BYTES : (MOE_WARPS - 1) * RED_FLOATS * 4];
 
@@ -278,6 +284,71 @@ __device__ __forceinline__ void moe_gemm(
             }
         }
     }
+    } else if constexpr (LINE) {
+    unsigned char* ring = smem + warp * (S * STAGE_BYTES);
+    const int nst = steps / 2;                  // stages of two steps
+    const int gbase = 4 * step0;                // first group of this warp's K range
+    auto issue = [&](int jj, int slot) {
+        unsigned char* st = ring + slot * STAGE_BYTES;
+        const int c = lane & 7;                 // 16-byte chunk of the 128-byte line
+#pragma unroll
+        for (int rr = 0; rr < RT; ++rr) {
+            const int tile = blockIdx.x * RT + rr;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 4 * i + (lane >> 3);   // row 0..15 of the tile
+                const int grow = GATE_UP ? (r < 8 ? tile * 8 + r : I + tile * 8 + (r - 8)) : tile * 16 + r;
+                const int sidx = c >> 2, tt = c & 3, gg = r & 7, rowsel = r >> 3;
+                cp_async16(st + rr * 2048 + ((sidx * 2 + rowsel) * 32 + gg * 4 + tt) * 16,
+                           Wb + (long long)grow * kgroups + gbase + 8 * jj + c);
+            }
+            if (lane < 16) {
+                const int r = lane;
+                const int grow = GATE_UP ? (r < 8 ? tile * 8 + r : I + tile * 8 + (r - 8)) : tile * 16 + r;
+                cp_async16(st + RT * 2048 + rr * 256 + r * 16, Sb + (long long)grow * kgroups + gbase + 8 * jj);
+            }
+        }
+    };
+#pragma unroll
+    for (int q = 0; q < S - 1; ++q) {
+        if (q < nst) issue(q, q);
+        cp_async_commit();
+    }
+    uint4 xq[NT][4];
+    load_x<NT>(xq, xrow, 4 * step0 + t);
+#pragma unroll 1
+    for (int jj = 0; jj < nst; ++jj) {
+        if (jj + S - 1 < nst) issue(jj + S - 1, (jj + S - 1) % S);
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        const unsigned char* st = ring + (jj % S) * STAGE_BYTES;
+#pragma unroll
+        for (int sidx = 0; sidx < 2; ++sidx) {
+            const int j = 2 * jj + sidx;
+            uint4 xn[NT][4];
+            if (j + 1 < steps) load_x<NT>(xn, xrow, 4 * (step0 + j + 1) + t);
+            uint4 wa4[RT], wb4[RT];
+            unsigned int sa2[RT], sb2[RT];
+#pragma unroll
+            for (int rr = 0; rr < RT; ++rr) {
+                wa4[rr] = *reinterpret_cast<const uint4*>(st + rr * 2048 + ((sidx * 2 + 0) * 32 + lane) * 16);
+                wb4[rr] = *reinterpret_cast<const uint4*>(st + rr * 2048 + ((sidx * 2 + 1) * 32 + lane) * 16);
+                const unsigned short* sc = reinterpret_cast<const unsigned short*>(st + RT * 2048 + rr * 256);
+                const unsigned int va = sc[g * 8 + 4 * sidx + t];
+                const unsigned int vb = sc[(g + 8) * 8 + 4 * sidx + t];
+                sa2[rr] = va | (va << 16);
+                sb2[rr] = vb | (vb << 16);
+            }
+            compute_step<NT, RT>(acc, wa4, wb4, sa2, sb2, xq);
+            if (j + 1 < steps) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) xq[n][q] = xn[n][q];
+            }
+        }
+    }
+    cp_async_wait<0>();
     } else {
     unsigned char* ring = smem + warp * (S * STAGE_BYTES);
     auto issue = [&](int j, int slot) {
@@ -381,32 +452,35 @@ __device__ __forceinline__ void moe_gemm(
     }
 }
 
-#define MOE_INSTANCE(NT, RT, D, S, TAG)                                                                \
+#define MOE_INSTANCE(NT, RT, D, S, LINE, TAG)                                                          \
     extern "C" __global__ void __launch_bounds__(128) moe_gate_up_nt##NT##_rt##RT##_##TAG(              \
         const uint4* W, const unsigned short* Sc, const __nv_bfloat16* X, const int* sorted_pair,      \
         const int* items, const int* num_items, int topk, int H, int I, __nv_bfloat16* h_out) {       \
-        moe_gemm<NT, RT, D, S, true>(W, Sc, X, sorted_pair, items, num_items, nullptr, topk, H, I,     \
-                                     h_out, nullptr);                                                  \
+        moe_gemm<NT, RT, D, S, LINE, true>(W, Sc, X, sorted_pair, items, num_items, nullptr, topk, H, \
+                                           I, h_out, nullptr);                                         \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) moe_down_nt##NT##_rt##RT##_##TAG(                 \
         const uint4* W, const unsigned short* Sc, const __nv_bfloat16* h, const int* sorted_pair,      \
         const int* items, const int* num_items, const float* topk_w, int topk, int H, int I,           \
         float* y_out) {                                                                                \
-        moe_gemm<NT, RT, D, S, false>(W, Sc, h, sorted_pair, items, num_items, topk_w, topk, H, I,     \
-                                      nullptr, y_out);                                                 \
+        moe_gemm<NT, RT, D, S, LINE, false>(W, Sc, h, sorted_pair, items, num_items, topk_w, topk, H, \
+                                            I, nullptr, y_out);                                        \
     }
 
-// Variants (token tiles NT, row tiles per warp RT, then d<D>: D register-prefetched steps, or
-// s<S>: S-stage cp.async ring). workbench/moe/fused.py's VARIANTS lists them.
-MOE_INSTANCE(1, 1, 4, 0, d4)
-MOE_INSTANCE(1, 2, 2, 0, d2)
-MOE_INSTANCE(2, 2, 2, 0, d2)
-MOE_INSTANCE(4, 2, 2, 0, d2)
-MOE_INSTANCE(1, 1, 0, 6, s6)
-MOE_INSTANCE(1, 1, 0, 8, s8)
-MOE_INSTANCE(1, 2, 0, 4, s4)
-MOE_INSTANCE(2, 2, 0, 4, s4)
-MOE_INSTANCE(4, 2, 0, 4, s4)
+// Variants (token tiles NT, row tiles per warp RT, then d<D>: D register-prefetched steps,
+// s<S>: S-stage cp.async ring in fragment order, l<S>: S-stage ring of whole-line fetches).
+// workbench/moe/fused.py's VARIANTS lists them.
+MOE_INSTANCE(1, 1, 4, 0, false, d4)
+MOE_INSTANCE(1, 2, 2, 0, false, d2)
+MOE_INSTANCE(2, 2, 2, 0, false, d2)
+MOE_INSTANCE(4, 2, 2, 0, false, d2)
+MOE_INSTANCE(1, 2, 0, 4, false, s4)
+MOE_INSTANCE(2, 2, 0, 4, false, s4)
+MOE_INSTANCE(1, 1, 0, 4, true, l4)
+MOE_INSTANCE(1, 1, 0, 5, true, l5)
+MOE_INSTANCE(1, 2, 0, 2, true, l2)
+MOE_INSTANCE(2, 1, 0, 4, true, l4)
+MOE_INSTANCE(2, 2, 0, 2, true, l2)
 
 // One CTA of 1024 threads; E <= 1024. ids [P] int32 (P = M * topk).
 // Out: sorted_pair [P] (pair ids grouped by expert), items [max_items][3]

@@ -210,10 +210,10 @@ def check_case(experts: Int4Experts, m: int, routing: str, gen: torch.Generator,
 
 
 def run_sanitize_checks(seed: int = 1) -> list[dict[str, Any]]:
-    """Small config for compute-sanitizer: H=1024, I=512, E=16, all three kernel configs."""
+    """Small config for compute-sanitizer: H=1024, I=1024, E=16, every compiled variant."""
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(seed)
-    ex = random_int4_experts(16, 1024, 512, device="cuda", seed=seed)
+    ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed)
     res = []
     saved = list(KERNEL_TABLE)
     try:
@@ -323,7 +323,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
         checks.append(check_case(experts, m, "uniform", gen, K))
     for m in (4, 16, 256, 1024):
         checks.append(check_case(experts, m, "skewed", gen, K))
-    small = random_int4_experts(16, 1024, 512, device="cuda", seed=seed + 1)
+    small = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed + 1)
     for m in (1, 7, 40, 300):
         checks.append(check_case(small, m, "skewed", gen, K))
     saved = list(KERNEL_TABLE)
@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="small parity checks only (for compute-sanitizer)")
     ap.add_argument("--single", type=int, default=None, metavar="M",
                     help="two calls (warm-up + one) per --variants at Kimi shapes and M tokens (for ncu)")
-    ap.add_argument("--variants", nargs="*", default=[], help="variants for --single, e.g. 1,2,2,0 1,1,0,8")
+    ap.add_argument("--variants", nargs="*", default=[], help="variants for --single, e.g. 1,2,2,0,0 1,1,0,4,1")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)

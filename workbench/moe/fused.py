@@ -28,34 +28,37 @@ MAX_EXPERTS = 1024
 THREADS = 128
 
 
-# Compiled variants (NT, RT, D, S) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token tiles
-# of 8 per work item, RT row tiles of 16 per warp, and either D weight steps prefetched in
-# registers (S = 0) or an S-stage cp.async shared-memory ring (D = 0).
-VARIANTS: tuple[tuple[int, int, int, int], ...] = (
-    (1, 1, 4, 0), (1, 2, 2, 0), (2, 2, 2, 0), (4, 2, 2, 0),
-    (1, 1, 0, 6), (1, 1, 0, 8), (1, 2, 0, 4), (2, 2, 0, 4), (4, 2, 0, 4))
+# Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
+# tiles of 8 per work item, RT row tiles of 16 per warp, and either D weight steps prefetched in
+# registers (S = 0), or an S-stage cp.async shared-memory ring filled in fragment order
+# (LINE = 0) or by whole 128-byte lines, two K steps per stage (LINE = 1; K a multiple of 1024).
+Variant = tuple[int, int, int, int, int]
+VARIANTS: tuple[Variant, ...] = (
+    (1, 1, 4, 0, 0), (1, 2, 2, 0, 0), (2, 2, 2, 0, 0), (4, 2, 2, 0, 0),
+    (1, 2, 0, 4, 0), (2, 2, 0, 4, 0),
+    (1, 1, 0, 4, 1), (1, 1, 0, 5, 1), (1, 2, 0, 2, 1), (2, 1, 0, 4, 1), (2, 2, 0, 2, 1))
 
 # (largest M, variant) in increasing M; the last entry covers every larger M. Set from the
 # variant timings of data/measurements/h200/moe_bandwidth.json (results.tuning).
-KERNEL_TABLE: list[tuple[int, tuple[int, int, int, int]]] = [
-    (1, (1, 1, 4, 0)), (511, (1, 2, 2, 0)), (1023, (2, 2, 2, 0)), (1 << 30, (4, 2, 2, 0))]
+KERNEL_TABLE: list[tuple[int, Variant]] = [
+    (1, (1, 1, 4, 0, 0)), (511, (1, 2, 2, 0, 0)), (1023, (2, 2, 2, 0, 0)), (1 << 30, (4, 2, 2, 0, 0))]
 
 
-def variant_name(var: tuple[int, int, int, int]) -> str:
-    """Kernel-name suffix of a variant: ``nt1_rt2_d2`` or ``nt1_rt1_s8``."""
-    nt, rt, d, s = var
-    return f"nt{nt}_rt{rt}_" + (f"s{s}" if s else f"d{d}")
+def variant_name(var: Variant) -> str:
+    """Kernel-name suffix of a variant: ``nt1_rt2_d2``, ``nt1_rt2_s4`` or ``nt1_rt1_l4``."""
+    nt, rt, d, s, line = var
+    return f"nt{nt}_rt{rt}_" + (f"l{s}" if line else f"s{s}" if s else f"d{d}")
 
 
-def kernel_config(m: int) -> tuple[int, int, int, int]:
-    """(NT, RT, D, S) variant used for M tokens (from :data:`KERNEL_TABLE`)."""
+def kernel_config(m: int) -> Variant:
+    """(NT, RT, D, S, LINE) variant used for M tokens (from :data:`KERNEL_TABLE`)."""
     for max_m, var in KERNEL_TABLE:
         if m <= max_m:
             return var
     return KERNEL_TABLE[-1][1]
 
 
-def set_kernel_table(table: list[tuple[int, tuple[int, int, int, int]]]) -> None:
+def set_kernel_table(table: list[tuple[int, Variant]]) -> None:
     """Replace :data:`KERNEL_TABLE` (the benchmark's tuning uses this); variants must be compiled ones."""
     for _, var in table:
         if tuple(var) not in VARIANTS:
@@ -144,6 +147,8 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
         hidden = hidden.clone()
     p = m * k
     var = kernel_config(m)
+    if var[4] and (h % 1024 or i % 1024):  # whole-line variants need an even number of steps per warp
+        var = (var[0], 2, 2, 0, 0)
     nt, rt, name = var[0], var[1], variant_name(var)
     chunk = 8 * nt
     nitems = max_work_items(p, e, chunk)
