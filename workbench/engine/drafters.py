@@ -28,7 +28,7 @@ first, so for ``budget >= L`` and ``miss_rank=None``
     E[accepted length] = 1 + sum_{j=1..L} prod_{i<j+1} p_top[i-1]
                        = 1 + p + p^2 + ... + p^L   for a constant p.
 
-(p = 0.9, L = 15: 7.3; p = 0.7: 3.3; p = 1: block.) With ``miss_rank = m``
+(p = 0.9, L = 15: 8.15; p = 0.8: 4.86; p = 0.7: 3.32; p = 1: block.) With ``miss_rank = m``
 a miss is still accepted when the tree holds the node whose rank path is
 (0, ..., 0, m, ...) - the budget decides. :meth:`ScriptedDrafter.expected_accepted_length`
 computes the exact expectation for any settings and budget by building the
