@@ -190,8 +190,7 @@ def test_kernel_compiles_without_spills():
 # ----------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,dtype", [("verify_attention[ws]", "bfloat16"), ("verify_attention[mma]", "bfloat16"),
-                                          ("verify_attention", "float32")])
+@pytest.mark.parametrize("kernel,dtype", [("verify_attention", "bfloat16"), ("verify_attention", "float32")])
 @pytest.mark.parametrize("heads,prefix", [(8, 0), (8, 1), (8, 333), (64, 1000), (8, 9000)])
 def test_gpu_parity(kernel, dtype, heads, prefix):
     rows = V.verify_parity_rows([dict(kernel=kernel, nodes=33, heads=heads, prefix=prefix,
@@ -203,8 +202,7 @@ def test_gpu_parity(kernel, dtype, heads, prefix):
 def test_gpu_parity_batched_and_simple():
     rows = V.verify_parity_rows([
         dict(kernel=k, nodes=17, heads=8, prefix=[0, 3000, 65, 700], dtype=d, repeats=1)
-        for k, d in (("verify_attention_batched", "bfloat16"), ("verify_attention_batched[mma]", "bfloat16"),
-                     ("verify_attention_batched", "float32"))] + [
+        for k, d in (("verify_attention_batched", "bfloat16"), ("verify_attention_batched", "float32"))] + [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=2000, dtype="bfloat16", repeats=1),
         dict(kernel="verify_attention", nodes=70, heads=8, prefix=500, dtype="bfloat16", repeats=1)], "cuda")
     assert all(r["pass"] for r in rows), rows

@@ -38,13 +38,11 @@ D_ROPE = 64     # qk_rope_head_dim
 D_KV = D_LATENT + D_ROPE
 
 _MMA_ROWS = 64      # query rows per block, tensor-core kernel (impl "mma")
-_WS_ROWS = 32       # query rows per block, warp-specialised tensor-core kernel (impl "ws")
 _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
-_WS_SMEM = 4 * 32 * 576 * 2 + 2 * 4 * 32 * 40 * 4 + 2 * 32 * 32 * 2 + 4 * 32 * 4
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "ws", "mma", "simple")
-_AUTO_BF16 = "ws"   # what impl="auto" runs for bf16 inputs
+_IMPLS = ("auto", "mma", "simple")
+_AUTO_BF16 = "mma"  # what impl="auto" runs for bf16 inputs
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -233,16 +231,17 @@ def _plan(n_prefix_total: int, B: int, T: int, M: int, rows_per_block: int, bloc
     return rb, chunk_len, n_chunks
 
 
-_KERNELS: dict[str, Any] = {}
+_KERNELS: dict[tuple, Any] = {}
 
 
-def _kernel(name: str, smem: int):
-    """Cached ``RawKernel`` of the ddtree_verify family, dynamic shared memory limit raised once."""
-    k = _KERNELS.get(name)
+def _kernel(name: str, smem: int, options: tuple = ()):
+    """Cached ``RawKernel`` of the ddtree_verify family (NVRTC ``options`` such as ``-D`` macros
+    select tuning variants), dynamic shared memory limit raised once."""
+    k = _KERNELS.get((name, options))
     if k is None:
         from workbench.kernels import get_kernel
 
-        k = get_kernel("ddtree_verify", name)
+        k = get_kernel("ddtree_verify", name, tuple(options))
         if smem > 48 * 1024:
             try:
                 k.max_dynamic_shared_size_bytes = smem
@@ -250,7 +249,7 @@ def _kernel(name: str, smem: int):
                 import cupy
 
                 cupy.cuda.driver.funcSetAttribute(k.kernel.ptr, 8, smem)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _KERNELS[name] = k
+        _KERNELS[(name, options)] = k
     return k
 
 
@@ -265,7 +264,11 @@ def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
     st = torch.cuda.current_stream()
     cs = _STREAMS.get(st.cuda_stream)
     if cs is None:
-        cs = _STREAMS[st.cuda_stream] = cp.cuda.ExternalStream(st.cuda_stream, st.device.index)
+        import warnings
+
+        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it still wraps torch's stream
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cs = _STREAMS[st.cuda_stream] = cp.cuda.ExternalStream(st.cuda_stream, st.device.index)
     conv = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -303,7 +306,7 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
 
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
-                             out=None, lse=None, _poison_workspace: bool = False):
+                             out=None, lse=None, _poison_workspace: bool = False, _options: tuple = ()):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -316,11 +319,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     parents, slots and offsets first, which syncs once). CPU tensors take a
     torch path computed in float32.
 
-    ``impl``: ``"auto"`` (tensor cores for bf16: ``"ws"``; CUDA cores for
-    float32), ``"ws"`` (warp-specialised: 4 score warps keep Q in registers, 4
-    output warps keep O, 32 query rows x 32 keys per step), ``"mma"`` (64 rows x
-    64 keys per step, all warps in both phases) or ``"simple"`` (CUDA cores, any
-    dtype). ``chunk_len`` overrides
+    ``impl``: ``"auto"`` (tensor cores for bf16, CUDA cores for float32),
+    ``"mma"`` (bf16 tensor cores, 64 query rows x 64 keys per step) or
+    ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
     Returns ``(out [B, T, H, 512] in the input dtype, lse [B, T, H] float32)``.
     """
@@ -388,9 +389,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else (_AUTO_BF16 if dtype == torch.bfloat16 else "simple")
-    if kind in ("mma", "ws") and dtype != torch.bfloat16:
+    if kind == "mma" and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    rows = {"mma": _MMA_ROWS, "ws": _WS_ROWS, "simple": _SIMPLE_ROWS}[kind]
+    rows = _MMA_ROWS if kind == "mma" else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
@@ -419,9 +420,8 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offsets, tail, vis, chunk_start, o_part, lse_part,
             B, T, H, W, clen, scale_log2)
     if kind == "mma":
-        _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM), (rb, n_chunks), 256, args, shared_mem=_MMA_SMEM)
-    elif kind == "ws":
-        _launch(_kernel("ddtree_verify_ws_bf16", _WS_SMEM), (rb, n_chunks), 256, args, shared_mem=_WS_SMEM)
+        _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
+                shared_mem=_MMA_SMEM)
     else:
         name = "ddtree_verify_simple_bf16" if dtype == torch.bfloat16 else "ddtree_verify_simple_f32"
         _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
@@ -431,7 +431,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
-                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None):
+                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = ()):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -455,7 +455,8 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     o = None if out is None else out.unsqueeze(0)
     l = None if lse is None else lse.unsqueeze(0)
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, offsets, tail_kv[None],
-                                    parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l)
+                                    parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
+                                    _options=_options)
     return o[0], l[0]
 
 
@@ -626,7 +627,7 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
     """Parity rows: each case on fresh random inputs against the float64 reference.
 
     A case is a dict: ``kernel`` (``verify_attention``, ``verify_attention_batched``,
-    either with an impl tag such as ``verify_attention[mma]``, ``[ws]``, ``[simple]``;
+    either with an impl tag such as ``verify_attention[mma]`` or ``[simple]``;
     ``verify_attention_naive``, ``verify_attention_sdpa``),
     ``nodes``, ``heads``, ``prefix`` (int, or a list for the batched kernel),
     ``dtype`` (``"bfloat16"``/``"float32"``), ``repeats`` (random cases).
@@ -766,12 +767,13 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                      prefixes: Sequence[int] = (4096, 16384, 65536, 131072), dtype: Any = "bfloat16",
                      out: Any = None, reps: int = 50, peer_reps: int = 10,
                      peers: Sequence[str] = ("naive_torch", "sdpa_dense_mask", "flex_attention"),
-                     variants: Sequence[str] = ("mma", "ws"), seed: int = 0) -> dict[str, Any]:
+                     variants: dict[str, dict[str, Any]] | None = None, seed: int = 0) -> dict[str, Any]:
     """Time :func:`verify_attention` against peers and its floor on the current GPU.
 
     For every (heads, prefix) point: fresh random inputs, the KV rotated over
     several caches so that more than L2 is read; every callable (the kernel,
-    its ``variants`` impls, each peer) timed as replayed CUDA graphs (launch
+    its ``variants`` (name -> extra keyword arguments of :func:`verify_attention`,
+    e.g. ``{"simple": {"impl": "simple"}}``), each peer) timed as replayed CUDA graphs (launch
     overhead out; eager where capture fails, recorded in ``mode``) with CUDA
     events, the kernel also eagerly (``eager_median_ms``, Python launch
     overhead in); medians over ``reps`` (peers: ``peer_reps``); FlexAttention
@@ -804,20 +806,20 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             key = f"H{H}_P{P}"
             samples[key] = {}
 
-            def fns_for(impl):
-                return [lambda st=st: verify_attention(**st, check=False, impl=impl) for st in sets]
+            def fns_for(kw):
+                return [lambda st=st: verify_attention(**st, check=False, **kw) for st in sets]
 
-            ks, kmode = _time_rotating(fns_for("auto"), reps, 5, graph=True)
+            ks, kmode = _time_rotating(fns_for({}), reps, 5, graph=True)
             samples[key]["verify_attention"] = ks
             cur = {"i": 0}
             eager = time_cuda(lambda: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
                               setup=lambda i: cur.__setitem__("i", i % n_sets))
             samples[key]["verify_attention_eager"] = eager
             var_res = {}
-            for impl in variants:
-                vs, vmode = _time_rotating(fns_for(impl), reps, 3, graph=True)
-                samples[key][f"verify_attention[{impl}]"] = vs
-                var_res[impl] = {"median_ms": median(vs), "mode": vmode}
+            for vname, kw in (variants or {}).items():
+                vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                samples[key][f"verify_attention[{vname}]"] = vs
+                var_res[vname] = {"median_ms": median(vs), "mode": vmode}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
             kmed = median(ks)
             peer_res = {}
@@ -862,7 +864,9 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                    all_faster_than_peers=all(p["faster_than_all_peers"] for p in points),
                    min_percent_of_floor=min(p["percent_of_floor"] for p in points) if points else None,
                    parameters=dict(heads=list(heads), nodes=nodes, prefixes=list(prefixes), dtype=dname,
-                                   reps=reps, peer_reps=peer_reps, peers=list(peers), variants=list(variants)),
+                                   reps=reps, peer_reps=peer_reps, peers=list(peers),
+                                   variants={k: {a: list(b) if isinstance(b, tuple) else b for a, b in v.items()}
+                                             for k, v in (variants or {}).items()}),
                    samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"]))
     if out is not None:
         _write(results, out)
@@ -875,9 +879,9 @@ def _write(results: dict[str, Any], out: Any):
     body = {k: v for k, v in results.items() if k not in ("samples", "parameters")}
     return write_measurement("ddtree_verify", out_dir=out, parameters=results["parameters"], results=body,
                              samples=results["samples"],
-                             notes="verify_attention (bf16 mma.sync kernels: 'ws' warp-specialised 32 rows x 32 "
-                                   "keys, 'mma' 64 x 64; flash-decoding split + log-sum-exp merge) vs torch peers "
-                                   "in the same process, all timed as replayed CUDA graphs (eager_median_ms: the "
+                             notes="verify_attention (bf16 mma.sync kernel, 64 query rows x 64 keys per step, "
+                                   "flash-decoding split + log-sum-exp merge; variants: S-loop unroll factors) vs "
+                                   "torch peers in the same process, all timed as replayed CUDA graphs (eager_median_ms: the "
                                    "kernel with Python launch overhead); floor = max(bytes / measured copy "
                                    "bandwidth, flops / measured bf16 matmul rate); results.parity: rows against "
                                    "the float64 reference")
@@ -922,6 +926,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=33)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--peer-reps", type=int, default=10)
+    ap.add_argument("--unroll-variants", type=int, nargs="*", default=[2, 12],
+                    help="also time the kernel compiled with these score-loop unroll factors (default 4)")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
     args = ap.parse_args(argv)
@@ -931,7 +937,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         cases = [dict(kernel=k, nodes=9, heads=8, prefix=p, dtype=d, repeats=1)
-                 for k, d in (("verify_attention[ws]", "bfloat16"), ("verify_attention[mma]", "bfloat16"),
+                 for k, d in (("verify_attention[mma]", "bfloat16"),
                               ("verify_attention", "float32"), ("verify_attention[simple]", "bfloat16"))
                  for p in (0, 150)]
         cases.append(dict(kernel="verify_attention_batched", nodes=9, heads=8, prefix=[0, 70, 130],
@@ -950,8 +956,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dev != "cuda":
         print("no CUDA GPU: benchmark skipped")
         return 0
+    variants = {f"unroll{u}": {"_options": (f"-DVERIFY_S_UNROLL={u}",)} for u in args.unroll_variants}
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
-                           reps=args.reps, peer_reps=args.peer_reps)
+                           reps=args.reps, peer_reps=args.peer_reps, variants=variants)
     if rows is not None:
         res["parity"] = rows
     path = _write(res, args.out)
