@@ -92,7 +92,9 @@ def test_routing_and_counting():
 def test_plateau_and_work_item_bound():
     ms = [1.0, 1.1, 1.3, 2.0, 4.0, 8.1]
     assert plateau_m([1, 2, 4, 8, 16, 32], ms) == 8   # 2.0 / 8 = 0.25 ms/token is already the lowest
-    assert plateau_m([1, 2], [float("nan"), 1.0]) == 2
+    assert plateau_m([1, 2], [float("nan"), 1.0]) == 2          # NaN points are skipped
+    assert plateau_m([1, 2, 4], [1.0, 1.0, 1.0]) is None       # still falling at the largest M swept
+    assert plateau_m([1, 2, 4, 8], [1.0, 2.0, 4.0, 8.1]) == 1  # flat per token from the start
     assert kernel_config(1)[0] == 1 and kernel_config(1024)[0] == 4
     for var in VARIANTS:  # every listed variant is compiled in moe_int4.cu
         nt, rt, d, s, line = var

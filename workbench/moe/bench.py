@@ -78,15 +78,18 @@ def flops(m: int, topk: int, hidden: int, intermediate: int) -> int:
 def plateau_m(m_values: list[int], ms: list[float], tol: float = 0.10) -> int | None:
     """Smallest M whose time per token is within ``tol`` of the sweep's lowest time per token.
 
-    This is where time per token stops falling (bigger batches buy < tol).
+    This is where time per token stops falling (bigger batches buy < tol). None when
+    that M is the largest one swept and time per token still fell by more than ``tol``
+    on the way there: the plateau lies beyond the sweep.
     """
-    per_tok = [t / m for m, t in zip(m_values, ms) if t is not None and math.isfinite(t)]
-    ms_ok = [m for m, t in zip(m_values, ms) if t is not None and math.isfinite(t)]
-    if not per_tok:
+    pts = [(m, t / m) for m, t in zip(m_values, ms) if t is not None and math.isfinite(t)]
+    if not pts:
         return None
-    best = min(per_tok)
-    for m, v in zip(ms_ok, per_tok):
+    best = min(v for _, v in pts)
+    for idx, (m, v) in enumerate(pts):
         if v <= best * (1 + tol):
+            if idx == len(pts) - 1 and idx > 0 and pts[idx - 1][1] > v * (1 + tol):
+                return None
             return m
     return None
 

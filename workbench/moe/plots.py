@@ -13,8 +13,8 @@ import torch
 
 from workbench import DATA_DIR
 from workbench.measure import load_measurement
-from workbench.moe.bench import make_routing, rel_error
-from workbench.moe.fused import fused_moe_int4, gpu_supported
+from workbench.moe.bench import make_routing, plateau_m, rel_error
+from workbench.moe.fused import fused_moe_int4, gpu_supported, variant_name
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -150,10 +150,18 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
 def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (routing, M): experts touched, ms, GB/s, % of copy, TFLOP/s, speedups over the peers."""
     out = []
-    for r in doc["results"]["rows"]:
+    rows = doc["results"]["rows"]
+    pm = {}
+    for routing in {r["routing"] for r in rows}:
+        rr = sorted((r for r in rows if r["routing"] == routing), key=lambda r: r["m"])
+        p = plateau_m([r["m"] for r in rr], [r["ms_median"] for r in rr])
+        pm[routing] = p if p is not None else f"> {rr[-1]['m']} (still falling)"
+    for r in rows:
         row = {"routing": r["routing"], "M": r["m"], "experts": r["distinct_experts_median"],
                "ms": r["ms_median"], "GB/s": r["gb_per_s_median"], "% copy": r["pct_of_copy"],
-               "TFLOP/s": r["tflops"], "plateau M*": r.get("plateau_m")}
+               "TFLOP/s": r["tflops"], "ms/token": r["ms_per_token"], "plateau M*": pm[r["routing"]],
+               "kernel": variant_name(tuple(r["kernel_config"])) if len(r["kernel_config"]) == 5 else
+               str(r["kernel_config"])}
         for key in PEERS:
             row[f"x vs {key}"] = r.get(f"speedup_vs_{key}", "-")
         out.append(row)
