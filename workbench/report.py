@@ -1,0 +1,107 @@
+"""The README's results table, generated from the committed measurements.
+
+``python -m workbench.report`` prints the table; ``--write-readme`` replaces
+the block between the ``results:begin`` / ``results:end`` markers of
+README.md. tests/test_report.py checks that the README's block equals what
+the measurements give, so no number in it is typed by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from workbench import REPO_ROOT
+from workbench.measure import load_measurement
+
+README = REPO_ROOT / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def results_rows() -> list[dict[str, Any]]:
+    """One row per issue goal measured on the H200: area, goal, measured, met, source file."""
+    rows: list[dict[str, Any]] = []
+    try:
+        from workbench.ddtree import bench as tb
+
+        for r in tb.goal_rows():
+            rows.append({"area": "DDTree tree kernels", "goal": r["goal"], "measured": r["measured"],
+                         "met": r["met"], "file": "ddtree_kernels.json"})
+    except Exception as e:  # a missing module or file must not hide the rest
+        rows.append({"area": "DDTree tree kernels", "goal": "-", "measured": f"unavailable ({e})", "met": None,
+                     "file": "ddtree_kernels.json"})
+    vdoc = load_measurement("ddtree_verify")
+    if vdoc:
+        res = vdoc["results"]
+        for g in res.get("goal", []) if isinstance(res.get("goal"), list) else []:
+            rows.append({"area": "DDTree verify attention", "goal": g.get("goal"), "measured": g.get("measured"),
+                         "met": g.get("met"), "file": "ddtree_verify.json"})
+        if not isinstance(res.get("goal"), list):
+            rows.append({"area": "DDTree verify attention", "goal": "faster than every peer at every point",
+                         "measured": str(res.get("all_faster_than_peers")),
+                         "met": bool(res.get("all_faster_than_peers")), "file": "ddtree_verify.json"})
+            mp = res.get("min_percent_of_floor")
+            rows.append({"area": "DDTree verify attention", "goal": ">= 50% of floor at every point",
+                         "measured": f"min {mp:.1f}%" if isinstance(mp, (int, float)) else str(mp),
+                         "met": isinstance(mp, (int, float)) and mp >= 50, "file": "ddtree_verify.json"})
+    try:
+        from workbench.moe import plots as mplots
+
+        doc = mplots.load_moe_bandwidth()
+        if doc:
+            for r in mplots.goal_rows(doc):
+                rows.append({"area": "INT4 MoE", "goal": f"{r['goal']} ({r['target']})",
+                             "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
+                             "file": "moe_bandwidth.json"})
+    except Exception as e:
+        rows.append({"area": "INT4 MoE", "goal": "-", "measured": f"unavailable ({e})", "met": None,
+                     "file": "moe_bandwidth.json"})
+    edoc = load_measurement("engine_step")
+    if edoc:
+        for method in ("greedy", "ddtree"):
+            r = edoc["results"].get(method)
+            if r:
+                rows.append({"area": "Engine step (K2.6 slice)", "goal": f"{method}: step time vs bytes floor",
+                             "measured": f"{r['median_ms']['total']:.2f} ms ({r['pct_of_floor']:.1f}% of floor), "
+                                         f"{r['ms_per_token']:.2f} ms/token",
+                             "met": None, "file": "engine_step.json"})
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = "| area | goal | measured on the H200 | met | data/measurements/h200/ |\n| --- | --- | --- | --- | --- |"
+    met = {True: "yes", False: "**no**", None: "-"}
+    body = [f"| {r['area']} | {r['goal']} | {r['measured']} | {met[r['met']]} | `{r['file']}` |" for r in rows]
+    return "\n".join([head, *body])
+
+
+def readme_block() -> str:
+    return f"{BEGIN}\n{markdown_table(results_rows())}\n{END}"
+
+
+def write_readme() -> None:
+    text = README.read_text()
+    pat = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pat.search(text):
+        raise ValueError(f"README.md lacks the {BEGIN} ... {END} markers")
+    README.write_text(pat.sub(lambda _: readme_block(), text))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.report", description=__doc__)
+    p.add_argument("--write-readme", action="store_true")
+    a = p.parse_args(argv)
+    if a.write_readme:
+        write_readme()
+    print(markdown_table(results_rows()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
