@@ -281,3 +281,29 @@ def test_moe_bench_layout(tmp_path):
     # M = 33 sits between the 32 and 64 points (log-linear)
     f33 = cal.moe_fraction(33, {})
     assert cal.moe_measured[2][1] < f33 < cal.moe_measured[3][1]
+
+
+def test_engine_step_comparison(tmp_path):
+    """The layout of issue 4's engine_step.json, shown beside the model (not fitted)."""
+    from workbench.projection.scenarios import engine_step_comparison
+
+    parts = {"attention": 8e8, "dense_mlp": 8e8, "router": 3e7, "shared_experts": 2.6e8,
+             "routed_experts": 4.5e9, "lm_head": 2.35e9, "embedding_rows": 4.7e5, "kv_read": 1.9e7}
+    doc = {"name": "engine_step", "provenance": {"gpu": "NVIDIA H200"},
+           "parameters": {"layers": 4, "experts": 384, "prefix": 4096, "block": 16, "budget": 32, "batch": 1},
+           "results": {"ddtree": {"median_ms": {"draft": 3.0, "tree_build": 0.7, "verify": 9.0, "accept": 0.1,
+                                                "commit": 0.4, "total": 13.2},
+                                  "bytes_by_part": parts},
+                       "dflash_draft": {"own_weight_bytes": 2.0e9}, "copy_bandwidth_gbps": 4200.0}}
+    p = tmp_path / "engine_step.json"
+    p.write_text(json.dumps(doc))
+    cal = load_calibration([p], use_measurements=False)
+    rows = engine_step_comparison(cal)
+    by = {r["part"]: r for r in rows}
+    assert by["verify (MoE + dense + attention)"]["measured ms"] == 9.0
+    params = {k: r.central for k, r in param_ranges([load_gpu("h200")], cal, calibrated_overhead=False).items()}
+    dense_ms = (8e8 + 8e8 + 3e7 + 2.6e8 + 2.35e9) / (4.2e12 * params["dense_fraction_of_copy"]) * 1e3
+    assert by["draft"]["model ms"] == pytest.approx((2.0e9 + 2.35e9) / (4.2e12 * params["dense_fraction_of_copy"]) * 1e3)
+    assert by["verify (MoE + dense + attention)"]["model ms"] > dense_ms
+    assert by["accept + commit"]["measured ms"] == pytest.approx(0.5)
+    assert engine_step_comparison(load_calibration(use_measurements=False)) is None

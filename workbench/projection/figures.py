@@ -173,19 +173,20 @@ def source_arithmetic_table() -> go.Figure:
                         height=140 + 45 * len(rows))
 
 
-def engine_step_table(calib: Calibration, limit: int = 40) -> go.Figure:
-    """The committed H200 engine_step measurement's timings (shown beside the model, not fitted)."""
-    from workbench.projection.calibration import engine_step_rows
+def engine_step_table(calib: Calibration) -> go.Figure:
+    """The committed H200 engine_step measurement beside the model's device terms for the same slice
+    (:func:`workbench.projection.scenarios.engine_step_comparison`); not fitted."""
+    from workbench.projection.scenarios import engine_step_comparison
 
-    if calib.engine_step is None:
+    rows = engine_step_comparison(calib)
+    if rows is None:
         return table_figure([{"engine_step": "data/measurements/h200/engine_step.json is not committed yet"}],
                             "Measured engine step (H200)")
-    rows = [{"record": r["record"], "field": r["field"], "value": f"{r['value']:.4g}"}
-            for r in engine_step_rows(calib.engine_step)[:limit]]
-    if not rows:
-        rows = [{"record": "-", "field": "no *_ms / *_us fields found", "value": "-"}]
-    return table_figure(rows, "Measured engine step on the H200 (K2.6-shaped slice; not fitted)",
-                        height=min(900, 120 + 28 * len(rows)), column_widths=[4, 3, 1.5])
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    shown = [{"part": r["part"], "measured ms": fmt(r["measured ms"]), "model ms": fmt(r["model ms"]),
+              "measured - model ms": fmt(r["measured - model ms"]), "note": r["note"]} for r in rows]
+    return table_figure(shown, "Engine step measured on the H200 (K2.6-shaped slice, one GPU) beside the model's "
+                               "device terms", column_widths=[2, 1, 1, 1.2, 4])
 
 
 def structural_table(calibration: Calibration | None = None, **kw: Any) -> go.Figure:

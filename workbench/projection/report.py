@@ -177,6 +177,21 @@ def block_structural() -> str:
             "assumption.\n\n" + markdown_table(rows))
 
 
+def block_engine_step() -> str:
+    from workbench.projection.scenarios import engine_step_comparison
+
+    cal = load_calibration(use_measurements=True)
+    rows = engine_step_comparison(cal)
+    if rows is None:
+        return "data/measurements/h200/engine_step.json is not committed yet.\n"
+    p = cal.engine_step.get("parameters", {})
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    table = markdown_table([{k: (fmt(v) if k.endswith("ms") else v) for k, v in r.items()} for r in rows])
+    return (f"Slice: {p.get('layers')} layers, {p.get('experts')} experts, prefix {p.get('prefix')}, block "
+            f"{p.get('block')}, budget {p.get('budget')}, batch {p.get('batch')} "
+            f"(data/measurements/h200/engine_step.json).\n\n" + table)
+
+
 def block_assumptions() -> str:
     a = load_assumptions()
     rows = []
@@ -207,8 +222,8 @@ def block_calibration() -> str:
     rows = cal.describe()
     text = markdown_table(rows)
     if cal.engine_step is not None:
-        text += ("\ndata/measurements/h200/engine_step.json is committed: its measured step breakdown is shown "
-                 "in notebook 04 beside the model; it is not fitted.\n")
+        text += ("\ndata/measurements/h200/engine_step.json is committed: its measured step is shown beside the "
+                 "model in section 6 and in notebook 04; it is not fitted.\n")
     files = "; ".join(cal.files) if cal.files else "none yet (anchors only)"
     return f"Measurement files read: {files}.\n\n" + text
 
@@ -224,6 +239,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "breakdown": block_breakdown,
     "sensitivity": block_sensitivity,
     "structural": block_structural,
+    "engine-step": block_engine_step,
 }
 
 

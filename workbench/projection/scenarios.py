@@ -299,3 +299,53 @@ def pro6000_cross_check(calibration: Calibration | None = None) -> dict[str, flo
             "step_ms": r.step_ms["central"], "step_low_ms": r.step_ms["high"], "step_high_ms": r.step_ms["low"],
             "measured_tokens_per_s": measured, "implied_accept": measured * r.step_ms["central"] / 1e3,
             "source_verify_ms": a["rtx_pro_6000_verify_ms"]["value"][0]}
+
+
+def engine_step_comparison(calibration: Calibration | None = None) -> list[dict[str, Any]] | None:
+    """The committed H200 engine_step measurement (a K2.6-shaped slice on one GPU) beside the model's
+    device terms for the same slice, computed with the bytes that measurement counted (its routing
+    touched fewer experts than uniform routing would). None when no engine_step file is committed.
+
+    Rows: part, measured ms, model ms, measured - model. The difference is what the engine spends
+    beyond the model's device terms: launches, host work and syncs of the eager torch engine.
+    """
+    from workbench.projection.model import attention_layer_costs
+    from workbench.projection.project import param_ranges
+
+    calib = calibration or load_calibration(use_measurements=True)
+    doc = calib.engine_step
+    if doc is None:
+        return None
+    try:
+        p, r = doc["parameters"], doc["results"]
+        dd = r["ddtree"]
+        med, parts = dd["median_ms"], dd["bytes_by_part"]
+        layers, prefix, budget = int(p["layers"]), int(p["prefix"]), int(p["budget"])
+        copy = float(r["copy_bandwidth_gbps"]) * 1e9
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"engine_step measurement lacks a field the comparison needs: {e}") from None
+    gpu = load_gpu("h200")
+    params = {k: v.central for k, v in param_ranges([gpu], calib, calibrated_overhead=False).items()}
+    cfg = default_model()
+    m = budget + 1
+    dense_frac = params["dense_fraction_of_copy"]
+    moe = parts.get("routed_experts", 0.0) / (copy * calib.moe_fraction(m, params)) * 1e3
+    dense_bytes = sum(v for k, v in parts.items() if k not in ("routed_experts", "kv_read", "embedding_rows"))
+    dense = dense_bytes / (copy * dense_frac) * 1e3
+    nbytes, flops = attention_layer_costs(cfg, prefix, m, 1)
+    mm = params["matmul_flops:h200"] * params["matmul_fraction:h200"]
+    attn = layers * calib.attention_layer_ms(max(nbytes / copy, flops / mm) * 1e3, params)
+    drafter = (r.get("dflash_draft") or {}).get("own_weight_bytes")
+    draft = None if drafter is None else (drafter + parts.get("lm_head", 0.0)) / (copy * dense_frac) * 1e3
+    tree = calib.gpu_tree_build_ms(params, budget)
+    rows = [("verify (MoE + dense + attention)", med.get("verify"), moe + dense + attn,
+             f"MoE {moe:.2f} + dense {dense:.2f} + attention {attn:.2f} ms for {layers} layers, prefix {prefix}"),
+            ("draft", med.get("draft"), draft, "drafter weights + lm_head streamed at the dense fraction"),
+            ("tree_build", med.get("tree_build"), tree, "GPU tree-build kernel (top-k and launches not in the model)"),
+            ("accept + commit", (med.get("accept") or 0) + (med.get("commit") or 0), None, "host overhead in the model"),
+            ("total", med.get("total"), None, "")]
+    out = []
+    for part, meas, model, note in rows:
+        out.append({"part": part, "measured ms": meas, "model ms": model,
+                    "measured - model ms": None if meas is None or model is None else meas - model, "note": note})
+    return out
