@@ -149,7 +149,7 @@ class Projection:
                  f"bandwidth {self.bandwidth_bytes_per_s / 1e12:.2f} TB/s (datasheet); MoE: {self.calibration.moe_source}",
                  "calibrated from: " + ("; ".join(self.calibration.files) if self.calibration.files else
                                         "the source's anchors only (no measurement file)")
-                 + ("" if not self.calibration.files else " (--anchors-only: the source's own stack)"),
+                 + ("" if not self.calibration.files else " (--anchors-only gives the source's own stack)"),
                  "", f"{'accepted':>9} {'low':>9} {'central':>9} {'high':>9}   tokens/s"]
         for r in self.tokens_per_s:
             lines.append(f"{r['accept']:>9g} {r['low']:>9.0f} {r['central']:>9.0f} {r['high']:>9.0f}")
