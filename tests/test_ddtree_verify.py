@@ -234,3 +234,22 @@ def test_gpu_no_host_sync_and_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
+
+
+def test_committed_measurement_tables():
+    from workbench.measure import load_measurement
+
+    doc = load_measurement("ddtree_verify")
+    if doc is None:
+        pytest.skip("no committed data/measurements/h200/ddtree_verify.json")
+    rows = V.verify_benchmark_rows(doc)
+    assert {(r["heads"], r["prefix"]) for r in rows} >= {(8, 4096), (64, 131072)}
+    for r in rows:
+        assert r["kernel_ms"] > 0 and r["floor_ms"] > 0
+        assert r["percent_of_floor"] == pytest.approx(100 * r["floor_ms"] / r["kernel_ms"])
+    text = V.verify_table(doc)
+    assert text.count("\n") == len(rows)
+    ours = [p for p in doc["results"].get("parity", []) if p["kernel"].startswith("verify_attention")
+            and not p["kernel"].endswith(("naive", "sdpa"))]
+    assert ours and all(p["pass"] for p in ours)
+    assert doc["provenance"]["gpu"].startswith("NVIDIA")

@@ -49,7 +49,7 @@ __all__ = [
     "verify_attention_reference", "verify_attention", "verify_attention_batched",
     "verify_attention_naive", "verify_attention_sdpa", "verify_attention_flex",
     "random_verify_inputs", "default_parity_cases", "verify_parity_rows",
-    "verify_floor", "benchmark_verify", "verify_table",
+    "verify_floor", "benchmark_verify", "verify_table", "verify_benchmark_rows",
 ]
 
 
@@ -887,21 +887,44 @@ def _write(results: dict[str, Any], out: Any):
                                    "the float64 reference")
 
 
+def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows (one per heads x prefix point) of :func:`benchmark_verify` results, or of the
+    committed measurement (``load_measurement("ddtree_verify")``, its ``results`` or the whole file)."""
+    res = results.get("results", results)
+    rows = []
+    for p in res["points"]:
+        row = dict(heads=p["heads"], nodes=p["nodes"], prefix=p["prefix"], kernel_ms=p["median_ms"],
+                   eager_ms=p.get("eager_median_ms"), floor_ms=p["floor_ms"], floor_bound=p["floor_bound"],
+                   percent_of_floor=p["percent_of_floor"], achieved_tflops=p["achieved_tflops"])
+        for name, v in p.get("variants", {}).items():
+            row[f"{name}_ms"] = v["median_ms"]
+        for name, v in p["peers"].items():
+            row[f"{name}_ms"] = v["median_ms"] if v["status"] == "ok" else None
+            if v["status"] != "ok":
+                row[f"{name}_status"] = f"{v['status']}: {v.get('reason', '')}"
+        row["speedup_vs_best_peer"] = p["speedup_vs_best_peer"]
+        row["faster_than_all_peers"] = p["faster_than_all_peers"]
+        rows.append(row)
+    return rows
+
+
 def verify_table(results: dict[str, Any]) -> str:
-    """Plain-text table of :func:`benchmark_verify` results."""
+    """Plain-text table of :func:`benchmark_verify` results (or of the committed measurement)."""
+    res = results.get("results", results)
+    variants = sorted({v for p in res["points"] for v in p.get("variants", {})})
     lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'eager ms':>9} {'floor ms':>9} {'%floor':>7} "
-             + " ".join(f"{v + ' ms':>9}" for v in results["parameters"].get("variants", ()))
+             + " ".join(f"{v + ' ms':>11}" for v in variants)
              + f" {'naive ms':>9} {'sdpa ms':>9} {'flex':>12} {'xbest':>6}"]
-    for p in results["points"]:
+    for p in res["points"]:
         def pm(name):
             r = p["peers"].get(name)
             if r is None:
                 return "-"
             return f"{r['median_ms']:.3f}" if r["status"] == "ok" else r["status"]
         sp = p["speedup_vs_best_peer"]
-        var = " ".join(f"{p['variants'][v]['median_ms']:>9.4f}" for v in results["parameters"].get("variants", ())
-                       if v in p.get("variants", {}))
-        lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('eager_median_ms', 0):>9.4f} "
+        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if v in p.get("variants", {}) else f"{'-':>11}"
+                       for v in variants)
+        lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('eager_median_ms') or 0:>9.4f} "
                      f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "
                      f"{pm('sdpa_dense_mask'):>9} {pm('flex_attention'):>12} {(f'{sp:.1f}x' if sp else '-'):>6}")
     return "\n".join(lines)
