@@ -92,12 +92,19 @@ def block_measured_findings() -> str:
     if cal.attention_fit is not None:
         fixed, eff = cal.attention_fit
         share = c["attention"] / r.step_ms["central"]
+        fixed_step = fixed * default_layers()
+        if fixed_step / r.step_ms["central"] > 0.25:
+            verdict = ("A per-call cost of that size, which does not shrink with the prefix, is the first thing to "
+                       "fix before this kernel serves an engine.")
+        elif fixed_step > 1.0:
+            verdict = ("That per-call cost does not shrink with the prefix or with more bandwidth, so it weighs "
+                       "more on faster GPUs.")
+        else:
+            verdict = ""
         out.append(f"- Verify attention: the fit over {cal.attention_file} gives a fixed {fixed * 1e3:.0f} us per "
                    f"call plus the floor at {eff:.0%} efficiency; over {default_layers()} layers that fixed part "
-                   f"alone is {fixed * default_layers():.2f} ms per step, {share:.0%} of the B300 step at a 1k "
-                   f"context. " + ("A fixed cost of that size is a kernel-latency problem (launches, split/merge), "
-                                   "not bandwidth: it is the first thing to fix before this kernel serves an engine."
-                                   if fixed * default_layers() > 1.0 else ""))
+                   f"alone is {fixed_step:.2f} ms per step, and attention is {share:.0%} of the B300 step at a 1k "
+                   f"context. " + verdict)
     if cal.tree_build_measured:
         g = cal.gpu_tree_build_ms({}, 32)
         cpu = cal.cpu_tree_us_per_node_measured
