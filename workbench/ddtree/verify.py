@@ -23,6 +23,18 @@ the softmax-weighted ``c_kv`` (512 values; ``W_UV`` is applied afterwards).
   ``max(bytes / copy bandwidth, flops / bf16 matrix rate)`` measured in the
   same process; ``python -m workbench.ddtree.verify --out DIR`` writes
   ``DIR/ddtree_verify.json``.
+
+Kernel notes (numbers: ``data/measurements/h200/ddtree_verify.json``). The bf16
+kernel is ``mma.sync`` (NVRTC targets sm_90, not sm_90a, so no ``wgmma``): 8
+warps, 64 query rows x 64 keys per step, Q (73.7 KB) and a double-buffered key
+tile (2 x 73.7 KB) in 230 KB of shared memory, 255 registers (128 hold the
+64 x 512 fp32 output slice of each warp). It is bound by shared-memory reads
+of the score phase (Q is re-read for every key tile) and by the lack of overlap
+between the score and P.V phases at one block per SM, so it stays well under
+the tensor-core floor. A warp-specialised variant (Q in registers, 32 rows x 32
+keys, score and output warps overlapping) was slower on the H200 and was
+dropped (commit 94a41d3 has it). With H = 8 the 264 query rows fill five
+64-row blocks, the last with 8 rows.
 """
 from __future__ import annotations
 
