@@ -60,3 +60,9 @@ def test_explorer_runs_headless_and_reports_bad_input():
     if isinstance(fig, go.FigureWidget):
         moe = fig.data[0].y
         assert moe[1] == pytest.approx(moe[0] / 2)   # twice the bandwidth, half the MoE term
+
+
+def test_committed_paper_is_current():
+    """papers/b300_projection.md's generated blocks equal what the committed data gives."""
+    text = PAPER.read_text()
+    assert render(text) == text, "paper is stale: run python -m workbench.projection.report"
