@@ -91,3 +91,16 @@ def test_env_command(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert "python" in out and "pipeline_runs_on" in out
+
+
+def test_gpu_profile_names_are_declared():
+    """Every parameter the shipped gpu profile sets exists in its notebook."""
+    nbs = pipeline.discover()
+    params = pipeline.resolve_parameters(nbs, [], pipeline.load_profile("gpu"))
+    assert params["01_kernel_parity"]["timing_batch"] == 64
+    assert params["02_moe_bandwidth"]["num_experts"] == 384
+
+
+def test_profile_with_unknown_name_is_an_error(nbdir):
+    with pytest.raises(ValueError, match="unknown parameter.*01_small"):
+        pipeline.resolve_parameters(pipeline.discover(nbdir), [], {"01": {"nope": 1}})

@@ -106,10 +106,14 @@ def resolve_parameters(notebooks: list[Notebook], overrides: list[tuple[str, str
     """Map notebook name -> parameters to inject; raises ValueError for unknown names."""
     declared = {nb.name: nb.parameters() for nb in notebooks}
     out: dict[str, dict[str, Any]] = {nb.name: {} for nb in notebooks}
-    for nb in notebooks:  # profile values, only those the notebook declares
+    for nb in notebooks:  # profile values; a name the notebook does not declare is an error
         for sel, values in (profile or {}).items():
             if nb.matches(str(sel)):
-                out[nb.name].update({k: v for k, v in values.items() if k in declared[nb.name]})
+                unknown = sorted(set(values) - set(declared[nb.name]))
+                if unknown:
+                    raise ValueError(f"profile sets unknown parameter(s) {', '.join(unknown)} for {nb.name}; "
+                                     f"its parameters are: {', '.join(declared[nb.name])}")
+                out[nb.name].update(values)
     for key, raw in overrides:
         value = parse_value(raw)
         scope, _, name = key.rpartition(":")
@@ -242,5 +246,6 @@ def _cli_list(args: argparse.Namespace) -> int:
     for nb in discover(Path(args.notebooks)):
         print(nb.name)
         for k, v in nb.parameters().items():
-            print(f"    {k} = {v['default']}  ({v['type']})" + (f"  # {v['help']}" if v["help"] else ""))
+            typ = f"  ({v['type']})" if v["type"] and v["type"] != "None" else ""
+            print(f"    {k} = {v['default']}{typ}" + (f"  # {v['help']}" if v["help"] else ""))
     return 0

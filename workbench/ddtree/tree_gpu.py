@@ -100,7 +100,6 @@ def build_smem_bytes(L: int, K: int, n: int, method: str = "warp") -> int:
 
 
 _KERNELS: dict[str, Any] = {}
-_STREAMS: dict[tuple[int, int], Any] = {}
 
 
 def _kernel(name: str):
@@ -113,30 +112,10 @@ def _kernel(name: str):
 
 
 def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch on torch's current stream (made CuPy's current stream for the call).
+    """Launch on torch's current stream (:func:`workbench.kernels.launch`)."""
+    from workbench.kernels import launch
 
-    Torch tensors go as device pointers, Python ints as int32; numpy scalars as
-    they are. CuPy raises if the launch itself fails."""
-    import cupy as cp
-    import torch
-
-    s = torch.cuda.current_stream()
-    key = (s.cuda_stream, s.device.index)
-    ext = _STREAMS.get(key)
-    if ext is None:
-        ext = _STREAMS[key] = cp.cuda.ExternalStream(s.cuda_stream, s.device.index)
-    conv = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if not a.is_cuda:
-                raise ValueError("kernel argument tensors must be on the GPU")
-            conv.append(np.uint64(a.data_ptr()))
-        elif isinstance(a, (bool, int)):
-            conv.append(np.int32(a))
-        else:
-            conv.append(a)
-    with ext:
-        kernel(tuple(grid), tuple(block), tuple(conv), shared_mem=shared_mem)
+    launch(kernel, grid, block, args, shared_mem=shared_mem)
 
 
 _SMEM_SET: dict[str, int] = {}

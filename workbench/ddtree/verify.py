@@ -265,34 +265,11 @@ def _kernel(name: str, smem: int, options: tuple = ()):
     return k
 
 
-_STREAMS: dict[int, Any] = {}
-
-
 def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch on torch's current stream (cached CuPy stream wrapper; tensors as pointers)."""
-    import cupy as cp
-    import torch
+    """Launch on torch's current stream (:func:`workbench.kernels.launch`)."""
+    from workbench.kernels import launch
 
-    st = torch.cuda.current_stream()
-    cs = _STREAMS.get(st.cuda_stream)
-    if cs is None:
-        import warnings
-
-        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it still wraps torch's stream
-            warnings.simplefilter("ignore", DeprecationWarning)
-            cs = _STREAMS[st.cuda_stream] = cp.cuda.ExternalStream(st.cuda_stream, st.device.index)
-    conv = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            conv.append(np.uint64(a.data_ptr()))
-        elif isinstance(a, int):
-            conv.append(np.int32(a))
-        elif isinstance(a, float):
-            conv.append(np.float32(a))
-        else:
-            conv.append(a)
-    kernel(tuple(grid) if not isinstance(grid, int) else (grid,), (block,), tuple(conv), shared_mem=shared_mem,
-           stream=cs)
+    launch(kernel, grid, block, args, shared_mem=shared_mem)
 
 
 def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:

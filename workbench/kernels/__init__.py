@@ -81,23 +81,34 @@ def as_cupy(t: Any) -> Any:
     return cp.from_dlpack(t)
 
 
+_STREAMS: dict[tuple[int, int], Any] = {}
+
+
 def torch_stream() -> Any:
-    """torch's current CUDA stream as a ``cupy.cuda.ExternalStream``."""
+    """torch's current CUDA stream as a CuPy stream (cached per stream and device)."""
     import cupy as cp
     import torch
 
     s = torch.cuda.current_stream()
-    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14
-        return cp.cuda.Stream.from_external(s)
-    return cp.cuda.ExternalStream(s.cuda_stream, s.device.index)
+    key = (s.cuda_stream, s.device.index)
+    cs = _STREAMS.get(key)
+    if cs is None:
+        if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14
+            cs = cp.cuda.Stream.from_external(s)
+        else:
+            cs = cp.cuda.ExternalStream(s.cuda_stream, s.device.index)
+        _STREAMS[key] = cs
+    return cs
 
 
 def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
            args: Sequence[Any], shared_mem: int = 0) -> None:
-    """Launch ``kernel`` on torch's current stream and check the launch.
+    """Launch ``kernel`` on torch's current stream (also CuPy's current stream for the call).
 
-    ``args`` may hold torch tensors (passed as device pointers), Python ints
-    (``int32``) and floats (``float32``); wrap other scalar types in numpy.
+    ``args`` may hold torch CUDA tensors (passed as device pointers), Python
+    ints and bools (``int32``) and floats (``float32``); numpy scalars pass as
+    they are, so wrap other scalar types in numpy. CuPy raises if the launch
+    itself fails.
     """
     import numpy as np
     import torch
@@ -108,9 +119,7 @@ def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
             if not a.is_cuda:
                 raise ValueError("kernel argument tensors must be on the GPU")
             conv.append(np.uint64(a.data_ptr()))
-        elif isinstance(a, bool):
-            conv.append(np.int32(a))
-        elif isinstance(a, int):
+        elif isinstance(a, (bool, int)):
             conv.append(np.int32(a))
         elif isinstance(a, float):
             conv.append(np.float32(a))
@@ -118,4 +127,6 @@ def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
             conv.append(a)
     grid = (grid,) if isinstance(grid, int) else tuple(grid)
     block = (block,) if isinstance(block, int) else tuple(block)
-    kernel(grid, block, tuple(conv), shared_mem=shared_mem, stream=torch_stream())
+    stream = torch_stream()
+    with stream:
+        kernel(grid, block, tuple(conv), shared_mem=shared_mem, stream=stream)
