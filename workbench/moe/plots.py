@@ -47,14 +47,16 @@ def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_v
                 device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
     """fused_moe_int4 against the float32 reference on fresh random inputs, one row per (M, routing)."""
     dev = resolve_device(device)
-    experts = random_int4_experts(num_experts, hidden, intermediate, device="cpu", seed=seed)
+    # experts are drawn where they will run (384 Kimi-sized experts are ~8.5 GB: seconds on a GPU)
+    experts = random_int4_experts(num_experts, hidden, intermediate, device=dev, seed=seed)
     path = "CPU reference"
     if dev == "cuda":
         why = gpu_supported(experts)
         if why is None:
-            experts, path = experts.to("cuda"), "CUDA kernel"
+            path = "CUDA kernel"
         else:
             dev, path = "cpu", f"CPU reference (kernel: {why})"
+            experts = experts.to("cpu")
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for m in m_values:
@@ -62,7 +64,7 @@ def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_v
             ids, w = make_routing(m, num_experts, topk, routing, gen)
             x = torch.randn(m, hidden, generator=gen).to(torch.bfloat16)
             out = fused_moe_int4(x.to(dev), ids.to(dev), w.to(dev), experts).cpu()
-            ref = moe_reference(x, ids, w, experts.to("cpu"))  # float32, dequantise-then-matmul
+            ref = moe_reference(x.to(dev), ids.to(dev), w.to(dev), experts).cpu()  # float32 dequantise-then-matmul
             rows.append({"M": m, "routing": routing, "distinct experts": int(torch.unique(ids).numel()),
                          "rel err": rel_error(out, ref), "non-finite": int((~torch.isfinite(out)).sum()),
                          "path": path})
