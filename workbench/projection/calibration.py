@@ -77,29 +77,30 @@ def _is_peer(text: str) -> bool:
     return any(w in text for w in _PEER_WORDS)
 
 
+def _bps(d: Mapping[str, Any], *extra_tbps: str) -> float | None:
+    """A bandwidth in bytes/s from whichever unit ``d`` records it in (B/s, GB/s, TB/s)."""
+    v = _num(d, *_COPY_KEYS_BPS)
+    if v:
+        return v
+    v = _num(d, *_COPY_KEYS_GBPS)
+    if v:
+        return v * 1e9
+    v = _num(d, *extra_tbps) if extra_tbps else None
+    return v * 1e12 if v else None
+
+
 def _copy_bandwidth(doc: Mapping[str, Any]) -> float | None:
     """The copy bandwidth (bytes/s) measured in the same run, if the file records one."""
     for path, d in _records(doc.get("results")):
-        t = _text(path, d)
-        if "copy" not in t:
-            continue
-        v = _num(d, *_COPY_KEYS_BPS)
-        if v:
-            return v
-        v = _num(d, *_COPY_KEYS_GBPS)
-        if v:
-            return v * 1e9
-        v = _num(d, "copy_tb_per_s", "tb_per_s")
-        if v:
-            return v * 1e12
-    for d in (doc.get("parameters") or {}, doc.get("results") or {}):
-        if isinstance(d, dict):
-            v = _num(d, *_COPY_KEYS_BPS)
+        if "copy" in _text(path, d):
+            v = _bps(d, "copy_tb_per_s", "tb_per_s")
             if v:
                 return v
-            v = _num(d, *_COPY_KEYS_GBPS)
+    for d in (doc.get("parameters") or {}, doc.get("results") or {}):
+        if isinstance(d, dict):
+            v = _bps(d)
             if v:
-                return v * 1e9
+                return v
     return None
 
 
