@@ -72,22 +72,16 @@ def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_v
 
 
 def table_figure(rows: list[dict[str, Any]], title: str = ""):
-    """A plotly go.Table of a list of dicts (floats shown with 4 significant digits)."""
+    """A plotly go.Table of a list of dicts (:func:`workbench.display.table`); an empty figure for no rows."""
     import plotly.graph_objects as go
+
+    from workbench import display
 
     if not rows:
         fig = go.Figure()
         fig.update_layout(title=title + " (no rows)")
         return fig
-    cols = list(rows[0])
-
-    def fmt(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    fig = go.Figure(go.Table(header={"values": cols},
-                             cells={"values": [[fmt(r.get(c)) for r in rows] for c in cols]}))
-    fig.update_layout(title=title, height=min(900, 80 + 28 * len(rows)))
-    return fig
+    return display.table(rows, title=title)
 
 
 def _rows(doc: dict[str, Any], routing: str) -> list[dict[str, Any]]:
