@@ -12,13 +12,11 @@ regenerate them with
 """
 from __future__ import annotations
 
-import argparse
-import re
 import sys
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable
 
-from workbench import REPO_ROOT
+from workbench import REPO_ROOT, papers
+from workbench.papers import markdown_table
 from workbench.projection.calibration import load_calibration
 from workbench.projection.figures import breakdown_by_gpu
 from workbench.projection.model import (
@@ -30,18 +28,8 @@ from workbench.projection.scenarios import (
 )
 
 PAPER = REPO_ROOT / "papers" / "b300_projection.md"
-_BLOCK = re.compile(r"(<!-- BEGIN GENERATED: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- END GENERATED: (?P=name) -->)",
-                    re.S)
-
-
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    if not rows:
-        return "(none)\n"
-    cols = list(rows[0])
-    esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    lines += ["| " + " | ".join(esc(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+_BLOCK = papers.BLOCK
+__all__ = ["BLOCKS", "PAPER", "main", "markdown_table", "render"]
 
 
 def _scenarios(use_measurements: bool) -> str:
@@ -252,28 +240,12 @@ BLOCKS: dict[str, Callable[[], str]] = {
 
 def render(text: str) -> str:
     """``text`` with every generated block rewritten; unknown block names are an error."""
-    def sub(m: re.Match) -> str:
-        name = m.group("name")
-        if name not in BLOCKS:
-            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
-        return m.group(1) + BLOCKS[name]() + m.group(4)
-    return _BLOCK.sub(sub, text)
+    return papers.render(text, BLOCKS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workbench.projection.report", description=__doc__.split("\n")[0])
-    ap.add_argument("--paper", type=Path, default=PAPER)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the paper's generated blocks are stale")
-    args = ap.parse_args(argv)
-    text = args.paper.read_text()
-    new = render(text)
-    if args.check:
-        stale = new != text
-        print(f"{args.paper}: {'stale, regenerate with python -m workbench.projection.report' if stale else 'up to date'}")
-        return 1 if stale else 0
-    args.paper.write_text(new)
-    print(f"wrote {args.paper} ({len(_BLOCK.findall(new))} generated blocks)")
-    return 0
+    return papers.main(argv, paper=PAPER, blocks=BLOCKS, prog="python -m workbench.projection.report",
+                       description=__doc__.split("\n")[0])
 
 
 if __name__ == "__main__":
