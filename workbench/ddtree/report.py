@@ -1,0 +1,280 @@
+"""Generated blocks of papers/ddtree_kernels.md (tree build / accept / commit, verify attention).
+
+Every measured number in the paper comes from here, read from
+``data/measurements/h200/ddtree_kernels.json`` and ``ddtree_verify.json`` (the
+verify file's earlier run from git history, :func:`workbench.papers.committed_json`),
+and the ddtree part of ``engine_step.json``:
+
+    python -m workbench.ddtree.report            # rewrite papers/ddtree_kernels.md in place
+    python -m workbench.ddtree.report --check    # exit 1 if the paper is stale
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from workbench import REPO_ROOT, papers
+from workbench.ddtree.bench import goal_rows, kernel_results_rows, load_kernel_results
+from workbench.ddtree.verify import verify_benchmark_rows
+from workbench.measure import load_measurement
+from workbench.papers import markdown_table
+
+PAPER = REPO_ROOT / "papers" / "ddtree_kernels.md"
+VERIFY_FILE = "data/measurements/h200/ddtree_verify.json"
+# Committed runs of ddtree_verify.json: (commit of the file, commit of the code it measured, version).
+VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
+               ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"))
+# Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu).
+BUILD_METHOD_COMMITS = {"heap": "adddc5e", "warp": "54d0b0b", "small": "9ddfd1c"}
+__all__ = ["BLOCKS", "PAPER", "main", "render", "tree_floor_rows"]
+
+
+def _us(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms * 1e3:.1f}"
+
+
+def _ms(ms: float | None, digits: int = 3) -> str:
+    return "-" if ms is None else f"{ms:.{digits}f}"
+
+
+def _need(doc: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    if not doc:
+        raise FileNotFoundError(f"data/measurements/h200/{name}.json is not committed")
+    return doc
+
+
+def _tree() -> dict[str, Any]:
+    return _need(load_kernel_results(), "ddtree_kernels")
+
+
+def _verify() -> dict[str, Any]:
+    return _need(load_measurement("ddtree_verify"), "ddtree_verify")
+
+
+def block_provenance() -> str:
+    rows = []
+    for name, doc in (("ddtree_kernels", _tree()), ("ddtree_verify", _verify())):
+        p = doc["provenance"]
+        rows.append({"file": f"`data/measurements/h200/{name}.json`", "GPU": p.get("gpu"),
+                     "code commit": str(p.get("git_commit", "-"))[:7], "date (UTC)": p.get("date_utc"),
+                     "torch / CuPy / CUDA": f"{p.get('torch')} / {p.get('cupy')} / {p.get('cuda_runtime')}",
+                     "driver": p.get("driver")})
+    return markdown_table(rows)
+
+
+def block_tree_goals() -> str:
+    met = {True: "yes", False: "**no**"}
+    return markdown_table([{"goal (issue 3)": r["goal"], "measured": r["measured"], "met": met[bool(r["met"])]}
+                           for r in goal_rows(_tree())])
+
+
+def block_tree_kernels() -> str:
+    rows = [r for r in kernel_results_rows(_tree()) if not r["kernel"].startswith("build_")]
+    out = [{"kernel": r["kernel"], "graph us / call": _us(r["gpu_graph_us"] / 1e3),
+            "eager us / call": _us(r["gpu_eager_us"] / 1e3),
+            "CPU reference ms": _ms(r["cpu_ref_ms"]),
+            "x CPU (graph)": "-" if r["speedup_graph"] is None else f"{r['speedup_graph']:.0f}"} for r in rows]
+    p = _tree()["parameters"]
+    return (f"Batch {p['accept']['batch']}; trees of 33 nodes (budget 32). {p['timing']}.\n\n"
+            + markdown_table(out))
+
+
+def block_tree_build() -> str:
+    res = _tree()["results"]
+    budgets = sorted({v["budget"] for k, v in res.items() if k.startswith("build_") and isinstance(v, dict)})
+    methods = list(BUILD_METHOD_COMMITS)
+    rows = []
+    for b in budgets:
+        pts = {v.get("method"): v for k, v in res.items()
+               if k.startswith("build_") and isinstance(v, dict) and v.get("budget") == b}
+        cpu = next(iter(pts.values()))["cpu_ms"]
+        row: dict[str, Any] = {"budget": b, "K": next(iter(pts.values()))["K"]}
+        for m in methods:
+            row[f"{m} us"] = _us(pts[m]["gpu_graph_ms"]) if m in pts else "-"
+        best = min(pts.values(), key=lambda v: v["gpu_graph_ms"])
+        row["fastest"] = best["method"]
+        row["CPU heapq ms"] = _ms(cpu)
+        row["x CPU (fastest, graph)"] = f"{best['speedup_graph']:.0f}"
+        row["x CPU (fastest, eager)"] = f"{best['speedup_eager']:.0f}"
+        rows.append(row)
+    return ("Batch 64, L = 15; GPU times per call inside a replayed CUDA graph; the CPU reference builds the "
+            "whole batch with heapq. Methods: " + ", ".join(f"`{m}` ({BUILD_METHOD_COMMITS[m]})" for m in methods)
+            + ".\n\n" + markdown_table(rows))
+
+
+def tree_floor_rows(tree: dict[str, Any] | None = None, verify: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Bytes each tree kernel must move (inputs read once, outputs written once) over the copy bandwidth
+    measured in the ddtree_verify run, beside the measured graph-replay time. The flops of these
+    kernels are a few per node, so the bytes term is the floor."""
+    tree = tree or _tree()
+    verify = verify or _verify()
+    gbps = verify["results"]["copy_gb_per_s"]
+    res = tree["results"]
+    rows = []
+    b = res["build_B64_L15_budget32"]
+    B, L, K, n = b["batch"], b["L"], b["K"], b["budget"] + 1
+    # in: float32 log-probs and int64 token ids [B, L, K]; out: tokens, parents, depths, ranks int64 + scores f32
+    rows.append(("build B=64 L=15 budget=32", B * L * K * (4 + 8) + B * n * (4 * 8 + 4), b["gpu_graph_ms"]))
+    acc = res["accept_B64_n33"]
+    # in: tokens, parents int64 and target argmax int64 [B, n]; out: accepted nodes [B, n], length, bonus
+    rows.append(("accept B=64 n=33", B * n * 8 * 3 + B * n * 8 + B * 2 * 8, acc["gpu_graph_ms"]))
+    vis = res["visibility_B64_n33"]
+    rows.append(("visibility B=64 n=33", B * n * 8 + B * n * n, vis["gpu_graph_ms"]))
+    tk = next((k for k in res if k.startswith("topk_logprobs_")), None)
+    if tk:
+        V = tree["parameters"]["topk_vocab"]
+        # in: float32 logits [B, L, V]; out: float32 log-probs and int64 ids [B, L, K]
+        rows.append((f"topk_logprobs B=64 L=15 V={V} k={K}", B * L * V * 4 + B * L * K * 12,
+                     res[tk]["gpu_graph_ms"]))
+    out = []
+    for name, nbytes, ms in rows:
+        floor_ms = nbytes / (gbps * 1e9) * 1e3
+        out.append({"kernel": name, "bytes": nbytes, "bytes / copy BW us": f"{floor_ms * 1e3:.3f}",
+                    "measured us (graph)": _us(ms), "% of floor": f"{floor_ms / ms * 100:.1f}"})
+    return out
+
+
+def block_tree_floor() -> str:
+    gbps = _verify()["results"]["copy_gb_per_s"]
+    return (f"Copy bandwidth {gbps:.0f} GB/s (measured in the ddtree_verify run; ddtree_kernels.json has none).\n\n"
+            + markdown_table(tree_floor_rows()))
+
+
+def block_round() -> str:
+    rnd = _tree()["results"]["round"]
+    rows = []
+    for v in ("verify_torch", "verify_kernel"):
+        if v in rnd:
+            r = rnd[v]
+            rows.append({"verify": v, "no host sync": r["no_host_sync"], "graph == eager": r["graph_matches_eager"],
+                         "eager ms": _ms(r["eager_ms"], 2), "graph ms": _ms(r["graph_ms"], 2),
+                         "mean accepted length": f"{r['mean_accepted_length']:.3f}"})
+    return (f"Batch {rnd['batch']}, L {rnd['L']}, budget {rnd['budget']}, prefix {rnd['prefix']}, {rnd['heads']} "
+            f"heads, toy vocabulary {rnd['vocab']}.\n\n" + markdown_table(rows))
+
+
+def block_parity() -> str:
+    tree = _tree()["results"]
+    par = tree.get("parity", [])
+    kernels = sorted({r["kernel"] for r in par})
+    t = [{"kernel": k, "rows": sum(r["kernel"] == k for r in par),
+          "bit-exact": sum(bool(r.get("bit_exact")) for r in par if r["kernel"] == k),
+          "passed": sum(bool(r.get("passed")) for r in par if r["kernel"] == k)} for k in kernels]
+    vpar = _verify()["results"]["parity"]
+    vk = sorted({r["kernel"] for r in vpar})
+    v = [{"kernel": k, "rows": sum(r["kernel"] == k for r in vpar),
+          "passed": sum(bool(r["pass"]) for r in vpar if r["kernel"] == k),
+          "max rel. error": f"{max(r['max_rel_err'] for r in vpar if r['kernel'] == k):.2e}",
+          "max lse error": f"{max((r['lse_max_abs_err'] or 0) for r in vpar if r['kernel'] == k):.2e}"} for k in vk]
+    failed = [f"`{r['kernel']}` at {r['shapes']} (rel. error {r['max_rel_err']:.2e}, lse error "
+              f"{r['lse_max_abs_err']:.2e}, tolerance {r['tolerance']:g})" for r in vpar if not r["pass"]]
+    text = ("Tree kernels (ddtree_kernels.json, all-passed flag: "
+            f"{tree.get('parity_all_passed')}):\n\n" + markdown_table(t)
+            + "\nVerify attention against the float64 reference (ddtree_verify.json):\n\n" + markdown_table(v))
+    if failed:
+        text += "\nRows that failed: " + "; ".join(failed) + ".\n"
+    return text
+
+
+def block_verify_points() -> str:
+    doc = _verify()
+    res = doc["results"]
+    pts = {(p["heads"], p["prefix"]): p for p in res["points"]}
+    variants = sorted({v for p in res["points"] for v in p.get("variants", {})})
+    rows = []
+    for r in verify_benchmark_rows(doc):
+        p = pts[(r["heads"], r["prefix"])]
+        rows.append({"H": r["heads"], "prefix": r["prefix"], "MB read": f"{p['bytes'] / 1e6:.1f}",
+                     "GFLOP": f"{p['flops'] / 1e9:.1f}",
+                     "bytes time ms": f"{p['bytes'] / (res['copy_gb_per_s'] * 1e9) * 1e3:.4f}",
+                     "flops time ms": f"{p['flops'] / (res['bf16_matmul_tflops'] * 1e12) * 1e3:.4f}",
+                     "bound": r["floor_bound"], "kernel ms": _ms(r["kernel_ms"], 4),
+                     **{f"{v} ms": _ms(r.get(f"{v}_ms"), 4) for v in variants},
+                     "% of floor": f"{r['percent_of_floor']:.1f}", "TFLOP/s": f"{r['achieved_tflops']:.0f}",
+                     "naive torch ms": _ms(r.get("naive_torch_ms")), "SDPA ms": _ms(r.get("sdpa_dense_mask_ms")),
+                     "x best peer": f"{r['speedup_vs_best_peer']:.1f}"})
+    flex = {p["peers"]["flex_attention"]["status"] for p in res["points"] if "flex_attention" in p["peers"]}
+    return (f"{res['points'][0]['nodes']} tree nodes, bf16. Measured in the same run: copy bandwidth "
+            f"{res['copy_gb_per_s']:.0f} GB/s, bf16 matmul {res['bf16_matmul_tflops']:.0f} TFLOP/s. "
+            f"FlexAttention status at every point: {', '.join(sorted(flex)) or '-'}.\n\n" + markdown_table(rows))
+
+
+def block_verify_goals() -> str:
+    res = _verify()["results"]
+    mp = res["min_percent_of_floor"]
+    sp = [p["speedup_vs_best_peer"] for p in res["points"]]
+    worst = min(res["points"], key=lambda p: p["percent_of_floor"])
+    rows = [{"goal (issue 3)": "faster than every peer at every point",
+             "measured": f"{min(sp):.1f}x-{max(sp):.1f}x the best peer", "met": "yes" if res["all_faster_than_peers"]
+             else "**no**"},
+            {"goal (issue 3)": ">= 50% of floor at every point",
+             "measured": f"min {mp:.1f}% (H={worst['heads']}, prefix {worst['prefix']}), max "
+                         f"{max(p['percent_of_floor'] for p in res['points']):.1f}%",
+             "met": "yes" if mp >= 50 else "**no**"}]
+    return markdown_table(rows)
+
+
+def block_verify_versions() -> str:
+    runs = []
+    for file_commit, code_commit, what in VERIFY_RUNS:
+        doc = papers.committed_json(file_commit, VERIFY_FILE)
+        if doc is None:
+            return (f"git history with commit {file_commit} is not available here; the runs are commits "
+                    + ", ".join(c for c, _, _ in VERIFY_RUNS) + ".\n")
+        runs.append((file_commit, code_commit, what, {(p["heads"], p["prefix"]): p for p in doc["results"]["points"]}))
+    rows = []
+    for key in runs[-1][3]:
+        row: dict[str, Any] = {"H": key[0], "prefix": key[1]}
+        for fc, cc, _, pts in runs:
+            p = pts.get(key)
+            row[f"{cc} ms"] = _ms(p["median_ms"], 4) if p else "-"
+            if p and p.get("mode") == "cuda_graph":
+                row[f"{cc} eager ms"] = _ms(p.get("eager_median_ms"), 4)
+            row[f"{cc} % floor"] = f"{p['percent_of_floor']:.1f}" if p else "-"
+            row[f"{cc} x best peer"] = f"{p['speedup_vs_best_peer']:.1f}" if p else "-"
+        rows.append(row)
+    legend = "; ".join(f"`{cc}`: {what} (file committed in {fc})" for fc, cc, what, _ in runs)
+    return legend + ".\n\n" + markdown_table(rows)
+
+
+def block_engine_share() -> str:
+    doc = load_measurement("engine_step")
+    if not doc or "ddtree" not in doc["results"]:
+        return "data/measurements/h200/engine_step.json is not committed.\n"
+    r = doc["results"]["ddtree"]
+    m = r["median_ms"]
+    p = doc["parameters"]
+    rows = [{"part": k, "median ms": _ms(v), "% of step": f"{v / m['total'] * 100:.1f}"} for k, v in m.items()]
+    return (f"K2.6 slice of {p['layers']} layers, prefix {p['prefix']}, block {p['block']}, budget {p['budget']}, "
+            f"batch {p['batch']} (engine_step.json, code {doc['provenance']['git_commit'][:7]}; tree path "
+            f"`{doc['results'].get('tree_impl')}`, verify path `{doc['results'].get('verify_path')}`).\n\n"
+            + markdown_table(rows))
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "provenance": block_provenance,
+    "tree-goals": block_tree_goals,
+    "tree-build": block_tree_build,
+    "tree-kernels": block_tree_kernels,
+    "tree-floor": block_tree_floor,
+    "round": block_round,
+    "parity": block_parity,
+    "verify-goals": block_verify_goals,
+    "verify-points": block_verify_points,
+    "verify-versions": block_verify_versions,
+    "engine-share": block_engine_share,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block rewritten; unknown block names are an error."""
+    return papers.render(text, BLOCKS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return papers.main(argv, paper=PAPER, blocks=BLOCKS, prog="python -m workbench.ddtree.report",
+                       description=__doc__.split("\n")[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
