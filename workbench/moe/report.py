@@ -1,0 +1,230 @@
+"""Generated blocks of papers/moe_int4.md (the fused INT4 MoE kernel on the H200).
+
+Every measured number in the paper comes from here, read from
+``data/measurements/h200/moe_bandwidth.json`` (its earlier runs from git
+history, :func:`workbench.papers.committed_json`) and the source's anchor
+points (``data/anchors/rtx_pro_6000_moe.json``):
+
+    python -m workbench.moe.report            # rewrite papers/moe_int4.md in place
+    python -m workbench.moe.report --check    # exit 1 if the paper is stale
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from workbench import REPO_ROOT, papers
+from workbench.moe.bench import flops
+from workbench.moe.fused import variant_name
+from workbench.moe.plots import PEERS, goal_rows, load_anchors, load_moe_bandwidth, summary_rows, tuning_rows
+from workbench.papers import markdown_table
+
+PAPER = REPO_ROOT / "papers" / "moe_int4.md"
+MOE_FILE = "data/measurements/h200/moe_bandwidth.json"
+# Committed runs of moe_bandwidth.json: (commit of the file, run number). The code commit each
+# measured is in the file's provenance.
+MOE_RUNS = (("9e008e4", 1), ("1a32b46", 2), ("8398986", 3))
+__all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
+
+
+def _doc() -> dict[str, Any]:
+    doc = load_moe_bandwidth()
+    if not doc:
+        raise FileNotFoundError(f"{MOE_FILE} is not committed")
+    return doc
+
+
+def _f(v: Any, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+
+def block_provenance() -> str:
+    doc = _doc()
+    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+    row = {"file": f"`{MOE_FILE}`", "GPU": p.get("gpu"), "code commit": str(p.get("git_commit"))[:7],
+           "date (UTC)": p.get("date_utc"), "torch / CuPy / CUDA": f"{p.get('torch')} / {p.get('cupy')} / "
+                                                                  f"{p.get('cuda_runtime')}"}
+    return (markdown_table([row]) + f"\nShapes: {par['num_experts']} experts, hidden {par['hidden']}, intermediate "
+            f"{par['intermediate']}, top-{par['topk']}, group {par['group_size']}; {par['bytes_per_expert']} bytes "
+            f"per expert (INT4 weights and bf16 scales of gate, up and down). Measured in the same run: copy "
+            f"bandwidth {res['copy_gb_per_s']:.0f} GB/s, bf16 matmul {res['bf16_matmul_tflops']:.0f} TFLOP/s. "
+            f"Timing: {par['timing']}. Weights: {par['weights']}.\n")
+
+
+def block_goals() -> str:
+    met = {True: "yes", False: "**no**"}
+    return markdown_table([{"goal (issue 5)": r["goal"], "target": r["target"],
+                            "measured (worst)": _f(r["measured (worst)"], ".3g"), "met": met[bool(r["met"])]}
+                           for r in goal_rows(_doc())])
+
+
+def block_floor() -> str:
+    doc = _doc()
+    par, res = doc["parameters"], doc["results"]
+    rows = []
+    for r in sorted((r for r in res["rows"] if r["routing"] == "uniform"), key=lambda r: r["m"]):
+        fl = flops(r["m"], par["topk"], par["hidden"], par["intermediate"])
+        bt = r["bytes_median"] / (res["copy_gb_per_s"] * 1e9) * 1e3
+        ft = fl / (res["bf16_matmul_tflops"] * 1e12) * 1e3
+        rows.append({"M": r["m"], "experts touched": r["distinct_experts_median"],
+                     "GB moved": f"{r['bytes_median'] / 1e9:.3f}", "bytes time ms": f"{bt:.4f}",
+                     "GFLOP": f"{fl / 1e9:.1f}", "flops time ms": f"{ft:.4f}",
+                     "floor": "bytes" if bt >= ft else "flops", "measured ms": f"{r['ms_median']:.4f}",
+                     "% of floor": f"{r['pct_of_floor']:.1f}"})
+    return "Uniform routing.\n\n" + markdown_table(rows)
+
+
+def block_summary() -> str:
+    keep = ["routing", "M", "experts", "ms", "GB/s", "% copy", "TFLOP/s", "ms/token", "kernel"]
+    fmt = {"ms": ".4f", "GB/s": ".0f", "% copy": ".1f", "TFLOP/s": ".1f", "ms/token": ".4f"}
+    rows = []
+    for r in summary_rows(_doc()):
+        row = {k: _f(r[k], fmt.get(k, "")) for k in keep}
+        row.update({f"x {k}": _f(r[f"x vs {k}"], ".1f") for k in PEERS})
+        rows.append(row)
+    plateau = {r["routing"]: r["plateau M*"] for r in summary_rows(_doc())}
+    peers = "; ".join(f"`{k}`: {v}" for k, v in PEERS.items())
+    return (f"Peers (x = peer time / kernel time, same run): {peers}. Plateau M* (time per token stops "
+            f"falling, within 10%): " + ", ".join(f"{k} {v}" for k, v in sorted(plateau.items())) + ".\n\n"
+            + markdown_table(rows))
+
+
+def block_checks() -> str:
+    res = _doc()["results"]
+    checks = res["checks"]
+    ours = [c for c in checks if "kernel_config" in c]
+    peers = [c for c in checks if "peer" in c]
+    other = [c for c in checks if "kernel_config" not in c and "peer" not in c]
+    errs = [c["rel_err"] for c in ours if isinstance(c.get("rel_err"), float)]
+    text = (f"{len(ours)} kernel checks against the float32 reference (M in {sorted({c['m'] for c in ours})}, "
+            f"routings {sorted({c['routing'] for c in ours})}, {len({tuple(c['kernel_config']) for c in ours})} "
+            f"kernel variants): worst relative error {max(errs):.2e}, non-finite outputs "
+            f"{sum(c.get('nonfinite', 0) for c in ours)}, all ok = {res['all_checks_ok']}. Variants failing a check "
+            f"in the tuning step: {res['tuning'].get('variants_failing_checks') or 'none'}.")
+    if peers:
+        text += " Peers checked against the same reference: " + ", ".join(
+            f"{c['peer']} (M={c['m']}, rel. error {c['rel_err']:.2e})" for c in peers) + "."
+    if other:
+        text += " Other checks: " + "; ".join(f"{c['routing']} M={c['m']}: {c.get('note', '')} "
+                                              f"(ok = {c['ok']})" for c in other) + "."
+    return text + "\n"
+
+
+def block_anchors() -> str:
+    a = load_anchors()
+    rows_by_m = {r["m"]: r for r in _doc()["results"]["rows"] if r["routing"] == "uniform"}
+    out = []
+    for p in a["points"]:
+        h = rows_by_m.get(p["m"])
+        out.append({"M": p["m"], f"source {a['gpu']} ms/layer": f"{p['ms_per_layer']:g}",
+                    "H200 ms/layer (uniform)": f"{h['ms_median']:.3f}" if h else "-",
+                    "H200 % of copy": f"{h['pct_of_copy']:.1f}" if h else "-",
+                    "ratio source / H200": f"{p['ms_per_layer'] / h['ms_median']:.1f}" if h else "-"})
+    lo, hi = a["percent_of_peak"]["range"]
+    bw = _doc()["results"]["copy_gb_per_s"] / 1e3 / a["peak_bandwidth_tb_per_s"]
+    return (f"The source states {lo}-{hi}% of {a['peak_bandwidth_tb_per_s']} TB/s on the {a['gpu']} and a plateau "
+            f"at M >= {a['plateau_m']['value']} ({a['source'].split(' (')[0]}). The H200's copy bandwidth measured "
+            f"in this run is {bw:.2f}x that {a['peak_bandwidth_tb_per_s']} TB/s.\n\n" + markdown_table(out))
+
+
+def _variant(config: list[int]) -> str:
+    """Variant name of a kernel_config; earlier runs recorded (NT, RT, D) or (NT, RT, D, S)."""
+    return variant_name(tuple(config) + (0,) * (5 - len(config)))
+
+
+def run_rows() -> list[dict[str, Any]]:
+    """One row per committed run of moe_bandwidth.json (from git history): code commit, % of copy at
+    M = 1 and 16 and the speedup ranges over M <= 16."""
+    rows = []
+    for commit, run in MOE_RUNS:
+        doc = papers.committed_json(commit, MOE_FILE)
+        if doc is None:
+            continue
+        small = [r for r in doc["results"]["rows"] if r["m"] <= 16]
+        at = {(r["routing"], r["m"]): r for r in small}
+        sb = [r["speedup_vs_bf16_cublas"] for r in small if isinstance(r.get("speedup_vs_bf16_cublas"), float)]
+        si = [r["speedup_vs_torch_int4pack"] for r in small
+              if isinstance(r.get("speedup_vs_torch_int4pack"), float)]
+        kc = {_variant(r["kernel_config"]) for r in small}
+        rows.append({"run": run, "file commit": commit, "code commit": doc["provenance"]["git_commit"][:7],
+                     "kernel at M <= 16": ", ".join(sorted(kc)),
+                     "% copy M=1 (uniform / skewed)": f"{at[('uniform', 1)]['pct_of_copy']:.1f} / "
+                                                      f"{at[('skewed', 1)]['pct_of_copy']:.1f}",
+                     "% copy M=16 (uniform / skewed)": f"{at[('uniform', 16)]['pct_of_copy']:.1f} / "
+                                                       f"{at[('skewed', 16)]['pct_of_copy']:.1f}",
+                     "x bf16 cuBLAS, M <= 16": f"{min(sb):.1f}-{max(sb):.1f}",
+                     "x torch int4, M <= 16": f"{min(si):.1f}-{max(si):.1f}",
+                     "checks ok": doc["results"]["all_checks_ok"]})
+    return rows
+
+
+def block_runs() -> str:
+    rows = run_rows()
+    if len(rows) < len(MOE_RUNS):
+        return (f"git history with the runs' commits ({', '.join(c for c, _ in MOE_RUNS)}) is not available here; "
+                f"{MOE_FILE} holds the last run.\n")
+    return markdown_table(rows)
+
+
+FAMILIES = {"d": "register prefetch", "s": "cp.async ring, fragment order", "l": "cp.async ring, whole lines"}
+
+
+def family_rows(m_values: tuple[int, ...] = (1, 16)) -> list[dict[str, Any]]:
+    """Per committed run and M: the fastest variant of each family (by the suffix of its name) in that
+    run's tuning step (uniform routing), with its ms per layer."""
+    rows = []
+    for commit, run in MOE_RUNS:
+        doc = papers.committed_json(commit, MOE_FILE)
+        if doc is None:
+            continue
+        ms = doc["results"]["tuning"]["ms"]
+        for m in m_values:
+            row: dict[str, Any] = {"run": run, "M": m}
+            for fam, label in FAMILIES.items():
+                cand = {k: v[str(m)] for k, v in ms.items() if k.rsplit("_", 1)[-1].startswith(fam)}
+                row[label] = (f"{min(cand.values()):.3f} ({min(cand, key=cand.get)})" if cand else "-")
+            rows.append(row)
+    return rows
+
+
+def block_families() -> str:
+    rows = family_rows()
+    if len({r["run"] for r in rows}) < len(MOE_RUNS):
+        return "git history with the runs' commits is not available here.\n"
+    return "Fastest variant of each family, ms per layer (uniform routing; tuning step of each run).\n\n" + \
+        markdown_table(rows)
+
+
+def block_tuning() -> str:
+    rows = tuning_rows(_doc())
+    best = _doc()["results"]["tuning"].get("best", [])
+    fmt = [{k: _f(v, ".3f") for k, v in r.items()} for r in rows]
+    return ("ms per layer of every compiled variant (uniform routing, the run's tuning step); the fastest per M: "
+            + ", ".join(f"M={m}: {_variant(v)}" for m, v in best) + ".\n\n" + markdown_table(fmt))
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "provenance": block_provenance,
+    "goals": block_goals,
+    "floor": block_floor,
+    "summary": block_summary,
+    "checks": block_checks,
+    "anchors": block_anchors,
+    "runs": block_runs,
+    "families": block_families,
+    "tuning": block_tuning,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block rewritten; unknown block names are an error."""
+    return papers.render(text, BLOCKS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return papers.main(argv, paper=PAPER, blocks=BLOCKS, prog="python -m workbench.moe.report",
+                       description=__doc__.split("\n")[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
