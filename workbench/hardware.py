@@ -36,6 +36,11 @@ def _load() -> dict[str, Any]:
     return json.loads(HARDWARE_FILE.read_text())["gpus"]
 
 
+def gpu_table() -> dict[str, Any]:
+    """The raw ``gpus`` entries of data/hardware.json, by id (shared: do not modify)."""
+    return _load()
+
+
 def gpu_ids() -> list[str]:
     return list(_load())
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import datetime as _dt
 import json
 import os
@@ -133,7 +134,7 @@ def _kernel_name() -> str:
     from jupyter_client.kernelspec import KernelSpecManager
 
     root = Path(tempfile.gettempdir()) / f"workbench-kernels-{os.getuid()}"
-    name = "workbench-" + str(abs(hash(sys.executable)) % 10**8)
+    name = "workbench-" + hashlib.sha1(sys.executable.encode()).hexdigest()[:10]  # stable across runs
     spec_dir = root / "kernels" / name
     spec_dir.mkdir(parents=True, exist_ok=True)
     (spec_dir / "kernel.json").write_text(json.dumps({

@@ -11,7 +11,7 @@ import argparse
 import re
 from typing import Any
 
-from workbench import REPO_ROOT
+from workbench import REPO_ROOT, papers
 from workbench.measure import load_measurement
 
 README = REPO_ROOT / "README.md"
@@ -75,10 +75,10 @@ def results_rows() -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = "| area | goal | measured on the H200 | met | data/measurements/h200/ |\n| --- | --- | --- | --- | --- |"
     met = {True: "yes", False: "**no**", None: "-"}
-    body = [f"| {r['area']} | {r['goal']} | {r['measured']} | {met[r['met']]} | `{r['file']}` |" for r in rows]
-    return "\n".join([head, *body])
+    return papers.markdown_table([{"area": r["area"], "goal": r["goal"], "measured on the H200": r["measured"],
+                                   "met": met[r["met"]], "data/measurements/h200/": f"`{r['file']}`"}
+                                  for r in rows]).rstrip("\n")
 
 
 def readme_block() -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from workbench.ddtree.reference import accept_greedy, build_tree, topk_logprobs
 from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batched, build_trees,
                                        commit_compact, commit_scattered, tree_visibility)
+from workbench.kernels import resolve_device
 
 __all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels",
            "benchmark_round", "load_kernel_results", "resolve_device", "tree_timing_rows",
@@ -29,17 +30,6 @@ __all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels",
            "kernel_results_rows", "goal_rows", "build_sweep_figure", "main"]
 
 MEASUREMENT = "ddtree_kernels"
-
-
-def resolve_device(device: str = "auto") -> str:
-    """"auto" -> "cuda" when a GPU with CuPy is usable, else "cpu"."""
-    if device == "auto":
-        from workbench.kernels import gpu_available
-
-        return "cuda" if gpu_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    return device
 
 
 def default_parity_cases(device: str = "auto") -> list[dict[str, Any]]:

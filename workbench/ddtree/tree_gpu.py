@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from workbench.ddtree import reference as ref
+from workbench.kernels import launch as _launch
 
 __all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
            "accept_greedy_batched", "commit_scattered", "commit_compact", "build_smem_bytes"]
@@ -109,13 +110,6 @@ def _kernel(name: str):
 
         k = _KERNELS[name] = get_kernel(_FAMILY, name)
     return k
-
-
-def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch on torch's current stream (:func:`workbench.kernels.launch`)."""
-    from workbench.kernels import launch
-
-    launch(kernel, grid, block, args, shared_mem=shared_mem)
 
 
 _SMEM_SET: dict[str, int] = {}

@@ -45,6 +45,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from workbench.kernels import launch as _launch
+
 D_LATENT = 512  # kv_lora_rank: c_kv width and output width
 D_ROPE = 64     # qk_rope_head_dim
 D_KV = D_LATENT + D_ROPE
@@ -263,13 +265,6 @@ def _kernel(name: str, smem: int, options: tuple = ()):
                 cupy.cuda.driver.funcSetAttribute(k.kernel.ptr, 8, smem)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
         _KERNELS[(name, options)] = k
     return k
-
-
-def _launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch on torch's current stream (:func:`workbench.kernels.launch`)."""
-    from workbench.kernels import launch
-
-    launch(kernel, grid, block, args, shared_mem=shared_mem)
 
 
 def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:

@@ -50,11 +50,28 @@ def require_gpu(what: str) -> None:
             "use the CPU reference instead")
 
 
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"`` -> ``"cuda"`` when the GPU kernels can run (:func:`gpu_available`), else ``"cpu"``.
+
+    ``"cpu"`` and ``"cuda"`` pass through; ``"cuda"`` without a usable GPU is an error.
+    """
+    if device == "auto":
+        return "cuda" if gpu_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda":
+        require_gpu("device='cuda'")
+    return device
+
+
 @functools.cache
 def load_module(family: str, options: tuple[str, ...] = ()) -> Any:
-    """Compile ``<family>.cu`` with NVRTC once per process; returns ``cupy.RawModule``.
+    """Compile ``<family>.cu`` once per process; returns ``cupy.RawModule``.
 
-    ``options`` are extra NVRTC flags (``-D...``); ``--std=c++17`` is always on.
+    NVRTC first (``--std=c++17`` always on, ``options`` are extra flags such as
+    ``-D...``). If NVRTC cannot build the source and ``nvcc`` is on the PATH,
+    the family is built as a cubin for the current device with nvcc instead,
+    with a warning that says so.
     """
     require_gpu(f"kernel family {family!r}")
     import cupy as cp
@@ -63,10 +80,34 @@ def load_module(family: str, options: tuple[str, ...] = ()) -> Any:
     if not path.exists():
         known = ", ".join(p.stem for p in cuda_sources())
         raise FileNotFoundError(f"no kernel family {family!r}; known: {known}")
-    opts = ("--std=c++17", f"-I{KERNEL_DIR}", *options)
-    mod = cp.RawModule(code=path.read_text(), options=opts)
-    mod.compile()
-    return mod
+    try:
+        mod = cp.RawModule(code=path.read_text(), options=("--std=c++17", f"-I{KERNEL_DIR}", *options))
+        mod.compile()
+        return mod
+    except Exception as nvrtc_err:  # noqa: BLE001 - fall back to nvcc when NVRTC cannot build it
+        return _nvcc_module(family, path, options, nvrtc_err)
+
+
+def _nvcc_module(family: str, path: Path, options: tuple[str, ...], nvrtc_err: Exception) -> Any:
+    import shutil
+    import subprocess
+    import tempfile
+    import warnings
+
+    import cupy as cp
+    import torch
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise nvrtc_err
+    major, minor = torch.cuda.get_device_capability()
+    out = Path(tempfile.mkdtemp()) / f"{family}.cubin"
+    res = subprocess.run([nvcc, f"-arch=sm_{major}{minor}", "-std=c++17", "-cubin", f"-I{KERNEL_DIR}",
+                          *options, str(path), "-o", str(out)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"{family}: NVRTC failed ({nvrtc_err!r}) and nvcc failed:\n{res.stderr}") from nvrtc_err
+    warnings.warn(f"{family}: NVRTC failed ({str(nvrtc_err)[:200]}); using an nvcc-built cubin", stacklevel=3)
+    return cp.RawModule(path=str(out))
 
 
 def get_kernel(family: str, name: str, options: tuple[str, ...] = ()) -> Any:

@@ -12,14 +12,7 @@ from __future__ import annotations
 
 import torch
 
-import functools
-import shutil
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
-
-from workbench.kernels import KERNEL_DIR, gpu_available, launch, load_module
+from workbench.kernels import gpu_available, launch, load_module
 from workbench.moe.packing import Int4Experts
 from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
 
@@ -74,30 +67,8 @@ def max_work_items(pairs: int, num_experts: int, chunk: int) -> int:
     return max(1, (pairs + active * (chunk - 1)) // chunk)
 
 
-@functools.cache
-def _module():
-    """The compiled moe_int4 module: NVRTC through the shared loader, else an nvcc-built cubin (with a warning)."""
-    try:
-        return load_module(FAMILY)
-    except Exception as nvrtc_err:  # noqa: BLE001 - fall back to nvcc when NVRTC cannot build it
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            raise
-        import cupy as cp
-        import torch as _t
-
-        major, minor = _t.cuda.get_device_capability()
-        out = Path(tempfile.mkdtemp()) / "moe_int4.cubin"
-        res = subprocess.run([nvcc, f"-arch=sm_{major}{minor}", "-std=c++17", "-cubin", f"-I{KERNEL_DIR}",
-                              str(KERNEL_DIR / f"{FAMILY}.cu"), "-o", str(out)], capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"NVRTC failed ({nvrtc_err!r}) and nvcc failed:\n{res.stderr}") from nvrtc_err
-        warnings.warn(f"moe_int4: NVRTC failed ({str(nvrtc_err)[:200]}); using an nvcc-built cubin", stacklevel=2)
-        return cp.RawModule(path=str(out))
-
-
 def _kernel(name: str):
-    return _module().get_function(name)
+    return load_module(FAMILY).get_function(name)
 
 
 def gpu_supported(experts: Int4Experts) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from workbench import DATA_DIR
+from workbench.kernels import resolve_device
 from workbench.measure import load_measurement
 from workbench.moe.bench import make_routing, plateau_m, rel_error
 from workbench.moe.fused import fused_moe_int4, gpu_supported, variant_name
@@ -31,16 +32,6 @@ def load_anchors() -> dict[str, Any]:
 def load_moe_bandwidth(gpu: str = "h200") -> dict[str, Any] | None:
     """The committed ``moe_bandwidth`` measurement for ``gpu``, or None."""
     return load_measurement("moe_bandwidth", gpu)
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' asked for, but torch sees no CUDA GPU")
-    return device
 
 
 def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_values: list[int],

@@ -22,9 +22,9 @@ from typing import Any, Mapping
 
 from workbench import DATA_DIR
 from workbench.config import ModelConfig, load_config
+from workbench.hardware import get_gpu, gpu_ids
 
 ANCHORS_DIR = DATA_DIR / "anchors"
-HARDWARE_PATH = DATA_DIR / "hardware.json"
 BF16 = 2
 
 
@@ -100,20 +100,13 @@ class GpuSpec:
         return dataclasses.replace(self, bandwidth_bytes_per_s=float(bandwidth_bytes_per_s))
 
 
-def load_hardware() -> dict[str, Any]:
-    return json.loads(HARDWARE_PATH.read_text())
-
-
 def available_gpus() -> list[str]:
-    return sorted(load_hardware()["gpus"])
+    return sorted(gpu_ids())
 
 
 def load_gpu(gpu: str) -> GpuSpec:
     """The :class:`GpuSpec` for a GPU id of data/hardware.json (``b300``, ``h200``, ``rtx-pro-6000``...)."""
-    gpus = load_hardware()["gpus"]
-    if gpu not in gpus:
-        raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(sorted(gpus))}")
-    g = gpus[gpu]
+    g = get_gpu(gpu).raw
     proj = g.get("projection") or {}
     if g.get("dense_bf16_flops"):
         mm = Range.fixed(float(g["dense_bf16_flops"]), f"data/hardware.json gpus.{gpu}.dense_bf16_flops "

@@ -16,12 +16,11 @@ import sys
 from typing import Callable
 
 from workbench import REPO_ROOT, papers
+from workbench.hardware import gpu_table
 from workbench.papers import markdown_table
 from workbench.projection.calibration import load_calibration
 from workbench.projection.figures import breakdown_by_gpu
-from workbench.projection.model import (
-    TERM_NAMES, TERMS, load_assumptions, load_hardware,
-)
+from workbench.projection.model import TERM_NAMES, TERMS, load_assumptions
 from workbench.projection.project import project
 from workbench.projection.scenarios import (
     plateau_check, pro6000_cross_check, scenario_rows, source_moe_percent, structural_whatifs, source_scenarios, source_step_arithmetic,
@@ -200,7 +199,7 @@ def block_assumptions() -> str:
         else:
             val = "-"
         rows.append({"assumption": k, "low / central / high": val, "source": v.get("source", v.get("note", ""))})
-    for gid, g in load_hardware()["gpus"].items():
+    for gid, g in gpu_table().items():
         for k, v in (g.get("projection") or {}).items():
             rows.append({"assumption": f"{gid}.{k}", "low / central / high":
                          f"{v['low']:.3g} / {v['central']:.3g} / {v['high']:.3g}", "source": v.get("source", "")})
