@@ -141,7 +141,7 @@ def test_bad_inputs_raise_clear_errors():
         V.verify_attention(**{k: (v.half() if torch.is_tensor(v) and v.is_floating_point() else v)
                               for k, v in inp.items()})
     with pytest.raises(ValueError, match="impl"):
-        V.verify_attention(**inp, impl="wgmma")
+        V.verify_attention(**inp, impl="tma")
     b = V.random_verify_inputs(3, 2, [4, 2], torch.float32, "cpu", seed=3)
     with pytest.raises(ValueError, match="prefix_offsets"):
         V.verify_attention_batched(**dict(b, prefix_offsets=torch.tensor([0, 5, 4])))

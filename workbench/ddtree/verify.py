@@ -54,9 +54,10 @@ D_KV = D_LATENT + D_ROPE
 _MMA_ROWS = 64      # query rows per block, tensor-core kernel (impl "mma")
 _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
+_WGMMA_SMEM = 231_424
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "mma", "simple")
-_AUTO_BF16 = "mma"  # what impl="auto" runs for bf16 inputs
+_IMPLS = ("auto", "wgmma", "mma", "simple")
+_WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -64,6 +65,7 @@ __all__ = [
     "verify_attention_naive", "verify_attention_sdpa", "verify_attention_flex",
     "random_verify_inputs", "default_parity_cases", "verify_parity_rows",
     "verify_floor", "benchmark_verify", "verify_table", "verify_benchmark_rows",
+    "auto_impl", "wgmma_unavailable_reason",
 ]
 
 
@@ -248,14 +250,15 @@ def _plan(n_prefix_total: int, B: int, T: int, M: int, rows_per_block: int, bloc
 _KERNELS: dict[tuple, Any] = {}
 
 
-def _kernel(name: str, smem: int, options: tuple = ()):
-    """Cached ``RawKernel`` of the ddtree_verify family (NVRTC ``options`` such as ``-D`` macros
-    select tuning variants), dynamic shared memory limit raised once."""
-    k = _KERNELS.get((name, options))
+def _kernel(name: str, smem: int, options: tuple = (), target: str | None = None):
+    """Cached ``RawKernel`` of the ddtree_verify family (``options`` such as ``-D`` macros
+    select tuning variants; ``target`` see :func:`workbench.kernels.load_module`), dynamic shared
+    memory limit raised once."""
+    k = _KERNELS.get((name, options, target))
     if k is None:
         from workbench.kernels import get_kernel
 
-        k = get_kernel("ddtree_verify", name, tuple(options))
+        k = get_kernel("ddtree_verify", name, tuple(options), target)
         if smem > 48 * 1024:
             try:
                 k.max_dynamic_shared_size_bytes = smem
@@ -263,8 +266,35 @@ def _kernel(name: str, smem: int, options: tuple = ()):
                 import cupy
 
                 cupy.cuda.driver.funcSetAttribute(k.kernel.ptr, 8, smem)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _KERNELS[(name, options)] = k
+        _KERNELS[(name, options, target)] = k
     return k
+
+
+_WGMMA_STATE: dict[str, Any] = {}
+
+
+def wgmma_unavailable_reason() -> str | None:
+    """``None`` when the wgmma kernel (sm_90a, built with nvcc) loads on this machine, else why not.
+
+    Tried once per process; ``impl="auto"`` runs the ``mma.sync`` kernel when this is not ``None``.
+    """
+    if "reason" not in _WGMMA_STATE:
+        try:
+            _kernel("ddtree_verify_wgmma_bf16", _WGMMA_SMEM, (), _WGMMA_TARGET)
+            _WGMMA_STATE["reason"] = None
+        except Exception as e:  # noqa: BLE001 - the reason is reported, auto falls back to mma
+            _WGMMA_STATE["reason"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+    return _WGMMA_STATE["reason"]
+
+
+def auto_impl(dtype: Any) -> str:
+    """What ``impl="auto"`` runs on this machine for inputs of ``dtype`` (a torch dtype or its name):
+    ``"wgmma"`` for bf16 where it loads (see :func:`wgmma_unavailable_reason`), else ``"mma"``;
+    ``"simple"`` for float32."""
+    name = str(dtype).replace("torch.", "")
+    if name != "bfloat16":
+        return "simple"
+    return "wgmma" if wgmma_unavailable_reason() is None else "mma"
 
 
 def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
@@ -303,9 +333,11 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     parents, slots and offsets first, which syncs once). CPU tensors take a
     torch path computed in float32.
 
-    ``impl``: ``"auto"`` (tensor cores for bf16, CUDA cores for float32),
-    ``"mma"`` (bf16 tensor cores, 64 query rows x 64 keys per step) or
-    ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
+    ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
+    cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
+    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
+    tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
+    or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
     Returns ``(out [B, T, H, 512] in the input dtype, lse [B, T, H] float32)``.
     """
@@ -372,10 +404,14 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     qr = q_rope.contiguous()
     tail = tail_kv.contiguous()
 
-    kind = impl if impl != "auto" else (_AUTO_BF16 if dtype == torch.bfloat16 else "simple")
-    if kind == "mma" and dtype != torch.bfloat16:
+    kind = impl if impl != "auto" else auto_impl(dtype)
+    if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    rows = _MMA_ROWS if kind == "mma" else _SIMPLE_ROWS
+    if kind == "wgmma":
+        why = wgmma_unavailable_reason()
+        if why is not None:
+            raise ValueError(f"impl='wgmma' is not available here ({why}); use impl='mma' or 'auto'")
+    rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
@@ -403,7 +439,10 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     scale_log2 = float(scale) * math.log2(math.e)
     args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offsets, tail, vis, chunk_start, o_part, lse_part,
             B, T, H, W, clen, scale_log2)
-    if kind == "mma":
+    if kind == "wgmma":
+        _launch(_kernel("ddtree_verify_wgmma_bf16", _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
+                args, shared_mem=_WGMMA_SMEM)
+    elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)
     else:
@@ -585,13 +624,16 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   repeats=3 if p < 100000 else 1))
         cases.append(dict(kernel="verify_attention_batched", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
                           dtype=dt, repeats=2))
-    for heads in (8, 64):
-        for p in (100, 4096 + 37, 131072):
-            cases.append(dict(kernel="verify_attention[mma]", nodes=33, heads=heads, prefix=p, dtype="bfloat16",
-                              repeats=2 if p < 100000 else 1))
+    for tag in ("wgmma", "mma"):
+        if tag == "wgmma" and wgmma_unavailable_reason() is not None:
+            continue
+        for heads in (8, 64):
+            for p in (100, 4096 + 37, 131072):
+                cases.append(dict(kernel=f"verify_attention[{tag}]", nodes=33, heads=heads, prefix=p,
+                                  dtype="bfloat16", repeats=2 if p < 100000 else 1))
+        cases.append(dict(kernel=f"verify_attention_batched[{tag}]", nodes=33, heads=8,
+                          prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1))
     cases += [
-        dict(kernel="verify_attention_batched[mma]", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
-             dtype="bfloat16", repeats=1),
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=4096 + 37, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=17, heads=64, prefix=777, dtype="float32", repeats=2),
@@ -834,7 +876,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             ok = [v["median_ms"] for v in peer_res.values() if v["status"] == "ok"]
             best = min(ok) if ok else None
             points.append(dict(heads=H, nodes=nodes, prefix=P, dtype=dname, kv_sets=n_sets, mode=kmode,
-                               impl=_AUTO_BF16 if dt == torch.bfloat16 else "simple",
+                               impl=auto_impl(dt),
                                median_ms=kmed, eager_median_ms=median(eager), variants=var_res,
                                floor_ms=fl["floor_ms"], floor_bound=fl["bound"],
                                percent_of_floor=100.0 * fl["floor_ms"] / kmed, bytes=fl["bytes"], flops=fl["flops"],
@@ -933,9 +975,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=33)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--peer-reps", type=int, default=10)
-    ap.add_argument("--unroll-variants", type=int, nargs="*", default=[2, 12],
-                    help="also time the kernel compiled with these score-loop unroll factors (default 4)")
+    ap.add_argument("--unroll-variants", type=int, nargs="*", default=[],
+                    help="also time the mma.sync kernel compiled with these score-loop unroll factors (default 4)")
+    ap.add_argument("--no-mma-variant", action="store_true",
+                    help="do not time the previous kernel (mma.sync) beside the default one")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
+    ap.add_argument("--smoke-only", default=None, help="with --smoke: only the cases whose kernel name holds this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
     args = ap.parse_args(argv)
 
@@ -944,11 +989,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         cases = [dict(kernel=k, nodes=9, heads=8, prefix=p, dtype=d, repeats=1)
-                 for k, d in (("verify_attention[mma]", "bfloat16"),
+                 for k, d in (("verify_attention[wgmma]", "bfloat16"), ("verify_attention[mma]", "bfloat16"),
                               ("verify_attention", "float32"), ("verify_attention[simple]", "bfloat16"))
                  for p in (0, 150)]
-        cases.append(dict(kernel="verify_attention_batched", nodes=9, heads=8, prefix=[0, 70, 130],
-                          dtype="bfloat16", repeats=1))
+        cases += [dict(kernel=f"verify_attention_batched[{t}]", nodes=9, heads=8, prefix=[0, 70, 130],
+                       dtype="bfloat16", repeats=1) for t in ("wgmma", "mma")]
+        if args.smoke_only:
+            cases = [c for c in cases if args.smoke_only in c["kernel"]]
         rows = verify_parity_rows(cases, dev)
         print(_rows_table(rows))
         print("SMOKE", "PASS" if all(r["pass"] for r in rows) else "FAIL")
@@ -963,7 +1010,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dev != "cuda":
         print("no CUDA GPU: benchmark skipped")
         return 0
-    variants = {f"unroll{u}": {"_options": (f"-DVERIFY_S_UNROLL={u}",)} for u in args.unroll_variants}
+    variants = {} if args.no_mma_variant or auto_impl("bfloat16") == "mma" else {"mma": {"impl": "mma"}}
+    variants.update({f"mma_unroll{u}": {"impl": "mma", "_options": (f"-DVERIFY_S_UNROLL={u}",)}
+                     for u in args.unroll_variants})
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
                            reps=args.reps, peer_reps=args.peer_reps, variants=variants)
     if rows is not None:

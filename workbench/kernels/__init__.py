@@ -2,7 +2,9 @@
 
 One ``.cu`` file per kernel family lives in this folder. :func:`load_module`
 compiles a family once per process with CuPy (``RawModule``, NVRTC, for the
-current device's architecture, sm_90 on Hopper) and caches it.
+current device's architecture, sm_90 on Hopper) and caches it; a family that
+needs Hopper's own instructions (``wgmma``) asks for ``target="sm_90a"``,
+built with nvcc instead (:data:`NVCC_TARGETS`).
 :func:`as_cupy` wraps a torch CUDA tensor zero-copy (DLPack) and
 :func:`torch_stream` gives torch's current stream to CuPy, so kernels run in
 order with torch work and can be captured in a CUDA graph.
@@ -64,14 +66,29 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+# Targets a family may ask for beyond what NVRTC through CuPy builds (sm_90 on Hopper):
+# target -> (device capability it needs, nvcc -gencode value).
+NVCC_TARGETS: dict[str, tuple[tuple[int, int], str]] = {
+    "sm_90a": ((9, 0), "arch=compute_90a,code=sm_90a"),  # Hopper's own instructions: wgmma, setmaxnreg
+}
+
+
 @functools.cache
-def load_module(family: str, options: tuple[str, ...] = ()) -> Any:
+def load_module(family: str, options: tuple[str, ...] = (), target: str | None = None) -> Any:
     """Compile ``<family>.cu`` once per process; returns ``cupy.RawModule``.
 
-    NVRTC first (``--std=c++17`` always on, ``options`` are extra flags such as
-    ``-D...``). If NVRTC cannot build the source and ``nvcc`` is on the PATH,
-    the family is built as a cubin for the current device with nvcc instead,
-    with a warning that says so.
+    ``target=None`` (every family by default): NVRTC first (``--std=c++17``
+    always on, ``options`` are extra flags such as ``-D...``). If NVRTC cannot
+    build the source and ``nvcc`` is on the PATH, the family is built as a
+    cubin for the current device with nvcc instead, with a warning that says so.
+
+    ``target="sm_90a"`` (a key of :data:`NVCC_TARGETS`): build with nvcc for
+    that target (``-gencode arch=compute_90a,code=sm_90a``), which NVRTC through
+    CuPy does not give; needed for Hopper's warpgroup MMA (``wgmma``). Raises
+    :class:`KernelUnavailable` when nvcc is missing or the device is not the
+    one the target is for; the caller chooses a plain-sm_90 kernel then.
+    Sources stay buildable for plain sm_90 (guard target-only code with
+    ``#if defined(__CUDA_ARCH_FEAT_SM90_ALL)``).
     """
     require_gpu(f"kernel family {family!r}")
     import cupy as cp
@@ -80,6 +97,20 @@ def load_module(family: str, options: tuple[str, ...] = ()) -> Any:
     if not path.exists():
         known = ", ".join(p.stem for p in cuda_sources())
         raise FileNotFoundError(f"no kernel family {family!r}; known: {known}")
+    if target is not None:
+        if target not in NVCC_TARGETS:
+            raise ValueError(f"target must be None or one of {sorted(NVCC_TARGETS)}, got {target!r}")
+        import shutil
+
+        import torch
+
+        cap, gencode = NVCC_TARGETS[target]
+        have = tuple(torch.cuda.get_device_capability())
+        if have != cap:
+            raise KernelUnavailable(f"target {target} needs a device of capability {cap}, this one is {have}")
+        if shutil.which("nvcc") is None:
+            raise KernelUnavailable(f"target {target} is built with nvcc, which is not on the PATH")
+        return cp.RawModule(path=str(_nvcc_cubin(family, path, options, f"-gencode={gencode}")))
     try:
         mod = cp.RawModule(code=path.read_text(), options=("--std=c++17", f"-I{KERNEL_DIR}", *options))
         mod.compile()
@@ -88,31 +119,45 @@ def load_module(family: str, options: tuple[str, ...] = ()) -> Any:
         return _nvcc_module(family, path, options, nvrtc_err)
 
 
-def _nvcc_module(family: str, path: Path, options: tuple[str, ...], nvrtc_err: Exception) -> Any:
+def _nvcc_cubin(family: str, path: Path, options: tuple[str, ...], arch_flag: str) -> Path:
+    """Build ``path`` into a cubin with nvcc (``arch_flag``: ``-arch=...`` or ``-gencode=...``)."""
     import shutil
     import subprocess
     import tempfile
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise KernelUnavailable("nvcc is not on the PATH")
+    out = Path(tempfile.mkdtemp()) / f"{family}.cubin"
+    res = subprocess.run([nvcc, arch_flag, "-std=c++17", "-cubin", f"-I{KERNEL_DIR}", *options, str(path),
+                          "-o", str(out)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"{family}: nvcc {arch_flag} failed:\n{res.stderr}")
+    return out
+
+
+def _nvcc_module(family: str, path: Path, options: tuple[str, ...], nvrtc_err: Exception) -> Any:
+    import shutil
     import warnings
 
     import cupy as cp
     import torch
 
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    if shutil.which("nvcc") is None:
         raise nvrtc_err
     major, minor = torch.cuda.get_device_capability()
-    out = Path(tempfile.mkdtemp()) / f"{family}.cubin"
-    res = subprocess.run([nvcc, f"-arch=sm_{major}{minor}", "-std=c++17", "-cubin", f"-I{KERNEL_DIR}",
-                          *options, str(path), "-o", str(out)], capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(f"{family}: NVRTC failed ({nvrtc_err!r}) and nvcc failed:\n{res.stderr}") from nvrtc_err
+    try:
+        out = _nvcc_cubin(family, path, options, f"-arch=sm_{major}{minor}")
+    except RuntimeError as e:
+        raise RuntimeError(f"{family}: NVRTC failed ({nvrtc_err!r}) and {e}") from nvrtc_err
     warnings.warn(f"{family}: NVRTC failed ({str(nvrtc_err)[:200]}); using an nvcc-built cubin", stacklevel=3)
     return cp.RawModule(path=str(out))
 
 
-def get_kernel(family: str, name: str, options: tuple[str, ...] = ()) -> Any:
-    """``cupy.RawKernel`` for ``extern "C"`` function ``name`` of ``family``."""
-    return load_module(family, tuple(options)).get_function(name)
+def get_kernel(family: str, name: str, options: tuple[str, ...] = (), target: str | None = None) -> Any:
+    """``cupy.RawKernel`` for ``extern "C"`` function ``name`` of ``family`` (``target``: see
+    :func:`load_module`)."""
+    return load_module(family, tuple(options), target).get_function(name)
 
 
 def as_cupy(t: Any) -> Any:

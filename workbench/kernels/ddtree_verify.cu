@@ -17,8 +17,10 @@
 // Kernels (all extern "C"):
 //   ddtree_verify_chunks      chunk_start[B+1]: prefix sum of chunks per request
 //   ddtree_verify_visibility  vis[B*T, W] ancestor bitmasks from parents
+//   ddtree_verify_wgmma_bf16  bf16 inputs, Hopper warpgroup MMA (wgmma, sm_90a builds only),
+//                             64 query rows x 64 keys per step, 2 warpgroups
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
-//                             64 query rows x 64 keys per step, 256 threads
+//                             64 query rows x 64 keys per step, 256 threads (any sm_90 build)
 //   ddtree_verify_simple_f32 / _bf16   CUDA-core path, 16 query rows per block
 //   ddtree_verify_merge_f32 / _bf16    partials -> out (input dtype), lse (f32)
 //
@@ -433,6 +435,316 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
             if (qd == 0 && tq == 0)
                 lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[mt][h] + __log2f(l)) * LN2F : NEG_INF;
         }
+}
+
+// ---------------------------------------------------------------- wgmma kernel (bf16, sm_90a only)
+//
+// Hopper warpgroup MMA needs the sm_90a target: workbench.kernels.load_module(..., target="sm_90a")
+// builds this file with nvcc -gencode arch=compute_90a,code=sm_90a. Under plain sm_90 (NVRTC, the
+// CI compile check) the entry point exists but only traps; Python never launches it there.
+//
+// Block: 64 query rows x one key chunk, 2 warpgroups (256 threads), 64-key tiles, two stages.
+// Every operand tile is stored as column blocks of [64 rows x 128 B] (64 bf16 values) with the
+// 128-byte swizzle (16-byte chunk c of row r at chunk position c ^ (r & 7)), each block 1024-aligned:
+// the layout wgmma reads through a matrix descriptor (K-major: SBO = 1024; MN-major: LBO = 8192
+// between 64-value column blocks, SBO = 1024 between 8-row groups).
+// Shared memory (dynamic, realigned to 1024 inside):
+//   sQ  9 blocks x [64 rows x 128 B]                   73,728
+//   sK  2 stages x 9 blocks x [64 keys x 128 B]       147,456
+//   sP  [64 rows x 64 keys] bf16                         8,192
+//   red 4 x 64 floats                                    1,024
+//   alignment slack                                      1,024   (total 231,424)
+// Per key tile, warpgroup g:
+//   S[:, 32g..32g+32) = Q K^T       wgmma m64n32k16 x 36 (A = Q, B = K tile, both K-major)
+//   row maxima exchanged through `red`, P = exp2(S - m) as bf16 into sP, O rescaled
+//   O[:, 256g..256g+256) += P V     wgmma m64n256k16 x 4 (A = sP, B = the same key tile's first
+//                                   512 dims, MN-major through the descriptor's transpose bit)
+// The next tile's cp.async gather (slot indices, 1152-byte rows) runs under both phases.
+
+#define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024)
+#ifndef VERIFY_V_LBO
+#define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
+#endif
+#ifndef VERIFY_V_SBO
+#define VERIFY_V_SBO 1024  // MN-major V: bytes between 8-key groups
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// byte offset of 16-byte chunk c (0..71) of row r (0..63) in a [64 x 576] bf16 tile, swizzled blocks
+__device__ __forceinline__ u32 sw128(int r, int c) {
+    return (u32)((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle
+__device__ __forceinline__ unsigned long long wg_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// keep the compiler from moving accumulator accesses across the async MMA boundaries
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+__device__ __forceinline__ void wgmma_m64n32_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{" 
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n256_ss_tb(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{" 
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
+                         const bf16_t* __restrict__ q_rope,     // [B*M, 64]
+                         const bf16_t* __restrict__ kv,         // [S, kv_stride]
+                         long long kv_stride,                   // elements between cache rows
+                         const long long* __restrict__ slots,   // [N]
+                         const long long* __restrict__ offsets, // [B+1]
+                         const bf16_t* __restrict__ tail,       // [B*T, 576]
+                         const u32* __restrict__ vis,           // [B*T, W]
+                         const int* __restrict__ chunk_start,   // [B+1]
+                         float* __restrict__ o_part,            // [C, M, 512]
+                         float* __restrict__ lse_part,          // [C, M]
+                         int B, int T, int H, int W, int chunk_len, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
+    const u32 raw_a = smem_u32(smem);
+    const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
+    const u32 sQ_a = raw_a + pad;
+    const u32 sK_a = sQ_a + SQ_BYTES;
+    const u32 sP_a = sK_a + 2 * SK_BYTES;
+    unsigned char* sP = smem + pad + SQ_BYTES + 2 * SK_BYTES;
+    float* red = reinterpret_cast<float*>(sP + SP_BYTES);
+
+    const int g = blockIdx.y;
+    if (g >= chunk_start[B]) return;
+    const int b = find_request(chunk_start, B, g);
+    const long long off_b = offsets[b];
+    const int P = (int)(offsets[b + 1] - off_b);
+    const int M = T * H;
+    const int row0 = blockIdx.x * MMA_ROWS;
+    const int key_begin = (g - chunk_start[b]) * chunk_len;
+    const int key_end = min(key_begin + chunk_len, P + T);
+    const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wg = warp >> 2;       // warpgroup: key half (S) and output half (O)
+    const int gq = lane >> 2;
+    const int tq = lane & 3;
+    const int r_lo = 16 * (warp & 3) + gq;  // this thread's rows: r_lo and r_lo + 8
+
+    // ---- load Q (zero-fill rows past M): thread -> row tid >> 2, chunks (tid & 3) + 4i
+    {
+        const int r = tid >> 2;
+        const bool ok = row0 + r < M;
+        const long long grow = (long long)b * M + row0 + r;
+        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
+        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+            const int c = (tid & 3) + 4 * i;
+            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
+            cp_async16(sQ_a + sw128(r, c), ok ? src : q_lat, ok ? 16 : 0);
+        }
+    }
+    auto load_tile = [&](int tile, int stage) {
+        const int kk = tid >> 2;
+        const int key = key_begin + tile * MMA_KEYS + kk;
+        const bf16_t* src = tail;
+        int bytes = 0;
+        if (key < key_end) {
+            bytes = 16;
+            if (key < P) src = kv + slots[off_b + key] * kv_stride;
+            else src = tail + ((long long)b * T + (key - P)) * DK;
+        }
+        const u32 base = sK_a + stage * SK_BYTES;
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+            const int c = (tid & 3) + 4 * i;
+            cp_async16(base + sw128(kk, c), bytes ? src + c * 8 : tail, bytes);
+        }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+
+    float m_run[2] = {NEG_INF, NEG_INF};
+    float l_run[2] = {0.f, 0.f};
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+
+    for (int it = 0; it < ntiles; ++it) {
+        cp_async_wait_all();
+        fence_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        __syncthreads();     // tile `it` landed; both warpgroups are done with tile it-1 and sP
+        if (it + 1 < ntiles) {
+            load_tile(it + 1, (it + 1) & 1);
+            cp_async_commit();
+        }
+        const u32 kb = sK_a + (it & 1) * SK_BYTES;
+
+        // ---- S[64 x 32] for this warpgroup's key half
+        float s[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 36; ++ks) {
+            const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
+            wgmma_m64n32_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff + wg * 4096, 16, 1024), 1);
+        }
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+
+        // ---- scale, mask, row max of this half
+        const int kt0 = key_begin + it * MMA_KEYS;
+        const bool need_mask = (kt0 + MMA_KEYS > key_end) || (kt0 + MMA_KEYS > P);
+        float rmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float v = s[4 * j + c] * scale_log2;
+                if (need_mask) {
+                    const int key = kt0 + 32 * wg + 8 * j + 2 * tq + (c & 1);
+                    const int row = row0 + r_lo + 8 * (c >> 1);
+                    bool ok = key < key_end;
+                    if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
+                    if (!ok) v = NEG_INF;
+                }
+                s[4 * j + c] = v;
+                rmax[c >> 1] = fmaxf(rmax[c >> 1], v);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float v = rmax[h];
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+            if (tq == 0) red[wg * 64 + r_lo + 8 * h] = v;
+        }
+        __syncthreads();  // (A) both halves' maxima visible
+
+        // ---- online softmax; P (bf16) to sP; rescale O
+        float alpha[2], muse[2], lsum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r_lo + 8 * h;
+            const float m_new = fmaxf(m_run[h], fmaxf(red[r], red[64 + r]));
+            muse[h] = m_new == NEG_INF ? 0.f : m_new;
+            alpha[h] = fast_exp2(m_run[h] - muse[h]);
+            m_run[h] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float p0 = fast_exp2(s[4 * j + 2 * h] - muse[h]);
+                const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse[h]);
+                lsum[h] += p0 + p1;
+                const int r = r_lo + 8 * h;
+                *reinterpret_cast<u32*>(sP + r * 128 + (((4 * wg + j) ^ (r & 7)) << 4) + 4 * tq) =
+                    pack_bf16x2(p0, p1);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + lsum[h];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            acc[4 * j + 0] *= alpha[0];
+            acc[4 * j + 1] *= alpha[0];
+            acc[4 * j + 2] *= alpha[1];
+            acc[4 * j + 3] *= alpha[1];
+        }
+        fence_async_smem();  // sP written by ordinary stores, read by wgmma
+        __syncthreads();     // (B) all of P visible
+
+        // ---- O[64 x 256] += P[64 x 64] V[64 x 256]
+#pragma unroll
+        for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_m64n256_ss_tb(acc, wg_desc(sP_a + kk * 32, 16, 1024),
+                                wg_desc(kb + wg * 4 * 8192 + kk * 2048, VERIFY_V_LBO, VERIFY_V_SBO), 1);
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    }
+
+    // ---- epilogue: row sums of both halves, normalise, store this warpgroup's 256 dims
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float v = l_run[h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (tq == 0) red[wg * 64 + r_lo + 8 * h] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = r_lo + 8 * h;
+        if (row0 + r >= M) continue;
+        const float l = red[r] + red[64 + r];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float* dst = o_part + ((long long)g * M + row0 + r) * DV + 256 * wg + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+        if (wg == 0 && tq == 0)
+            lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
+    }
+#else
+    asm volatile("trap;");
+#endif
 }
 
 // ---------------------------------------------------------------- CUDA-core kernel (f32 or bf16)
