@@ -133,17 +133,19 @@ def test_verify_attention_torch_matches_loop():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["auto", "small", "warp", "heap"])
+@pytest.mark.parametrize("method", ["auto", "small", "small_v1", "warp", "heap"])
 @pytest.mark.parametrize("B,L,K,budget,quant", [(64, 15, 32, 32, None), (8, 7, 8, 8, 2),
                                                   (16, 15, 64, 256, 4), (4, 32, 1024, 1024, 8),
                                                   (5, 3, 40, 1024, None), (3, 1, 5, 9, 1),
-                                                  (64, 7, 32, 32, 2), (9, 32, 8, 31, 1)])
+                                                  (64, 7, 32, 32, 2), (9, 32, 8, 31, 1),
+                                                  (6, 4, 50, 20, 2), (5, 32, 16, 3, None),
+                                                  (7, 1, 32, 1000, 1), (4, 5, 32, 32, 1)])
 def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
     gen = torch.Generator().manual_seed(B * 1000 + budget)
     lp, ids = _grid(gen, B, L, K, quant, device="cuda")
     roots = torch.randint(0, 100, (B,)).cuda()
     n = tree_size(L, K, budget)
-    if method == "small" and n - 1 > 32:
+    if method in ("small", "small_v1") and n - 1 > 32:
         with pytest.raises(ValueError, match="small"):
             build_trees(lp, ids, budget, method=method)
         return
@@ -160,12 +162,26 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method,budget", [("warp", 200), ("heap", 200), ("small", 32),
-                                           ("warp", 32), ("heap", 32)])
+                                           ("small_v1", 32), ("warp", 32), ("heap", 32)])
 def test_gpu_build_all_ties(method, budget):
     lp = torch.zeros(3, 6, 4, device="cuda")
     ids = torch.arange(72, device="cuda").view(3, 6, 4)
     trees = build_trees(lp, ids, budget, method=method)
     _assert_same_as_reference(trees, lp, ids, budget, [-1, -1, -1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps", [2, 4])
+def test_gpu_build_small_several_requests_per_block(monkeypatch, warps):
+    from workbench.ddtree import tree_gpu
+
+    monkeypatch.setattr(tree_gpu, "SMALL_WARPS_PER_BLOCK", warps)
+    gen = torch.Generator().manual_seed(warps)
+    B = 4 * warps + 1  # the last block is partly empty
+    lp, ids = _grid(gen, B, 15, 32, 4, device="cuda")
+    roots = torch.randint(0, 100, (B,)).cuda()
+    trees = build_trees(lp, ids, 32, root_tokens=roots, method="small")
+    _assert_same_as_reference(trees, lp, ids, 32, roots.cpu())
 
 
 @pytest.mark.gpu
@@ -216,3 +232,14 @@ def test_gpu_round_no_sync_and_graph():
     torch.cuda.synchronize()
     assert torch.equal(cap.trees.tokens, again.trees.tokens)
     assert torch.equal(cap.accepted.nodes, again.accepted.nodes)
+
+
+def test_parse_sanitizer_log():
+    from workbench.ddtree.bench import parse_sanitizer_log, sanitizer_command
+
+    ok = parse_sanitizer_log("sanitize driver done\n========= ERROR SUMMARY: 0 errors\n", 0)
+    assert ok["errors"] == 0 and ok["driver_done"] and ok["tail"] == ""
+    race = parse_sanitizer_log("========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, "
+                               "0 warnings)\n", 1)
+    assert race["errors"] == 3 and not race["driver_done"] and race["tail"]
+    assert sanitizer_command("racecheck")[:3] == ["compute-sanitizer", "--tool", "racecheck"]

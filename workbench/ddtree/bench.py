@@ -24,7 +24,8 @@ from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batc
                                        commit_compact, commit_scattered, tree_visibility)
 from workbench.kernels import resolve_device
 
-__all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels",
+__all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels", "run_sanitizers", "sanitizer_command", "parse_sanitizer_log",
+           "read_sanitizer_logs",
            "benchmark_round", "load_kernel_results", "resolve_device", "tree_timing_rows",
            "verify_timing_rows",
            "kernel_results_rows", "goal_rows", "build_sweep_figure", "main"]
@@ -48,6 +49,8 @@ def default_parity_cases(device: str = "auto") -> list[dict[str, Any]]:
                     cases.append(dict(batch=batch, L=L, K=min(budget, 64), budget=budget,
                                       quant=quant))
     cases.append(dict(batch=4, L=32, K=1024, budget=1024, quant=8))
+    cases.append(dict(batch=6, L=4, K=50, budget=20, quant=2))  # K_in > K: strided rows
+    cases.append(dict(batch=5, L=32, K=16, budget=3, quant=None))  # L > n
     cases.append(dict(batch=3, L=7, K=4, budget=1024, quant=0))  # all-equal log-probs
     return cases
 
@@ -83,7 +86,7 @@ def tree_parity_rows(cases: list[dict[str, Any]] | None = None, device: str = "a
         shape = f"B={B} L={L} K={K} budget={budget}" + (" ties" if quant is not None else "")
         methods = ("auto",)
         if dev == "cuda":
-            methods = (("small",) if n - 1 <= 32 else ()) + ("warp", "heap")
+            methods = (("small", "small_v1") if n - 1 <= 32 else ()) + ("warp", "heap")
         for method in methods:
             out = None
             if dev == "cuda":  # poisoned outputs: every element must be written
@@ -170,6 +173,24 @@ def tree_parity_rows(cases: list[dict[str, Any]] | None = None, device: str = "a
     return rows
 
 
+class _small_warps:
+    """Temporarily set tree_gpu.SMALL_WARPS_PER_BLOCK (requests per block of "small")."""
+
+    def __init__(self, warps: int):
+        self.warps = warps
+
+    def __enter__(self):
+        from workbench.ddtree import tree_gpu
+
+        self.old = tree_gpu.SMALL_WARPS_PER_BLOCK
+        tree_gpu.SMALL_WARPS_PER_BLOCK = self.warps
+
+    def __exit__(self, *exc):
+        from workbench.ddtree import tree_gpu
+
+        tree_gpu.SMALL_WARPS_PER_BLOCK = self.old
+
+
 def _median(x):
     return float(np.median(np.asarray(x)))
 
@@ -233,12 +254,19 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
         # the CPU reference is timed once per budget, on the key of "auto" (what
         # build_trees runs by default); every variant gets speedups against it
         auto = "small" if bud <= 32 else "heap"
-        methods = (["small"] if bud <= 32 else []) + ["warp", "heap"]
+        methods = (["small", "small_v1"] if bud <= 32 else []) + ["warp", "heap"]
+        variants = [(m, 1) for m in [auto] + [m for m in methods if m != auto]]
+        if bud <= 32:
+            variants.append(("small", 4))  # four requests per block
         cpu_ms = None
-        for method in [auto] + [m for m in methods if m != auto]:
-            key = base if method == auto else f"{base}_{method}"
-            out = both(key, lambda lpg=lpg, idg=idg, bud=bud, m=method:
-                       build_trees(lpg, idg, bud, method=m), cpu if cpu_ms is None else None, reps)
+        for method, warps in variants:
+            key = base if method == auto and warps == 1 else f"{base}_{method}"
+            if warps != 1:
+                key += f"_{warps}w"
+            with _small_warps(warps):
+                out = both(key, lambda lpg=lpg, idg=idg, bud=bud, m=method:
+                           build_trees(lpg, idg, bud, method=m), cpu if cpu_ms is None else None,
+                           reps)
             if cpu_ms is None:
                 cpu_ms = out["cpu_ms"]
             else:
@@ -246,6 +274,29 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
                 out["speedup_graph"] = cpu_ms / out["gpu_graph_ms"]
                 out["speedup_eager"] = cpu_ms / out["gpu_eager_ms"]
             out.update(batch=batch, L=L, K=K, budget=bud, method=method)
+            if method == "small":
+                out["warps_per_block"] = warps
+
+    # pops sweep at a fixed [L, K] grid: the time against the number of pops gives the fixed
+    # part (intercept) and the cost of one pop (slope) of the small kernels
+    lp, ids = _random_grid(rng, batch, L, 32, None)
+    lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids).cuda()
+    sweep = []
+    for bud in (1, 2, 4, 8, 16, 32):
+        for method in ("small", "small_v1"):
+            g = _graph_time_ms(lambda bud=bud, m=method: build_trees(lpg, idg, bud, method=m))
+            sweep.append(dict(method=method, budget=bud, K=min(bud, 32), pops=bud,
+                              gpu_graph_ms=_median(g)))
+    res[f"build_pops_sweep_B{batch}_L{L}"] = sweep
+    for method in ("small", "small_v1"):
+        pts = [(r["pops"], r["gpu_graph_ms"] * 1e3) for r in sweep if r["method"] == method]
+        slope, icpt = np.polyfit([p for p, _ in pts], [t for _, t in pts], 1)
+        res[f"build_pops_fit_{method}"] = {"us_per_pop": float(slope), "fixed_us": float(icpt),
+                                           "ns_per_pop": float(slope * 1e3)}
+    # the floor of one graph node: a tiny torch kernel, timed the same way
+    tiny = torch.zeros(64, device="cuda")
+    res["graph_node_floor"] = {"gpu_graph_ms": _median(_graph_time_ms(tiny.zero_)),
+                               "what": "torch zero_ of 64 floats, per call in a CUDA graph"}
 
     # accept and commit at the headline point
     lp, ids = _random_grid(rng, batch, L, budget, None)
@@ -347,7 +398,7 @@ def tree_timing_rows(device: str = "auto", batch: int = 8, L: int = 7, budget: i
                      median_ms=cpu_acc, speedup_vs_cpu=1.0))
     if dev == "cuda":
         lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids).cuda()
-        for m in ((["small"] if budget <= 32 else []) + ["warp", "heap"]):
+        for m in ((["small", "small_v1"] if budget <= 32 else []) + ["warp", "heap"]):
             t = _median(time_cuda(lambda m=m: build_trees(lpg, idg, budget, method=m)))
             rows.append(dict(op="build", impl=f"GPU build_trees[{m}]", shapes=shape, median_ms=t,
                              speedup_vs_cpu=cpu_build / t))
@@ -497,16 +548,23 @@ def load_kernel_results(gpu: str = "h200") -> dict[str, Any] | None:
 
 
 def _sanitize_driver() -> None:
-    """Every tree kernel once at small sizes (run under compute-sanitizer)."""
+    """Every tree kernel once at small sizes (run under compute-sanitizer): each build method
+    ("small" also with several requests per block, a partly empty last block), visibility,
+    accept, both commits."""
     import torch
 
     rng = np.random.default_rng(1)
-    for B, L, K, budget, q in ((3, 7, 8, 20, 4), (2, 32, 1024, 1024, 8), (5, 15, 32, 32, None)):
+    for B, L, K, budget, q in ((3, 7, 8, 20, 4), (2, 32, 1024, 1024, 8), (5, 15, 32, 32, None),
+                               (4, 6, 40, 24, 2), (3, 32, 16, 3, None)):
         lp, ids = _random_grid(rng, B, L, K, q)
         lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids % 3).cuda()
         for m in ("warp", "heap"):
             build_trees(lpg, idg, budget, method=m)
-        t = build_trees(lpg, idg, budget)  # "small" where budget <= 32
+        t = build_trees(lpg, idg, budget)  # "small" where n - 1 <= 32
+        if t.n - 1 <= 32:
+            build_trees(lpg, idg, budget, method="small_v1")
+            with _small_warps(4):
+                build_trees(lpg, idg, budget, method="small")
         tree_visibility(t.parents)
         am = torch.from_numpy(rng.integers(0, 3, size=(B, t.n))).cuda()
         acc = accept_greedy_batched(t, am)
@@ -516,6 +574,75 @@ def _sanitize_driver() -> None:
         commit_compact(kv, slots, acc, slots[:, 0].contiguous(), slot_dim=1)
         torch.cuda.synchronize()
     print("sanitize driver done")
+
+
+SANITIZER_TOOLS = ("memcheck", "racecheck")
+
+
+def sanitizer_command(tool: str) -> list[str]:
+    """``compute-sanitizer --tool <tool>`` on the ``--sanitize`` driver; only kernels whose name
+    holds "ddtree_" are checked."""
+    import sys
+
+    return ["compute-sanitizer", "--tool", tool, "--kernel-name", "kns=ddtree_", sys.executable,
+            "-m", "workbench.ddtree.bench", "--sanitize"]
+
+
+def parse_sanitizer_log(text: str, returncode: int | None = None) -> dict[str, Any]:
+    """The summary lines of a compute-sanitizer log, the number of errors (memcheck) or hazards
+    (racecheck) they state, and whether the driver ran to its end."""
+    import re
+
+    summary = [ln.strip() for ln in text.splitlines() if "SUMMARY" in ln]
+    m = re.search(r"SUMMARY: (\d+) (?:errors?|hazards?)", " ".join(summary))
+    done = "sanitize driver done" in text
+    return {"returncode": returncode, "summary": summary,
+            "errors": int(m.group(1)) if m else None, "driver_done": done,
+            "tail": "" if (m and done and not returncode) else text[-1500:]}
+
+
+def run_sanitizers(tools: tuple[str, ...] = SANITIZER_TOOLS, timeout_s: int = 300) -> dict[str, Any]:
+    """Run :func:`sanitizer_command` for each tool (in parallel) and parse the logs."""
+    import shutil
+    import subprocess
+
+    if shutil.which("compute-sanitizer") is None:
+        return {"error": "compute-sanitizer is not on the PATH"}
+    procs = {t: subprocess.Popen(sanitizer_command(t), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for t in tools}
+    out: dict[str, Any] = {}
+    for tool, pr in procs.items():
+        try:
+            text, _ = pr.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pr.kill()
+            text = pr.communicate()[0] + f"\ntimeout after {timeout_s} s"
+        out[tool] = parse_sanitizer_log(text, pr.returncode)
+        out[tool]["command"] = " ".join(sanitizer_command(tool)[:5]) + \
+            " python -m workbench.ddtree.bench --sanitize"
+    return out
+
+
+def read_sanitizer_logs(folder: str, tools: tuple[str, ...] = SANITIZER_TOOLS) -> dict[str, Any]:
+    """Parse ``<folder>/<tool>.log`` (a run of :func:`sanitizer_command` whose exit code, if
+    known, is the last line ``exit=N``)."""
+    from pathlib import Path
+
+    out: dict[str, Any] = {}
+    for tool in tools:
+        f = Path(folder) / f"{tool}.log"
+        if not f.exists():
+            out[tool] = {"error": f"{f} missing"}
+            continue
+        text = f.read_text(errors="replace")
+        rc = None
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        if last.startswith("exit="):
+            rc = int(last[5:])
+        out[tool] = parse_sanitizer_log(text, rc)
+        out[tool]["command"] = " ".join(sanitizer_command(tool)[:5]) + \
+            " python -m workbench.ddtree.bench --sanitize"
+    return out
 
 
 def _run_verify(results: dict[str, Any]) -> None:
@@ -559,10 +686,44 @@ def _print_table(doc: dict[str, Any]) -> None:
               f"{'' if cpu is None else f'{cpu:9.2f}':>9s} {'' if sp is None else f'{sp:8.0f}':>8s}")
 
 
+# Written before the run that first measured the lane-per-node "small" kernel (the previous
+# one, "small_v1", is timed beside it in the same run).
+BUILD_PREDICTION = (
+    "prediction for 'small' (lane per node, written before its first run): B=64 L=15 budget=32 "
+    "about 6 us per call in a graph (fixed part about 3.5 us as measured for small_v1, plus 32 "
+    "pops of about 120-150 cycles: one REDUX, one ballot, one round of shuffles, the log-prob "
+    "loads overlapped with the reduction), i.e. about 2.5x faster than small_v1's 15.0 us and "
+    "above 500x the CPU reference")
+
+
+def _build_prediction_note(results: dict[str, Any]) -> str:
+    """The prediction and what was measured in this run (headline, variants, pops fit)."""
+    head = results.get("build_B64_L15_budget32", {})
+    v1 = results.get("build_B64_L15_budget32_small_v1", {})
+    fit = results.get("build_pops_fit_small", {})
+    fit1 = results.get("build_pops_fit_small_v1", {})
+    parts = [BUILD_PREDICTION]
+    if head and v1:
+        parts.append(f"measured: small {head['gpu_graph_ms'] * 1e3:.1f} us "
+                     f"({head['speedup_graph']:.0f}x CPU), small_v1 "
+                     f"{v1['gpu_graph_ms'] * 1e3:.1f} us, same run")
+    if fit and fit1:
+        parts.append(f"pops fit (time = fixed + pops x per-pop, budgets 1-32): small "
+                     f"{fit['fixed_us']:.2f} us + {fit['ns_per_pop']:.0f} ns/pop, small_v1 "
+                     f"{fit1['fixed_us']:.2f} us + {fit1['ns_per_pop']:.0f} ns/pop")
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="output folder (default data/measurements/<gpu>)")
     ap.add_argument("--sanitize", action="store_true", help="run each kernel once (for compute-sanitizer)")
+    ap.add_argument("--with-sanitizers", action="store_true",
+                    help="first run compute-sanitizer memcheck and racecheck on the --sanitize "
+                         "driver and record their results in the measurement")
+    ap.add_argument("--sanitizer-logs", default=None,
+                    help="record the results of sanitizer runs already made: DIR/memcheck.log, "
+                         "DIR/racecheck.log (see sanitizer_command)")
     ap.add_argument("--skip-verify", action="store_true", help="do not call verify.benchmark_verify")
     ap.add_argument("--verify-only", action="store_true",
                     help="only run verify's parity and benchmark and merge them into the committed "
@@ -577,6 +738,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.verify_only:
         return _verify_only(args.out)
+    sanitizer = None
+    if args.sanitizer_logs:
+        sanitizer = read_sanitizer_logs(args.sanitizer_logs)
+    elif args.with_sanitizers:
+        sanitizer = run_sanitizers()
+    if sanitizer is not None:
+        for tool, r in sanitizer.items():
+            print(f"compute-sanitizer {tool}:", r if isinstance(r, str) else
+                  {k: r.get(k) for k in ("returncode", "summary", "errors", "seconds", "tail")})
     t0 = time.time()
     rows = tree_parity_rows(device="cuda")
     parity_s = time.time() - t0
@@ -586,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     results["parity"] = rows
     results["parity_all_passed"] = all(r["passed"] for r in rows)
     results["round"] = rnd
+    if sanitizer is not None:
+        results["sanitizer"] = sanitizer
     if not args.skip_verify:
         _run_verify(results)
     head = results["build_B64_L15_budget32"]
@@ -598,7 +770,8 @@ def main(argv: list[str] | None = None) -> int:
                               "cpu_ms: NumPy/heapq reference, whole batch"},
         results=results, samples=bench["samples"],
         notes=f"parity grid {len(rows)} rows in {parity_s:.1f} s; build headline speedup "
-              f"{head['speedup_graph']:.0f}x (graph) / {head['speedup_eager']:.0f}x (eager)",
+              f"{head['speedup_graph']:.0f}x (graph) / {head['speedup_eager']:.0f}x (eager); "
+              + _build_prediction_note(results),
         out_dir=args.out)
     print(f"parity: {sum(r['passed'] for r in rows)}/{len(rows)} rows pass")
     for v in ("verify_torch", "verify_kernel"):

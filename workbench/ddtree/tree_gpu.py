@@ -1,7 +1,8 @@
 """Batched DDTree tree kernels on the GPU (``workbench/kernels/ddtree_tree.cu``).
 
-- :func:`build_trees` - one thread block per request, heap in shared memory;
-  bit-exact with :func:`workbench.ddtree.build_tree`, ties included.
+- :func:`build_trees` - bit-exact with :func:`workbench.ddtree.build_tree`,
+  ties included: one warp per request with one lane per tree node up to 32
+  non-root nodes ("small"), a heap in shared memory above ("heap").
 - :func:`tree_visibility` - ancestor-closure masks ``[B, n, n]``.
 - :func:`accept_greedy_batched` - one warp per request; bit-exact with
   :func:`workbench.ddtree.accept_greedy`.
@@ -24,7 +25,7 @@ import numpy as np
 from workbench.ddtree import reference as ref
 from workbench.kernels import launch as _launch
 
-__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
+__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "SMALL_WARPS_PER_BLOCK", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
            "accept_greedy_batched", "commit_scattered", "commit_compact", "build_smem_bytes"]
 
 MAX_BUDGET = 1024
@@ -86,14 +87,22 @@ class GpuAccepted:
     bonus: Any
 
 
-BUILD_METHODS = ("auto", "small", "warp", "heap")
-SMALL_MAX_NODES = 32  # "small" holds the whole frontier in one warp's registers
+BUILD_METHODS = ("auto", "small", "small_v1", "warp", "heap")
+SMALL_MAX_NODES = 32  # "small" / "small_v1" hold the whole frontier in one warp's registers
+SMALL_WARPS_PER_BLOCK = 1  # "small": requests (one warp each) per thread block
+_SMALL_NODE_SLOTS = 33  # DDT_SMALL_NODES in ddtree_tree.cu
+_KERNEL_NAMES = {"small": "ddtree_build_small", "small_v1": "ddtree_build_small_v1",
+                 "warp": "ddtree_build_warp", "heap": "ddtree_build"}
 
 
-def build_smem_bytes(L: int, K: int, n: int, method: str = "warp") -> int:
+def build_smem_bytes(L: int, K: int, n: int, method: str = "warp",
+                     warps_per_block: int = 1) -> int:
     """Dynamic shared memory of one build block: frontier/heap entries, the
-    request's log-probs, and the node arrays."""
+    request's log-probs (and token ids for "small"/"small_v1"), and the node
+    arrays. "small" holds ``warps_per_block`` requests per block."""
     if method == "small":
+        return warps_per_block * 8 * ((12 * L * K + 12 * _SMALL_NODE_SLOTS + 7) // 8)
+    if method == "small_v1":
         return 12 * L * K + 12 * n
     if method == "warp":
         return 12 * (n - 1) + 4 * L * K + 12 * n
@@ -142,10 +151,13 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     (the bonus tokens from the previous round, on the device). Returns a
     :class:`GpuTrees` with ``n = tree_size(L, K, budget)`` nodes per request.
     ``validate=True`` also checks sortedness and finiteness (a host sync).
-    ``method`` (all bit-exact): "small" (budget <= 32: the frontier is a
-    sorted list in one warp's registers), "heap" (a binary heap run by one
-    thread in shared memory), "warp" (frontier in shared memory, one warp
-    reduction per pop); "auto" takes "small" when it applies, else "heap". ``out``:
+    ``method`` (all bit-exact): "small" (at most 32 non-root nodes: one warp
+    per request, lane p holds node p's next unpopped child, a pop is a warp
+    arg-max with ``__reduce_max_sync``), "small_v1" (the previous small
+    kernel: the frontier as a sorted list in one warp's registers), "heap" (a
+    binary heap run by one thread in shared memory), "warp" (frontier in shared
+    memory, one warp reduction per pop); "auto" takes "small" when it applies,
+    else "heap". ``out``:
     preallocated :class:`GpuTrees` of shape ``[B, n]`` to write into (GPU).
     """
     torch = _torch()
@@ -204,10 +216,11 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     n = ref.tree_size(L, Kin, budget)
     if method == "auto":
         method = "small" if n - 1 <= SMALL_MAX_NODES else "heap"
-    elif method == "small" and n - 1 > SMALL_MAX_NODES:
-        raise ValueError(f"method='small' needs at most {SMALL_MAX_NODES} non-root nodes, "
+    elif method in ("small", "small_v1") and n - 1 > SMALL_MAX_NODES:
+        raise ValueError(f"method={method!r} needs at most {SMALL_MAX_NODES} non-root nodes, "
                          f"this tree has {n - 1}; use 'auto', 'heap' or 'warp'")
-    smem = build_smem_bytes(L, K, n, method)
+    warps = max(1, min(int(SMALL_WARPS_PER_BLOCK), B)) if method == "small" else 1
+    smem = build_smem_bytes(L, K, n, method, warps)
     if smem > _SMEM_OPTIN:
         raise ValueError(f"tree build needs {smem} B of shared memory (L={L}, K={K}, n={n}); "
                          f"the limit is {_SMEM_OPTIN}")
@@ -227,15 +240,16 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         ranks = torch.empty_like(tokens)
         scores = torch.empty((B, n), dtype=torch.float32, device=dev)
     if B > 0:
-        name = {"small": "ddtree_build_small", "warp": "ddtree_build_warp",
-                "heap": "ddtree_build"}[method]
+        name = _KERNEL_NAMES[method]
         k = _kernel(name)
         _ensure_smem(k, name, smem)
         root_ptr = root_t if root_t is not None else np.uint64(0)
         root_def = np.int64(0 if root_t is not None else int(root_tokens))
-        _launch(k, (B,), (_BUILD_THREADS,),
-               (lp, ids, root_ptr, root_def, L, Kin, K, n, tokens, parents, depths, ranks, scores),
-               shared_mem=smem)
+        grid, block = ((B,), (_BUILD_THREADS,)) if method != "small" else \
+            (((B + warps - 1) // warps,), (32 * warps,))
+        _launch(k, grid, block,
+               (lp, ids, root_ptr, root_def, B, L, Kin, K, n, tokens, parents, depths, ranks,
+                scores), shared_mem=smem)
     return GpuTrees(tokens, parents, depths, ranks, scores)
 
 

@@ -1,11 +1,15 @@
 // DDTree tree kernels: best-first tree build, visibility, greedy accept, KV commit.
 //
-// ddtree_build      one thread block per request; the request's [L, K] log-probs
-//                   are staged in shared memory, thread 0 runs the best-first heap
-//                   (float64 scores, order (-score, rank path)) in shared memory,
-//                   then all threads write the nodes out. Bit-exact with
-//                   workbench.ddtree.reference.build_tree, ties included.
-// ddtree_build_warp / ddtree_build_small  faster variants of ddtree_build (same output).
+// Tree build: four kernels with one argument list (DDT_BUILD_PARAMS) and one output, each
+// bit-exact with workbench.ddtree.reference.build_tree, ties included:
+// ddtree_build           one thread block per request; thread 0 runs a binary heap in shared
+//                        memory (float64 scores, order (-score, rank path)).
+// ddtree_build_warp      one block per request; the frontier in shared memory, one warp
+//                        butterfly reduction per pop.
+// ddtree_build_small     n - 1 <= 32: one warp per request, one lane per tree node holding that
+//                        node's pending child; a pop is a warp arg-max (__reduce_max_sync).
+// ddtree_build_small_v1  n - 1 <= 32: the previous small kernel (sorted frontier list in one
+//                        warp's registers), kept for before/after timing.
 // ddtree_visibility one thread per (request, i, j): j is i or an ancestor of i.
 // ddtree_accept     one warp per request: greedy longest matching root path.
 // ddtree_commit_scattered  keep slots (accepted path order) and free slots.
@@ -14,6 +18,25 @@
 // Integer tensors are int64 ("long long"); no includes (NVRTC and nvcc).
 
 #define DDT_FULL_MASK 0xffffffffu
+
+// ---------------------------------------------------------------------------------------------
+// Tree build: shared pieces
+// ---------------------------------------------------------------------------------------------
+
+// The argument list of every build kernel. Request b = blockIdx.x for the one-block-per-request
+// kernels; B bounds the warp-per-request kernel.
+#define DDT_BUILD_PARAMS                                                                       \
+    const float* __restrict__ logprobs,        /* [B, L, Kin] */                               \
+    const long long* __restrict__ token_ids,   /* [B, L, Kin] */                               \
+    const long long* __restrict__ root_tokens, /* [B] or null (then root_default) */           \
+    long long root_default, int B, int L, int Kin, int K, int n,                               \
+    long long* __restrict__ out_tokens,        /* [B, n] */                                    \
+    long long* __restrict__ out_parents,       /* [B, n] */                                    \
+    long long* __restrict__ out_depths,        /* [B, n] */                                    \
+    long long* __restrict__ out_ranks,         /* [B, n] */                                    \
+    float* __restrict__ out_scores             /* [B, n] */
+
+#define DDT_OUT_ARGS out_tokens, out_parents, out_depths, out_ranks, out_scores
 
 // Rank path of a heap entry = rank path of node `p` followed by rank `r`.
 // Lexicographic "less than" of two entries' rank paths (Python tuple order),
@@ -34,46 +57,121 @@ __device__ __forceinline__ bool ddt_path_less(int pa, int ra, int pb, int rb,
     return b_longer;  // one path is a prefix of the other: the shorter is smaller
 }
 
-// Entry order "a comes out before b": higher score, then smaller rank path. Entries
-// are packed as parent << 16 | rank.
-__device__ __forceinline__ bool ddt_hk_before(double sa, int ka, double sb, int kb,
-                                              const int* npar, const int* nrank, const int* ndep) {
+// Entry order "a comes out before b": higher score, then smaller rank path.
+__device__ __forceinline__ bool ddt_before(double sa, int pa, int ra, double sb, int pb, int rb,
+                                           const int* npar, const int* nrank, const int* ndep) {
     if (sa != sb) return sa > sb;
-    return ddt_path_less(ka >> 16, ka & 0xffff, kb >> 16, kb & 0xffff, npar, nrank, ndep);
+    return ddt_path_less(pa, ra, pb, rb, npar, nrank, ndep);
 }
 
-// Binary heap run by one thread; the entry being sifted stays in registers (hole sifting).
-// Shared memory layout (dynamic), for K = min(budget, K_in), n nodes, cap = n heap slots:
-//   double hs[cap] | float lps[L*K] | int hk[cap] | int npar[n] | int nrank[n] | int ndep[n]
-extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     // [B, L, Kin]
-                                        const long long* __restrict__ token_ids,  // [B, L, Kin]
-                                        const long long* __restrict__ root_tokens,  // [B] or null
-                                        long long root_default,
-                                        int L, int Kin, int K, int n,
-                                        long long* __restrict__ out_tokens,   // [B, n]
-                                        long long* __restrict__ out_parents,  // [B, n]
-                                        long long* __restrict__ out_depths,   // [B, n]
-                                        long long* __restrict__ out_ranks,    // [B, n]
-                                        float* __restrict__ out_scores) {     // [B, n]
-    extern __shared__ double ddt_smem[];
-    const int b = blockIdx.x;
-    const int cap = n;
-    double* hs = ddt_smem;
-    float* lps = reinterpret_cast<float*>(hs + cap);
-    int* hk = reinterpret_cast<int*>(lps + L * K);
-    int* npar = hk + cap;
-    int* nrank = npar + n;
-    int* ndep = nrank + n;
+// Entries packed as parent << 16 | depth << 10 | rank (parent <= 1024, depth <= 32, rank < 1024).
+__device__ __forceinline__ bool ddt_pk_before(double sa, int pka, double sb, int pkb,
+                                              const int* npar, const int* nrank, const int* ndep) {
+    return ddt_before(sa, pka >> 16, pka & 1023, sb, pkb >> 16, pkb & 1023, npar, nrank, ndep);
+}
 
-    const float* lpb = logprobs + (long long)b * L * Kin;
-    for (int e = threadIdx.x; e < L * K; e += blockDim.x) {
+__device__ __forceinline__ long long ddt_root(const long long* root_tokens, long long root_default,
+                                              int b) {
+    return root_tokens ? root_tokens[b] : root_default;
+}
+
+// lps[d * K + r] = lpb[d * Kin + r] (and sids likewise when sids is not null), d < L, r < K;
+// thread tid of nthreads.
+__device__ __forceinline__ void ddt_stage_rows(const float* __restrict__ lpb,
+                                               const long long* __restrict__ idb, int L, int Kin,
+                                               int K, float* lps, long long* sids, int tid,
+                                               int nthreads) {
+    for (int e = tid; e < L * K; e += nthreads) {
         const int d = e / K, r = e - d * K;
         lps[e] = lpb[(long long)d * Kin + r];
+        if (sids) sids[e] = idb[(long long)d * Kin + r];
     }
-    __syncthreads();
+}
 
+// Shared layout of the heap and warp kernels (cap frontier slots, n nodes):
+//   double s[cap] | float lps[L*K] | int k[cap] | int npar[n] | int nrank[n] | int ndep[n]
+struct DdtFrontierSmem {
+    double* s; float* lps; int* k; int* npar; int* nrank; int* ndep;
+};
+
+__device__ __forceinline__ DdtFrontierSmem ddt_frontier_smem(double* base, int cap, int L, int K,
+                                                             int n) {
+    DdtFrontierSmem m;
+    m.s = base;
+    m.lps = reinterpret_cast<float*>(base + cap);
+    m.k = reinterpret_cast<int*>(m.lps + L * K);
+    m.npar = m.k + cap;
+    m.nrank = m.npar + n;
+    m.ndep = m.nrank + n;
+    return m;
+}
+
+// Prologue of the one-block-per-request kernels: stage request b's rows (its token ids too when
+// sids is not null), node 0 = the root in the node arrays, block barrier. Returns the request's
+// token ids in global memory.
+__device__ __forceinline__ const long long* ddt_block_prologue(
+        const float* __restrict__ logprobs, const long long* __restrict__ token_ids, int b, int L,
+        int Kin, int K, float* lps, long long* sids, int* npar, int* nrank, int* ndep) {
+    const long long off = (long long)b * L * Kin;
+    ddt_stage_rows(logprobs + off, token_ids + off, L, Kin, K, lps, sids, threadIdx.x, blockDim.x);
+    if (threadIdx.x == 0) { npar[0] = -1; nrank[0] = -1; ndep[0] = 0; }
+    __syncthreads();
+    return token_ids + off;
+}
+
+// One output node: node i of request b (root when i == 0), token of a node at depth d and
+// rank r = ids[(d - 1) * ids_stride + r]. write_score: also its score (else written earlier).
+__device__ __forceinline__ void ddt_put_node(long long* out_tokens, long long* out_parents,
+                                             long long* out_depths, long long* out_ranks,
+                                             float* out_scores, long long o, int i, int parent,
+                                             int d, int r, float score, bool write_score,
+                                             const long long* ids, int ids_stride,
+                                             long long root) {
+    if (i == 0) {
+        out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
+        out_ranks[o] = -1; out_scores[o] = 0.0f;
+    } else {
+        out_tokens[o] = ids[(d - 1) * ids_stride + r];
+        out_parents[o] = parent; out_depths[o] = d; out_ranks[o] = r;
+        if (write_score) out_scores[o] = score;
+    }
+}
+
+// Epilogue of the kernels that keep the nodes in shared arrays (scores already written).
+__device__ __forceinline__ void ddt_write_nodes(long long* out_tokens, long long* out_parents,
+                                                long long* out_depths, long long* out_ranks,
+                                                float* out_scores, int b, int n,
+                                                const int* npar, const int* nrank,
+                                                const int* ndep, const long long* ids,
+                                                int ids_stride, long long root, int tid,
+                                                int nthreads) {
+    for (int i = tid; i < n; i += nthreads)
+        ddt_put_node(DDT_OUT_ARGS, (long long)b * n + i, i, npar[i], ndep[i], nrank[i], 0.0f,
+                     false, ids, ids_stride, root);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ddtree_build: binary heap run by one thread; the entry being sifted stays in registers (hole
+// sifting). Entries packed as parent << 16 | rank.
+// Shared memory: ddt_frontier_smem with cap = n heap slots (K = min(budget, K_in)).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ bool ddt_hk_before(double sa, int ka, double sb, int kb,
+                                              const int* npar, const int* nrank, const int* ndep) {
+    return ddt_before(sa, ka >> 16, ka & 0xffff, sb, kb >> 16, kb & 0xffff, npar, nrank, ndep);
+}
+
+extern "C" __global__ void ddtree_build(DDT_BUILD_PARAMS) {
+    extern __shared__ double ddt_smem[];
+    const int b = blockIdx.x;
+    const DdtFrontierSmem m = ddt_frontier_smem(ddt_smem, n, L, K, n);
+    double* hs = m.s;
+    float* lps = m.lps;
+    int* hk = m.k;
+    int *npar = m.npar, *nrank = m.nrank, *ndep = m.ndep;
+
+    const long long* idb = ddt_block_prologue(logprobs, token_ids, b, L, Kin, K, lps, nullptr,
+                                              npar, nrank, ndep);
     if (threadIdx.x == 0) {
-        npar[0] = -1; nrank[0] = -1; ndep[0] = 0;
         hs[0] = (double)lps[0]; hk[0] = 0;
         int size = 1;
         for (int i = 1; i < n; ++i) {
@@ -133,66 +231,38 @@ extern "C" __global__ void ddtree_build(const float* __restrict__ logprobs,     
         }
     }
     __syncthreads();
-
-    const long long* idb = token_ids + (long long)b * L * Kin;
-    const long long root = root_tokens ? root_tokens[b] : root_default;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const long long o = (long long)b * n + i;
-        if (i == 0) {
-            out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
-            out_ranks[o] = -1; out_scores[o] = 0.0f;
-        } else {
-            const int d = ndep[i], r = nrank[i];
-            out_tokens[o] = idb[(long long)(d - 1) * Kin + r];
-            out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
-        }
-    }
+    ddt_write_nodes(DDT_OUT_ARGS, b, n, npar, nrank, ndep, idb, Kin,
+                    ddt_root(root_tokens, root_default, b), threadIdx.x, blockDim.x);
 }
 
-// Warp-parallel variant of ddtree_build (same arguments, same output, bit for bit).
-// The frontier lives in shared memory, slot s owned by lane s % 32 (at most 32 slots per
-// lane, capacity n - 1 <= 1024); each lane caches the best of its own slots, and every pop
-// is a warp butterfly reduction over the 32 cached bests under the total order
+// ---------------------------------------------------------------------------------------------
+// ddtree_build_warp: the frontier lives in shared memory, slot s owned by lane s % 32 (at most
+// 32 slots per lane, capacity n - 1 <= 1024); each lane caches the best of its own slots, and
+// every pop is a warp butterfly reduction over the 32 cached bests under the total order
 // (higher score, then smaller rank path). Only the lane that lost the popped entry rescans.
-// Entry fields are packed: parent << 16 | depth << 10 | rank (parent <= 1024, depth <= 32,
-// rank < 1024).
-// Shared layout: double es[cap] | float lps[L*K] | int ep[cap] | int npar[n] | int nrank[n] | int ndep[n]
+// Entries packed as parent << 16 | depth << 10 | rank.
+// Shared memory: ddt_frontier_smem with cap = n - 1 slots.
+// ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ bool ddt_entry_before(double sa, int pka, bool oka, double sb, int pkb,
                                                  bool okb, const int* npar, const int* nrank,
                                                  const int* ndep) {
     if (!oka) return false;
     if (!okb) return true;
-    if (sa != sb) return sa > sb;
-    return ddt_path_less(pka >> 16, pka & 1023, pkb >> 16, pkb & 1023, npar, nrank, ndep);
+    return ddt_pk_before(sa, pka, sb, pkb, npar, nrank, ndep);
 }
 
-extern "C" __global__ void ddtree_build_warp(const float* __restrict__ logprobs,     // [B, L, Kin]
-                                             const long long* __restrict__ token_ids,  // [B, L, Kin]
-                                             const long long* __restrict__ root_tokens,  // [B] or null
-                                             long long root_default,
-                                             int L, int Kin, int K, int n,
-                                             long long* __restrict__ out_tokens,   // [B, n]
-                                             long long* __restrict__ out_parents,  // [B, n]
-                                             long long* __restrict__ out_depths,   // [B, n]
-                                             long long* __restrict__ out_ranks,    // [B, n]
-                                             float* __restrict__ out_scores) {     // [B, n]
+extern "C" __global__ void ddtree_build_warp(DDT_BUILD_PARAMS) {
     extern __shared__ double ddt_wsmem[];
     const int b = blockIdx.x;
     const int cap = n - 1;  // frontier size never exceeds the number of pops
-    double* es = ddt_wsmem;
-    float* lps = reinterpret_cast<float*>(es + cap);
-    int* ep = reinterpret_cast<int*>(lps + L * K);
-    int* npar = ep + cap;
-    int* nrank = npar + n;
-    int* ndep = nrank + n;
+    const DdtFrontierSmem m = ddt_frontier_smem(ddt_wsmem, cap, L, K, n);
+    double* es = m.s;
+    float* lps = m.lps;
+    int* ep = m.k;
+    int *npar = m.npar, *nrank = m.nrank, *ndep = m.ndep;
 
-    const float* lpb = logprobs + (long long)b * L * Kin;
-    for (int e = threadIdx.x; e < L * K; e += blockDim.x) {
-        const int d = e / K, r = e - d * K;
-        lps[e] = lpb[(long long)d * Kin + r];
-    }
-    if (threadIdx.x == 0) { npar[0] = -1; nrank[0] = -1; ndep[0] = 0; }
-    __syncthreads();
+    const long long* idb = ddt_block_prologue(logprobs, token_ids, b, L, Kin, K, lps, nullptr,
+                                              npar, nrank, ndep);
 
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
@@ -277,45 +347,204 @@ extern "C" __global__ void ddtree_build_warp(const float* __restrict__ logprobs,
         }
     }
     __syncthreads();
+    ddt_write_nodes(DDT_OUT_ARGS, b, n, npar, nrank, ndep, idb, Kin,
+                    ddt_root(root_tokens, root_default, b), threadIdx.x, blockDim.x);
+}
 
+// ---------------------------------------------------------------------------------------------
+// ddtree_build_small: n - 1 <= 32 (so K <= 32), one warp per request, blockDim.x / 32 requests
+// per block.
+//
+// Every node p popped so far has at most one entry in the frontier: its next child not yet
+// popped (the first child is pushed when p is popped, the next sibling when a child is popped).
+// So lane p holds node p's pending child (rank kr, score cs; the last popped node never needs
+// one, so lanes 0..n-2 suffice), and a pop is a warp arg-max over the lanes under the order
+// (higher score, then smaller rank path):
+//   key = the score as an order-preserving unsigned 64-bit integer (0: no pending child);
+//   one __reduce_max_sync on the high 32 bits and a ballot of the lanes at the maximum; only
+//   when several lanes share it, a second reduction on the low 32 bits; only when several
+//   lanes hold the very same score, the rank paths decide (walk of node arrays in shared
+//   memory), so the tie order is the reference's.
+// Every lane precomputes, branch-free and while the reduction is in flight, its pending
+// child's next sibling (score, key) and first child (score, key); a pop then is the
+// reduction, one ballot, one round of shuffles from the winning lane, and selects: the winner
+// takes its precomputed next sibling, lane i (the new node i) takes over its first child.
+// Log-probs and token ids are staged with cp.async (the ids land while the pops run); lane j
+// keeps node j + 1 in registers and every output is written once, at the end.
+// Shared per warp (ddt_small_words long longs):
+//   long long sids[L*K] | float lps[L*K] | int npar[33] | int nrank[33] | int ndep[33]
+// ---------------------------------------------------------------------------------------------
+#define DDT_SMALL_NODES 33
+
+__device__ __forceinline__ int ddt_small_words(int L, int K) {
+    return (12 * L * K + 3 * DDT_SMALL_NODES * 4 + 7) / 8;
+}
+
+__device__ __forceinline__ unsigned ddt_smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void ddt_cp_async4(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(ddt_smem_addr(smem)), "l"(gmem)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ddt_cp_async8(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(ddt_smem_addr(smem)), "l"(gmem)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ddt_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// float at element e of the shared array whose 32-bit shared address is base
+__device__ __forceinline__ float ddt_lds(unsigned base, int e) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(base + 4u * (unsigned)e));
+    return v;
+}
+
+// Order-preserving key of a float64 score (not NaN): a > b  <=>  key(a) > key(b); -0.0 and
+// +0.0 (equal scores) get one key. Every finite score has a key with a nonzero high word.
+__device__ __forceinline__ void ddt_key(double s, unsigned& hi, unsigned& lo) {
+    const unsigned long long u = (unsigned long long)__double_as_longlong(s == 0.0 ? 0.0 : s);
+    const unsigned long long m = (unsigned long long)(((long long)u) >> 63);
+    const unsigned long long k = u ^ (m | 0x8000000000000000ull);
+    hi = (unsigned)(k >> 32);
+    lo = (unsigned)k;
+}
+
+// Among the candidate lanes `cand` (several, warp-uniform; equal scores), the one whose pending
+// child (node = lane, rank = kr) has the smallest rank path. Every lane computes the same.
+__device__ __forceinline__ int ddt_tie_winner(unsigned cand, int kr, const int* npar,
+                                              const int* nrank, const int* ndep) {
+    int best = __ffs(cand) - 1;
+    cand &= cand - 1u;
+    int kb = __shfl_sync(DDT_FULL_MASK, kr, best);
+    while (cand) {
+        const int q = __ffs(cand) - 1;
+        cand &= cand - 1u;
+        const int kq = __shfl_sync(DDT_FULL_MASK, kr, q);
+        if (ddt_path_less(q, kq, best, kb, npar, nrank, ndep)) { best = q; kb = kq; }
+    }
+    return best;
+}
+
+extern "C" __global__ void ddtree_build_small(DDT_BUILD_PARAMS) {
+    extern __shared__ long long ddt_lane_smem[];
+    const int warp = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31;
+    const int b = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (b >= B) return;  // the whole warp leaves; no block-wide barrier follows
+    const int LK = L * K;
+    // lane and the warp's base through a shuffle: ptxas keeps them in registers instead of
+    // recomputing them from %tid inside the pop loop, where they feed the log-prob loads
+    lane = __shfl_xor_sync(DDT_FULL_MASK, lane, 0);
+    const int wbase = __shfl_xor_sync(DDT_FULL_MASK, warp * ddt_small_words(L, K), 0);
+    long long* sids = ddt_lane_smem + wbase;
+    float* lps = reinterpret_cast<float*>(sids + LK);
+    int* npar = reinterpret_cast<int*>(lps + LK);
+    int* nrank = npar + DDT_SMALL_NODES;
+    int* ndep = nrank + DDT_SMALL_NODES;
+
+    // stage: log-probs (group 0), then token ids (group 1, waited for only at the end)
+    const float* lpb = logprobs + (long long)b * L * Kin;
     const long long* idb = token_ids + (long long)b * L * Kin;
-    const long long root = root_tokens ? root_tokens[b] : root_default;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const long long o = (long long)b * n + i;
-        if (i == 0) {
-            out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
-            out_ranks[o] = -1; out_scores[o] = 0.0f;
-        } else {
-            const int d = ndep[i], r = nrank[i];
-            out_tokens[o] = idb[(long long)(d - 1) * Kin + r];
-            out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
+    if (lane < K) {
+        for (int d = 0; d < L; ++d) ddt_cp_async4(lps + d * K + lane, lpb + (long long)d * Kin + lane);
+    }
+    ddt_cp_async_commit();
+    if (lane < K) {
+        for (int d = 0; d < L; ++d) ddt_cp_async8(sids + d * K + lane, idb + (long long)d * Kin + lane);
+    }
+    ddt_cp_async_commit();
+    const long long root = ddt_root(root_tokens, root_default, b);
+    if (lane == 0) { npar[0] = -1; nrank[0] = -1; ndep[0] = 0; }
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    __syncwarp();  // every lane's log-probs have landed
+
+    // lane p: node p (depth dep) and its pending child (rank kr, score cs, key khi:klo; 0 =
+    // none). Offsets into lps, always in range: ao = its own log-prob lp[dep, kr], bo = its next
+    // sibling's lp[dep, kr + 1] (ao when there is none), ho = its first child's lp[dep + 1, 0]
+    // (0 when there is none). Loads go through the warp's shared address kept in a register.
+    const unsigned lps_s = __shfl_xor_sync(DDT_FULL_MASK, ddt_smem_addr(lps), 0);
+    int dep = 0, kr = 0, ao = 0, bo = 0, ho = 0;
+    double cs = 0.0;
+    unsigned khi = 0u, klo = 0u;
+    if (lane == 0) {
+        cs = (double)ddt_lds(lps_s, 0);  // the first entry's score is lp[0, 0] itself
+        ddt_key(cs, khi, klo);
+        bo = K > 1 ? 1 : 0;
+        ho = L > 1 ? K : 0;
+    }
+    // lane j: node j + 1 of the output
+    int o_par = 0, o_dep = 1, o_rank = 0;
+    float o_score = 0.0f;
+
+    for (int i = 1; i < n; ++i) {
+        const unsigned m1 = __reduce_max_sync(DDT_FULL_MASK, khi);
+        // every lane, branch-free, while the reduction is in flight: the pending child's next
+        // sibling ns and first child hs (used only if this lane wins this pop)
+        const float la = ddt_lds(lps_s, ao), lb = ddt_lds(lps_s, bo), lh = ddt_lds(lps_s, ho);
+        unsigned win = __ballot_sync(DDT_FULL_MASK, khi == m1);
+        if (win & (win - 1u)) {
+            const unsigned m2 = __reduce_max_sync(DDT_FULL_MASK, khi == m1 ? klo : 0u);
+            win = __ballot_sync(DDT_FULL_MASK, khi == m1 && klo == m2);
+            if (win & (win - 1u)) {
+                __syncwarp();  // node arrays of every popped node visible
+                win = 1u << ddt_tie_winner(win, kr, npar, nrank, ndep);
+            }
+        }
+        const double ns = (cs - (double)la) + (double)lb;
+        const double hs = cs + (double)lh;
+        unsigned nhi, nlo, hhi, hlo;
+        ddt_key(ns, nhi, nlo);
+        ddt_key(hs, hhi, hlo);
+        if (kr + 1 >= K) { nhi = 0u; nlo = 0u; }
+        if (dep + 1 >= L) { hhi = 0u; hlo = 0u; }
+        const int w = __ffs(win) - 1;
+        const int w_dr = __shfl_sync(DDT_FULL_MASK, ((dep + 1) << 16) | kr, w);
+        const float w_fs = __shfl_sync(DDT_FULL_MASK, (float)cs, w);
+        const double c_s = __shfl_sync(DDT_FULL_MASK, hs, w);
+        const unsigned c_hi = __shfl_sync(DDT_FULL_MASK, hhi, w);
+        const unsigned c_lo = __shfl_sync(DDT_FULL_MASK, hlo, w);
+        const int d_i = w_dr >> 16, r_i = w_dr & 0xffff;  // node i: depth, rank; parent w
+        if (lane == i - 1) { o_par = w; o_dep = d_i; o_rank = r_i; o_score = w_fs; }
+        if (i == n - 1) break;
+        if (lane == 0) { npar[i] = w; nrank[i] = r_i; ndep[i] = d_i; }
+        if (lane == w) {         // the popped child's next sibling is the lane's pending child
+            kr += 1; cs = ns; khi = nhi; klo = nlo;
+            ao = bo;
+            bo = kr + 1 < K ? bo + 1 : bo;
+        } else if (lane == i) {  // new node i: its first child is pending (if d_i < L)
+            dep = d_i; kr = 0; cs = c_s; khi = c_hi; klo = c_lo;
+            const bool has = d_i < L;
+            ao = has ? d_i * K : 0;
+            bo = has && K > 1 ? ao + 1 : ao;
+            ho = d_i + 1 < L ? ao + K : 0;
         }
     }
+
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();  // every lane's token ids have landed
+    const long long base = (long long)b * n;
+    if (lane == 0) ddt_put_node(DDT_OUT_ARGS, base, 0, -1, 0, -1, 0.0f, true, sids, K, root);
+    if (lane + 1 < n)
+        ddt_put_node(DDT_OUT_ARGS, base + lane + 1, lane + 1, o_par, o_dep, o_rank, o_score, true,
+                     sids, K, root);
 }
 
-// Small-budget variant (n - 1 <= 32, so K <= 32): the frontier is a sorted list held in
-// one warp's registers, lane j holding the j-th entry in pop order. A pop takes lane 0's
-// entry; the sibling and the first child are placed by two ballots and the list is
-// re-gathered with one shuffle, so a pop costs a handful of shuffles instead of a
-// shared-memory heap walk. The request's token ids are staged in shared memory with the
-// log-probs. Same arguments and output as ddtree_build, bit for bit.
-// Shared layout: long long sids[L*K] | float lps[L*K] | int npar[n] | int nrank[n] | int ndep[n]
-__device__ __forceinline__ bool ddt_pk_before(double sa, int pka, double sb, int pkb,
-                                              const int* npar, const int* nrank, const int* ndep) {
-    if (sa != sb) return sa > sb;
-    return ddt_path_less(pka >> 16, pka & 1023, pkb >> 16, pkb & 1023, npar, nrank, ndep);
-}
-
-extern "C" __global__ void ddtree_build_small(const float* __restrict__ logprobs,     // [B, L, Kin]
-                                              const long long* __restrict__ token_ids,  // [B, L, Kin]
-                                              const long long* __restrict__ root_tokens,  // [B] or null
-                                              long long root_default,
-                                              int L, int Kin, int K, int n,
-                                              long long* __restrict__ out_tokens,   // [B, n]
-                                              long long* __restrict__ out_parents,  // [B, n]
-                                              long long* __restrict__ out_depths,   // [B, n]
-                                              long long* __restrict__ out_ranks,    // [B, n]
-                                              float* __restrict__ out_scores) {     // [B, n]
+// ---------------------------------------------------------------------------------------------
+// ddtree_build_small_v1 (the previous small kernel; n - 1 <= 32, so K <= 32): the frontier is a
+// sorted list held in one warp's registers, lane j holding the j-th entry in pop order. A pop
+// takes lane 0's entry; the sibling and the first child are placed by two ballots and the list
+// is re-gathered with one shuffle. The request's token ids are staged in shared memory with the
+// log-probs. Shared layout: long long sids[L*K] | float lps[L*K] | int npar[n] | int nrank[n] | int ndep[n]
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void ddtree_build_small_v1(DDT_BUILD_PARAMS) {
     extern __shared__ long long ddt_small_smem[];
     const int b = blockIdx.x;
     long long* sids = ddt_small_smem;
@@ -324,16 +553,7 @@ extern "C" __global__ void ddtree_build_small(const float* __restrict__ logprobs
     int* nrank = npar + n;
     int* ndep = nrank + n;
 
-    const float* lpb = logprobs + (long long)b * L * Kin;
-    const long long* idb = token_ids + (long long)b * L * Kin;
-    for (int e = threadIdx.x; e < L * K; e += blockDim.x) {
-        const int d = e / K, r = e - d * K;
-        lps[e] = lpb[(long long)d * Kin + r];
-        sids[e] = idb[(long long)d * Kin + r];
-    }
-    const long long root = root_tokens ? root_tokens[b] : root_default;
-    if (threadIdx.x == 0) { npar[0] = -1; nrank[0] = -1; ndep[0] = 0; }
-    __syncthreads();
+    ddt_block_prologue(logprobs, token_ids, b, L, Kin, K, lps, sids, npar, nrank, ndep);
 
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
@@ -385,18 +605,8 @@ extern "C" __global__ void ddtree_build_small(const float* __restrict__ logprobs
         }
     }
     __syncthreads();
-
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const long long o = (long long)b * n + i;
-        if (i == 0) {
-            out_tokens[o] = root; out_parents[o] = -1; out_depths[o] = 0;
-            out_ranks[o] = -1; out_scores[o] = 0.0f;
-        } else {
-            const int d = ndep[i], r = nrank[i];
-            out_tokens[o] = sids[(d - 1) * K + r];
-            out_parents[o] = npar[i]; out_depths[o] = d; out_ranks[o] = r;
-        }
-    }
+    ddt_write_nodes(DDT_OUT_ARGS, b, n, npar, nrank, ndep, sids, K,
+                    ddt_root(root_tokens, root_default, b), threadIdx.x, blockDim.x);
 }
 
 // vis[b, i, j] = 1 iff j == i or j is an ancestor of i (parents[b, i] < i).
