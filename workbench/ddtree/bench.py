@@ -5,7 +5,10 @@ references on fresh random inputs, times them against the CPU references in
 the same run, proves the composed round free of host syncs and captures it in
 a CUDA graph, then writes ``DIR/ddtree_kernels.json`` and prints a short
 table. ``--sanitize`` instead runs every tree kernel once at small sizes (the
-driver for ``compute-sanitizer``).
+driver for ``compute-sanitizer``); ``--with-sanitizers`` first runs
+compute-sanitizer memcheck and racecheck on that driver, ``--sanitizer-logs DIR``
+reads such runs made beforehand, and either records them under ``sanitizer``.
+``WORKBENCH_RUN_NOTE`` (environment), when set, is appended to the notes.
 
 Library functions (used by notebook 01): :func:`tree_parity_rows`,
 :func:`benchmark_tree_kernels`, :func:`load_kernel_results`,
@@ -14,6 +17,7 @@ Library functions (used by notebook 01): :func:`tree_parity_rows`,
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -771,7 +775,9 @@ def main(argv: list[str] | None = None) -> int:
         results=results, samples=bench["samples"],
         notes=f"parity grid {len(rows)} rows in {parity_s:.1f} s; build headline speedup "
               f"{head['speedup_graph']:.0f}x (graph) / {head['speedup_eager']:.0f}x (eager); "
-              + _build_prediction_note(results),
+              + _build_prediction_note(results)
+              + (f"; {os.environ['WORKBENCH_RUN_NOTE']}" if os.environ.get("WORKBENCH_RUN_NOTE")
+                 else ""),
         out_dir=args.out)
     print(f"parity: {sum(r['passed'] for r in rows)}/{len(rows)} rows pass")
     for v in ("verify_torch", "verify_kernel"):
