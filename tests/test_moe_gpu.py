@@ -49,3 +49,34 @@ def test_deterministic(small):
     a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
     b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
     assert torch.equal(a, b)
+
+
+def test_small_path_edge_cases(small):
+    from workbench.moe.bench import small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
+        assert res["ok"], res
+
+
+@pytest.mark.parametrize("m", [4, 16])
+def test_small_path_graph_replays(small, m):
+    from workbench.moe.bench import check_graph_replay
+
+    res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+    assert res["path"] == "small_fused" and res["ok"], res
+
+
+def test_small_path_matches_four_launch(small):
+    from workbench.moe.fused import set_small_path, uses_small_path
+
+    g = torch.Generator().manual_seed(2)
+    ids, w = make_routing(16, 16, 8, "skewed", g)
+    x = torch.randn(16, 1024, generator=g).bfloat16().cuda()
+    assert uses_small_path(16, 8)
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    set_small_path(False)
+    try:
+        b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    finally:
+        set_small_path(True)
+    assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2

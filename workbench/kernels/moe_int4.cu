@@ -581,3 +581,381 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
     o[0] = __floats2bfloat162_rn(s.x, s.y);
     o[1] = __floats2bfloat162_rn(s.z, s.w);
 }
+
+// ===================================================================================================
+// Small-M path (P = M * topk <= 128 pairs): ONE persistent launch, moe_small_fused.
+//
+// Weights in the fragment layout (workbench/moe/packing.py: fragment_pack, made once per set of
+// experts and cached): per matrix int32 [R/16, K/64, 144]; for each tile of 16 rows and 64-wide K
+// step, 128 words of nibbles (lane-major: word 4*lane + kc is the whole A fragment of mma chunk kc
+// for that lane) then 16 words of bf16 scale pairs (word 2*g + gr: row g (low), row g+8 (high) of
+// quantisation group gr). A warp streams one contiguous 576-byte block per step.
+// Chunk kc = 2*gr + h of lane (g, t) covers physical K = 64*s + 32*gr + 8*t + 4*h + {0,1,2,3}:
+// mma k slots (2t, 2t+1, 2t+8, 2t+9) -> those four, for A and B alike, so the 16 slots of a chunk
+// stay inside quantisation group gr and the group scale is applied once per group to fp32
+// partial sums. Nibble j of the word: A register j&3 (row g / g+8 alternating, k pair kb/kb+2),
+// low half from nibble j, high half from nibble j+4: register r = (w >> 4r) & 0x000F000F | 0x43004300
+// = bf16 pair (128 + u): one shift and one LOP3 per two weights. The -136 (u = q + 8, 128 + 8)
+// goes through the tensor core: a second mma with A = -136 everywhere (NT == 1), or one bf16x2
+// subtraction per register (NT == 2, where the tensor pipe is busier).
+//
+// Work: prologue (every CTA, in shared memory): pairs sorted by (expert, pair id), cut into items
+// of <= 16 slots of one expert. Tasks, grabbed by warps from a global counter in order:
+//   gate_up (item, tile of 8 gate + 8 up rows): h[slot, f] = SiLU(gate) * up, bf16 [P, I];
+//            then done_gu[item] += 1 (release).
+//   down    (item, tile of 16 rows of H): first fills its weight prefetch ring, then waits until
+//            done_gu[item] == I/8 (acquire), reads h (L2, .cg); writes Y[pair, n] = w_pair * y (f32);
+//            done_dn[tile] += 1; the warp that completes a tile sums Y over k in fixed order for every
+//            token into out (bf16) and resets done_dn[tile].
+// Every gate_up task is grabbed before any down task and never waits, so a waiting down task
+// always waits on running work: no deadlock whatever the residency. The last warp to finish
+// resets the task counters (ws[0], ws[1], done_gu), so CUDA-graph replays start from zero.
+// ws: int32 [2 + 128 + H/16], zero before the first launch.
+#define FR_WORDS 144
+#define FR_U4 36          // uint4 per (tile, step)
+#define FR_S 8            // shared-memory stages per warp (FR_S - 1 steps in flight)
+#define FR_CHUNK 16       // slots per item
+#define FR_MAX_PAIRS 128
+
+__device__ __forceinline__ uint2 ld_stream8(const uint2* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint4 ld_cg16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float ld_cg_f32(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int r;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");
+    return r;
+}
+
+// Activations of one step for the columns of this lane: 2 x 16 bytes (groups 0 and 1) per token tile.
+template <int NT, bool COHERENT>
+__device__ __forceinline__ void frag_load_x(uint4 (&xq)[NT][2], const __nv_bfloat16* const (&xr)[NT], int step,
+                                            int t) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        if (xr[n] != nullptr) {
+            const __nv_bfloat16* p = xr[n] + 64 * step + 8 * t;
+            xq[n][0] = COHERENT ? ld_cg16(p) : __ldg(reinterpret_cast<const uint4*>(p));
+            xq[n][1] = COHERENT ? ld_cg16(p + 32) : __ldg(reinterpret_cast<const uint4*>(p + 32));
+        } else {
+            xq[n][0] = make_uint4(0u, 0u, 0u, 0u);
+            xq[n][1] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups.
+template <int NT>
+__device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, const uint2 sc,
+                                          const uint4 (&xq)[NT][2]) {
+    const unsigned int wq[4] = {w.x, w.y, w.z, w.w};
+    const unsigned int sw[2] = {sc.x, sc.y};
+#pragma unroll
+    for (int gr = 0; gr < 2; ++gr) {
+        float tmp[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) tmp[n][c] = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned int word = wq[2 * gr + h];
+            unsigned int a0 = (word & 0x000F000Fu) | 0x43004300u;
+            unsigned int a1 = ((word >> 4) & 0x000F000Fu) | 0x43004300u;
+            unsigned int a2 = ((word >> 8) & 0x000F000Fu) | 0x43004300u;
+            unsigned int a3 = ((word >> 12) & 0x000F000Fu) | 0x43004300u;
+            if (NT > 1) {   // exact: (128 + u) - 136 = q in [-8, 7]
+                a0 = bf2_sub(a0, 0x43084308u);
+                a1 = bf2_sub(a1, 0x43084308u);
+                a2 = bf2_sub(a2, 0x43084308u);
+                a3 = bf2_sub(a3, 0x43084308u);
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const unsigned int b0 = h == 0 ? xq[n][gr].x : xq[n][gr].z;
+                const unsigned int b1 = h == 0 ? xq[n][gr].y : xq[n][gr].w;
+                mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
+                if (NT == 1) mma_bf16(tmp[n], 0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u, b0, b1);  // -136
+            }
+        }
+        const float s_lo = __uint_as_float(sw[gr] << 16);           // row g
+        const float s_hi = __uint_as_float(sw[gr] & 0xFFFF0000u);   // row g + 8
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            acc[n][0] = fmaf(s_lo, tmp[n][0], acc[n][0]);
+            acc[n][1] = fmaf(s_lo, tmp[n][1], acc[n][1]);
+            acc[n][2] = fmaf(s_hi, tmp[n][2], acc[n][2]);
+            acc[n][3] = fmaf(s_hi, tmp[n][3], acc[n][3]);
+        }
+    }
+}
+
+// Stream `steps` steps of tile `wt` through this warp's ring of FR_S shared-memory stages
+// (cp.async, FR_S - 1 steps in flight: 4 KB per warp); activations 2 steps ahead in registers.
+// wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
+template <int NT, bool COHERENT>
+__device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int steps,
+                                          const __nv_bfloat16* const (&xr)[NT], const int* wait, int target,
+                                          unsigned char* ring) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
+    auto issue = [&](int j) {
+        const uint4* src = wt + (long long)j * FR_U4;
+        unsigned char* dst = ring + (j % FR_S) * (FR_U4 * 16);
+        cp_async16(dst + lane * 16, src + lane);
+        if (lane < 4) cp_async16(dst + 512 + lane * 16, src + 32 + lane);
+    };
+#pragma unroll
+    for (int q = 0; q < FR_S - 1; ++q) {
+        if (q < steps) issue(q);
+        cp_async_commit();
+    }
+    if (wait != nullptr) {
+        if (lane == 0) {
+            while (ld_acquire_gpu(wait) < target) __nanosleep(64);
+        }
+        __syncwarp();
+    }
+    uint4 xb[2][NT][2];
+    frag_load_x<NT, COHERENT>(xb[0], xr, 0, t);
+    frag_load_x<NT, COHERENT>(xb[1], xr, 1, t);
+#pragma unroll 1
+    for (int j0 = 0; j0 < steps; j0 += 2) {
+#pragma unroll
+        for (int d = 0; d < 2; ++d) {
+            const int j = j0 + d;
+            cp_async_wait<FR_S - 2>();   // step j has landed (this lane's copies)
+            __syncwarp();                // ... and every lane's; every lane is done with step j - 1
+            if (j + FR_S - 1 < steps) issue(j + FR_S - 1);
+            cp_async_commit();
+            const unsigned char* st = ring + (j % FR_S) * (FR_U4 * 16);
+            const uint4 w = *reinterpret_cast<const uint4*>(st + lane * 16);
+            const uint2 sc = *reinterpret_cast<const uint2*>(st + 512 + g * 8);
+            uint4 xc[NT][2];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                xc[n][0] = xb[d][n][0];
+                xc[n][1] = xb[d][n][1];
+            }
+            if (j + 2 < steps) frag_load_x<NT, COHERENT>(xb[d], xr, j + 2, t);
+            frag_step<NT>(acc, w, sc, xc);
+        }
+    }
+    cp_async_wait<0>();
+    __syncwarp();   // the ring is free for the next task
+}
+
+struct SmallItems {
+    const int* e;       // expert of each pair (-1: invalid id), [P]
+    const int* sorted;  // pair id of each slot
+    const int* ie;      // item expert
+    const int* islot;   // item first slot
+    const int* icnt;    // item slot count (<= FR_CHUNK)
+};
+
+template <int NT>
+__device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, int tile, const uint4* __restrict__ Fgu,
+                                              const __nv_bfloat16* __restrict__ X, int topk, int H, int I,
+                                              __nv_bfloat16* __restrict__ hbuf, int* done_gu,
+                                              unsigned char* ring) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
+    const int tiles = I / 8, steps = H / 64;
+    const uint4* wt = Fgu + ((long long)ex * tiles + tile) * steps * FR_U4;
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int col = g + 8 * n;
+        xr[n] = col < cnt ? X + (long long)(it.sorted[slot0 + col] / topk) * H : nullptr;
+    }
+    float acc[NT][4];
+    frag_gemm<NT, false>(acc, wt, steps, xr, nullptr, 0, ring);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * n + 2 * t + cc;
+            if (col < cnt) {
+                const float gt = acc[n][cc], up = acc[n][2 + cc];
+                hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
+            }
+        }
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        atomicAdd(done_gu + item, 1);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void small_down(const SmallItems& it, int item, int tile, int nitems,
+                                           const uint4* __restrict__ Fdn, const __nv_bfloat16* hbuf,
+                                           const float* __restrict__ topk_w, int M, int topk, int H, int I,
+                                           float* Y, const int* done_gu, int* done_dn, __nv_bfloat16* __restrict__ out,
+                                           unsigned char* ring) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
+    const int tiles = H / 16, steps = I / 64;
+    const uint4* wt = Fdn + ((long long)ex * tiles + tile) * steps * FR_U4;
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int col = g + 8 * n;
+        xr[n] = col < cnt ? hbuf + (long long)(slot0 + col) * I : nullptr;
+    }
+    float acc[NT][4];
+    frag_gemm<NT, true>(acc, wt, steps, xr, done_gu + item, I / 8, ring);
+    const int n0 = 16 * tile + g;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * n + 2 * t + cc;
+            if (col < cnt) {
+                const int pair = it.sorted[slot0 + col];
+                const float wgt = __ldg(topk_w + pair);
+                Y[(long long)pair * H + n0] = wgt * acc[n][cc];
+                Y[(long long)pair * H + n0 + 8] = wgt * acc[n][2 + cc];
+            }
+        }
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) {
+        __threadfence();
+        last = atomicAdd(done_dn + tile, 1) == nitems - 1;
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+    // every item has written its rows of this tile: out[m, tile rows] = sum_k Y (k ascending)
+    for (int idx = lane; idx < M * 16; idx += 32) {
+        const int m = idx >> 4, n = 16 * tile + (idx & 15);
+        bool ok = true;
+        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
+        float s = __int_as_float(0x7fc00000);
+        if (ok) {
+            s = 0.f;
+            for (int k = 0; k < topk; ++k) s += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
+        }
+        out[(long long)m * H + n] = __float2bfloat16(s);
+    }
+    __syncwarp();
+    if (lane == 0) done_dn[tile] = 0;
+}
+
+// grid: at most the CTAs that fit on the device at once (more only adds idle CTAs); block 128.
+extern "C" __global__ void __launch_bounds__(128) moe_small_fused(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    __shared__ __align__(16) unsigned char s_ring[4 * FR_S * FR_U4 * 16];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int P = M * topk;
+    unsigned char* ring = s_ring + warp * (FR_S * FR_U4 * 16);
+
+    // ---- prologue: group the pairs by expert (every CTA does it; P <= 128)
+    int e = -1;
+    if (tid < P) {
+        e = ids[tid];
+        if (e < 0 || e >= E) e = -1;
+    }
+    s_e[tid] = e;
+    s_flag[tid] = 0;
+    __syncthreads();
+    int pos = 0, rank = 0;
+    if (e >= 0) {
+        for (int q = 0; q < P; ++q) {
+            const int eq = s_e[q];
+            pos += (eq >= 0) && (eq < e || (eq == e && q < tid));
+            rank += (eq == e) && (q < tid);
+        }
+    }
+    const int nvalid = __syncthreads_count(e >= 0);
+    if (e >= 0) {
+        s_sorted[pos] = tid;
+        s_flag[pos] = (rank % FR_CHUNK) == 0;
+    }
+    __syncthreads();
+    const int f = s_flag[tid];   // tid is a slot here
+    const unsigned int bal = __ballot_sync(0xffffffffu, f);
+    if (lane == 0) s_wcnt[warp] = __popc(bal);
+    __syncthreads();
+    int base = 0;
+    for (int w = 0; w < warp; ++w) base += s_wcnt[w];
+    const int nitems = s_wcnt[0] + s_wcnt[1] + s_wcnt[2] + s_wcnt[3];
+    if (f) {
+        const int idx = base + __popc(bal & ((1u << lane) - 1u));
+        const int ex = s_e[s_sorted[tid]];
+        int c = 1;
+        while (c < FR_CHUNK && tid + c < nvalid && s_e[s_sorted[tid + c]] == ex) ++c;
+        s_ie[idx] = ex;
+        s_islot[idx] = tid;
+        s_icnt[idx] = c;
+    }
+    __syncthreads();
+    if (nitems == 0) {   // every id invalid: every token's row is NaN
+        if (blockIdx.x == 0)
+            for (int i = tid; i < M * H; i += blockDim.x) out[i] = __float2bfloat16(__int_as_float(0x7fc00000));
+    }
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+
+    // ---- tasks
+    int* ctr_task = ws;
+    int* ctr_fin = ws + 1;
+    int* done_gu = ws + 2;
+    int* done_dn = ws + 2 + FR_MAX_PAIRS;
+    const int tiles_gu = I / 8, tiles_dn = H / 16;
+    const int t_gu = nitems * tiles_gu, t_all = t_gu + nitems * tiles_dn;
+    int task = 0;
+    if (lane == 0) task = atomicAdd(ctr_task, 1);
+    task = __shfl_sync(0xffffffffu, task, 0);
+    while (task < t_all) {
+        int next = 0;
+        if (lane == 0) next = atomicAdd(ctr_task, 1);
+        if (task < t_gu) {
+            const int item = task / tiles_gu, tile = task - item * tiles_gu;
+            if (it.icnt[item] <= 8) small_gate_up<1>(it, item, tile, Fgu, X, topk, H, I, hbuf, done_gu, ring);
+            else small_gate_up<2>(it, item, tile, Fgu, X, topk, H, I, hbuf, done_gu, ring);
+        } else {
+            const int u = task - t_gu;
+            const int item = u / tiles_dn, tile = u - item * tiles_dn;
+            if (it.icnt[item] <= 8)
+                small_down<1>(it, item, tile, nitems, Fdn, hbuf, topk_w, M, topk, H, I, Y, done_gu, done_dn, out, ring);
+            else
+                small_down<2>(it, item, tile, nitems, Fdn, hbuf, topk_w, M, topk, H, I, Y, done_gu, done_dn, out, ring);
+        }
+        task = __shfl_sync(0xffffffffu, next, 0);
+    }
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(ctr_fin, 1) == (int)(gridDim.x * (blockDim.x / 32)) - 1) {
+            // last warp of the launch: every other warp has finished with the counters
+            ws[0] = 0;
+            ws[1] = 0;
+            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
+        }
+    }
+}

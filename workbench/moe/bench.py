@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.moe.fused import KERNEL_TABLE, VARIANTS, fused_moe_int4, kernel_config, set_kernel_table, variant_name
+from workbench.moe.fused import (KERNEL_TABLE, SMALL_MAX_PAIRS, SMALL_PATH, VARIANTS, fused_moe_int4, kernel_config, set_kernel_table,
+                                 set_small_path, small_grid, uses_small_path, variant_name)
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -208,24 +209,91 @@ def check_case(experts: Int4Experts, m: int, routing: str, gen: torch.Generator,
     nan = int((~torch.isfinite(out)).sum())
     counts = torch.bincount(ids.reshape(-1).long(), minlength=e)
     return {"m": m, "routing": routing, "hidden": h, "intermediate": i, "experts": e,
-            "kernel_config": list(kernel_config(m)), "max_tokens_per_expert": int(counts.max()),
+            "kernel_config": list(kernel_config(m)), "path": path_name(m, topk),
+            "max_tokens_per_expert": int(counts.max()),
             "rel_err": err, "nonfinite": nan, "ok": bool(nan == 0 and err <= REL_TOL)}
 
 
-def run_sanitize_checks(seed: int = 1) -> list[dict[str, Any]]:
-    """Small config for compute-sanitizer: H=1024, I=1024, E=16, every compiled variant."""
+def path_name(m: int, topk: int) -> str:
+    """``small_fused`` (one launch) or the four-launch variant name used for M tokens."""
+    return "small_fused" if uses_small_path(m, topk) else variant_name(kernel_config(m))
+
+
+def check_graph_replay(experts: Int4Experts, m: int, gen: torch.Generator, topk: int,
+                       replays: int = 3) -> dict[str, Any]:
+    """One CUDA graph of fused_moe_int4 replayed with fresh routing each time; every replay checked."""
+    e, h = experts.num_experts, experts.hidden
+    rts = [make_routing(m, e, topk, "uniform", gen) for _ in range(replays)]
+    x = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
+    s_ids, s_w = rts[0][0].cuda(), rts[0][1].cuda()
+    held: dict[str, torch.Tensor] = {}
+
+    def call() -> None:
+        held["out"] = fused_moe_int4(x, s_ids, s_w, experts, validate=False)
+
+    g = _capture(call)
+    errs = []
+    for ids, w in rts:
+        s_ids.copy_(ids)
+        s_w.copy_(w)
+        g.replay()
+        torch.cuda.synchronize()
+        ref = moe_reference(x, s_ids, s_w, experts).cpu()
+        errs.append(rel_error(held["out"].cpu(), ref))
+    del g
+    return {"m": m, "routing": "graph-replay", "path": path_name(m, topk), "rel_err": max(errs),
+            "ok": all(er <= REL_TOL for er in errs)}
+
+
+def small_path_edge_checks(small: Int4Experts, gen: torch.Generator, topk: int) -> list[dict[str, Any]]:
+    """moe_small_fused edge cases (H = I = 1024, 16 experts): items of 9-16 slots (two token tiles),
+    experts split into several items, one invalid id, every id invalid."""
+    res = []
+    ids = torch.randint(0, 4, (16, topk), generator=gen, dtype=torch.int32)   # 32 pairs per expert: 2 items each
+    res.append(check_case(small, 16, "duplicates", gen, topk, ids=ids))
+    ids = torch.randint(0, 16, (12, topk), generator=gen, dtype=torch.int32)
+    ids[:, :3] = 5                                                              # expert 5: 36 pairs, 3 items
+    res.append(check_case(small, 12, "duplicates", gen, topk, ids=ids))
+    for path in (True, False):
+        saved = SMALL_PATH["enabled"]
+        set_small_path(path)
+        try:
+            bad = torch.randint(0, 16, (5, topk), generator=gen, dtype=torch.int32)
+            bad[2, 3] = 99
+            xb = torch.randn(5, small.hidden, generator=gen).to(torch.bfloat16).cuda()
+            ob = fused_moe_int4(xb, bad.cuda(), torch.full((5, topk), 0.125).cuda(), small, validate=False).cpu()
+            ok = bool(torch.isnan(ob[2]).all() and torch.isfinite(ob[[0, 1, 3, 4]]).all())
+            res.append({"m": 5, "routing": "invalid-id", "path": path_name(5, topk), "ok": ok,
+                        "note": "row 2 must be NaN, others finite"})
+        finally:
+            set_small_path(saved)
+    allbad = torch.full((3, topk), -1, dtype=torch.int32).cuda()
+    xb = torch.randn(3, small.hidden, generator=gen).to(torch.bfloat16).cuda()
+    ob = fused_moe_int4(xb, allbad, torch.full((3, topk), 0.125).cuda(), small, validate=False).cpu()
+    res.append({"m": 3, "routing": "all-invalid", "path": path_name(3, topk), "ok": bool(torch.isnan(ob).all()),
+                "note": "every row NaN"})
+    return res
+
+
+def run_sanitize_checks(seed: int = 1, variants=VARIANTS) -> list[dict[str, Any]]:
+    """Small config for compute-sanitizer: H=1024, I=1024, E=16: the small-M kernel (its edge cases and
+    a graph replay), then every compiled four-launch variant."""
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(seed)
     ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed)
-    res = []
+    res = [check_case(ex, m, r, gen, topk=8, ref_on_cpu=True) for m, r in ((1, "uniform"), (9, "skewed"))]
+    res += small_path_edge_checks(ex, gen, 8)
+    res.append(check_graph_replay(ex, 4, gen, 8))
     saved = list(KERNEL_TABLE)
+    set_small_path(False)
     try:
-        for var in VARIANTS:
+        for var in variants:
             set_kernel_table([(1 << 30, var)])
             for m, routing in ((1, "uniform"), (40, "skewed"), (300, "skewed")):
                 res.append({**check_case(ex, m, routing, gen, topk=8, ref_on_cpu=True), "variant": list(var)})
     finally:
         set_kernel_table(saved)
+        set_small_path(True)
     return res
 
 
@@ -285,6 +353,7 @@ def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: in
     saved = list(KERNEL_TABLE)
     timings: dict[str, dict[int, float]] = {}
     by_name = {variant_name(v): v for v in variants}
+    set_small_path(False)   # the four-launch variants at every M
     try:
         for var in variants:
             set_kernel_table([(1 << 30, var)])
@@ -293,6 +362,7 @@ def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: in
                             for m in m_values}
     finally:
         set_kernel_table(saved)
+        set_small_path(True)
     best = []
     for m in sorted(m_values):
         k = min(timings, key=lambda kk: timings[kk][m])
@@ -304,6 +374,23 @@ def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: in
         table.append((upper, var))
     return {"ms": {k: {str(m): v for m, v in d.items()} for k, d in timings.items()},
             "best": [[m, list(v)] for m, v in best], "table": [[u, list(v)] for u, v in table]}
+
+
+SMALL_PATH_PREDICTION = (
+    "Small-M kernel (moe_small_fused, M * topk <= 128): one persistent launch instead of four, weights in "
+    "a fragment layout (contiguous 576-byte blocks per 16 rows x 64 K, 1 shift + 1 LOP3 per two weights, "
+    "-136 offset on the tensor core, group scale on fp32 partial sums). Predicted before its first run: "
+    "~10-15 us less fixed cost at M = 1 (align, combine, launch gaps and tails) and a steady state lifted "
+    "from ~75% to >= 85% of copy, i.e. M = 1 at ~0.058 ms (~82%) and M = 16 uniform at ~0.76 ms (~86%). "
+    "Rows of those M also time the previous four-launch kernels in this run (four_launch_*).")
+
+
+def small_path_outcome(rows: list[dict[str, Any]]) -> str:
+    """One sentence: measured % of copy of the small-M kernel against the four-launch path, per M."""
+    parts = [f"{r['routing']} M={r['m']}: {r['pct_of_copy']:.0f}% ({r['four_launch_pct_of_copy']:.0f}% before)"
+             for r in rows if "four_launch_pct_of_copy" in r]
+    return ("Measured (small-M kernel, % of copy; four-launch path in brackets): " + "; ".join(parts) + "."
+            if parts else "")
 
 
 def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_reps: int = 8,
@@ -329,12 +416,19 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
     small = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed + 1)
     for m in (1, 7, 40, 300):
         checks.append(check_case(small, m, "skewed", gen, K))
+    for m in (1, 4, 8, 16):   # the small-M kernel on skewed routing at Kimi shapes, and graph replays
+        checks.append(check_case(experts, m, "skewed", gen, K))
+    checks += small_path_edge_checks(small, gen, K)
+    checks.append(check_graph_replay(experts, 4, gen, K))
+    checks.append(check_graph_replay(experts, 16, gen, K))
     saved = list(KERNEL_TABLE)
+    set_small_path(False)   # the four-launch variants, also at the M the small kernel would take
     for var in VARIANTS:  # every compiled variant, whatever M would pick it
         set_kernel_table([(1 << 30, var)])
         for ex_, m, routing in ((small, 7, "skewed"), (small, 300, "skewed"), (experts, 9, "uniform")):
             checks.append({**check_case(ex_, m, routing, gen, K), "variant": list(var)})
     set_kernel_table(saved)
+    set_small_path(True)
     dup = torch.randint(0, 16, (37, K), generator=gen, dtype=torch.int32)  # repeated experts per token
     checks.append(check_case(small, 37, "duplicates", gen, K, ids=dup))
     # out-of-range id -> NaN row for that token only
@@ -417,7 +511,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
         med = statistics.median(ms)
         med_bytes = statistics.median(byts)
         floor = max(med_bytes / (copy_gbps * 1e9), fl / (tflops_peak * 1e12)) * 1e3
-        row = {"routing": routing, "m": m, "kernel_config": list(kernel_config(m)),
+        row = {"routing": routing, "m": m, "path": path_name(m, K), "kernel_config": list(kernel_config(m)),
                "distinct_experts_median": statistics.median(distinct),
                "bytes_median": med_bytes, "ms_median": med,
                "ms_eager_median": statistics.median(eager) if eager else None,
@@ -427,6 +521,19 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
                "graph_error": t["graph_error"],
                "intermediate_bytes": 2 * m * K * (I * 2 + H * 4)}
         samples[f"{routing}/m{m}/ours"] = {"ms": ms, "bytes": byts, "eager_ms": eager}
+        if uses_small_path(m, K):   # the previous kernels (four launches) in the same run: before / after
+            set_small_path(False)
+            try:
+                t4 = time_ours(experts, m, routing, gen, reps, eager_reps=0)
+            finally:
+                set_small_path(True)
+            gb4 = [bytes_moved(d, bpe, m, H, K) / (tt * 1e-3) / 1e9 for d, tt in zip(t4["distinct"], t4["ms"])]
+            row["four_launch_variant"] = variant_name(kernel_config(m))
+            row["four_launch_ms_median"] = statistics.median(t4["ms"])
+            row["four_launch_pct_of_copy"] = 100 * statistics.median(gb4) / copy_gbps
+            row["speedup_vs_four_launch"] = row["four_launch_ms_median"] / med
+            samples[f"{routing}/m{m}/four_launch"] = {"ms": t4["ms"], "distinct": t4["distinct"]}
+            del t4
         # peers: fresh routing per repeat, host-side grouping outside the timed region, one graph per routing
         for name, (fg, fd) in peers.items():
             pr = peer_reps if m <= 64 else max(3, peer_reps // 2)
@@ -462,6 +569,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
               "m_values": list(m_values), "routings": list(ROUTINGS), "skew_alpha": SKEW_ALPHA,
               "reps": reps, "peer_reps": peer_reps, "tune_reps": tune_reps, "bytes_per_expert": bpe, "seed": seed,
               "kernel_table": [[u, list(v)] for u, v in KERNEL_TABLE],
+              "small_path_max_pairs": SMALL_MAX_PAIRS, "small_path_grid_ctas": small_grid(),
               "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
               "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
     results = {"copy_gb_per_s": copy_gbps, "bf16_matmul_tflops": tflops_peak, "rows": rows, "tuning": tuning,
@@ -471,7 +579,8 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
              "int4 layout). Peers: bf16 weights through a per-expert torch/cuBLAS loop; torch._weight_int4pack_mm "
              "per expert; per-expert dequantise (torch ops) then bf16 matmul. Peers get host-side grouping "
              "outside the timed region and are timed as CUDA-graph replays. floor_ms = max(bytes / copy "
-             "bandwidth, flops / bf16 matmul rate), both measured in this run.")
+             "bandwidth, flops / bf16 matmul rate), both measured in this run. " + SMALL_PATH_PREDICTION
+             + " " + small_path_outcome(rows))
     return write_measurement("moe_bandwidth", parameters=params, results=results,
                              samples={"ceilings": {"copy": copy, "matmul": mm}, "timings": samples},
                              notes=notes, out_dir=out_dir)
@@ -506,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="small parity checks only (for compute-sanitizer)")
     ap.add_argument("--single", type=int, default=None, metavar="M",
                     help="two calls (warm-up + one) per --variants at Kimi shapes and M tokens (for ncu)")
-    ap.add_argument("--variants", nargs="*", default=[], help="variants for --single, e.g. 1,2,2,0,0 1,1,0,4,1")
+    ap.add_argument("--variants", nargs="*", default=[],
+                    help="four-launch variants for --single / --sanitize (default: all), e.g. 1,2,2,0,0 1,1,0,4,1")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)
@@ -524,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"variant {spec}: distinct experts {distinct_experts(ids)}")
         return 0
     if args.sanitize:
-        res = run_sanitize_checks()
+        res = run_sanitize_checks(variants=[tuple(int(v) for v in spec.split(",")) for spec in args.variants]
+                                  if args.variants else VARIANTS)
         for r in res:
             print(r)
         ok = all(r["ok"] for r in res)

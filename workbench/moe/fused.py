@@ -1,6 +1,10 @@
 """Fused INT4 (W4A16) routed-expert MoE: ``fused_moe_int4``.
 
-On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu:
+On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
+Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8) it is
+one persistent launch, ``moe_small_fused`` (grouping, gate/up with SiLU, down
+and the sum over k in one kernel, weights in the fragment layout of
+:meth:`Int4Experts.fragments`, made once and cached). Above that, four launches:
 an alignment kernel groups the (token, k) pairs by expert on the GPU (no host
 synchronisation), a gate/up kernel with SiLU(gate)*up fused, a down kernel,
 and a fixed-order combine over k. Each touched expert's weights are streamed
@@ -19,6 +23,8 @@ from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_refer
 FAMILY = "moe_int4"
 MAX_EXPERTS = 1024
 THREADS = 128
+SMALL_MAX_PAIRS = 128   # moe_small_fused: one thread per (token, expert) pair in its prologue
+SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the four-launch path at small M
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -59,6 +65,61 @@ def set_kernel_table(table: list[tuple[int, Variant]]) -> None:
         if tuple(var) not in VARIANTS:
             raise ValueError(f"variant {var} is not compiled; choose from {VARIANTS}")
     KERNEL_TABLE[:] = [(int(mx), tuple(v)) for mx, v in sorted(table)]
+
+
+def set_small_path(enabled: bool) -> None:
+    """Use (True, the default) or bypass the one-launch small-M kernel for M * topk <= SMALL_MAX_PAIRS."""
+    SMALL_PATH["enabled"] = bool(enabled)
+
+
+def uses_small_path(m: int, topk: int) -> bool:
+    """True when ``fused_moe_int4`` runs ``moe_small_fused`` for M tokens of ``topk`` experts each."""
+    return SMALL_PATH["enabled"] and 0 < m * topk <= SMALL_MAX_PAIRS
+
+
+_WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}
+_GRID: dict[int, int] = {}
+
+
+def _small_workspace(device: torch.device, hidden: int) -> torch.Tensor:
+    """Zeroed int32 counters of moe_small_fused [2 + 128 + H/16], one per (device, H).
+
+    The kernel leaves them zero when it ends, so one allocation serves every
+    call and every CUDA-graph replay, provided calls do not overlap in time:
+    the small path is not for concurrent calls on several streams. The first
+    call must come before any graph capture (a warm-up call, as torch's own
+    capture recipe does), so the counters are not allocated inside a graph.
+    """
+    key = (device.index if device.index is not None else torch.cuda.current_device(), hidden)
+    ws = _WORKSPACE.get(key)
+    if ws is None:
+        ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16, dtype=torch.int32, device=device)
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def _small_grid(kernel, device: torch.device) -> int:
+    """CTAs of moe_small_fused that fit on the device at once (occupancy x SMs)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _GRID:
+        sms = torch.cuda.get_device_properties(idx).multi_processor_count
+        per_sm = 0
+        try:
+            from cupy.cuda import driver
+
+            fptr = getattr(kernel, "ptr", None) or kernel.kernel.ptr
+            per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, THREADS, 0))
+        except Exception:  # noqa: BLE001 - estimate from registers (64K per SM, allocated per warp in 256s)
+            regs = int(getattr(kernel, "num_regs", 128))
+            per_warp = ((regs * 32 + 255) // 256) * 256
+            per_sm = max(1, min(65536 // (per_warp * (THREADS // 32)), 2048 // THREADS))
+        _GRID[idx] = max(1, per_sm) * sms
+    return _GRID[idx]
+
+
+def small_grid() -> int | None:
+    """CTAs of the last moe_small_fused launch configuration on the current device (None before one)."""
+    return _GRID.get(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
 def max_work_items(pairs: int, num_experts: int, chunk: int) -> int:
@@ -119,6 +180,8 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     if hidden.data_ptr() % 16:
         hidden = hidden.clone()
     p = m * k
+    if uses_small_path(m, k):
+        return _fused_small(hidden, topk_ids, topk_weights, experts, out)
     var = kernel_config(m)
     if var[4] and (h % 1024 or i % 1024):  # whole-line variants need an even number of steps per warp
         var = (var[0], 2, 2, 0, 0)
@@ -141,4 +204,23 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
            (experts.down_packed, experts.down_scale, hbuf, sorted_pair, items, num_items, wts, k, h, i, ybuf))
     launch(_kernel("moe_combine"), ((h // 4 + 255) // 256, m), (256,),
            (ybuf, ids, k, e, h, out))
+    return out
+
+
+def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 experts: Int4Experts, out: torch.Tensor) -> torch.Tensor:
+    """moe_small_fused: one launch for M * topk <= SMALL_MAX_PAIRS."""
+    m, k = topk_ids.shape
+    h, i, e = experts.hidden, experts.intermediate, experts.num_experts
+    dev = hidden.device
+    p = m * k
+    gu_frag, dn_frag = experts.fragments()
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    wts = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
+    ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
+    ws = _small_workspace(dev, h)
+    kern = _kernel("moe_small_fused")
+    launch(kern, (_small_grid(kern, dev),), (THREADS,),
+           (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, hbuf, ybuf, ws, out))
     return out

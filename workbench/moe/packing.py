@@ -13,10 +13,20 @@ reordered. The one re-packing done at load time is stacking:
   ``down_scale`` bf16 ``[E, H, I // 32]``.
 
 (H = hidden size, 7168 for Kimi K2.6; I = moe_intermediate_size, 2048.)
+
+The small-M kernel (``moe_small_fused``, at most 128 (token, expert) pairs per
+call) reads a second, derived layout, the *fragment pack* (:func:`fragment_pack`,
+made once per set of experts on first use and cached on the object,
+:meth:`Int4Experts.fragments`): per matrix int32 ``[R/16, K/64, 144]``, for each
+tile of 16 rows and 64-wide K step a contiguous 576-byte block holding the
+nibbles in mma.m16n8k16 A-fragment order (word ``4 * lane + kc``) and the
+tile's bf16 scales of those two groups (16 words). It costs as much memory
+again as the compressed-tensors tensors, which the larger-M kernels still read.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
@@ -35,6 +45,7 @@ class Int4Experts:
     down_packed: torch.Tensor     # int32 [E, H, I/8]
     down_scale: torch.Tensor      # bf16  [E, H, I/32]
     group_size: int = GROUP_SIZE
+    _frag_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         gu, gus, dn, dns = self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
@@ -81,6 +92,25 @@ class Int4Experts:
     def to(self, device: str | torch.device) -> "Int4Experts":
         return Int4Experts(self.gate_up_packed.to(device), self.gate_up_scale.to(device),
                            self.down_packed.to(device), self.down_scale.to(device), self.group_size)
+
+    def fragments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) in the fragment layout: int32 [E, 2I/16, H/64, 144] and [E, H/16, I/64, 144].
+
+        Made on first call (on the experts' device, one expert at a time) and
+        cached; the cache is rebuilt when a source tensor is replaced or changed
+        in place (data pointer or version counter). gate_up tiles interleave
+        8 gate rows and the same 8 up rows (:func:`fragment_pack`, ``gate_up=True``).
+        """
+        key = tuple((t.data_ptr(), t._version) for t in
+                    (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
+        if self._frag_cache.get("key") != key:
+            e = self.num_experts
+            gu = torch.stack([fragment_pack(self.gate_up_packed[x], self.gate_up_scale[x], gate_up=True)
+                              for x in range(e)])
+            dn = torch.stack([fragment_pack(self.down_packed[x], self.down_scale[x]) for x in range(e)])
+            self._frag_cache.clear()
+            self._frag_cache.update(key=key, gu=gu, dn=dn)
+        return self._frag_cache["gu"], self._frag_cache["dn"]
 
     def bytes_per_expert(self) -> int:
         """Packed weights + scales of one expert (what the kernel must stream for it)."""
@@ -169,3 +199,89 @@ def random_int4_experts(num_experts: int, hidden: int, intermediate: int, *, dev
     e, h, i = num_experts, hidden, intermediate
     return Int4Experts(words(e, 2 * i, h // PACK), scales(e, 2 * i, h // GROUP_SIZE),
                        words(e, h, i // PACK), scales(e, h, i // GROUP_SIZE))
+
+
+# ----------------------------------------------------------------------------- fragment layout
+
+FRAG_ROWS = 16     # rows per tile (mma M)
+FRAG_K = 64        # K per step (two quantisation groups, four mma k16 chunks)
+FRAG_WORDS = 144   # int32 per (tile, step): 128 nibble words + 16 scale words
+# dims of the nibble view [tile, hi, g, s, gr, t, h, kk] (row = 16 tile + 8 hi + g,
+# k = 64 s + 32 gr + 8 t + 4 h + kk) in the order the words are laid out
+_FRAG_PERM = (0, 3, 2, 5, 4, 6, 1, 7)      # -> [tile, s, g, t, gr, h, hi, kk]
+_FRAG_INV = (0, 6, 2, 1, 4, 3, 5, 7)
+# bit position of nibble (hi, kk) in its word: nibble j = 4 (kk & 1) + 2 (kk >> 1) + hi
+_FRAG_SHIFT = ((0, 16, 8, 24), (4, 20, 12, 28))
+
+
+def _gate_up_order(rows: int, device) -> torch.Tensor:
+    """Row order of gate_up tiles: gate rows 8j..8j+7 then up rows 8j..8j+7 (rows = 2I, gate first)."""
+    i = rows // 2
+    a = torch.arange(i, device=device).reshape(i // 8, 8)
+    return torch.stack([a, a + i], 1).reshape(-1)
+
+
+def _check_frag_dims(rows: int, k: int, gate_up: bool) -> None:
+    if rows % FRAG_ROWS or k % FRAG_K or (gate_up and rows % 16):
+        raise ValueError(f"fragment layout needs rows a multiple of {FRAG_ROWS} and K a multiple of {FRAG_K}, "
+                         f"got rows {rows}, K {k}")
+
+
+def fragment_pack(packed: torch.Tensor, scale: torch.Tensor, *, gate_up: bool = False) -> torch.Tensor:
+    """Re-pack one matrix for ``moe_small_fused``: int32 [R, K/8] + bf16 [R, K/32] -> int32 [R/16, K/64, 144].
+
+    ``packed``/``scale`` are compressed-tensors pack-quantized (nibble j of word w
+    is element 8w + j, value q + 8). Word ``4 * lane + kc`` of a (tile, step)
+    block, lane = 4g + t, chunk kc = 2 gr + h, holds the nibbles of rows
+    (g, g + 8) at K = 64 s + 32 gr + 8 t + 4 h + (0..3): nibble 4 (kk & 1) +
+    2 (kk >> 1) + hi, so ``(word >> 4r) & 0x000F000F`` is mma A register r. Word
+    ``128 + 2g + gr`` holds the scales of rows g (low half) and g + 8 (high) for
+    group 2 s + gr. ``gate_up=True``: rows are [gate; up] (2I rows) and tile j
+    holds gate rows 8j..8j+7 then up rows 8j..8j+7.
+    """
+    if packed.dtype != torch.int32 or packed.dim() != 2:
+        raise ValueError(f"packed must be int32 [rows, K/8], got {packed.dtype} {tuple(packed.shape)}")
+    rows, k = packed.shape[0], packed.shape[1] * PACK
+    if scale.dtype != torch.bfloat16 or tuple(scale.shape) != (rows, k // GROUP_SIZE):
+        raise ValueError(f"scale must be bf16 {(rows, k // GROUP_SIZE)}, got {scale.dtype} {tuple(scale.shape)}")
+    _check_frag_dims(rows, k, gate_up)
+    dev = packed.device
+    shifts = torch.arange(0, 32, 4, device=dev, dtype=torch.int64)
+    u = ((packed.to(torch.int64).unsqueeze(-1) >> shifts) & 15).reshape(rows, k)
+    sc = scale
+    if gate_up:
+        order = _gate_up_order(rows, dev)
+        u, sc = u[order], sc[order]
+    nt, ns = rows // FRAG_ROWS, k // FRAG_K
+    u = u.reshape(nt, 2, 8, ns, 2, 4, 2, 4).permute(*_FRAG_PERM)
+    shift = torch.tensor(_FRAG_SHIFT, device=dev, dtype=torch.int64)      # [hi, kk]
+    words = (u << shift).sum(dim=(-2, -1)).reshape(nt, ns, 128)
+    s16 = sc.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    s16 = s16.reshape(nt, 2, 8, ns, 2).permute(0, 3, 2, 4, 1)           # [tile, s, g, gr, hi]
+    sw = (s16[..., 0] | (s16[..., 1] << 16)).reshape(nt, ns, 16)
+    out = torch.cat([words, sw], -1)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).contiguous()
+
+
+def fragment_dequantize(frag: torch.Tensor, *, gate_up: bool = False,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse view of :func:`fragment_pack`: int32 [R/16, K/64, 144] -> ``dtype`` [R, K] in the source row order."""
+    if frag.dtype != torch.int32 or frag.dim() != 3 or frag.shape[2] != FRAG_WORDS:
+        raise ValueError(f"frag must be int32 [R/16, K/64, {FRAG_WORDS}], got {frag.dtype} {tuple(frag.shape)}")
+    nt, ns = frag.shape[:2]
+    rows, k = nt * FRAG_ROWS, ns * FRAG_K
+    w = (frag[..., :128].to(torch.int64) & 0xFFFFFFFF).reshape(nt, ns, 8, 4, 2, 2)
+    shift = torch.tensor(_FRAG_SHIFT, device=frag.device, dtype=torch.int64)
+    u = (w[..., None, None] >> shift) & 15                                   # [tile, s, g, t, gr, h, hi, kk]
+    q = (u.permute(*_FRAG_INV).reshape(rows, k) - 8).to(torch.float32)
+    sw = frag[..., 128:].to(torch.int64) & 0xFFFFFFFF                      # [tile, s, 16]
+    s16 = torch.stack([sw & 0xFFFF, sw >> 16], -1).reshape(nt, ns, 8, 2, 2)  # [tile, s, g, gr, hi]
+    s16 = s16.permute(0, 4, 2, 1, 3).reshape(rows, k // GROUP_SIZE)
+    s16 = torch.where(s16 >= 2**15, s16 - 2**16, s16).to(torch.int16)
+    scale = s16.view(torch.bfloat16).to(torch.float32)
+    w_out = q * scale.repeat_interleave(GROUP_SIZE, dim=1)
+    if gate_up:
+        res = torch.empty_like(w_out)
+        res[_gate_up_order(rows, frag.device)] = w_out
+        w_out = res
+    return w_out.to(dtype)

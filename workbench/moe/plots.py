@@ -147,8 +147,8 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         row = {"routing": r["routing"], "M": r["m"], "experts": r["distinct_experts_median"],
                "ms": r["ms_median"], "GB/s": r["gb_per_s_median"], "% copy": r["pct_of_copy"],
                "TFLOP/s": r["tflops"], "ms/token": r["ms_per_token"], "plateau M*": pm[r["routing"]],
-               "kernel": variant_name(tuple(r["kernel_config"])) if len(r["kernel_config"]) == 5 else
-               str(r["kernel_config"])}
+               "kernel": r.get("path") or (variant_name(tuple(r["kernel_config"])) if len(r["kernel_config"]) == 5
+                                          else str(r["kernel_config"]))}
         for key in PEERS:
             row[f"x vs {key}"] = r.get(f"speedup_vs_{key}", "-")
         out.append(row)

@@ -1,0 +1,102 @@
+"""CPU tests of the fragment layout read by moe_small_fused (workbench.moe.packing.fragment_pack).
+
+Besides the round trip, ``emulate_tile`` replays what one warp of the kernel does with a
+(tile, step) block: the LOP3 extraction of mma A registers, the activation words it feeds as B,
+the m16n8k16 fragment semantics (PTX ISA: A reg r holds row g + 8 (r & 1), k 2t + 8 (r >> 1) + {0, 1};
+B reg r holds k 2t + 8r + {0, 1} of column g; C c holds row g + 8 (c >> 1), column 2t + (c & 1)),
+the -136 offset and the per-group fp32 scaling; it must equal the dequantised matrix times x.
+"""
+import pytest
+import torch
+
+from workbench.int4 import dequantize_int4
+from workbench.moe.packing import (FRAG_WORDS, fragment_dequantize, fragment_pack, random_int4_experts)
+
+
+def _bf16_bits(v: torch.Tensor) -> torch.Tensor:
+    return v.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def _bits_bf16(b: torch.Tensor) -> torch.Tensor:
+    b = torch.where(b >= 2**15, b - 2**16, b).to(torch.int16)
+    return b.view(torch.bfloat16).to(torch.float64)
+
+
+def emulate_tile(frag_tile: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """frag_tile int32 [K/64, 144] (one tile), x [8, K] -> [16, 8] float64 as the kernel computes it."""
+    acc = torch.zeros(16, 8, dtype=torch.float64)
+    xb = _bf16_bits(x)                                        # [8 columns, K]
+    for s in range(frag_tile.shape[0]):
+        words = frag_tile[s, :128].to(torch.int64) & 0xFFFFFFFF
+        sw = frag_tile[s, 128:].to(torch.int64) & 0xFFFFFFFF
+        for gr in range(2):
+            tmp = torch.zeros(16, 8, dtype=torch.float64)
+            for h in range(2):
+                A = torch.zeros(16, 16, dtype=torch.float64)
+                B = torch.zeros(16, 8, dtype=torch.float64)
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    word = int(words[4 * lane + 2 * gr + h])
+                    for r in range(4):
+                        reg = ((word >> (4 * r)) & 0x000F000F) | 0x43004300
+                        row, k = g + 8 * (r & 1), 2 * t + 8 * (r >> 1)
+                        A[row, k] = _bits_bf16(torch.tensor(reg & 0xFFFF)) - 136
+                        A[row, k + 1] = _bits_bf16(torch.tensor(reg >> 16)) - 136
+                    kb = 64 * s + 32 * gr + 8 * t + 4 * h      # B words as loaded: x[kb..kb+3] of column g
+                    for r in range(2):
+                        B[2 * t + 8 * r, g] = _bits_bf16(xb[g, kb + 2 * r])
+                        B[2 * t + 8 * r + 1, g] = _bits_bf16(xb[g, kb + 2 * r + 1])
+                tmp += A @ B
+            for g in range(8):
+                word = int(sw[2 * g + gr])
+                acc[g] += _bits_bf16(torch.tensor(word & 0xFFFF)) * tmp[g]
+                acc[g + 8] += _bits_bf16(torch.tensor(word >> 16)) * tmp[g + 8]
+    return acc
+
+
+def test_fragment_roundtrip_gate_up_and_down():
+    ex = random_int4_experts(2, 128, 64, seed=3)
+    for e in range(2):
+        gu = fragment_pack(ex.gate_up_packed[e], ex.gate_up_scale[e], gate_up=True)
+        assert gu.shape == (128 // 16, 128 // 64, FRAG_WORDS) and gu.dtype == torch.int32
+        assert torch.equal(fragment_dequantize(gu, gate_up=True),
+                           dequantize_int4(ex.gate_up_packed[e], ex.gate_up_scale[e], group_size=32))
+        dn = fragment_pack(ex.down_packed[e], ex.down_scale[e])
+        assert torch.equal(fragment_dequantize(dn), dequantize_int4(ex.down_packed[e], ex.down_scale[e], group_size=32))
+
+
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_kernel_fragment_arithmetic(gate_up):
+    ex = random_int4_experts(1, 128, 32, seed=5)    # gate_up [64, 128] (K = 128: two steps), down [128, 32]
+    packed, scale = ex.gate_up_packed[0], ex.gate_up_scale[0]
+    frag = fragment_pack(packed, scale, gate_up=gate_up)
+    w = dequantize_int4(packed, scale, group_size=32).double()
+    x = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).double()
+    tile = 1
+    rows = torch.arange(16 * tile, 16 * tile + 16)
+    if gate_up:   # tile j = gate rows 8j..8j+7, then up rows 8j..8j+7 (I = 32)
+        rows = torch.cat([torch.arange(8 * tile, 8 * tile + 8), 32 + torch.arange(8 * tile, 8 * tile + 8)])
+    got = emulate_tile(frag[tile], x)
+    want = w[rows] @ x.T
+    assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_fragments_cached_and_rebuilt_on_change():
+    ex = random_int4_experts(2, 64, 64, seed=1)
+    gu, dn = ex.fragments()
+    assert gu.shape == (2, 128 // 16, 1, FRAG_WORDS) and dn.shape == (2, 64 // 16, 1, FRAG_WORDS)
+    assert ex.fragments()[0] is gu
+    ex.down_scale.mul_(2)                       # in-place change: version counter moves
+    assert ex.fragments()[1] is not dn
+    assert torch.equal(fragment_dequantize(ex.fragments()[1][1]),
+                       dequantize_int4(ex.down_packed[1], ex.down_scale[1], group_size=32))
+
+
+def test_fragment_pack_rejects_bad_shapes():
+    ex = random_int4_experts(1, 64, 32, seed=0)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        fragment_pack(ex.gate_up_packed[0][:, :4], ex.gate_up_scale[0][:, :1])
+    with pytest.raises(ValueError, match="scale"):
+        fragment_pack(ex.down_packed[0], ex.down_scale[0][:, :0])
+    with pytest.raises(ValueError, match="int32"):
+        fragment_dequantize(torch.zeros(1, 1, 10, dtype=torch.int32))
