@@ -299,7 +299,7 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
                                            "ns_per_pop": float(slope * 1e3)}
     # the floor of one graph node: a tiny torch kernel, timed the same way
     tiny = torch.zeros(64, device="cuda")
-    res["graph_node_floor"] = {"gpu_graph_ms": _median(_graph_time_ms(tiny.zero_)),
+    res["graph_node_floor"] = {"graph_us_per_call": _median(_graph_time_ms(tiny.zero_)) * 1e3,
                                "what": "torch zero_ of 64 floats, per call in a CUDA graph"}
 
     # accept and commit at the headline point
