@@ -527,7 +527,9 @@ def build_sweep_figure(doc: dict[str, Any] | None = None):
     for key, v in doc["results"].items():
         if not key.startswith("build_") or not isinstance(v, dict) or "budget" not in v:
             continue
-        series.setdefault(v.get("method", "auto"), []).append((v["budget"], v["gpu_graph_ms"] * 1e3))
+        w = v.get("warps_per_block", 1)
+        label = v.get("method", "auto") + (f"[{w}w]" if w > 1 else "")
+        series.setdefault(label, []).append((v["budget"], v["gpu_graph_ms"] * 1e3))
         if v.get("cpu_ms") is not None:
             cpu[v["budget"]] = v["cpu_ms"] * 1e3
     for name, pts in sorted(series.items()):

@@ -24,8 +24,12 @@ VERIFY_FILE = "data/measurements/h200/ddtree_verify.json"
 # Committed runs of ddtree_verify.json: (commit of the file, commit of the code it measured, version).
 VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
                ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"))
-# Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu).
-BUILD_METHOD_COMMITS = {"heap": "adddc5e", "warp": "54d0b0b", "small": "9ddfd1c"}
+# Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu);
+# "small_v1" is the kernel that was "small" until e108f3c.
+BUILD_METHOD_COMMITS = {"heap": "adddc5e", "warp": "54d0b0b", "small_v1": "9ddfd1c", "small": "e108f3c"}
+TREE_FILE = "data/measurements/h200/ddtree_kernels.json"
+# Earlier committed runs of ddtree_kernels.json: (commit of the file, commit of the code, what "small" was).
+TREE_RUNS = (("5101690", "0d28105", "small = today's small_v1 (sorted list in registers)"),)
 __all__ = ["BLOCKS", "PAPER", "main", "render", "tree_floor_rows"]
 
 
@@ -79,27 +83,95 @@ def block_tree_kernels() -> str:
             + markdown_table(out))
 
 
+def _build_points(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Build timings of one run, each with a ``label``: the method, plus ``[4w]`` for "small" with
+    several requests per block."""
+    out = []
+    for k, v in res.items():
+        if k.startswith("build_") and isinstance(v, dict) and "budget" in v and "gpu_graph_ms" in v:
+            w = v.get("warps_per_block", 1)
+            out.append({**v, "label": v.get("method", "auto") + (f"[{w}w]" if w > 1 else "")})
+    return out
+
+
 def block_tree_build() -> str:
     res = _tree()["results"]
-    budgets = sorted({v["budget"] for k, v in res.items() if k.startswith("build_") and isinstance(v, dict)})
-    methods = list(BUILD_METHOD_COMMITS)
+    allpts = _build_points(res)
+    budgets = sorted({v["budget"] for v in allpts})
+    labels = {v["label"] for v in allpts}
+    methods = [m for m in BUILD_METHOD_COMMITS if m in labels] + sorted(labels - set(BUILD_METHOD_COMMITS))
     rows = []
     for b in budgets:
-        pts = {v.get("method"): v for k, v in res.items()
-               if k.startswith("build_") and isinstance(v, dict) and v.get("budget") == b}
+        pts = {v["label"]: v for v in allpts if v["budget"] == b}
         cpu = next(iter(pts.values()))["cpu_ms"]
         row: dict[str, Any] = {"budget": b, "K": next(iter(pts.values()))["K"]}
         for m in methods:
             row[f"{m} us"] = _us(pts[m]["gpu_graph_ms"]) if m in pts else "-"
         best = min(pts.values(), key=lambda v: v["gpu_graph_ms"])
-        row["fastest"] = best["method"]
+        row["fastest"] = best["label"]
         row["CPU heapq ms"] = _ms(cpu)
         row["x CPU (fastest, graph)"] = f"{best['speedup_graph']:.0f}"
         row["x CPU (fastest, eager)"] = f"{best['speedup_eager']:.0f}"
         rows.append(row)
+    names = [f"`{m}` ({BUILD_METHOD_COMMITS[m]})" if m in BUILD_METHOD_COMMITS else f"`{m}`" for m in methods]
     return ("Batch 64, L = 15; GPU times per call inside a replayed CUDA graph; the CPU reference builds the "
-            "whole batch with heapq. Methods: " + ", ".join(f"`{m}` ({BUILD_METHOD_COMMITS[m]})" for m in methods)
+            "whole batch with heapq. Methods: " + ", ".join(names)
+            + ("; `small[4w]`: `small` with four requests per thread block" if "small[4w]" in labels else "")
             + ".\n\n" + markdown_table(rows))
+
+
+def block_tree_pops() -> str:
+    """Small kernels' time against the number of pops (same run), the linear fit, the graph-node
+    floor, and the headline of the earlier committed run(s)."""
+    res = _tree()["results"]
+    sweep = next((v for k, v in res.items() if k.startswith("build_pops_sweep_")), None)
+    if not sweep:
+        return "This run has no pops sweep (it predates e108f3c).\n"
+    methods = sorted({r["method"] for r in sweep}, key=lambda m: (m != "small", m))
+    rows = []
+    for pops in sorted({r["pops"] for r in sweep}):
+        row: dict[str, Any] = {"pops (= budget)": pops,
+                               "K": next(r["K"] for r in sweep if r["pops"] == pops)}
+        for m in methods:
+            r = next((r for r in sweep if r["pops"] == pops and r["method"] == m), None)
+            row[f"{m} us"] = _us(r["gpu_graph_ms"]) if r else "-"
+        rows.append(row)
+    fits = []
+    for m in methods:
+        f = res.get(f"build_pops_fit_{m}")
+        if f:
+            fits.append(f"`{m}` {f['fixed_us']:.2f} us + {f['ns_per_pop']:.0f} ns per pop")
+    text = ("Batch 64, L = 15, K = min(budget, 32); per call in a replayed CUDA graph. Least-squares line "
+            "time = fixed + pops x per-pop: " + "; ".join(fits) + ".")
+    floor = res.get("graph_node_floor")
+    if floor:
+        text += (f" One graph node of a tiny torch kernel ({floor['what']}) takes "
+                 f"{floor['graph_us_per_call']:.1f} us in the same run.")
+    earlier = []
+    for fc, cc, what in TREE_RUNS:
+        doc = papers.committed_json(fc, TREE_FILE)
+        h = doc and doc["results"].get("build_B64_L15_budget32")
+        if h:
+            earlier.append(f"code {cc} (file {fc}; {what}): {_us(h['gpu_graph_ms'])} us, "
+                           f"{h['speedup_graph']:.0f}x the CPU reference of that run")
+    if earlier:
+        text += " Headline (budget 32) in earlier committed runs: " + "; ".join(earlier) + "."
+    return text + "\n\n" + markdown_table(rows)
+
+
+def block_tree_sanitizer() -> str:
+    san = _tree()["results"].get("sanitizer")
+    if not san:
+        return "This run recorded no sanitizer result.\n"
+    if "error" in san:
+        return f"Sanitizers not run: {san['error']}.\n"
+    rows = []
+    for tool, r in san.items():
+        rows.append({"tool": tool, "command": f"`{r.get('command', '-')}`",
+                     "driver ran to its end": r.get("driver_done"), "exit code": r.get("returncode"),
+                     "summary": "; ".join(x.lstrip("= ") for x in r.get("summary") or []) or "-",
+                     "errors / hazards": "-" if r.get("errors") is None else r["errors"]})
+    return markdown_table(rows)
 
 
 def tree_floor_rows(tree: dict[str, Any] | None = None, verify: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -255,6 +327,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "provenance": block_provenance,
     "tree-goals": block_tree_goals,
     "tree-build": block_tree_build,
+    "tree-pops": block_tree_pops,
+    "tree-sanitizer": block_tree_sanitizer,
     "tree-kernels": block_tree_kernels,
     "tree-floor": block_tree_floor,
     "round": block_round,
