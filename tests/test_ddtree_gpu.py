@@ -133,7 +133,7 @@ def test_verify_attention_torch_matches_loop():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["auto", "small", "small_v1", "warp", "heap"])
+@pytest.mark.parametrize("method", ["auto", "small", "small_br", "small_v1", "warp", "heap"])
 @pytest.mark.parametrize("B,L,K,budget,quant", [(64, 15, 32, 32, None), (8, 7, 8, 8, 2),
                                                   (16, 15, 64, 256, 4), (4, 32, 1024, 1024, 8),
                                                   (5, 3, 40, 1024, None), (3, 1, 5, 9, 1),
@@ -145,7 +145,7 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
     lp, ids = _grid(gen, B, L, K, quant, device="cuda")
     roots = torch.randint(0, 100, (B,)).cuda()
     n = tree_size(L, K, budget)
-    if method in ("small", "small_v1") and n - 1 > 32:
+    if method in ("small", "small_br", "small_v1") and n - 1 > 32:
         with pytest.raises(ValueError, match="small"):
             build_trees(lp, ids, budget, method=method)
         return
@@ -162,7 +162,8 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method,budget", [("warp", 200), ("heap", 200), ("small", 32),
-                                           ("small_v1", 32), ("warp", 32), ("heap", 32)])
+                                           ("small_br", 32), ("small_v1", 32), ("warp", 32),
+                                           ("heap", 32)])
 def test_gpu_build_all_ties(method, budget):
     lp = torch.zeros(3, 6, 4, device="cuda")
     ids = torch.arange(72, device="cuda").view(3, 6, 4)

@@ -90,7 +90,7 @@ def tree_parity_rows(cases: list[dict[str, Any]] | None = None, device: str = "a
         shape = f"B={B} L={L} K={K} budget={budget}" + (" ties" if quant is not None else "")
         methods = ("auto",)
         if dev == "cuda":
-            methods = (("small", "small_v1") if n - 1 <= 32 else ()) + ("warp", "heap")
+            methods = (("small", "small_br", "small_v1") if n - 1 <= 32 else ()) + ("warp", "heap")
         for method in methods:
             out = None
             if dev == "cuda":  # poisoned outputs: every element must be written
@@ -258,7 +258,7 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
         # the CPU reference is timed once per budget, on the key of "auto" (what
         # build_trees runs by default); every variant gets speedups against it
         auto = "small" if bud <= 32 else "heap"
-        methods = (["small", "small_v1"] if bud <= 32 else []) + ["warp", "heap"]
+        methods = (["small", "small_br", "small_v1"] if bud <= 32 else []) + ["warp", "heap"]
         variants = [(m, 1) for m in [auto] + [m for m in methods if m != auto]]
         if bud <= 32:
             variants.append(("small", 4))  # four requests per block
@@ -287,12 +287,12 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
     lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids).cuda()
     sweep = []
     for bud in (1, 2, 4, 8, 16, 32):
-        for method in ("small", "small_v1"):
+        for method in ("small", "small_br", "small_v1"):
             g = _graph_time_ms(lambda bud=bud, m=method: build_trees(lpg, idg, bud, method=m))
             sweep.append(dict(method=method, budget=bud, K=min(bud, 32), pops=bud,
                               gpu_graph_ms=_median(g)))
     res[f"build_pops_sweep_B{batch}_L{L}"] = sweep
-    for method in ("small", "small_v1"):
+    for method in ("small", "small_br", "small_v1"):
         pts = [(r["pops"], r["gpu_graph_ms"] * 1e3) for r in sweep if r["method"] == method]
         slope, icpt = np.polyfit([p for p, _ in pts], [t for _, t in pts], 1)
         res[f"build_pops_fit_{method}"] = {"us_per_pop": float(slope), "fixed_us": float(icpt),
@@ -402,7 +402,7 @@ def tree_timing_rows(device: str = "auto", batch: int = 8, L: int = 7, budget: i
                      median_ms=cpu_acc, speedup_vs_cpu=1.0))
     if dev == "cuda":
         lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids).cuda()
-        for m in ((["small", "small_v1"] if budget <= 32 else []) + ["warp", "heap"]):
+        for m in ((["small", "small_br", "small_v1"] if budget <= 32 else []) + ["warp", "heap"]):
             t = _median(time_cuda(lambda m=m: build_trees(lpg, idg, budget, method=m)))
             rows.append(dict(op="build", impl=f"GPU build_trees[{m}]", shapes=shape, median_ms=t,
                              speedup_vs_cpu=cpu_build / t))
@@ -569,6 +569,7 @@ def _sanitize_driver() -> None:
         t = build_trees(lpg, idg, budget)  # "small" where n - 1 <= 32
         if t.n - 1 <= 32:
             build_trees(lpg, idg, budget, method="small_v1")
+            build_trees(lpg, idg, budget, method="small_br")
             with _small_warps(4):
                 build_trees(lpg, idg, budget, method="small")
         tree_visibility(t.parents)
@@ -692,31 +693,37 @@ def _print_table(doc: dict[str, Any]) -> None:
               f"{'' if cpu is None else f'{cpu:9.2f}':>9s} {'' if sp is None else f'{sp:8.0f}':>8s}")
 
 
-# Written before the run that first measured the lane-per-node "small" kernel (the previous
-# one, "small_v1", is timed beside it in the same run).
-BUILD_PREDICTION = (
-    "prediction for 'small' (lane per node, written before its first run): B=64 L=15 budget=32 "
-    "about 6 us per call in a graph (fixed part about 3.5 us as measured for small_v1, plus 32 "
-    "pops of about 120-150 cycles: one REDUX, one ballot, one round of shuffles, the log-prob "
-    "loads overlapped with the reduction), i.e. about 2.5x faster than small_v1's 15.0 us and "
-    "above 500x the CPU reference")
+# Predictions, each written before the run that first measured the kernel it is about (the
+# earlier kernels are timed beside it in the same run).
+BUILD_PREDICTIONS = (
+    "prediction 1, for the lane-per-node kernel (e108f3c, now 'small_br'), written before its "
+    "first run: B=64 L=15 budget=32 about 6 us per call in a graph (fixed part about 3.5 us as "
+    "estimated for small_v1, plus 32 pops of about 120-150 cycles: one REDUX, one ballot, one round "
+    "of shuffles, the log-prob loads overlapped with the reduction), i.e. about 2.5x faster than "
+    "small_v1's 15.0 us and above 500x the CPU reference; its first run (code 575d26d) measured "
+    "8.4 us (434x), 1.97 us + 203 ns per pop",
+    "prediction 2, for 'small' (the same kernel with its per-pop lane updates as selects instead "
+    "of branches taken by one lane each), written before its first run: 40-80 cycles less per pop "
+    "of the about 400 measured, i.e. about 7-7.5 us against small_br's 8.4 us",
+)
 
 
 def _build_prediction_note(results: dict[str, Any]) -> str:
-    """The prediction and what was measured in this run (headline, variants, pops fit)."""
-    head = results.get("build_B64_L15_budget32", {})
-    v1 = results.get("build_B64_L15_budget32_small_v1", {})
-    fit = results.get("build_pops_fit_small", {})
-    fit1 = results.get("build_pops_fit_small_v1", {})
-    parts = [BUILD_PREDICTION]
-    if head and v1:
-        parts.append(f"measured: small {head['gpu_graph_ms'] * 1e3:.1f} us "
-                     f"({head['speedup_graph']:.0f}x CPU), small_v1 "
-                     f"{v1['gpu_graph_ms'] * 1e3:.1f} us, same run")
-    if fit and fit1:
-        parts.append(f"pops fit (time = fixed + pops x per-pop, budgets 1-32): small "
-                     f"{fit['fixed_us']:.2f} us + {fit['ns_per_pop']:.0f} ns/pop, small_v1 "
-                     f"{fit1['fixed_us']:.2f} us + {fit1['ns_per_pop']:.0f} ns/pop")
+    """The predictions and what was measured in this run (headline, variants, pops fits)."""
+    parts = list(BUILD_PREDICTIONS)
+    meas = []
+    for m in ("small", "small_br", "small_v1"):
+        key = "build_B64_L15_budget32" + ("" if m == "small" else f"_{m}")
+        v = results.get(key)
+        if v:
+            meas.append(f"{m} {v['gpu_graph_ms'] * 1e3:.1f} us ({v['speedup_graph']:.0f}x CPU)")
+    if meas:
+        parts.append("measured in this run at budget 32: " + ", ".join(meas))
+    fits = [f"{m} {f['fixed_us']:.2f} us + {f['ns_per_pop']:.0f} ns/pop"
+            for m in ("small", "small_br", "small_v1")
+            if (f := results.get(f"build_pops_fit_{m}"))]
+    if fits:
+        parts.append("pops fit (time = fixed + pops x per-pop, budgets 1-32): " + ", ".join(fits))
     return "; ".join(parts)
 
 

@@ -87,11 +87,12 @@ class GpuAccepted:
     bonus: Any
 
 
-BUILD_METHODS = ("auto", "small", "small_v1", "warp", "heap")
-SMALL_MAX_NODES = 32  # "small" / "small_v1" hold the whole frontier in one warp's registers
+BUILD_METHODS = ("auto", "small", "small_br", "small_v1", "warp", "heap")
+SMALL_MAX_NODES = 32  # "small" / "small_br" / "small_v1" hold the whole frontier in one warp's registers
 SMALL_WARPS_PER_BLOCK = 1  # "small": requests (one warp each) per thread block
 _SMALL_NODE_SLOTS = 33  # DDT_SMALL_NODES in ddtree_tree.cu
-_KERNEL_NAMES = {"small": "ddtree_build_small", "small_v1": "ddtree_build_small_v1",
+_KERNEL_NAMES = {"small": "ddtree_build_small", "small_br": "ddtree_build_small_br",
+                 "small_v1": "ddtree_build_small_v1",
                  "warp": "ddtree_build_warp", "heap": "ddtree_build"}
 
 
@@ -100,7 +101,7 @@ def build_smem_bytes(L: int, K: int, n: int, method: str = "warp",
     """Dynamic shared memory of one build block: frontier/heap entries, the
     request's log-probs (and token ids for "small"/"small_v1"), and the node
     arrays. "small" holds ``warps_per_block`` requests per block."""
-    if method == "small":
+    if method in ("small", "small_br"):
         return warps_per_block * 8 * ((12 * L * K + 12 * _SMALL_NODE_SLOTS + 7) // 8)
     if method == "small_v1":
         return 12 * L * K + 12 * n
@@ -153,7 +154,8 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     ``validate=True`` also checks sortedness and finiteness (a host sync).
     ``method`` (all bit-exact): "small" (at most 32 non-root nodes: one warp
     per request, lane p holds node p's next unpopped child, a pop is a warp
-    arg-max with ``__reduce_max_sync``), "small_v1" (the previous small
+    arg-max with ``__reduce_max_sync``), "small_br" (the same with its per-pop
+    lane updates as branches, as first written), "small_v1" (the previous small
     kernel: the frontier as a sorted list in one warp's registers), "heap" (a
     binary heap run by one thread in shared memory), "warp" (frontier in shared
     memory, one warp reduction per pop); "auto" takes "small" when it applies,
@@ -216,10 +218,11 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     n = ref.tree_size(L, Kin, budget)
     if method == "auto":
         method = "small" if n - 1 <= SMALL_MAX_NODES else "heap"
-    elif method in ("small", "small_v1") and n - 1 > SMALL_MAX_NODES:
+    elif method in ("small", "small_br", "small_v1") and n - 1 > SMALL_MAX_NODES:
         raise ValueError(f"method={method!r} needs at most {SMALL_MAX_NODES} non-root nodes, "
                          f"this tree has {n - 1}; use 'auto', 'heap' or 'warp'")
-    warps = max(1, min(int(SMALL_WARPS_PER_BLOCK), B)) if method == "small" else 1
+    one_warp = method in ("small", "small_br")  # one warp per request
+    warps = max(1, min(int(SMALL_WARPS_PER_BLOCK), B)) if one_warp else 1
     smem = build_smem_bytes(L, K, n, method, warps)
     if smem > _SMEM_OPTIN:
         raise ValueError(f"tree build needs {smem} B of shared memory (L={L}, K={K}, n={n}); "
@@ -245,7 +248,7 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         _ensure_smem(k, name, smem)
         root_ptr = root_t if root_t is not None else np.uint64(0)
         root_def = np.int64(0 if root_t is not None else int(root_tokens))
-        grid, block = ((B,), (_BUILD_THREADS,)) if method != "small" else \
+        grid, block = ((B,), (_BUILD_THREADS,)) if not one_warp else \
             (((B + warps - 1) // warps,), (32 * warps,))
         _launch(k, grid, block,
                (lp, ids, root_ptr, root_def, B, L, Kin, K, n, tokens, parents, depths, ranks,

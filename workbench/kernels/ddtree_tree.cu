@@ -8,6 +8,7 @@
 //                        butterfly reduction per pop.
 // ddtree_build_small     n - 1 <= 32: one warp per request, one lane per tree node holding that
 //                        node's pending child; a pop is a warp arg-max (__reduce_max_sync).
+// ddtree_build_small_br  the same with the per-pop lane updates as branches (e108f3c's form).
 // ddtree_build_small_v1  n - 1 <= 32: the previous small kernel (sorted frontier list in one
 //                        warp's registers), kept for before/after timing.
 // ddtree_visibility one thread per (request, i, j): j is i or an ancestor of i.
@@ -433,7 +434,10 @@ __device__ __forceinline__ int ddt_tie_winner(unsigned cand, int kr, const int* 
     return best;
 }
 
-extern "C" __global__ void ddtree_build_small(DDT_BUILD_PARAMS) {
+// kSelectUpdates: the winner's and the new node's lane updates as selects (1, "small") or as
+// branches taken by one lane each (0, "small_br", e108f3c's form).
+template <int kSelectUpdates>
+__device__ __forceinline__ void ddt_build_small(DDT_BUILD_PARAMS) {
     extern __shared__ long long ddt_lane_smem[];
     const int warp = threadIdx.x >> 5;
     int lane = threadIdx.x & 31;
@@ -515,7 +519,22 @@ extern "C" __global__ void ddtree_build_small(DDT_BUILD_PARAMS) {
         if (lane == i - 1) { o_par = w; o_dep = d_i; o_rank = r_i; o_score = w_fs; }
         if (i == n - 1) break;
         if (lane == 0) { npar[i] = w; nrank[i] = r_i; ndep[i] = d_i; }
-        if (lane == w) {         // the popped child's next sibling is the lane's pending child
+        if (kSelectUpdates) {
+            // the same updates as selects: no divergent branch in the pop loop
+            const bool is_w = lane == w, is_i = lane == i, has = d_i < L;
+            const int ao_i = has ? d_i * K : 0;
+            const int bo_i = has && K > 1 ? ao_i + 1 : ao_i;
+            const int ho_i = d_i + 1 < L ? ao_i + K : 0;
+            const int bo_w = kr + 2 < K ? bo + 1 : bo;
+            ao = is_w ? bo : (is_i ? ao_i : ao);
+            bo = is_w ? bo_w : (is_i ? bo_i : bo);
+            ho = is_i ? ho_i : ho;
+            dep = is_i ? d_i : dep;
+            kr = is_w ? kr + 1 : (is_i ? 0 : kr);
+            cs = is_w ? ns : (is_i ? c_s : cs);
+            khi = is_w ? nhi : (is_i ? c_hi : khi);
+            klo = is_w ? nlo : (is_i ? c_lo : klo);
+        } else if (lane == w) {  // the popped child's next sibling is the lane's pending child
             kr += 1; cs = ns; khi = nhi; klo = nlo;
             ao = bo;
             bo = kr + 1 < K ? bo + 1 : bo;
@@ -535,6 +554,17 @@ extern "C" __global__ void ddtree_build_small(DDT_BUILD_PARAMS) {
     if (lane + 1 < n)
         ddt_put_node(DDT_OUT_ARGS, base + lane + 1, lane + 1, o_par, o_dep, o_rank, o_score, true,
                      sids, K, root);
+}
+
+#define DDT_BUILD_ARG_NAMES                                                                    \
+    logprobs, token_ids, root_tokens, root_default, B, L, Kin, K, n, DDT_OUT_ARGS
+
+extern "C" __global__ void ddtree_build_small(DDT_BUILD_PARAMS) {
+    ddt_build_small<1>(DDT_BUILD_ARG_NAMES);
+}
+
+extern "C" __global__ void ddtree_build_small_br(DDT_BUILD_PARAMS) {
+    ddt_build_small<0>(DDT_BUILD_ARG_NAMES);
 }
 
 // ---------------------------------------------------------------------------------------------
