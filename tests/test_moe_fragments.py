@@ -84,11 +84,11 @@ def test_kernel_fragment_arithmetic(gate_up):
 def test_fragments_cached_and_rebuilt_on_change():
     ex = random_int4_experts(2, 64, 64, seed=1)
     gu, dn = ex.fragments()
-    assert gu.shape == (2, 128 // 16, 1, FRAG_WORDS) and dn.shape == (2, 64 // 16, 1, FRAG_WORDS)
+    assert gu.shape == (2, 1, 128 // 16, FRAG_WORDS) and dn.shape == (2, 1, 64 // 16, FRAG_WORDS)
     assert ex.fragments()[0] is gu
     ex.down_scale.mul_(2)                       # in-place change: version counter moves
     assert ex.fragments()[1] is not dn
-    assert torch.equal(fragment_dequantize(ex.fragments()[1][1]),
+    assert torch.equal(fragment_dequantize(ex.fragments()[1][1].transpose(0, 1)),
                        dequantize_int4(ex.down_packed[1], ex.down_scale[1], group_size=32))
 
 

@@ -321,6 +321,7 @@ __device__ __forceinline__ void moe_gemm(
         if (jj + S - 1 < nst) issue(jj + S - 1, (jj + S - 1) % S);
         cp_async_commit();
         cp_async_wait<S - 1>();
+        __syncwarp();   // lanes read 16-byte pieces that other lanes copied
         const unsigned char* st = ring + (jj % S) * STAGE_BYTES;
 #pragma unroll
         for (int sidx = 0; sidx < 2; ++sidx) {
@@ -347,6 +348,7 @@ __device__ __forceinline__ void moe_gemm(
                     for (int q = 0; q < 4; ++q) xq[n][q] = xn[n][q];
             }
         }
+        __syncwarp();   // every lane is done with this stage before the next issue overwrites it
     }
     cp_async_wait<0>();
     } else {
@@ -586,18 +588,20 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
 // Small-M path (P = M * topk <= 128 pairs): ONE persistent launch, moe_small_fused.
 //
 // Weights in the fragment layout (workbench/moe/packing.py: fragment_pack, made once per set of
-// experts and cached): per matrix int32 [R/16, K/64, 144]; for each tile of 16 rows and 64-wide K
-// step, 128 words of nibbles (lane-major: word 4*lane + kc is the whole A fragment of mma chunk kc
+// experts and cached by Int4Experts.fragments, step-major): int32 [E, K/64, R/16, 144]; for each
+// 64-wide K step and tile of 16 rows, 128 words of nibbles (lane-major: word 4*lane + kc is the whole A fragment of mma chunk kc
 // for that lane) then 16 words of bf16 scale pairs (word 2*g + gr: row g (low), row g+8 (high) of
-// quantisation group gr). A warp streams one contiguous 576-byte block per step.
+// quantisation group gr). A warp reads one contiguous 576-byte block per step; step-major order puts
+// the blocks of neighbouring tiles (tasks taken at the same time by other warps) next to each other,
+// so the warps of an expert sweep its weights together, as a copy does.
 // Chunk kc = 2*gr + h of lane (g, t) covers physical K = 64*s + 32*gr + 8*t + 4*h + {0,1,2,3}:
 // mma k slots (2t, 2t+1, 2t+8, 2t+9) -> those four, for A and B alike, so the 16 slots of a chunk
 // stay inside quantisation group gr and the group scale is applied once per group to fp32
 // partial sums. Nibble j of the word: A register j&3 (row g / g+8 alternating, k pair kb/kb+2),
 // low half from nibble j, high half from nibble j+4: register r = (w >> 4r) & 0x000F000F | 0x43004300
-// = bf16 pair (128 + u): one shift and one LOP3 per two weights. The -136 (u = q + 8, 128 + 8)
-// goes through the tensor core: a second mma with A = -136 everywhere (NT == 1), or one bf16x2
-// subtraction per register (NT == 2, where the tensor pipe is busier).
+// = bf16 pair (128 + u): one shift and one LOP3 per two weights, then one exact bf16x2 subtraction
+// of 136 (u = q + 8). (The first version subtracted on the tensor core, a second mma with A = -136,
+// which doubled the chain of dependent mma per group.)
 //
 // Work: prologue (every CTA, in shared memory): pairs sorted by (expert, pair id), cut into items
 // of <= 16 slots of one expert. Tasks, grabbed by warps from a global counter in order:
@@ -635,11 +639,14 @@ __device__ __forceinline__ float ld_cg_f32(const float* p) {
     return r;
 }
 
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+__device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
     int r;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");
     return r;
 }
+
+// Release / acquire at GPU scope (lighter than __threadfence, which is sequentially consistent).
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Activations of one step for the columns of this lane: 2 x 16 bytes (groups 0 and 1) per token tile.
 template <int NT, bool COHERENT>
@@ -678,7 +685,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
             unsigned int a1 = ((word >> 4) & 0x000F000Fu) | 0x43004300u;
             unsigned int a2 = ((word >> 8) & 0x000F000Fu) | 0x43004300u;
             unsigned int a3 = ((word >> 12) & 0x000F000Fu) | 0x43004300u;
-            if (NT > 1) {   // exact: (128 + u) - 136 = q in [-8, 7]
+            {   // exact: (128 + u) - 136 = q in [-8, 7]
                 a0 = bf2_sub(a0, 0x43084308u);
                 a1 = bf2_sub(a1, 0x43084308u);
                 a2 = bf2_sub(a2, 0x43084308u);
@@ -689,7 +696,6 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
                 const unsigned int b0 = h == 0 ? xq[n][gr].x : xq[n][gr].z;
                 const unsigned int b1 = h == 0 ? xq[n][gr].y : xq[n][gr].w;
                 mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
-                if (NT == 1) mma_bf16(tmp[n], 0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u, b0, b1);  // -136
             }
         }
         const float s_lo = __uint_as_float(sw[gr] << 16);           // row g
@@ -709,15 +715,15 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
 template <int NT, bool COHERENT>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int steps,
-                                          const __nv_bfloat16* const (&xr)[NT], const int* wait, int target,
-                                          unsigned char* ring) {
+                                          long long stride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
+                                          int target, unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
     auto issue = [&](int j) {
-        const uint4* src = wt + (long long)j * FR_U4;
+        const uint4* src = wt + j * stride;
         unsigned char* dst = ring + (j % FR_S) * (FR_U4 * 16);
         cp_async16(dst + lane * 16, src + lane);
         if (lane < 4) cp_async16(dst + 512 + lane * 16, src + 32 + lane);
@@ -728,8 +734,9 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
         cp_async_commit();
     }
     if (wait != nullptr) {
-        if (lane == 0) {
-            while (ld_acquire_gpu(wait) < target) __nanosleep(64);
+        if (lane == 0) {   // relaxed polling (an acquire load per poll would invalidate L1 each time), one fence
+            while (ld_relaxed_gpu(wait) < target) __nanosleep(128);
+            fence_acq_rel_gpu();
         }
         __syncwarp();
     }
@@ -778,7 +785,7 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = I / 8, steps = H / 64;
-    const uint4* wt = Fgu + ((long long)ex * tiles + tile) * steps * FR_U4;
+    const uint4* wt = Fgu + ((long long)ex * steps * tiles + tile) * FR_U4;   // step-major: [E, steps, tiles]
     const __nv_bfloat16* xr[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -786,7 +793,7 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
         xr[n] = col < cnt ? X + (long long)(it.sorted[slot0 + col] / topk) * H : nullptr;
     }
     float acc[NT][4];
-    frag_gemm<NT, false>(acc, wt, steps, xr, nullptr, 0, ring);
+    frag_gemm<NT, false>(acc, wt, steps, (long long)tiles * FR_U4, xr, nullptr, 0, ring);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -797,10 +804,10 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
                 hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
             }
         }
-    __threadfence();
+    fence_acq_rel_gpu();
     __syncwarp();
     if (lane == 0) {
-        __threadfence();
+        fence_acq_rel_gpu();
         atomicAdd(done_gu + item, 1);
     }
 }
@@ -814,7 +821,7 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = H / 16, steps = I / 64;
-    const uint4* wt = Fdn + ((long long)ex * tiles + tile) * steps * FR_U4;
+    const uint4* wt = Fdn + ((long long)ex * steps * tiles + tile) * FR_U4;
     const __nv_bfloat16* xr[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -822,7 +829,7 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
         xr[n] = col < cnt ? hbuf + (long long)(slot0 + col) * I : nullptr;
     }
     float acc[NT][4];
-    frag_gemm<NT, true>(acc, wt, steps, xr, done_gu + item, I / 8, ring);
+    frag_gemm<NT, true>(acc, wt, steps, (long long)tiles * FR_U4, xr, done_gu + item, I / 8, ring);
     const int n0 = 16 * tile + g;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
@@ -836,16 +843,17 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
                 Y[(long long)pair * H + n0 + 8] = wgt * acc[n][2 + cc];
             }
         }
-    __threadfence();
+    fence_acq_rel_gpu();
     __syncwarp();
     int last = 0;
     if (lane == 0) {
-        __threadfence();
+        fence_acq_rel_gpu();
         last = atomicAdd(done_dn + tile, 1) == nitems - 1;
+        if (last) fence_acq_rel_gpu();
     }
     last = __shfl_sync(0xffffffffu, last, 0);
     if (!last) return;
-    __threadfence();
+    fence_acq_rel_gpu();
     // every item has written its rows of this tile: out[m, tile rows] = sum_k Y (k ascending)
     for (int idx = lane; idx < M * 16; idx += 32) {
         const int m = idx >> 4, n = 16 * tile + (idx & 15);

@@ -25,6 +25,9 @@ MAX_EXPERTS = 1024
 THREADS = 128
 SMALL_MAX_PAIRS = 128   # moe_small_fused: one thread per (token, expert) pair in its prologue
 SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the four-launch path at small M
+# (largest M, use moe_small_fused) in increasing M, for M * topk <= SMALL_MAX_PAIRS; beyond the last
+# entry the four-launch kernels run. The benchmark times both paths at every swept M and sets this.
+SMALL_TABLE: list[tuple[int, bool]] = [(16, True)]
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -74,7 +77,17 @@ def set_small_path(enabled: bool) -> None:
 
 def uses_small_path(m: int, topk: int) -> bool:
     """True when ``fused_moe_int4`` runs ``moe_small_fused`` for M tokens of ``topk`` experts each."""
-    return SMALL_PATH["enabled"] and 0 < m * topk <= SMALL_MAX_PAIRS
+    if not (SMALL_PATH["enabled"] and 0 < m * topk <= SMALL_MAX_PAIRS):
+        return False
+    for max_m, use in SMALL_TABLE:
+        if m <= max_m:
+            return use
+    return False
+
+
+def set_small_table(table: list[tuple[int, bool]]) -> None:
+    """Replace :data:`SMALL_TABLE` ((largest M, use the one-launch kernel) pairs; the benchmark's tuning)."""
+    SMALL_TABLE[:] = sorted((int(mx), bool(u)) for mx, u in table)
 
 
 _WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}

@@ -20,7 +20,8 @@ made once per set of experts on first use and cached on the object,
 :meth:`Int4Experts.fragments`): per matrix int32 ``[R/16, K/64, 144]``, for each
 tile of 16 rows and 64-wide K step a contiguous 576-byte block holding the
 nibbles in mma.m16n8k16 A-fragment order (word ``4 * lane + kc``) and the
-tile's bf16 scales of those two groups (16 words). It costs as much memory
+tile's bf16 scales of those two groups (16 words); the cached stack is
+step-major, ``[E, K/64, R/16, 144]``. It costs as much memory
 again as the compressed-tensors tensors, which the larger-M kernels still read.
 """
 
@@ -94,20 +95,24 @@ class Int4Experts:
                            self.down_packed.to(device), self.down_scale.to(device), self.group_size)
 
     def fragments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up, down) in the fragment layout: int32 [E, 2I/16, H/64, 144] and [E, H/16, I/64, 144].
+        """(gate_up, down) in the fragment layout, step-major: int32 [E, H/64, 2I/16, 144] and [E, I/64, H/16, 144].
 
         Made on first call (on the experts' device, one expert at a time) and
         cached; the cache is rebuilt when a source tensor is replaced or changed
         in place (data pointer or version counter). gate_up tiles interleave
         8 gate rows and the same 8 up rows (:func:`fragment_pack`, ``gate_up=True``).
+        Step-major (:func:`fragment_pack` transposed to [K/64, R/16, 144]): the
+        blocks of neighbouring tiles at one K step are adjacent in memory, so
+        warps working on one expert read one contiguous stretch together.
         """
         key = tuple((t.data_ptr(), t._version) for t in
                     (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
         if self._frag_cache.get("key") != key:
             e = self.num_experts
             gu = torch.stack([fragment_pack(self.gate_up_packed[x], self.gate_up_scale[x], gate_up=True)
-                              for x in range(e)])
-            dn = torch.stack([fragment_pack(self.down_packed[x], self.down_scale[x]) for x in range(e)])
+                              .transpose(0, 1) for x in range(e)]).contiguous()
+            dn = torch.stack([fragment_pack(self.down_packed[x], self.down_scale[x]).transpose(0, 1)
+                              for x in range(e)]).contiguous()
             self._frag_cache.clear()
             self._frag_cache.update(key=key, gu=gu, dn=dn)
         return self._frag_cache["gu"], self._frag_cache["dn"]
