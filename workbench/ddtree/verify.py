@@ -25,16 +25,24 @@ the softmax-weighted ``c_kv`` (512 values; ``W_UV`` is applied afterwards).
   ``DIR/ddtree_verify.json``.
 
 Kernel notes (numbers: ``data/measurements/h200/ddtree_verify.json``). The bf16
-kernel is ``mma.sync`` (NVRTC targets sm_90, not sm_90a, so no ``wgmma``): 8
-warps, 64 query rows x 64 keys per step, Q (73.7 KB) and a double-buffered key
-tile (2 x 73.7 KB) in 230 KB of shared memory, 255 registers (128 hold the
-64 x 512 fp32 output slice of each warp). It is bound by shared-memory reads
-of the score phase (Q is re-read for every key tile) and by the lack of overlap
-between the score and P.V phases at one block per SM, so it stays well under
-the tensor-core floor. A warp-specialised variant (Q in registers, 32 rows x 32
-keys, score and output warps overlapping) was slower on the H200 and was
-dropped (commit 94a41d3 has it). With H = 8 the 264 query rows fill five
-64-row blocks, the last with 8 rows.
+default on the H200 is ``impl="wgmma"``: Hopper warpgroup MMA, which needs the
+sm_90a target, so this one kernel is built with nvcc
+(``workbench.kernels.load_module(..., target="sm_90a")``); where that cannot
+load, ``auto`` runs the previous ``mma.sync`` kernel (``impl="mma"``, NVRTC,
+plain sm_90). wgmma kernel: 2 warpgroups, 64 query rows x 64 keys per tile,
+Q (73.7 KB) and two key stages (2 x 73.7 KB) in 128-byte-swizzled shared
+memory; warpgroup g computes the scores of keys 32g..32g+31 (m64n32k16, Q and
+K both K-major through matrix descriptors), the row maxima are exchanged, P
+(bf16) goes to shared memory, and warpgroup g accumulates output columns
+256g..256g+255 (m64n256k16, V = the same key tile read MN-major through the
+descriptor's transpose bit); 218 registers, no spills. Every KV row is read
+once per 64-row block, so a 64 x 64 tile moves 73.7 KB from L2 for 8.9 MFLOP:
+on the H200 a tile takes about 3 us per SM where its flops alone would take
+1.5 us at the measured matmul rate, and the experiments that started the
+gather later made it slower: the gather, not the tensor cores, sets the pace.
+With H = 8 the 264 query rows fill five 64-row blocks, the last with 8 rows. The chunk partials are
+merged by a second launch (one block per query row, chunks read in parallel);
+one small launch before prepares offsets, chunk starts and the ancestor masks.
 """
 from __future__ import annotations
 
@@ -307,8 +315,11 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
     n = prefix_slots.shape[0]
     bad_slot = ((prefix_slots < 0) | (prefix_slots >= kv_rows)).any() if n else torch.zeros((), dtype=torch.bool,
                                                                                               device=parents.device)
-    d = prefix_offsets[1:] - prefix_offsets[:-1]
-    bad_off = (prefix_offsets[0] != 0) | (prefix_offsets[-1] != n) | (d < 0).any()
+    if prefix_offsets is None:  # the single-request form: [0, n] by construction
+        bad_off = torch.zeros((), dtype=torch.bool, device=parents.device)
+    else:
+        d = prefix_offsets[1:] - prefix_offsets[:-1]
+        bad_off = (prefix_offsets[0] != 0) | (prefix_offsets[-1] != n) | (d < 0).any()
     flags = torch.stack([bad_par, bad_slot.to(parents.device), bad_off.to(parents.device)]).cpu().tolist()
     if flags[0]:
         raise ValueError("parents must satisfy -1 <= parents[i] < i (parent before child) for every node")
@@ -320,7 +331,8 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
 
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
-                             out=None, lse=None, _poison_workspace: bool = False, _options: tuple = ()):
+                             out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
+                             _single_prefix: int | None = None):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -331,7 +343,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     Torch tensors; q/kv/tail bf16 or float32 (one dtype). On CUDA the kernel
     runs with no host sync when ``check=False`` (``check=True`` validates
     parents, slots and offsets first, which syncs once). CPU tensors take a
-    torch path computed in float32.
+    torch path computed in float32. (Internal: :func:`verify_attention` passes
+    ``prefix_offsets=None`` with ``_single_prefix=P`` for one request, so that
+    no offsets tensor has to be made on the device.)
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
@@ -343,6 +357,13 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     """
     import torch
 
+    if prefix_offsets is None:
+        if _single_prefix is None or not torch.is_tensor(prefix_slots) or not torch.is_tensor(q_latent):
+            raise ValueError("prefix_offsets must be a [B + 1] integer tensor")
+        prefix_offsets = torch.tensor([0, int(_single_prefix)], dtype=torch.int64)  # host copy: checks only
+        single = True
+    else:
+        single = False
     if not all(torch.is_tensor(x) for x in (q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv,
                                              parents)):
         raise TypeError("verify_attention_batched takes torch tensors (use verify_attention_reference for NumPy)")
@@ -362,9 +383,15 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         raise ValueError(f"prefix_slots must be 1-D [N], got {list(prefix_slots.shape)}")
     if _shape(prefix_offsets) != (B + 1,):
         raise ValueError(f"prefix_offsets must be [B + 1] = [{B + 1}], got {list(prefix_offsets.shape)}")
+    if single and (B != 1 or int(prefix_slots.shape[0]) != int(_single_prefix)):
+        raise ValueError("_single_prefix needs one request whose prefix is all of prefix_slots")
     dev = q_latent.device
+    if single:
+        prefix_offsets = prefix_offsets.to(dev) if dev.type == "cpu" else None
     for name, x in (("q_rope", q_rope), ("kv_cache", kv_cache), ("prefix_slots", prefix_slots),
                     ("prefix_offsets", prefix_offsets), ("tail_kv", tail_kv), ("parents", parents)):
+        if x is None:
+            continue
         if x.device != dev:
             raise ValueError(f"{name} is on {x.device} but q_latent is on {dev}: all inputs need one device")
     M = T * H
@@ -396,7 +423,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     if kv_cache.stride(1) != 1 or (kv_cache.stride(0) * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:
         raise ValueError("kv_cache rows must be contiguous and 16-byte aligned (row stride a multiple of 16 bytes)")
     slots = prefix_slots.to(torch.int64).contiguous()
-    offsets = prefix_offsets.to(torch.int64).contiguous()
+    offsets = None if single else prefix_offsets.to(torch.int64).contiguous()
     par = parents.to(torch.int64).contiguous()
     if check:
         _check_values(kv_cache.shape[0], slots, offsets, par)
@@ -418,6 +445,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     i32 = dict(dtype=torch.int32, device=dev)
     chunk_start = torch.empty(B + 1, **i32)
+    offs_ws = torch.empty(B + 1, dtype=torch.int64, device=dev)
     vis = torch.empty(B * T * W, dtype=torch.int32, device=dev)
     o_part = torch.empty(n_chunks * M * D_LATENT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(n_chunks * M, dtype=torch.float32, device=dev)
@@ -434,11 +462,12 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     elif _shape(lse) != (B, T, H) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous float32 tensor [B, T, H] = {[B, T, H]}")
 
-    _launch(_kernel("ddtree_verify_chunks", 0), 1, 1024, (offsets, B, T, clen, chunk_start))
-    _launch(_kernel("ddtree_verify_visibility", 0), -(-(B * T) // 128), 128, (par, B, T, W, vis))
+    _launch(_kernel("ddtree_verify_prepare", 0), 1 + -(-(B * T) // 1024), 1024,
+            (np.uint64(0) if offsets is None else offsets, np.int64(slots.shape[0]), par, B, T, W, clen, offs_ws,
+             chunk_start, vis))
     scale_log2 = float(scale) * math.log2(math.e)
-    args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offsets, tail, vis, chunk_start, o_part, lse_part,
-            B, T, H, W, clen, scale_log2)
+    args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offs_ws, tail, vis, chunk_start, o_part,
+            lse_part, B, T, H, W, clen, scale_log2)
     if kind == "wgmma":
         _launch(_kernel("ddtree_verify_wgmma_bf16", _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args, shared_mem=_WGMMA_SMEM)
@@ -474,12 +503,11 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     if not torch.is_tensor(prefix_slots) or prefix_slots.dim() != 1:
         raise ValueError("prefix_slots must be a 1-D integer torch tensor [P]")
     P = int(prefix_slots.shape[0])
-    offsets = torch.arange(2, dtype=torch.int64, device=q_latent.device) * P  # [0, P] without a host copy
     o = None if out is None else out.unsqueeze(0)
     l = None if lse is None else lse.unsqueeze(0)
-    o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, offsets, tail_kv[None],
+    o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
-                                    _options=_options)
+                                    _options=_options, _single_prefix=P)
     return o[0], l[0]
 
 
@@ -905,12 +933,26 @@ def _write(results: dict[str, Any], out: Any):
     body = {k: v for k, v in results.items() if k not in ("samples", "parameters")}
     return write_measurement("ddtree_verify", out_dir=out, parameters=results["parameters"], results=body,
                              samples=results["samples"],
-                             notes="verify_attention (bf16 mma.sync kernel, 64 query rows x 64 keys per step, "
-                                   "flash-decoding split + log-sum-exp merge; variants: S-loop unroll factors) vs "
-                                   "torch peers in the same process, all timed as replayed CUDA graphs (eager_median_ms: the "
-                                   "kernel with Python launch overhead); floor = max(bytes / measured copy "
-                                   "bandwidth, flops / measured bf16 matmul rate); results.parity: rows against "
-                                   "the float64 reference")
+                             notes=VERIFY_NOTES)
+
+
+VERIFY_NOTES = (
+    "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups, 64 query "
+    "rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch; the same code as the variant "
+    "'pf0' of the device checks); variants in the same process: "
+    "'mma' = the previous mma.sync kernel (the one measured in the earlier committed file), 'wgmma_prefetch' = "
+    "the wgmma kernel reading slot indices a tile ahead. Peers: naive torch, SDPA with a dense mask, "
+    "FlexAttention attempt. All timed as replayed CUDA graphs (eager_median_ms: the kernel with Python launch "
+    "overhead); floor = max(bytes / measured copy bandwidth, flops / measured bf16 matmul rate); results.parity: "
+    "rows against the float64 reference. Predicted before the wgmma work: tensor-core bound, wgmma to reach "
+    ">= 50% of floor at prefix >= 16k. Device checks of the same code before this run: the first wgmma version "
+    "(b1fc083) gave 1.5x over mma at H=64 128k (49% of floor) and only 1.2x at H=8; leaving P.V in flight "
+    "under the next tile's S (each warpgroup refilling its own columns) was 25% slower; slot prefetch 15-20% "
+    "slower; 8 threads per key row 10% slower. Reading (from those experiments; see the paper for the "
+    "profiler's view): the kernel waits on the per-tile KV gather from L2 (73.7 KB per 64x64 tile, about 3 us "
+    "per tile per SM, while the tile's 8.9 MFLOP take 1.5 us at the measured matmul rate); H=8 also computes "
+    "320 rows for 264. Short prefixes are fixed-cost bound (3 launches, block start-up, "
+    "partial write + merge).")
 
 
 def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -978,7 +1020,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--unroll-variants", type=int, nargs="*", default=[],
                     help="also time the mma.sync kernel compiled with these score-loop unroll factors (default 4)")
     ap.add_argument("--no-mma-variant", action="store_true",
-                    help="do not time the previous kernel (mma.sync) beside the default one")
+                    help="do not time the previous kernel (mma.sync) and the slot-prefetch wgmma variant "
+                         "beside the default one")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
     ap.add_argument("--smoke-only", default=None, help="with --smoke: only the cases whose kernel name holds this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
@@ -1010,7 +1053,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dev != "cuda":
         print("no CUDA GPU: benchmark skipped")
         return 0
-    variants = {} if args.no_mma_variant or auto_impl("bfloat16") == "mma" else {"mma": {"impl": "mma"}}
+    variants = {}
+    if not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
+        variants["mma"] = {"impl": "mma"}  # the previous kernel, same process
+        variants["wgmma_prefetch"] = {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)}
     variants.update({f"mma_unroll{u}": {"impl": "mma", "_options": (f"-DVERIFY_S_UNROLL={u}",)}
                      for u in args.unroll_variants})
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),

@@ -15,8 +15,8 @@
 // ddtree_verify_merge combines the partials of a request by log-sum-exp.
 //
 // Kernels (all extern "C"):
-//   ddtree_verify_chunks      chunk_start[B+1]: prefix sum of chunks per request
-//   ddtree_verify_visibility  vis[B*T, W] ancestor bitmasks from parents
+//   ddtree_verify_prepare     offsets, chunk_start[B+1] (prefix sum of chunks per request) and
+//                             vis[B*T, W] ancestor bitmasks from parents, in one launch
 //   ddtree_verify_wgmma_bf16  bf16 inputs, Hopper warpgroup MMA (wgmma, sm_90a builds only),
 //                             64 query rows x 64 keys per step, 2 warpgroups
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
@@ -108,21 +108,48 @@ __device__ __forceinline__ bool tail_visible(const u32* __restrict__ vis, int b,
 
 // ---------------------------------------------------------------- planning kernels
 
-// chunk_start[0] = 0, chunk_start[b+1] = chunk_start[b] + ceil((P_b + T) / chunk_len).
-// One block of 1024 threads.
-extern "C" __global__ void ddtree_verify_chunks(const long long* __restrict__ offsets, int B, int T,
-                                                 int chunk_len, int* __restrict__ chunk_start) {
+// One launch before the attention kernel (1024 threads per block).
+// Block 0: offs_ws[B+1] = the request offsets (a copy of `offsets`, or [0, p_single] when
+//   `offsets` is null: the single-request form needs no offsets tensor on the device), and
+//   chunk_start[0] = 0, chunk_start[b+1] = chunk_start[b] + ceil((P_b + T) / chunk_len).
+// Blocks 1..: vis[(b*T + i)*W + w], bit t set iff tail node t is node i or one of its ancestors.
+extern "C" __global__ void __launch_bounds__(1024)
+ddtree_verify_prepare(const long long* __restrict__ offsets, long long p_single,
+                      const long long* __restrict__ parents, int B, int T, int W, int chunk_len,
+                      long long* __restrict__ offs_ws, int* __restrict__ chunk_start, u32* __restrict__ vis) {
+    const int tid = threadIdx.x;
+    if (blockIdx.x > 0) {
+        const long long idx = (long long)(blockIdx.x - 1) * blockDim.x + tid;
+        if (idx >= (long long)B * T) return;
+        const int b = (int)(idx / T);
+        const int i = (int)(idx % T);
+        u32* row = vis + idx * W;
+        for (int w = 0; w < W; ++w) row[w] = 0u;
+        int cur = i;
+        for (int steps = 0; cur >= 0 && steps <= T; ++steps) {
+            row[cur >> 5] |= 1u << (cur & 31);
+            long long p = parents[(long long)b * T + cur];
+            if (p >= cur) break;  // invalid tree (checked on the host when asked)
+            cur = (int)p;
+        }
+        return;
+    }
     __shared__ int buf[1024];
     __shared__ int carry;
-    const int tid = threadIdx.x;
-    if (tid == 0) { carry = 0; chunk_start[0] = 0; }
+    if (tid == 0) {
+        carry = 0;
+        chunk_start[0] = 0;
+        offs_ws[0] = offsets ? offsets[0] : 0;
+    }
     __syncthreads();
     for (int base = 0; base < B; base += 1024) {
         const int i = base + tid;
         int n = 0;
         if (i < B) {
-            long long keys = offsets[i + 1] - offsets[i] + T;
-            n = (int)((keys + chunk_len - 1) / chunk_len);
+            const long long lo = offsets ? offsets[i] : 0;
+            const long long hi = offsets ? offsets[i + 1] : p_single;
+            offs_ws[i + 1] = hi;
+            n = (int)((hi - lo + T + chunk_len - 1) / chunk_len);
         }
         buf[tid] = n;
         __syncthreads();
@@ -136,24 +163,6 @@ extern "C" __global__ void ddtree_verify_chunks(const long long* __restrict__ of
         __syncthreads();
         if (tid == 0) carry += buf[1023];
         __syncthreads();
-    }
-}
-
-// vis[(b*T + i)*W + w]: bit t set iff tail node t is node i or one of its ancestors.
-extern "C" __global__ void ddtree_verify_visibility(const long long* __restrict__ parents, int B, int T, int W,
-                                                    u32* __restrict__ vis) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)B * T) return;
-    const int b = (int)(idx / T);
-    const int i = (int)(idx % T);
-    u32* row = vis + idx * W;
-    for (int w = 0; w < W; ++w) row[w] = 0u;
-    int cur = i;
-    for (int steps = 0; cur >= 0 && steps <= T; ++steps) {
-        row[cur >> 5] |= 1u << (cur & 31);
-        long long p = parents[(long long)b * T + cur];
-        if (p >= cur) break;  // invalid tree (checked on the host when asked)
-        cur = (int)p;
     }
 }
 
@@ -459,9 +468,22 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
 //   row maxima exchanged through `red`, P = exp2(S - m) as bf16 into sP, O rescaled
 //   O[:, 256g..256g+256) += P V     wgmma m64n256k16 x 4 (A = sP, B = the same key tile's first
 //                                   512 dims, MN-major through the descriptor's transpose bit)
-// The next tile's cp.async gather (slot indices, 1152-byte rows) runs under both phases.
+// The next tile's cp.async gather (slot indices read a tile ahead, 1152-byte rows) runs under both
+// phases of the current tile.
 
 #define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024)
+#ifndef VERIFY_WG_PREFETCH
+#define VERIFY_WG_PREFETCH 0  // 1: read the next tile's slot indices a tile ahead (tuning variant)
+#endif
+#ifndef VERIFY_WG_ZERO_S
+#define VERIFY_WG_ZERO_S 0  // 1: zero the score accumulators instead of scale-d = 0 (tuning variant)
+#endif
+#ifndef VERIFY_WG_TPK
+#define VERIFY_WG_TPK 4  // threads per key row in the tile gather: 4 or 8 (tuning variant)
+#endif
+#ifndef VERIFY_WG_LOAD_FIRST
+#define VERIFY_WG_LOAD_FIRST 0  // 1: issue the next tile's gather before the S wgmmas (tuning variant)
+#endif
 #ifndef VERIFY_V_LBO
 #define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
@@ -591,25 +613,49 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
             cp_async16(sQ_a + sw128(r, c), ok ? src : q_lat, ok ? 16 : 0);
         }
     }
-    auto load_tile = [&](int tile, int stage) {
-        const int kk = tid >> 2;
-        const int key = key_begin + tile * MMA_KEYS + kk;
-        const bf16_t* src = tail;
-        int bytes = 0;
-        if (key < key_end) {
-            bytes = 16;
-            if (key < P) src = kv + slots[off_b + key] * kv_stride;
-            else src = tail + ((long long)b * T + (key - P)) * DK;
-        }
+    // ---- key tiles. VERIFY_WG_TPK threads per key: 4 (thread -> key tid >> 2, chunks (tid & 3) + 4i,
+    // 64 contiguous bytes of a row per 4 threads) or 8 (thread -> keys (tid >> 3) and 32 + (tid >> 3),
+    // chunks (tid & 7) + 8i: one 128-byte line of a row per 8 threads). Measured on the H200 (same
+    // run, H=64, 128k): TPK 8 is 10% slower than 4; reading the slot indices a tile ahead
+    // (VERIFY_WG_PREFETCH=1, predicted to hide a dependent load per tile) is 20% slower: that load
+    // queues behind the tile's 18 cp.async per thread, so the next gather starts late.
+#if VERIFY_WG_TPK == 8
+    constexpr int KPT = 2;  // keys per thread
+    const int lkey0 = tid >> 3;
+#else
+    constexpr int KPT = 1;
+    const int lkey0 = tid >> 2;
+#endif
+    auto row_src = [&](int tile, int k) -> const bf16_t* {
+        const int key = key_begin + tile * MMA_KEYS + lkey0 + 32 * k;
+        if (key >= key_end) return nullptr;
+        if (key < P) return kv + slots[off_b + key] * kv_stride;
+        return tail + ((long long)b * T + (key - P)) * DK;
+    };
+    auto load_tile = [&](const bf16_t* const* src, int stage) {
         const u32 base = sK_a + stage * SK_BYTES;
 #pragma unroll
-        for (int i = 0; i < 18; ++i) {
-            const int c = (tid & 3) + 4 * i;
-            cp_async16(base + sw128(kk, c), bytes ? src + c * 8 : tail, bytes);
+        for (int k = 0; k < KPT; ++k) {
+#pragma unroll
+            for (int i = 0; i < 72 / (4 * KPT); ++i) {
+#if VERIFY_WG_TPK == 8
+                const int c = (tid & 7) + 8 * i;
+#else
+                const int c = (tid & 3) + 4 * i;
+#endif
+                cp_async16(base + sw128(lkey0 + 32 * k, c), src[k] ? src[k] + c * 8 : tail, src[k] ? 16 : 0);
+            }
         }
     };
-    load_tile(0, 0);
+    const bf16_t* next_src[KPT];
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
+    load_tile(next_src, 0);
     cp_async_commit();
+#if VERIFY_WG_PREFETCH
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) next_src[k] = ntiles > 1 ? row_src(1, k) : nullptr;
+#endif
 
     float m_run[2] = {NEG_INF, NEG_INF};
     float l_run[2] = {0.f, 0.f};
@@ -617,29 +663,65 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
+    // Iteration it: barrier (X) (tile `it` landed, tile it-1 fully consumed); issue S(it); gather
+    // tile it+1 into the other stage (a whole iteration ahead of its use); wait S(it); softmax
+    // (barriers A, B); P.V(it), waited before the next barrier frees its stage.
+    // (Tried: leaving P.V(it) running under the next S, with each warpgroup refilling only the
+    // columns its own P.V reads; the refill then starts a P.V later and the kernel was 25% slower
+    // at H=64, 128k: the gather's lead time matters more than that overlap. Leaving a wgmma group
+    // in flight across the loop's back edge also makes ptxas serialise every wgmma (C7515).)
     for (int it = 0; it < ntiles; ++it) {
         cp_async_wait_all();
         fence_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        __syncthreads();     // tile `it` landed; both warpgroups are done with tile it-1 and sP
-        if (it + 1 < ntiles) {
-            load_tile(it + 1, (it + 1) & 1);
-            cp_async_commit();
-        }
+        __syncthreads();     // (X)
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
 
+#if VERIFY_WG_LOAD_FIRST
+        if (it + 1 < ntiles) {
+#if VERIFY_WG_PREFETCH
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
+#else
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#endif
+        }
+#endif
         // ---- S[64 x 32] for this warpgroup's key half
         float s[16];
+#if VERIFY_WG_ZERO_S
 #pragma unroll
         for (int i = 0; i < 16; ++i) s[i] = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+#endif
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 36; ++ks) {
             const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
-            wgmma_m64n32_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff + wg * 4096, 16, 1024), 1);
+            wgmma_m64n32_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff + wg * 4096, 16, 1024),
+                            VERIFY_WG_ZERO_S || ks > 0);
         }
         wg_commit();
+#if !VERIFY_WG_LOAD_FIRST
+        if (it + 1 < ntiles) {
+#if VERIFY_WG_PREFETCH
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
+#else
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#endif
+        }
+#endif
         wg_wait0();
 #pragma unroll
         for (int i = 0; i < 16; ++i) reg_fence(s[i]);
@@ -899,44 +981,94 @@ extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_bf16(SIMP
 
 // ---------------------------------------------------------------- merge of the chunk partials
 //
-// One block of 128 threads per query row (b, r); thread owns 4 output dims.
+// One block of 128 threads per query row (b, r); thread owns 4 output dims. The chunks' lse
+// values are read in parallel (one chunk per thread, block reductions for max and sum), the
+// weights staged in shared memory, and the weighted sum runs 4 chunks deep so that several
+// 16-byte loads are in flight per thread (the first version walked the chunks one dependent
+// load at a time: 8.9 us for 264 rows x 26 chunks on the H200).
+
+#define MERGE_THREADS 128
+
+__device__ __forceinline__ float block_max128(float v, float* sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return fmaxf(fmaxf(sh[0], sh[1]), fmaxf(sh[2], sh[3]));
+}
+__device__ __forceinline__ float block_sum128(float v, float* sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return (sh[0] + sh[1]) + (sh[2] + sh[3]);
+}
 
 template <typename TOut>
 __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                              const int* __restrict__ chunk_start, TOut* __restrict__ out,
                                              float* __restrict__ lse_out, int B, int M) {
+    __shared__ float sh[4];
+    __shared__ float sw[MERGE_THREADS];
     const long long row = blockIdx.x;
     if (row >= (long long)B * M) return;
     const int b = (int)(row / M);
     const int r = (int)(row % M);
     const int c0 = chunk_start[b], c1 = chunk_start[b + 1];
+    const int tid = threadIdx.x;
     float mx = NEG_INF;
-    for (int c = c0; c < c1; ++c) mx = fmaxf(mx, lse_part[(long long)c * M + r]);
+    for (int c = c0 + tid; c < c1; c += MERGE_THREADS) mx = fmaxf(mx, lse_part[(long long)c * M + r]);
+    mx = block_max128(mx, sh);
     float lse = NEG_INF;
-    float sum = 0.f;
-    if (mx != NEG_INF) {
-        for (int c = c0; c < c1; ++c) sum += expf(lse_part[(long long)c * M + r] - mx);
-        lse = mx + logf(sum);
-    }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (mx != NEG_INF) {
-        for (int c = c0; c < c1; ++c) {
-            const float lc = lse_part[(long long)c * M + r];
-            if (lc == NEG_INF) continue;
-            const float w = expf(lc - lse);
-            const float4 v = reinterpret_cast<const float4*>(o_part + ((long long)c * M + r) * DV)[threadIdx.x];
-            acc.x = fmaf(w, v.x, acc.x);
-            acc.y = fmaf(w, v.y, acc.y);
-            acc.z = fmaf(w, v.z, acc.z);
-            acc.w = fmaf(w, v.w, acc.w);
+        float sum = 0.f;
+        for (int c = c0 + tid; c < c1; c += MERGE_THREADS) sum += expf(lse_part[(long long)c * M + r] - mx);
+        sum = block_sum128(sum, sh);
+        lse = mx + logf(sum);
+        for (int base = c0; base < c1; base += MERGE_THREADS) {
+            const int n = min(MERGE_THREADS, c1 - base);
+            __syncthreads();  // previous batch of weights consumed
+            if (tid < n) {
+                const float lc = lse_part[(long long)(base + tid) * M + r];
+                sw[tid] = lc == NEG_INF ? 0.f : expf(lc - lse);
+            }
+            __syncthreads();
+            const float4* src = reinterpret_cast<const float4*>(o_part + ((long long)base * M + r) * DV) + tid;
+            const long long step = (long long)M * (DV / 4);  // float4s between chunks
+            int k = 0;
+            for (; k + 4 <= n; k += 4) {
+                float4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) v[u] = sw[k + u] != 0.f ? src[(k + u) * step] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float w = sw[k + u];
+                    acc.x = fmaf(w, v[u].x, acc.x);
+                    acc.y = fmaf(w, v[u].y, acc.y);
+                    acc.z = fmaf(w, v[u].z, acc.z);
+                    acc.w = fmaf(w, v[u].w, acc.w);
+                }
+            }
+            for (; k < n; ++k) {
+                const float w = sw[k];
+                if (w == 0.f) continue;
+                const float4 v = src[k * step];
+                acc.x = fmaf(w, v.x, acc.x);
+                acc.y = fmaf(w, v.y, acc.y);
+                acc.z = fmaf(w, v.z, acc.z);
+                acc.w = fmaf(w, v.w, acc.w);
+            }
         }
     }
-    TOut* dst = out + row * DV + 4 * threadIdx.x;
+    TOut* dst = out + row * DV + 4 * tid;
     store_out(dst + 0, acc.x);
     store_out(dst + 1, acc.y);
     store_out(dst + 2, acc.z);
     store_out(dst + 3, acc.w);
-    if (threadIdx.x == 0) lse_out[row] = lse;
+    if (tid == 0) lse_out[row] = lse;
 }
 
 extern "C" __global__ void __launch_bounds__(128)
