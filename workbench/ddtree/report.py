@@ -25,11 +25,14 @@ VERIFY_FILE = "data/measurements/h200/ddtree_verify.json"
 VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
                ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"))
 # Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu);
-# "small_v1" is the kernel that was "small" until e108f3c.
-BUILD_METHOD_COMMITS = {"heap": "adddc5e", "warp": "54d0b0b", "small_v1": "9ddfd1c", "small": "e108f3c"}
+# "small_v1" is the kernel that was "small" until e108f3c; "small_br" is e108f3c's "small" (its per-pop
+# lane updates as branches), "small" since 712d5f0 the same kernel with those updates as selects.
+BUILD_METHOD_COMMITS = {"heap": "adddc5e", "warp": "54d0b0b", "small_v1": "9ddfd1c", "small_br": "e108f3c",
+                        "small": "712d5f0"}
 TREE_FILE = "data/measurements/h200/ddtree_kernels.json"
 # Earlier committed runs of ddtree_kernels.json: (commit of the file, commit of the code, what "small" was).
-TREE_RUNS = (("5101690", "0d28105", "small = today's small_v1 (sorted list in registers)"),)
+TREE_RUNS = (("5101690", "0d28105", "small = today's small_v1 (sorted list in registers)"),
+             ("dcbcfd7", "575d26d", "small = today's small_br (lane per node, branching updates)"))
 __all__ = ["BLOCKS", "PAPER", "main", "render", "tree_floor_rows"]
 
 
@@ -147,15 +150,22 @@ def block_tree_pops() -> str:
     if floor:
         text += (f" One graph node of a tiny torch kernel ({floor['what']}) takes "
                  f"{floor['graph_us_per_call']:.1f} us in the same run.")
-    earlier = []
+    earlier, cpus = [], []
     for fc, cc, what in TREE_RUNS:
         doc = papers.committed_json(fc, TREE_FILE)
         h = doc and doc["results"].get("build_B64_L15_budget32")
         if h:
             earlier.append(f"code {cc} (file {fc}; {what}): {_us(h['gpu_graph_ms'])} us, "
-                           f"{h['speedup_graph']:.0f}x the CPU reference of that run")
+                           f"{h['speedup_graph']:.0f}x the CPU reference of that run ({_ms(h['cpu_ms'])} ms)")
+            cpus.append(h["cpu_ms"])
     if earlier:
         text += " Headline (budget 32) in earlier committed runs: " + "; ".join(earlier) + "."
+    head = res.get("build_B64_L15_budget32")
+    if head and cpus:
+        fastest = min(cpus + [head["cpu_ms"]])
+        text += (f" This run's CPU reference took {_ms(head['cpu_ms'])} ms; against the fastest CPU time of "
+                 f"the committed runs ({_ms(fastest)} ms) this run's headline is "
+                 f"{fastest / head['gpu_graph_ms']:.0f}x.")
     return text + "\n\n" + markdown_table(rows)
 
 
