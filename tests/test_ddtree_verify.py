@@ -253,3 +253,15 @@ def test_committed_measurement_tables():
             and not p["kernel"].endswith(("naive", "sdpa"))]
     assert ours and all(p["pass"] for p in ours)
     assert doc["provenance"]["gpu"].startswith("NVIDIA")
+
+
+def test_read_sanitizer_logs(tmp_path):
+    (tmp_path / "memcheck.log").write_text("smoke rows\nSMOKE PASS\n========= ERROR SUMMARY: 0 errors\nexit=0\n")
+    (tmp_path / "racecheck.log").write_text("SMOKE FAIL\n========= RACECHECK SUMMARY: 2 hazards displayed "
+                                            "(2 errors, 0 warnings)\nexit=1\n")
+    r = V.read_sanitizer_logs(tmp_path)
+    assert r["memcheck"]["errors"] == 0 and r["memcheck"]["smoke_verdict"] == "PASS"
+    assert r["memcheck"]["returncode"] == 0 and "memcheck" in r["memcheck"]["command"]
+    assert r["racecheck"]["errors"] == 2 and r["racecheck"]["smoke_verdict"] == "FAIL"
+    assert r["racecheck"]["returncode"] == 1
+    assert "missing" in V.read_sanitizer_logs(tmp_path, ("initcheck",))["initcheck"]["error"]

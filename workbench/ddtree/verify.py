@@ -73,7 +73,7 @@ __all__ = [
     "verify_attention_naive", "verify_attention_sdpa", "verify_attention_flex",
     "random_verify_inputs", "default_parity_cases", "verify_parity_rows",
     "verify_floor", "benchmark_verify", "verify_table", "verify_benchmark_rows",
-    "auto_impl", "wgmma_unavailable_reason",
+    "auto_impl", "wgmma_unavailable_reason", "read_sanitizer_logs",
 ]
 
 
@@ -1007,6 +1007,34 @@ def _rows_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+SANITIZER_COMMAND = "compute-sanitizer --tool {tool} --kernel-name kns=ddtree_verify python -m workbench.ddtree.verify --smoke"
+
+
+def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racecheck")) -> dict[str, Any]:
+    """Parse ``<folder>/<tool>.log``: runs of ``SANITIZER_COMMAND`` (the ``--smoke`` parity cases of
+    every verify kernel under compute-sanitizer; a last line ``exit=N`` gives the exit code). Returns
+    per tool: the SUMMARY lines, the errors (memcheck) or hazards (racecheck) they state, whether the
+    smoke cases ran to their verdict, the exit code and the command."""
+    import re
+    from pathlib import Path
+
+    out: dict[str, Any] = {}
+    for tool in tools:
+        f = Path(folder) / f"{tool}.log"
+        if not f.exists():
+            out[tool] = {"error": f"{f} missing"}
+            continue
+        text = f.read_text(errors="replace")
+        lines = text.strip().splitlines()
+        rc = int(lines[-1][5:]) if lines and lines[-1].startswith("exit=") else None
+        summary = [ln.strip("= ").strip() for ln in lines if "SUMMARY" in ln]
+        m = re.search(r"SUMMARY: (\d+) (?:errors?|hazards?)", " ".join(summary))
+        out[tool] = {"summary": summary, "errors": int(m.group(1)) if m else None,
+                     "smoke_verdict": "PASS" if "SMOKE PASS" in text else ("FAIL" if "SMOKE FAIL" in text else None),
+                     "returncode": rc, "command": SANITIZER_COMMAND.format(tool=tool)}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.ddtree.verify",
                                  description="tree-verify attention: parity against the float64 reference and "
@@ -1025,6 +1053,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
     ap.add_argument("--smoke-only", default=None, help="with --smoke: only the cases whose kernel name holds this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
+    ap.add_argument("--sanitizer-logs", default=None,
+                    help="folder with memcheck.log / racecheck.log of SANITIZER_COMMAND runs made before this one, "
+                         "recorded under results.sanitizer")
     args = ap.parse_args(argv)
 
     import torch
@@ -1063,6 +1094,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            reps=args.reps, peer_reps=args.peer_reps, variants=variants)
     if rows is not None:
         res["parity"] = rows
+    if args.sanitizer_logs:
+        res["sanitizer"] = read_sanitizer_logs(args.sanitizer_logs)
     path = _write(res, args.out)
     print(f"wrote {path}")
     print(verify_table(res))
