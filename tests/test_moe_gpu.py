@@ -58,15 +58,33 @@ def test_small_path_edge_cases(small):
         assert res["ok"], res
 
 
+@pytest.fixture
+def small_path_on():
+    """Force the one-launch kernel for M * topk <= 128 (SMALL_TABLE may have it off)."""
+    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, set_small_table
+
+    saved = list(SMALL_TABLE)
+    set_small_table([(SMALL_MAX_PAIRS, True)])
+    yield
+    set_small_table(saved)
+
+
 @pytest.mark.parametrize("m", [4, 16])
-def test_small_path_graph_replays(small, m):
+def test_small_path_graph_replays(small, m, small_path_on):
     from workbench.moe.bench import check_graph_replay
 
     res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
     assert res["path"] == "small_fused" and res["ok"], res
 
 
-def test_small_path_matches_four_launch(small):
+@pytest.mark.parametrize("m", [1, 9])
+def test_small_path_parity_kimi_shape(m, small_path_on):
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=m)
+    res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == "small_fused" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+def test_small_path_matches_four_launch(small, small_path_on):
     from workbench.moe.fused import set_small_path, uses_small_path
 
     g = torch.Generator().manual_seed(2)

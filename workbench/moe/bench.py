@@ -291,9 +291,14 @@ def run_sanitize_checks(seed: int = 1, variants=VARIANTS) -> list[dict[str, Any]
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(seed)
     ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed)
-    res = [check_case(ex, m, r, gen, topk=8, ref_on_cpu=True) for m, r in ((1, "uniform"), (9, "skewed"))]
-    res += small_path_edge_checks(ex, gen, 8)
-    res.append(check_graph_replay(ex, 4, gen, 8))
+    saved_small = list(SMALL_TABLE)
+    set_small_table([(SMALL_MAX_PAIRS, True)])   # the one-launch kernel whatever SMALL_TABLE says
+    try:
+        res = [check_case(ex, m, r, gen, topk=8, ref_on_cpu=True) for m, r in ((1, "uniform"), (9, "skewed"))]
+        res += small_path_edge_checks(ex, gen, 8)
+        res.append(check_graph_replay(ex, 4, gen, 8))
+    finally:
+        set_small_table(saved_small)
     saved = list(KERNEL_TABLE)
     set_small_path(False)
     try:
@@ -654,8 +659,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="small parity checks only (for compute-sanitizer)")
     ap.add_argument("--single", type=int, default=None, metavar="M",
                     help="two calls (warm-up + one) per --variants at Kimi shapes and M tokens (for ncu)")
+    ap.add_argument("--small", action="store_true", help="with --single: also the one-launch small-M kernel")
     ap.add_argument("--variants", nargs="*", default=[],
-                    help="four-launch variants for --single / --sanitize (default: all), e.g. 1,2,2,0,0 1,1,0,4,1")
+                    help="four-launch variants for --single / --sanitize (default: all; 'none': no variant), "
+                         "e.g. 1,2,2,0,0 1,1,0,4,1")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)
@@ -663,6 +670,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.single is not None:
         ex = random_int4_experts(KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], device="cuda")
         gen = torch.Generator().manual_seed(0)
+        if args.small:   # the one-launch kernel first (two calls), then the four-launch variants
+            set_small_table([(SMALL_MAX_PAIRS, True)])
+            for _ in range(2):
+                ids, w = make_routing(args.single, KIMI["num_experts"], KIMI["topk"], "uniform", gen)
+                x = torch.randn(args.single, KIMI["hidden"], device="cuda").to(torch.bfloat16)
+                fused_moe_int4(x, ids.cuda(), w.cuda(), ex, validate=False)
+            torch.cuda.synchronize()
+            print(f"small_fused: distinct experts {distinct_experts(ids)}")
+        set_small_path(False)
         for spec in args.variants or [",".join(map(str, kernel_config(args.single)))]:
             set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
             for _ in range(2):
@@ -673,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"variant {spec}: distinct experts {distinct_experts(ids)}")
         return 0
     if args.sanitize:
-        res = run_sanitize_checks(variants=[tuple(int(v) for v in spec.split(",")) for spec in args.variants]
-                                  if args.variants else VARIANTS)
+        res = run_sanitize_checks(variants=[tuple(int(v) for v in spec.split(",")) for spec in args.variants
+                                            if spec != "none"] if args.variants else VARIANTS)
         for r in res:
             print(r)
         ok = all(r["ok"] for r in res)

@@ -27,7 +27,9 @@ SMALL_MAX_PAIRS = 128   # moe_small_fused: one thread per (token, expert) pair i
 SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the four-launch path at small M
 # (largest M, use moe_small_fused) in increasing M, for M * topk <= SMALL_MAX_PAIRS; beyond the last
 # entry the four-launch kernels run. The benchmark times both paths at every swept M and sets this.
-SMALL_TABLE: list[tuple[int, bool]] = [(16, True)]
+# Set from data/measurements/h200/moe_bandwidth.json (results.tuning.small_table, H200, commit 24eab72):
+# the one-launch kernel was slower at every M swept (31-55% of copy against 53-74%), so it is off.
+SMALL_TABLE: list[tuple[int, bool]] = [(128, False)]
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
