@@ -23,7 +23,8 @@ PAPER = REPO_ROOT / "papers" / "ddtree_kernels.md"
 VERIFY_FILE = "data/measurements/h200/ddtree_verify.json"
 # Committed runs of ddtree_verify.json: (commit of the file, commit of the code it measured, version).
 VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
-               ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"))
+               ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"),
+               ("a26b7c4", "ba63b37", "wgmma kernel (sm_90a) the default, CUDA-graph timed"))
 # Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu);
 # "small_v1" is the kernel that was "small" until e108f3c; "small_br" is e108f3c's "small" (its per-pop
 # lane updates as branches), "small" since 712d5f0 the same kernel with those updates as selects.
@@ -272,6 +273,7 @@ def block_verify_points() -> str:
                      "flops time ms": f"{p['flops'] / (res['bf16_matmul_tflops'] * 1e12) * 1e3:.4f}",
                      "bound": r["floor_bound"], "kernel ms": _ms(r["kernel_ms"], 4),
                      **{f"{v} ms": _ms(r.get(f"{v}_ms"), 4) for v in variants},
+                     **({"mma / kernel": f"{r['mma_ms'] / r['kernel_ms']:.2f}"} if r.get("mma_ms") else {}),
                      "% of floor": f"{r['percent_of_floor']:.1f}", "TFLOP/s": f"{r['achieved_tflops']:.0f}",
                      "naive torch ms": _ms(r.get("naive_torch_ms")), "SDPA ms": _ms(r.get("sdpa_dense_mask_ms")),
                      "x best peer": f"{r['speedup_vs_best_peer']:.1f}"})
@@ -294,6 +296,17 @@ def block_verify_goals() -> str:
                          f"{max(p['percent_of_floor'] for p in res['points']):.1f}%",
              "met": "yes" if mp >= 50 else "**no**"}]
     return markdown_table(rows)
+
+
+def block_verify_sanitizer() -> str:
+    san = _verify()["results"].get("sanitizer")
+    if not san:
+        return "The committed ddtree_verify.json recorded no sanitizer result.\n"
+    rows = [{"tool": tool, "command": f"`{r.get('command', '-')}`", "smoke cases": r.get("smoke_verdict"),
+             "exit code": r.get("returncode"), "summary": "; ".join(r.get("summary") or []) or r.get("error", "-"),
+             "errors / hazards": "-" if r.get("errors") is None else r["errors"]} for tool, r in san.items()]
+    return (f"Verify kernels (code {_verify()['provenance']['git_commit'][:7]}, `results.sanitizer` of "
+            "ddtree_verify.json):\n\n" + markdown_table(rows))
 
 
 def block_verify_versions() -> str:
@@ -346,6 +359,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-goals": block_verify_goals,
     "verify-points": block_verify_points,
     "verify-versions": block_verify_versions,
+    "verify-sanitizer": block_verify_sanitizer,
     "engine-share": block_engine_share,
 }
 
