@@ -66,6 +66,7 @@ _WGMMA_SMEM = 231_424
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
 _IMPLS = ("auto", "wgmma", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
+_WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (ddtree_verify_wgmma32_bf16: 32 keys, 4 stages)
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -469,7 +470,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offs_ws, tail, vis, chunk_start, o_part,
             lse_part, B, T, H, W, clen, scale_log2)
     if kind == "wgmma":
-        _launch(_kernel("ddtree_verify_wgmma_bf16", _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
+        _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args, shared_mem=_WGMMA_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
