@@ -23,7 +23,10 @@ PAPER = REPO_ROOT / "papers" / "moe_int4.md"
 MOE_FILE = "data/measurements/h200/moe_bandwidth.json"
 # Committed runs of moe_bandwidth.json: (commit of the file, run number). The code commit each
 # measured is in the file's provenance.
-MOE_RUNS = (("9e008e4", 1), ("1a32b46", 2), ("8398986", 3))
+MOE_RUNS = (("9e008e4", 1), ("1a32b46", 2), ("8398986", 3), ("845b07e", 4))
+# Nsight Compute text output (device run of code d90e78b): M = 16, the one-launch kernel and the
+# four-launch l2 kernels, two calls each, clocks locked by ncu.
+NCU_FILE = "data/measurements/h200/moe_small_fused_ncu_d90e78b.txt"
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -96,17 +99,22 @@ def block_checks() -> str:
     peers = [c for c in checks if "peer" in c]
     other = [c for c in checks if "kernel_config" not in c and "peer" not in c]
     errs = [c["rel_err"] for c in ours if isinstance(c.get("rel_err"), float)]
+    kernels = {c.get("path") or _variant(c["kernel_config"]) for c in ours}
+    if any("variant" in c for c in ours):
+        kernels |= {_variant(c["variant"]) for c in ours if "variant" in c}
     text = (f"{len(ours)} kernel checks against the float32 reference (M in {sorted({c['m'] for c in ours})}, "
-            f"routings {sorted({c['routing'] for c in ours})}, {len({tuple(c['kernel_config']) for c in ours})} "
-            f"kernel variants): worst relative error {max(errs):.2e}, non-finite outputs "
+            f"routings {sorted({c['routing'] for c in ours})}, {len(kernels)} kernels "
+            f"({', '.join(sorted(kernels))})): worst relative error {max(errs):.2e}, non-finite outputs "
             f"{sum(c.get('nonfinite', 0) for c in ours)}, all ok = {res['all_checks_ok']}. Variants failing a check "
             f"in the tuning step: {res['tuning'].get('variants_failing_checks') or 'none'}.")
     if peers:
         text += " Peers checked against the same reference: " + ", ".join(
             f"{c['peer']} (M={c['m']}, rel. error {c['rel_err']:.2e})" for c in peers) + "."
     if other:
-        text += " Other checks: " + "; ".join(f"{c['routing']} M={c['m']}: {c.get('note', '')} "
-                                              f"(ok = {c['ok']})" for c in other) + "."
+        text += " Other checks: " + "; ".join(
+            f"{c['routing']} M={c['m']}" + (f" ({c['path']})" if c.get("path") else "") + ": "
+            + (c.get("note") or (f"worst rel. error {c['rel_err']:.2e}" if isinstance(c.get("rel_err"), float)
+                                 else "")) + f" (ok = {c['ok']})" for c in other) + "."
     return text + "\n"
 
 
@@ -145,7 +153,7 @@ def run_rows() -> list[dict[str, Any]]:
         sb = [r["speedup_vs_bf16_cublas"] for r in small if isinstance(r.get("speedup_vs_bf16_cublas"), float)]
         si = [r["speedup_vs_torch_int4pack"] for r in small
               if isinstance(r.get("speedup_vs_torch_int4pack"), float)]
-        kc = {_variant(r["kernel_config"]) for r in small}
+        kc = {r.get("path") or _variant(r["kernel_config"]) for r in small}
         rows.append({"run": run, "file commit": commit, "code commit": doc["provenance"]["git_commit"][:7],
                      "kernel at M <= 16": ", ".join(sorted(kc)),
                      "% copy M=1 (uniform / skewed)": f"{at[('uniform', 1)]['pct_of_copy']:.1f} / "
@@ -203,6 +211,79 @@ def block_tuning() -> str:
             + ", ".join(f"M={m}: {_variant(v)}" for m, v in best) + ".\n\n" + markdown_table(fmt))
 
 
+def small_rows() -> list[dict[str, Any]]:
+    """Per routing and M <= 16: the one-launch kernel and the four-launch kernels, timed in the same run."""
+    rows = []
+    for r in _doc()["results"]["rows"]:
+        if "small_fused_ms_median" not in r:
+            continue
+        rows.append({"routing": r["routing"], "M": r["m"], "experts": r["distinct_experts_median"],
+                     "one launch ms": f"{r['small_fused_ms_median']:.4f}",
+                     "one launch % copy": f"{r['small_fused_pct_of_copy']:.1f}",
+                     f"four launches ({r['four_launch_variant']}) ms": f"{r['four_launch_ms_median']:.4f}",
+                     "four launches % copy": f"{r['four_launch_pct_of_copy']:.1f}",
+                     "dispatched": r["path"]})
+    return rows
+
+
+def block_small() -> str:
+    rows = small_rows()
+    if not rows:
+        return "The last run has no timing of the one-launch kernel.\n"
+    tun = _doc()["results"]["tuning"]
+    spans, lo = [], 1
+    m_cap = 128 // _doc()["parameters"]["topk"]
+    for u, use in tun["small_table"]:   # merge neighbouring entries with the same choice
+        u = min(u, m_cap)
+        if spans and spans[-1][2] == use:
+            spans[-1][1] = u
+        else:
+            spans.append([lo, u, use])
+        lo = u + 1
+    return ("Both paths, same run, CUDA-graph replays with fresh routing (the summary above shows the "
+            "dispatched one). The run's tuning step (uniform routing) chose: "
+            + ", ".join(f"M {a}-{b}: {'one launch' if use else 'four launches'}" for a, b, use in spans)
+            + " (M x top-k <= 128: where the one-launch kernel can run).\n\n" + markdown_table(rows))
+
+
+_NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput", "Compute (SM) Throughput",
+             "Warp Cycles Per Issued Instruction", "Achieved Occupancy", "dram__bytes_read.sum")
+
+
+def ncu_rows(path: str = NCU_FILE) -> list[dict[str, Any]]:
+    """Key metrics per kernel from an Nsight Compute text report (the last launch of each kernel name)."""
+    import re
+
+    f = REPO_ROOT / path
+    if not f.exists():
+        return []
+    by_kernel: dict[str, dict[str, str]] = {}
+    cur = None
+    for line in f.read_text().splitlines():
+        head = re.match(r"^  (moe_\w+) \((\d+), (\d+), 1\)x\((\d+)", line)
+        if head:
+            cur = head.group(1)
+            by_kernel[cur] = {"kernel": cur, "grid": f"{head.group(2)} x {head.group(3)}"}
+            continue
+        m = re.match(r"^\s{4}(.+?)\s{2,}(\S+)?\s+([\d.,]+)\s*$", line)
+        if cur and m and m.group(1).strip() in _NCU_KEYS:
+            key, unit, val = m.group(1).strip(), (m.group(2) or "").strip(), float(m.group(3).replace(",", ""))
+            scale = {"us": 1e-3, "ms": 1.0, "Mbyte": 1e-3, "Gbyte": 1.0}.get(unit)
+            if scale is not None:   # durations in ms, bytes in GB
+                val, unit = val * scale, "ms" if unit.endswith("s") else "GB"
+            by_kernel[cur][key + (f" ({unit})" if unit else "")] = f"{val:.3g}"
+    return list(by_kernel.values())
+
+
+def block_ncu() -> str:
+    rows = ncu_rows()
+    if not rows:
+        return f"{NCU_FILE} is not committed.\n"
+    return (f"From `{NCU_FILE}` (Nsight Compute, M = 16 uniform, `python -m workbench.moe.bench --single 16 "
+            f"--small --variants 1,2,0,2,1`; ncu locks the SM clock, so durations are longer than in the sweep; "
+            f"the last of two calls of each kernel).\n\n" + markdown_table(rows))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "provenance": block_provenance,
     "goals": block_goals,
@@ -211,6 +292,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "checks": block_checks,
     "anchors": block_anchors,
     "runs": block_runs,
+    "small": block_small,
+    "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,
 }
