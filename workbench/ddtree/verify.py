@@ -38,8 +38,12 @@ K both K-major through matrix descriptors), the row maxima are exchanged, P
 descriptor's transpose bit); 218 registers, no spills. Every KV row is read
 once per 64-row block, so a 64 x 64 tile moves 73.7 KB from L2 for 8.9 MFLOP:
 on the H200 a tile takes about 3 us per SM where its flops alone would take
-1.5 us at the measured matmul rate, and the experiments that started the
-gather later made it slower: the gather, not the tensor cores, sets the pace.
+1.5 us at the measured matmul rate. Nsight Compute sees neither memory nor
+compute near a peak (latency-bound: one 8-warp block per SM, all warps in
+lockstep); starting the gather later made it slower, but so did a 32-key
+ring with three gathers in flight (commit 967a0d4): the per-tile fixed work
+(three block barriers, the softmax, the wgmma issue-and-wait round trips)
+costs as much as the gather's latency.
 With H = 8 the 264 query rows fill five 64-row blocks, the last with 8 rows. The chunk partials are
 merged by a second launch (one block per query row, chunks read in parallel);
 one small launch before prepares offsets, chunk starts and the ancestor masks.
@@ -66,7 +70,7 @@ _WGMMA_SMEM = 231_424
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
 _IMPLS = ("auto", "wgmma", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
-_WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (ddtree_verify_wgmma32_bf16: 32 keys, 4 stages)
+_WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -949,10 +953,10 @@ VERIFY_NOTES = (
     ">= 50% of floor at prefix >= 16k. Device checks of the same code before this run: the first wgmma version "
     "(b1fc083) gave 1.5x over mma at H=64 128k (49% of floor) and only 1.2x at H=8; leaving P.V in flight "
     "under the next tile's S (each warpgroup refilling its own columns) was 25% slower; slot prefetch 15-20% "
-    "slower; 8 threads per key row 10% slower. Reading (from those experiments; see the paper for the "
-    "profiler's view): the kernel waits on the per-tile KV gather from L2 (73.7 KB per 64x64 tile, about 3 us "
-    "per tile per SM, while the tile's 8.9 MFLOP take 1.5 us at the measured matmul rate); H=8 also computes "
-    "320 rows for 264. Short prefixes are fixed-cost bound (3 launches, block start-up, "
+    "slower; 8 threads per key row 10% slower; a 32-key 4-stage ring (967a0d4) 1.4x slower. Reading: "
+    "latency-bound (Nsight Compute: neither memory nor compute near a peak; one 8-warp block per SM in "
+    "lockstep), a 64x64 tile taking about 3 us per SM where its 8.9 MFLOP take 1.5 us at the measured matmul "
+    "rate; H=8 also computes 320 rows for 264. Short prefixes are fixed-cost bound (3 launches, block start-up, "
     "partial write + merge).")
 
 

@@ -446,54 +446,55 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
         }
 }
 
-#define SIMPLE_ARGS(TIn)                                                                                  \
-    const TIn *__restrict__ q_lat, const TIn *__restrict__ q_rope, const TIn *__restrict__ kv,           \
-        long long kv_stride, const long long *__restrict__ slots, const long long *__restrict__ offsets, \
-        const TIn *__restrict__ tail, const u32 *__restrict__ vis, const int *__restrict__ chunk_start,  \
-        float *__restrict__ o_part, float *__restrict__ lse_part, int B, int T, int H, int W,             \
-        int chunk_len, float scale_log2
-
-// ---------------------------------------------------------------- wgmma kernels (bf16, sm_90a only)
+// ---------------------------------------------------------------- wgmma kernel (bf16, sm_90a only)
 //
 // Hopper warpgroup MMA needs the sm_90a target: workbench.kernels.load_module(..., target="sm_90a")
 // builds this file with nvcc -gencode arch=compute_90a,code=sm_90a. Under plain sm_90 (NVRTC, the
-// CI compile check) the entry points exist but only trap; Python never launches them there.
+// CI compile check) the entry point exists but only traps; Python never launches it there.
 //
-// Block: 64 query rows x one key chunk, 2 warpgroups (256 threads), KT-key tiles in an NS-stage
-// ring: ddtree_verify_wgmma_bf16 KT = 64, NS = 2; ddtree_verify_wgmma32_bf16 KT = 32, NS = 4 (the
-// same shared memory, three tiles in flight instead of one).
-// Every operand tile is stored as column blocks of [rows x 128 B] (64 bf16 values) with the
+// Block: 64 query rows x one key chunk, 2 warpgroups (256 threads), 64-key tiles, two stages.
+// Every operand tile is stored as column blocks of [64 rows x 128 B] (64 bf16 values) with the
 // 128-byte swizzle (16-byte chunk c of row r at chunk position c ^ (r & 7)), each block 1024-aligned:
-// the layout wgmma reads through a matrix descriptor (K-major: SBO = 1024; MN-major: LBO = the
-// block size between 64-value column blocks, SBO = 1024 between 8-row groups).
+// the layout wgmma reads through a matrix descriptor (K-major: SBO = 1024; MN-major: LBO = 8192
+// between 64-value column blocks, SBO = 1024 between 8-row groups).
 // Shared memory (dynamic, realigned to 1024 inside):
 //   sQ  9 blocks x [64 rows x 128 B]                   73,728
-//   sK  NS stages x 9 blocks x [KT keys x 128 B]      147,456 (NS * KT = 128)
-//   sP  [64 rows x 128 B] (P: KT bf16 per row)           8,192
+//   sK  2 stages x 9 blocks x [64 keys x 128 B]       147,456
+//   sP  [64 rows x 64 keys] bf16                         8,192
 //   red 4 x 64 floats                                    1,024
 //   alignment slack                                      1,024   (total 231,424)
 // Per key tile, warpgroup g:
-//   S[:, g*KT/2 ..) = Q K^T          wgmma m64n(KT/2)k16 x 36 (A = Q, B = K tile, both K-major)
+//   S[:, 32g..32g+32) = Q K^T       wgmma m64n32k16 x 36 (A = Q, B = K tile, both K-major)
 //   row maxima exchanged through `red`, P = exp2(S - m) as bf16 into sP, O rescaled
-//   O[:, 256g..256g+256) += P V     wgmma m64n256k16 x KT/16 (A = sP, B = the same key tile's
-//                                   first 512 dims, MN-major through the descriptor's transpose bit)
-// The gathers of the next NS-1 tiles (cp.async, 1152-byte rows through the slot indices) run under
-// both phases of the current tile.
+//   O[:, 256g..256g+256) += P V     wgmma m64n256k16 x 4 (A = sP, B = the same key tile's first
+//                                   512 dims, MN-major through the descriptor's transpose bit)
+// The next tile's cp.async gather (slot indices read a tile ahead, 1152-byte rows) runs under both
+// phases of the current tile.
 
 #define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024)
 #ifndef VERIFY_WG_PREFETCH
 #define VERIFY_WG_PREFETCH 0  // 1: read the next tile's slot indices a tile ahead (tuning variant)
+#endif
+#ifndef VERIFY_WG_ZERO_S
+#define VERIFY_WG_ZERO_S 0  // 1: zero the score accumulators instead of scale-d = 0 (tuning variant)
+#endif
+#ifndef VERIFY_WG_TPK
+#define VERIFY_WG_TPK 4  // threads per key row in the tile gather: 4 or 8 (tuning variant)
+#endif
+#ifndef VERIFY_WG_LOAD_FIRST
+#define VERIFY_WG_LOAD_FIRST 0  // 1: issue the next tile's gather before the S wgmmas (tuning variant)
+#endif
+#ifndef VERIFY_V_LBO
+#define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
 #ifndef VERIFY_V_SBO
 #define VERIFY_V_SBO 1024  // MN-major V: bytes between 8-key groups
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// byte offset of 16-byte chunk c (0..71) of row r in a [rows x 576] bf16 tile of swizzled column
-// blocks of BLK bytes (rows * 128)
-template <int BLK>
+// byte offset of 16-byte chunk c (0..71) of row r (0..63) in a [64 x 576] bf16 tile, swizzled blocks
 __device__ __forceinline__ u32 sw128(int r, int c) {
-    return (u32)((c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    return (u32)((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle
@@ -508,19 +509,6 @@ __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // keep the compiler from moving accumulator accesses across the async MMA boundaries
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void wgmma_m64n16_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{" 
-        "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
 
 __device__ __forceinline__ void wgmma_m64n32_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
     asm volatile(
@@ -567,39 +555,29 @@ __device__ __forceinline__ void wgmma_m64n256_ss_tb(float* d, unsigned long long
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int KT>
-__device__ __forceinline__ void wgmma_s(float* s, unsigned long long da, unsigned long long db, int scale_d);
-template <>
-__device__ __forceinline__ void wgmma_s<64>(float* s, unsigned long long da, unsigned long long db, int scale_d) {
-    wgmma_m64n32_ss(s, da, db, scale_d);
-}
-template <>
-__device__ __forceinline__ void wgmma_s<32>(float* s, unsigned long long da, unsigned long long db, int scale_d) {
-    wgmma_m64n16_ss(s, da, db, scale_d);
-}
-
-template <int KT, int NS>
-__device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, const bf16_t* __restrict__ q_rope,
-                                             const bf16_t* __restrict__ kv, long long kv_stride,
-                                             const long long* __restrict__ slots,
-                                             const long long* __restrict__ offsets,
-                                             const bf16_t* __restrict__ tail, const u32* __restrict__ vis,
-                                             const int* __restrict__ chunk_start, float* __restrict__ o_part,
-                                             float* __restrict__ lse_part, int B, int T, int H, int W,
-                                             int chunk_len, float scale_log2) {
-    static_assert(KT * NS == 128, "the key ring holds 128 keys");
-    constexpr int BLK = KT * 128;       // bytes of one 64-dim column block of a key tile
-    constexpr int STAGE = 9 * BLK;      // bytes of one key tile
-    constexpr int SN = KT / 4;          // score accumulators per thread (m64 x KT/2 per warpgroup)
-    constexpr int TPK = 256 / KT;       // threads per key row in the gather
+extern "C" __global__ void __launch_bounds__(256, 1)
+ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
+                         const bf16_t* __restrict__ q_rope,     // [B*M, 64]
+                         const bf16_t* __restrict__ kv,         // [S, kv_stride]
+                         long long kv_stride,                   // elements between cache rows
+                         const long long* __restrict__ slots,   // [N]
+                         const long long* __restrict__ offsets, // [B+1]
+                         const bf16_t* __restrict__ tail,       // [B*T, 576]
+                         const u32* __restrict__ vis,           // [B*T, W]
+                         const int* __restrict__ chunk_start,   // [B+1]
+                         float* __restrict__ o_part,            // [C, M, 512]
+                         float* __restrict__ lse_part,          // [C, M]
+                         int B, int T, int H, int W, int chunk_len, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(smem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
     const u32 sQ_a = raw_a + pad;
     const u32 sK_a = sQ_a + SQ_BYTES;
-    const u32 sP_a = sK_a + NS * STAGE;
-    unsigned char* sP = smem + pad + SQ_BYTES + NS * STAGE;
+    const u32 sP_a = sK_a + 2 * SK_BYTES;
+    unsigned char* sP = smem + pad + SQ_BYTES + 2 * SK_BYTES;
     float* red = reinterpret_cast<float*>(sP + SP_BYTES);
 
     const int g = blockIdx.y;
@@ -611,7 +589,7 @@ __device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, c
     const int row0 = blockIdx.x * MMA_ROWS;
     const int key_begin = (g - chunk_start[b]) * chunk_len;
     const int key_end = min(key_begin + chunk_len, P + T);
-    const int ntiles = (key_end - key_begin + KT - 1) / KT;
+    const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -632,37 +610,51 @@ __device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, c
         for (int i = 0; i < 18; ++i) {
             const int c = (tid & 3) + 4 * i;
             const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
-            cp_async16(sQ_a + sw128<8192>(r, c), ok ? src : q_lat, ok ? 16 : 0);
+            cp_async16(sQ_a + sw128(r, c), ok ? src : q_lat, ok ? 16 : 0);
         }
     }
-    // ---- key tiles: thread -> key tid / TPK, chunks (tid % TPK) + TPK*i of its 72. Measured on the
-    // H200 (KT = 64, same run, H = 64, 128k): two keys per thread with 8 threads per key is 10% slower;
-    // reading the slot indices a tile ahead (VERIFY_WG_PREFETCH=1, predicted to hide a dependent load
-    // per tile) is 15-20% slower: that load queues behind the tile's cp.async, so the next gather
-    // starts late.
-    const int lkey = tid / TPK;
-    auto row_src = [&](int tile) -> const bf16_t* {
-        const int key = key_begin + tile * KT + lkey;
+    // ---- key tiles. VERIFY_WG_TPK threads per key: 4 (thread -> key tid >> 2, chunks (tid & 3) + 4i,
+    // 64 contiguous bytes of a row per 4 threads) or 8 (thread -> keys (tid >> 3) and 32 + (tid >> 3),
+    // chunks (tid & 7) + 8i: one 128-byte line of a row per 8 threads). Measured on the H200 (same
+    // run, H=64, 128k): TPK 8 is 10% slower than 4; reading the slot indices a tile ahead
+    // (VERIFY_WG_PREFETCH=1, predicted to hide a dependent load per tile) is 20% slower: that load
+    // queues behind the tile's 18 cp.async per thread, so the next gather starts late.
+#if VERIFY_WG_TPK == 8
+    constexpr int KPT = 2;  // keys per thread
+    const int lkey0 = tid >> 3;
+#else
+    constexpr int KPT = 1;
+    const int lkey0 = tid >> 2;
+#endif
+    auto row_src = [&](int tile, int k) -> const bf16_t* {
+        const int key = key_begin + tile * MMA_KEYS + lkey0 + 32 * k;
         if (key >= key_end) return nullptr;
         if (key < P) return kv + slots[off_b + key] * kv_stride;
         return tail + ((long long)b * T + (key - P)) * DK;
     };
-    auto load_tile = [&](const bf16_t* src, int stage) {
-        const u32 base = sK_a + stage * STAGE;
+    auto load_tile = [&](const bf16_t* const* src, int stage) {
+        const u32 base = sK_a + stage * SK_BYTES;
 #pragma unroll
-        for (int i = 0; i < 72 / TPK; ++i) {
-            const int c = (tid % TPK) + TPK * i;
-            cp_async16(base + sw128<BLK>(lkey, c), src ? src + c * 8 : tail, src ? 16 : 0);
+        for (int k = 0; k < KPT; ++k) {
+#pragma unroll
+            for (int i = 0; i < 72 / (4 * KPT); ++i) {
+#if VERIFY_WG_TPK == 8
+                const int c = (tid & 7) + 8 * i;
+#else
+                const int c = (tid & 3) + 4 * i;
+#endif
+                cp_async16(base + sw128(lkey0 + 32 * k, c), src[k] ? src[k] + c * 8 : tail, src[k] ? 16 : 0);
+            }
         }
     };
-    // prologue: tiles 0 .. NS-2, one cp.async group each (Q joins the first)
+    const bf16_t* next_src[KPT];
 #pragma unroll
-    for (int t = 0; t < NS - 1; ++t) {
-        if (t < ntiles) load_tile(row_src(t), t);
-        cp_async_commit();
-    }
+    for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
+    load_tile(next_src, 0);
+    cp_async_commit();
 #if VERIFY_WG_PREFETCH
-    const bf16_t* next_src = row_src(NS - 1);
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) next_src[k] = ntiles > 1 ? row_src(1, k) : nullptr;
 #endif
 
     float m_run[2] = {NEG_INF, NEG_INF};
@@ -671,55 +663,80 @@ __device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, c
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
-    // Iteration it: barrier (X) (tile `it` landed; tile it-1 fully consumed); issue S(it); gather
-    // tile it+NS-1 into the stage tile it-1 used (NS-1 iterations ahead of its use); wait S(it); softmax (barriers A, B); P.V(it),
-    // waited before the next barrier frees its stage.
-    // (Tried with KT = 64: leaving P.V(it) running under the next S, each warpgroup refilling only
-    // the columns its own P.V reads; the refill then starts a P.V later and the kernel was 25% slower
-    // at H=64, 128k: the gather's lead time matters more than that overlap. Leaving a wgmma group in
-    // flight across the loop's back edge also makes ptxas serialise every wgmma (C7515).)
+    // Iteration it: barrier (X) (tile `it` landed, tile it-1 fully consumed); issue S(it); gather
+    // tile it+1 into the other stage (a whole iteration ahead of its use); wait S(it); softmax
+    // (barriers A, B); P.V(it), waited before the next barrier frees its stage.
+    // (Tried: leaving P.V(it) running under the next S, with each warpgroup refilling only the
+    // columns its own P.V reads; the refill then starts a P.V later and the kernel was 25% slower
+    // at H=64, 128k: the gather's lead time matters more than that overlap. Leaving a wgmma group
+    // in flight across the loop's back edge also makes ptxas serialise every wgmma (C7515).)
     for (int it = 0; it < ntiles; ++it) {
-        cp_async_wait<NS - 2>();
+        cp_async_wait_all();
         fence_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
         __syncthreads();     // (X)
-        const u32 kb = sK_a + (it % NS) * STAGE;
+        const u32 kb = sK_a + (it & 1) * SK_BYTES;
 
-        // ---- S[64 x KT/2] for this warpgroup's key half (first k-step with scale-d = 0)
-        float s[SN];
+#if VERIFY_WG_LOAD_FIRST
+        if (it + 1 < ntiles) {
+#if VERIFY_WG_PREFETCH
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
+#else
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#endif
+        }
+#endif
+        // ---- S[64 x 32] for this warpgroup's key half
+        float s[16];
+#if VERIFY_WG_ZERO_S
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+#endif
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 36; ++ks) {
-            const u32 koff = (ks & 3) * 32;
-            wgmma_s<KT>(s, wg_desc(sQ_a + (ks >> 2) * 8192 + koff, 16, 1024),
-                        wg_desc(kb + (ks >> 2) * BLK + wg * (KT / 2) * 128 + koff, 16, 1024), ks > 0);
+            const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
+            wgmma_m64n32_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff + wg * 4096, 16, 1024),
+                            VERIFY_WG_ZERO_S || ks > 0);
         }
         wg_commit();
-        {
-            if (it + NS - 1 < ntiles) {
+#if !VERIFY_WG_LOAD_FIRST
+        if (it + 1 < ntiles) {
 #if VERIFY_WG_PREFETCH
-                load_tile(next_src, (it + NS - 1) % NS);
-                next_src = row_src(it + NS);
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
 #else
-                load_tile(row_src(it + NS - 1), (it + NS - 1) % NS);
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
 #endif
-            }
-            cp_async_commit();  // (an empty group past the end keeps the group count uniform)
         }
+#endif
         wg_wait0();
 #pragma unroll
-        for (int i = 0; i < SN; ++i) reg_fence(s[i]);
+        for (int i = 0; i < 16; ++i) reg_fence(s[i]);
 
         // ---- scale, mask, row max of this half
-        const int kt0 = key_begin + it * KT;
-        const bool need_mask = (kt0 + KT > key_end) || (kt0 + KT > P);
+        const int kt0 = key_begin + it * MMA_KEYS;
+        const bool need_mask = (kt0 + MMA_KEYS > key_end) || (kt0 + MMA_KEYS > P);
         float rmax[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int j = 0; j < SN / 4; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 float v = s[4 * j + c] * scale_log2;
                 if (need_mask) {
-                    const int key = kt0 + (KT / 2) * wg + 8 * j + 2 * tq + (c & 1);
+                    const int key = kt0 + 32 * wg + 8 * j + 2 * tq + (c & 1);
                     const int row = row0 + r_lo + 8 * (c >> 1);
                     bool ok = key < key_end;
                     if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
@@ -748,14 +765,14 @@ __device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, c
             m_run[h] = m_new;
         }
 #pragma unroll
-        for (int j = 0; j < SN / 4; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float p0 = fast_exp2(s[4 * j + 2 * h] - muse[h]);
                 const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse[h]);
                 lsum[h] += p0 + p1;
                 const int r = r_lo + 8 * h;
-                *reinterpret_cast<u32*>(sP + r * 128 + ((((KT / 16) * wg + j) ^ (r & 7)) << 4) + 4 * tq) =
+                *reinterpret_cast<u32*>(sP + r * 128 + (((4 * wg + j) ^ (r & 7)) << 4) + 4 * tq) =
                     pack_bf16x2(p0, p1);
             }
 #pragma unroll
@@ -770,14 +787,14 @@ __device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, c
         fence_async_smem();  // sP written by ordinary stores, read by wgmma
         __syncthreads();     // (B) all of P visible
 
-        // ---- O[64 x 256] += P[64 x KT] V[KT x 256]
+        // ---- O[64 x 256] += P[64 x 64] V[64 x 256]
 #pragma unroll
         for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < KT / 16; ++kk)
+        for (int kk = 0; kk < 4; ++kk)
             wgmma_m64n256_ss_tb(acc, wg_desc(sP_a + kk * 32, 16, 1024),
-                                wg_desc(kb + wg * 4 * BLK + kk * 2048, BLK, VERIFY_V_SBO), 1);
+                                wg_desc(kb + wg * 4 * 8192 + kk * 2048, VERIFY_V_LBO, VERIFY_V_SBO), 1);
         wg_commit();
         wg_wait0();
 #pragma unroll
@@ -807,22 +824,9 @@ __device__ __forceinline__ void verify_wgmma(const bf16_t* __restrict__ q_lat, c
         if (wg == 0 && tq == 0)
             lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
     }
-}
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA_BODY(KT, NS)                                                                                 \
-    verify_wgmma<KT, NS>(q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part, \
-                         B, T, H, W, chunk_len, scale_log2)
 #else
-#define WGMMA_BODY(KT, NS) asm volatile("trap;")
+    asm volatile("trap;");
 #endif
-
-extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_wgmma_bf16(SIMPLE_ARGS(bf16_t)) {
-    WGMMA_BODY(64, 2);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_wgmma32_bf16(SIMPLE_ARGS(bf16_t)) {
-    WGMMA_BODY(32, 4);
 }
 
 // ---------------------------------------------------------------- CUDA-core kernel (f32 or bf16)
@@ -959,6 +963,12 @@ __device__ __forceinline__ void verify_simple(const TIn* __restrict__ q_lat, con
     }
 }
 
+#define SIMPLE_ARGS(TIn)                                                                                  \
+    const TIn *__restrict__ q_lat, const TIn *__restrict__ q_rope, const TIn *__restrict__ kv,           \
+        long long kv_stride, const long long *__restrict__ slots, const long long *__restrict__ offsets, \
+        const TIn *__restrict__ tail, const u32 *__restrict__ vis, const int *__restrict__ chunk_start,  \
+        float *__restrict__ o_part, float *__restrict__ lse_part, int B, int T, int H, int W,             \
+        int chunk_len, float scale_log2
 
 extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_f32(SIMPLE_ARGS(float)) {
     verify_simple<float>(q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part,
