@@ -481,6 +481,12 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
 #ifndef VERIFY_WG_TPK
 #define VERIFY_WG_TPK 4  // threads per key row in the tile gather: 4 or 8 (tuning variant)
 #endif
+#ifndef VERIFY_WG_PAIR_BAR
+#define VERIFY_WG_PAIR_BAR 1  // 1: row-max exchange on a named barrier per warp pair, 0: block barrier
+#endif
+#ifndef VERIFY_WG_LAZY_RESCALE
+#define VERIFY_WG_LAZY_RESCALE 1  // 1: skip the O rescale when neither row maximum moved
+#endif
 #ifndef VERIFY_WG_LOAD_FIRST
 #define VERIFY_WG_LOAD_FIRST 0  // 1: issue the next tile's gather before the S wgmmas (tuning variant)
 #endif
@@ -752,16 +758,23 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
             v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
             if (tq == 0) red[wg * 64 + r_lo + 8 * h] = v;
         }
+#if VERIFY_WG_PAIR_BAR
+        // (A) both halves' maxima of rows 16*(warp&3).. visible: only warps w and w+4 share those rows
+        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + (warp & 3)) : "memory");
+#else
         __syncthreads();  // (A) both halves' maxima visible
+#endif
 
         // ---- online softmax; P (bf16) to sP; rescale O
         float alpha[2], muse[2], lsum[2] = {0.f, 0.f};
+        bool moved = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r_lo + 8 * h;
             const float m_new = fmaxf(m_run[h], fmaxf(red[r], red[64 + r]));
             muse[h] = m_new == NEG_INF ? 0.f : m_new;
             alpha[h] = fast_exp2(m_run[h] - muse[h]);
+            moved |= m_new != m_run[h];
             m_run[h] = m_new;
         }
 #pragma unroll
@@ -777,12 +790,17 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
             }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + lsum[h];
+#if VERIFY_WG_LAZY_RESCALE
+        if (moved)  // both maxima unchanged: alpha is 1 for both rows, nothing to rescale
+#endif
+        {
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            acc[4 * j + 0] *= alpha[0];
-            acc[4 * j + 1] *= alpha[0];
-            acc[4 * j + 2] *= alpha[1];
-            acc[4 * j + 3] *= alpha[1];
+            for (int j = 0; j < 32; ++j) {
+                acc[4 * j + 0] *= alpha[0];
+                acc[4 * j + 1] *= alpha[0];
+                acc[4 * j + 2] *= alpha[1];
+                acc[4 * j + 3] *= alpha[1];
+            }
         }
         fence_async_smem();  // sP written by ordinary stores, read by wgmma
         __syncthreads();     // (B) all of P visible
