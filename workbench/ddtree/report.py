@@ -24,7 +24,8 @@ VERIFY_FILE = "data/measurements/h200/ddtree_verify.json"
 # Committed runs of ddtree_verify.json: (commit of the file, commit of the code it measured, version).
 VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
                ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"),
-               ("a26b7c4", "ba63b37", "wgmma kernel (sm_90a) the default, CUDA-graph timed"))
+               ("a26b7c4", "ba63b37", "wgmma kernel (sm_90a) the default, CUDA-graph timed"),
+               ("82e9399", "5de266b", "wgmma kernel with pair barriers and lazy rescale, CUDA-graph timed"))
 # Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu);
 # "small_v1" is the kernel that was "small" until e108f3c; "small_br" is e108f3c's "small" (its per-pop
 # lane updates as branches), "small" since 712d5f0 the same kernel with those updates as selects.

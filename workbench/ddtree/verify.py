@@ -43,7 +43,7 @@ compute near a peak (latency-bound: one 8-warp block per SM, all warps in
 lockstep); starting the gather later made it slower, but so did a 32-key
 ring with three gathers in flight (commit 967a0d4): the per-tile fixed work
 (three block barriers, the softmax, the wgmma issue-and-wait round trips)
-costs as much as the gather's latency. Since 8d734ed+1 the row maxima are
+costs as much as the gather's latency. Since 5de266b the row maxima are
 exchanged on a named barrier per warp pair (warps w and w+4 share rows) and
 O is rescaled only when a row maximum moved.
 With H = 8 the 264 query rows fill five 64-row blocks, the last with 8 rows. The chunk partials are
