@@ -187,6 +187,20 @@ def test_kernel_compiles_without_spills():
     assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), report
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
+    # the target workbench.kernels.load_module(..., target="sm_90a") builds; ptxas must keep the
+    # wgmma pipeline (no C7514/C7515 serialisation warning) and spill nothing
+    src = KERNEL_DIR / "ddtree_verify.cu"
+    res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", str(src),
+                          "-o", "/dev/null", "-Xptxas", "-v"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "C7514" not in res.stderr and "C7515" not in res.stderr, res.stderr
+    report = res.stderr.split("Compiling entry function 'ddtree_verify_wgmma_bf16'")[1]
+    report = report.split("Compiling entry function")[0]
+    assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), report
+
+
 # ----------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
@@ -205,6 +219,19 @@ def test_gpu_parity_batched_and_simple():
         for k, d in (("verify_attention_batched", "bfloat16"), ("verify_attention_batched", "float32"))] + [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=2000, dtype="bfloat16", repeats=1),
         dict(kernel="verify_attention", nodes=70, heads=8, prefix=500, dtype="bfloat16", repeats=1)], "cuda")
+    assert all(r["pass"] for r in rows), rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["wgmma", "mma"])
+def test_gpu_parity_tensor_core_kernels(impl):
+    if impl == "wgmma" and V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
+    rows = V.verify_parity_rows(
+        [dict(kernel=f"verify_attention[{impl}]", nodes=33, heads=h, prefix=p, dtype="bfloat16", repeats=1)
+         for h, p in ((8, 0), (8, 777), (64, 3000))]
+        + [dict(kernel=f"verify_attention_batched[{impl}]", nodes=17, heads=8, prefix=[0, 300, 65],
+                dtype="bfloat16", repeats=1)], "cuda")
     assert all(r["pass"] for r in rows), rows
 
 
