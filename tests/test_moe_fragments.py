@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from workbench.int4 import dequantize_int4
-from workbench.moe.packing import (FRAG_WORDS, fragment_dequantize, fragment_pack, random_int4_experts)
+from workbench.moe.packing import (FRAG_STAGE, FRAG_WORDS, fragment_dequantize, fragment_pack, fragment_stages,
+                                   random_int4_experts)
 
 
 def _bf16_bits(v: torch.Tensor) -> torch.Tensor:
@@ -82,14 +83,50 @@ def test_kernel_fragment_arithmetic(gate_up):
 
 
 def test_fragments_cached_and_rebuilt_on_change():
-    ex = random_int4_experts(2, 64, 64, seed=1)
+    ex = random_int4_experts(2, 256, 256, seed=1)
     gu, dn = ex.fragments()
-    assert gu.shape == (2, 1, 128 // 16, FRAG_WORDS) and dn.shape == (2, 1, 64 // 16, FRAG_WORDS)
+    assert gu.shape == (2, 1, 512 // 16, FRAG_STAGE, FRAG_WORDS) and dn.shape == (2, 1, 256 // 16, FRAG_STAGE, FRAG_WORDS)
     assert ex.fragments()[0] is gu
     ex.down_scale.mul_(2)                       # in-place change: version counter moves
     assert ex.fragments()[1] is not dn
-    assert torch.equal(fragment_dequantize(ex.fragments()[1][1].transpose(0, 1)),
+    tile_major = ex.fragments()[1][1].permute(1, 0, 2, 3).reshape(256 // 16, 256 // 64, FRAG_WORDS)
+    assert torch.equal(fragment_dequantize(tile_major),
                        dequantize_int4(ex.down_packed[1], ex.down_scale[1], group_size=32))
+
+
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_kernel_stage_addressing(gate_up):
+    """moe_small_fused's reads of the cached stack: the stage of (expert, 256-K stage j, tile) starts at
+    uint4 ((e * nsup + j) * tiles + tile) * 144, is copied as uint4 lane + 32 i (i < 4) and 128 + lane
+    (lane < 16), and block q of it (64-K step 4 j + q) at uint4 36 q: the blocks gathered this way, run
+    through the kernel's arithmetic, give W x."""
+    copied = sorted([lane + 32 * i for lane in range(32) for i in range(4)] + [128 + lane for lane in range(16)])
+    assert copied == list(range(FRAG_STAGE * FRAG_WORDS // 4))
+    ex = random_int4_experts(3, 512, 256, seed=11)
+    gu, dn = ex.fragments()
+    stack = gu if gate_up else dn
+    rows, k = (512, 512) if gate_up else (512, 256)
+    packed, scale = (ex.gate_up_packed[1], ex.gate_up_scale[1]) if gate_up else (ex.down_packed[1], ex.down_scale[1])
+    w = dequantize_int4(packed, scale, group_size=32).double()
+    flat = stack.reshape(-1)
+    e, tile, tiles, nsup = 1, 5, rows // 16, k // 256
+    blocks = []
+    for j in range(nsup):
+        base = ((e * nsup + j) * tiles + tile) * FRAG_STAGE * FRAG_WORDS
+        for q in range(FRAG_STAGE):
+            blocks.append(flat[base + q * FRAG_WORDS: base + (q + 1) * FRAG_WORDS])
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).double()
+    got = emulate_tile(torch.stack(blocks), x)
+    r = torch.arange(16 * tile, 16 * tile + 16)
+    if gate_up:
+        r = torch.cat([torch.arange(8 * tile, 8 * tile + 8), 256 + torch.arange(8 * tile, 8 * tile + 8)])
+    assert torch.allclose(got, w[r] @ x.T, rtol=1e-9, atol=1e-9)
+
+
+def test_fragment_stages_rejects_bad_k():
+    ex = random_int4_experts(1, 128, 32, seed=0)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        fragment_stages(fragment_pack(ex.gate_up_packed[0], ex.gate_up_scale[0], gate_up=True))
 
 
 def test_fragment_pack_rejects_bad_shapes():

@@ -588,23 +588,28 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
 // Small-M path (P = M * topk <= 128 pairs): ONE persistent launch, moe_small_fused.
 //
 // Weights in the fragment layout (workbench/moe/packing.py: fragment_pack, made once per set of
-// experts and cached by Int4Experts.fragments, step-major): int32 [E, K/64, R/16, 144]; for each
-// 64-wide K step and tile of 16 rows, 128 words of nibbles (lane-major: word 4*lane + kc is the whole A fragment of mma chunk kc
-// for that lane) then 16 words of bf16 scale pairs (word 2*g + gr: row g (low), row g+8 (high) of
-// quantisation group gr). A warp reads one contiguous 576-byte block per step; step-major order puts
-// the blocks of neighbouring tiles (tasks taken at the same time by other warps) next to each other,
-// so the warps of an expert sweep its weights together, as a copy does.
+// experts and cached by Int4Experts.fragments, stage-major): int32 [E, K/256, R/16, 4, 144]; for each
+// 64-wide K step and tile of 16 rows a 576-byte block: 128 words of nibbles (lane-major: word 4*lane + kc
+// is the whole A fragment of mma chunk kc for that lane) then 16 words of bf16 scale pairs (word
+// 2*g + gr: row g (low), row g+8 (high) of quantisation group gr). The four blocks of one tile and
+// 256-wide K stage are one contiguous 2304-byte stretch: a warp copies one stretch (4096 weights) per
+// loop iteration (one cp.async wait, one warp barrier), and the stretches of neighbouring tiles (tasks
+// taken at the same time by other warps) are adjacent, so the warps of an expert sweep its weights
+// together, as a copy does. (Version 2 of this kernel moved one 576-byte block per iteration, and its
+// per-iteration costs made it issue-bound: NOTES.md.)
 // Chunk kc = 2*gr + h of lane (g, t) covers physical K = 64*s + 32*gr + 8*t + 4*h + {0,1,2,3}:
 // mma k slots (2t, 2t+1, 2t+8, 2t+9) -> those four, for A and B alike, so the 16 slots of a chunk
 // stay inside quantisation group gr and the group scale is applied once per group to fp32
 // partial sums. Nibble j of the word: A register j&3 (row g / g+8 alternating, k pair kb/kb+2),
 // low half from nibble j, high half from nibble j+4: register r = (w >> 4r) & 0x000F000F | 0x43004300
-// = bf16 pair (128 + u): one shift and one LOP3 per two weights, then one exact bf16x2 subtraction
-// of 136 (u = q + 8). (The first version subtracted on the tensor core, a second mma with A = -136,
-// which doubled the chain of dependent mma per group.)
+// = bf16 pair (128 + u): one shift and one LOP3 per two weights (the LOP3 written in PTX: from C, ptxas
+// emits an AND and an OR), then one exact bf16x2 subtraction of 136 (u = q + 8). (The first version
+// subtracted on the tensor core, a second mma with A = -136; at the 80-register limit here that costs
+// as many instructions as the subtractions, because ptxas rematerialises the constant A registers.)
 //
 // Work: prologue (every CTA, in shared memory): pairs sorted by (expert, pair id), cut into items
-// of <= 16 slots of one expert. Tasks, grabbed by warps from a global counter in order:
+// of <= 8 slots of one expert (one mma token tile; columns past an item's count read its first row and
+// are not stored). Tasks, grabbed by warps from a global counter in order:
 //   gate_up (item, tile of 8 gate + 8 up rows): h[slot, f] = SiLU(gate) * up, bf16 [P, I];
 //            then done_gu[item] += 1 (release).
 //   down    (item, tile of 16 rows of H): first fills its weight prefetch ring, then waits until
@@ -616,9 +621,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine(
 // resets the task counters (ws[0], ws[1], done_gu), so CUDA-graph replays start from zero.
 // ws: int32 [2 + 128 + H/16], zero before the first launch.
 #define FR_WORDS 144
-#define FR_U4 36          // uint4 per (tile, step)
-#define FR_S 8            // shared-memory stages per warp (FR_S - 1 steps in flight)
-#define FR_CHUNK 16       // slots per item
+#define FR_U4 36          // uint4 per (tile, 64-wide step)
+#define FR_SUB 4          // 64-wide steps per ring stage: 16 rows x 256 K = 4096 weights per warp iteration
+#define FR_STAGE_U4 144   // uint4 per stage (FR_SUB * FR_U4): 2304 bytes
+#define FR_S 3            // shared-memory stages per warp (FR_S - 1 stages = 4.6 KB in flight)
+#define FR_CHUNK 8        // slots per item (one token tile: 16 would need a second one, which spills at 80 registers)
 #define FR_MAX_PAIRS 128
 
 __device__ __forceinline__ uint2 ld_stream8(const uint2* p) {
@@ -648,24 +655,27 @@ __device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
 // Release / acquire at GPU scope (lighter than __threadfence, which is sequentially consistent).
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// Activations of one step for the columns of this lane: 2 x 16 bytes (groups 0 and 1) per token tile.
-template <int NT, bool COHERENT>
-__device__ __forceinline__ void frag_load_x(uint4 (&xq)[NT][2], const __nv_bfloat16* const (&xr)[NT], int step,
-                                            int t) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        if (xr[n] != nullptr) {
-            const __nv_bfloat16* p = xr[n] + 64 * step + 8 * t;
-            xq[n][0] = COHERENT ? ld_cg16(p) : __ldg(reinterpret_cast<const uint4*>(p));
-            xq[n][1] = COHERENT ? ld_cg16(p + 32) : __ldg(reinterpret_cast<const uint4*>(p + 32));
-        } else {
-            xq[n][0] = make_uint4(0u, 0u, 0u, 0u);
-            xq[n][1] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
+// 16 activations (bf16) of this lane's column: global, through L1 (gate_up: X is read-only) or L2 (down: h is
+// written by other warps of this launch, so not through the incoherent L1).
+template <bool COHERENT>
+__device__ __forceinline__ uint4 ld_x16(const __nv_bfloat16* p) {
+    return COHERENT ? ld_cg16(p) : __ldg(reinterpret_cast<const uint4*>(p));
 }
 
-// One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups.
+__device__ __forceinline__ void cp_async16_s(unsigned int d, const void* gsrc) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gsrc) : "memory");
+}
+
+// (w & 0x000F000F) | 0x43004300 in ONE instruction (written in C, ptxas emits an AND and an OR).
+__device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
+    unsigned int r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(0x000F000F), "n"(0x43004300));
+    return r;
+}
+
+// One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups. A register r of chunk kc is
+// nib_pair(word >> 4r) = the bf16 pair (128 + u) (one shift, one LOP3), minus 136 by one exact bf16x2
+// subtraction; the group scale multiplies the fp32 partial sum of its two chunks.
 template <int NT>
 __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, const uint2 sc,
                                           const uint4 (&xq)[NT][2]) {
@@ -681,10 +691,10 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const unsigned int word = wq[2 * gr + h];
-            unsigned int a0 = (word & 0x000F000Fu) | 0x43004300u;
-            unsigned int a1 = ((word >> 4) & 0x000F000Fu) | 0x43004300u;
-            unsigned int a2 = ((word >> 8) & 0x000F000Fu) | 0x43004300u;
-            unsigned int a3 = ((word >> 12) & 0x000F000Fu) | 0x43004300u;
+            unsigned int a0 = nib_pair(word);
+            unsigned int a1 = nib_pair(word >> 4);
+            unsigned int a2 = nib_pair(word >> 8);
+            unsigned int a3 = nib_pair(word >> 12);
             {   // exact: (128 + u) - 136 = q in [-8, 7]
                 a0 = bf2_sub(a0, 0x43084308u);
                 a1 = bf2_sub(a1, 0x43084308u);
@@ -710,29 +720,43 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
     }
 }
 
-// Stream `steps` steps of tile `wt` through this warp's ring of FR_S shared-memory stages
-// (cp.async, FR_S - 1 steps in flight: 4 KB per warp); activations 2 steps ahead in registers.
+// Stream `nsup` stages (256 K each) of tile `wt` through this warp's ring of FR_S shared-memory stages
+// (cp.async, FR_S - 1 = 2 stages in flight: 4.6 KB per warp); one wait and one warp barrier per stage of
+// 4096 weights. A stage is 2304 contiguous bytes (four 576-byte blocks of 64 K), copied as 144 uint4: four
+// per lane at fixed offsets plus one for lanes 0-15. Activations XD steps of 64 K ahead in registers,
+// read at constant offsets from one pointer per column (every column points at a valid row: columns
+// past the item's count repeat its first row, and their results are not stored).
 // wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
 template <int NT, bool COHERENT>
-__device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int steps,
-                                          long long stride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
+__device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
+                                          long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
-    auto issue = [&](int j) {
-        const uint4* src = wt + j * stride;
-        unsigned char* dst = ring + (j % FR_S) * (FR_U4 * 16);
-        cp_async16(dst + lane * 16, src + lane);
-        if (lane < 4) cp_async16(dst + 512 + lane * 16, src + 32 + lane);
+    const uint4* src = wt + lane;
+    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
+    const bool scale_lane = lane < 16;
+    int left = nsup;                 // stages not yet issued
+    unsigned int wslot = 0;          // byte offset of the ring slot written next
+    auto issue = [&]() {
+        if (left > 0) {
+            const unsigned int d = dst0 + wslot;
+            cp_async16_s(d, src);
+            cp_async16_s(d + 512, src + 32);
+            cp_async16_s(d + 1024, src + 64);
+            cp_async16_s(d + 1536, src + 96);
+            if (scale_lane) cp_async16_s(d + 2048, src + 128);
+            src += sstride;
+            --left;
+        }
+        cp_async_commit();
+        wslot = wslot == (FR_S - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
     };
 #pragma unroll
-    for (int q = 0; q < FR_S - 1; ++q) {
-        if (q < steps) issue(q);
-        cp_async_commit();
-    }
+    for (int q = 0; q < FR_S - 1; ++q) issue();
     if (wait != nullptr) {
         if (lane == 0) {   // relaxed polling (an acquire load per poll would invalidate L1 each time), one fence
             while (ld_relaxed_gpu(wait) < target) __nanosleep(128);
@@ -740,30 +764,47 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
         }
         __syncwarp();
     }
-    uint4 xb[2][NT][2];
-    frag_load_x<NT, COHERENT>(xb[0], xr, 0, t);
-    frag_load_x<NT, COHERENT>(xb[1], xr, 1, t);
-#pragma unroll 1
-    for (int j0 = 0; j0 < steps; j0 += 2) {
+    const __nv_bfloat16* xp[NT];
 #pragma unroll
-        for (int d = 0; d < 2; ++d) {
-            const int j = j0 + d;
-            cp_async_wait<FR_S - 2>();   // step j has landed (this lane's copies)
-            __syncwarp();                // ... and every lane's; every lane is done with step j - 1
-            if (j + FR_S - 1 < steps) issue(j + FR_S - 1);
-            cp_async_commit();
-            const unsigned char* st = ring + (j % FR_S) * (FR_U4 * 16);
-            const uint4 w = *reinterpret_cast<const uint4*>(st + lane * 16);
-            const uint2 sc = *reinterpret_cast<const uint2*>(st + 512 + g * 8);
+    for (int n = 0; n < NT; ++n) xp[n] = xr[n] + 8 * t;
+    constexpr int XD = NT == 1 ? 2 : 1;   // activation prefetch distance in 64-K steps (registers: NT = 2 has 1)
+    uint4 xb[XD][NT][2];
+#pragma unroll
+    for (int d = 0; d < XD; ++d)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            xb[d][n][0] = ld_x16<COHERENT>(xp[n] + 64 * d);
+            xb[d][n][1] = ld_x16<COHERENT>(xp[n] + 64 * d + 32);
+        }
+    unsigned int rslot = 0;
+#pragma unroll 1
+    for (int j = 0; j < nsup; ++j) {
+        cp_async_wait<FR_S - 2>();   // stage j has landed (this lane's copies)
+        __syncwarp();                // ... and every lane's; every lane is done with stage j - 1
+        issue();                     // stage j + FR_S - 1 into the slot of stage j - 1
+        const unsigned char* st = ring + rslot;
+        const int adv = j + 1 < nsup ? 256 : 0;   // the last stage re-reads its own first steps (unused)
+        const __nv_bfloat16* xn[NT];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) xn[n] = xp[n] + adv;
+#pragma unroll
+        for (int q = 0; q < FR_SUB; ++q) {
+            const uint4 w = *reinterpret_cast<const uint4*>(st + q * (FR_U4 * 16) + lane * 16);
+            const uint2 sc = *reinterpret_cast<const uint2*>(st + q * (FR_U4 * 16) + 512 + g * 8);
             uint4 xc[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                xc[n][0] = xb[d][n][0];
-                xc[n][1] = xb[d][n][1];
+                xc[n][0] = xb[q % XD][n][0];
+                xc[n][1] = xb[q % XD][n][1];
+                const __nv_bfloat16* p = q + XD < FR_SUB ? xp[n] + 64 * (q + XD) : xn[n] + 64 * (q + XD - FR_SUB);
+                xb[q % XD][n][0] = ld_x16<COHERENT>(p);
+                xb[q % XD][n][1] = ld_x16<COHERENT>(p + 32);
             }
-            if (j + 2 < steps) frag_load_x<NT, COHERENT>(xb[d], xr, j + 2, t);
             frag_step<NT>(acc, w, sc, xc);
         }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) xp[n] = xn[n];
+        rslot = rslot == (FR_S - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
     }
     cp_async_wait<0>();
     __syncwarp();   // the ring is free for the next task
@@ -784,16 +825,16 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
                                               unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
-    const int tiles = I / 8, steps = H / 64;
-    const uint4* wt = Fgu + ((long long)ex * steps * tiles + tile) * FR_U4;   // step-major: [E, steps, tiles]
+    const int tiles = I / 8, nsup = H / (64 * FR_SUB);
+    const uint4* wt = Fgu + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, 4, 144]
     const __nv_bfloat16* xr[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         const int col = g + 8 * n;
-        xr[n] = col < cnt ? X + (long long)(it.sorted[slot0 + col] / topk) * H : nullptr;
+        xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H;
     }
     float acc[NT][4];
-    frag_gemm<NT, false>(acc, wt, steps, (long long)tiles * FR_U4, xr, nullptr, 0, ring);
+    frag_gemm<NT, false>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -820,16 +861,16 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
                                            unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
-    const int tiles = H / 16, steps = I / 64;
-    const uint4* wt = Fdn + ((long long)ex * steps * tiles + tile) * FR_U4;
+    const int tiles = H / 16, nsup = I / (64 * FR_SUB);
+    const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
     const __nv_bfloat16* xr[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         const int col = g + 8 * n;
-        xr[n] = col < cnt ? hbuf + (long long)(slot0 + col) * I : nullptr;
+        xr[n] = hbuf + (long long)(slot0 + (col < cnt ? col : 0)) * I;
     }
     float acc[NT][4];
-    frag_gemm<NT, true>(acc, wt, steps, (long long)tiles * FR_U4, xr, done_gu + item, I / 8, ring);
+    frag_gemm<NT, true>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
     const int n0 = 16 * tile + g;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
@@ -870,18 +911,19 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
     if (lane == 0) done_dn[tile] = 0;
 }
 
-// grid: at most the CTAs that fit on the device at once (more only adds idle CTAs); block 128.
-extern "C" __global__ void __launch_bounds__(128) moe_small_fused(
+// grid: at most the CTAs that fit on the device at once (more only adds idle CTAs); block 128;
+// at most 80 registers, so 6 CTAs (24 warps, 6 per scheduler) fit on an SM (shared memory: 6 x 30 KB).
+extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
     __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
     __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
     __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
     __shared__ int s_wcnt[4];
-    __shared__ __align__(16) unsigned char s_ring[4 * FR_S * FR_U4 * 16];
+    __shared__ __align__(16) unsigned char s_ring[4 * FR_S * FR_STAGE_U4 * 16];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int P = M * topk;
-    unsigned char* ring = s_ring + warp * (FR_S * FR_U4 * 16);
+    unsigned char* ring = s_ring + warp * (FR_S * FR_STAGE_U4 * 16);
 
     // ---- prologue: group the pairs by expert (every CTA does it; P <= 128)
     int e = -1;
@@ -944,15 +986,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_small_fused(
         if (lane == 0) next = atomicAdd(ctr_task, 1);
         if (task < t_gu) {
             const int item = task / tiles_gu, tile = task - item * tiles_gu;
-            if (it.icnt[item] <= 8) small_gate_up<1>(it, item, tile, Fgu, X, topk, H, I, hbuf, done_gu, ring);
-            else small_gate_up<2>(it, item, tile, Fgu, X, topk, H, I, hbuf, done_gu, ring);
+            small_gate_up<1>(it, item, tile, Fgu, X, topk, H, I, hbuf, done_gu, ring);
         } else {
             const int u = task - t_gu;
             const int item = u / tiles_dn, tile = u - item * tiles_dn;
-            if (it.icnt[item] <= 8)
-                small_down<1>(it, item, tile, nitems, Fdn, hbuf, topk_w, M, topk, H, I, Y, done_gu, done_dn, out, ring);
-            else
-                small_down<2>(it, item, tile, nitems, Fdn, hbuf, topk_w, M, topk, H, I, Y, done_gu, done_dn, out, ring);
+            small_down<1>(it, item, tile, nitems, Fdn, hbuf, topk_w, M, topk, H, I, Y, done_gu, done_dn, out, ring);
         }
         task = __shfl_sync(0xffffffffu, next, 0);
     }
@@ -967,3 +1005,4 @@ extern "C" __global__ void __launch_bounds__(128) moe_small_fused(
         }
     }
 }
+

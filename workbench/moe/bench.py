@@ -247,8 +247,8 @@ def check_graph_replay(experts: Int4Experts, m: int, gen: torch.Generator, topk:
 
 
 def small_path_edge_checks(small: Int4Experts, gen: torch.Generator, topk: int) -> list[dict[str, Any]]:
-    """moe_small_fused edge cases (H = I = 1024, 16 experts): items of 9-16 slots (two token tiles),
-    experts split into several items, one invalid id, every id invalid (whatever SMALL_TABLE says)."""
+    """moe_small_fused edge cases (H = I = 1024, 16 experts): experts with more pairs than one item's
+    8 slots (split into several items), one invalid id, every id invalid (whatever SMALL_TABLE says)."""
     saved = list(SMALL_TABLE)
     set_small_table([(SMALL_MAX_PAIRS, True)])
     try:
@@ -630,6 +630,94 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
                              notes=notes, out_dir=out_dir)
 
 
+SMALL_COMPARE_M = (1, 2, 4, 8, 9, 16)
+SMALL_V3_PREDICTION = (
+    "Version 3 of the one-launch kernel (moe_small_fused): one warp iteration moves one 16-row tile x 256 K "
+    "(4096 weights, 2304 contiguous bytes, stage-major fragment layout) with one cp.async wait and one warp "
+    "barrier, 3-stage ring (2 stages = 4.6 KB in flight per warp); nibble extraction as one LOP3 (ptxas had "
+    "split it into AND + OR); 80 registers, no spills, 6 CTAs = 24 warps per SM (was 121 registers, 16 "
+    "warps); items of <= 8 slots. SASS of the gate_up loop (nvdisasm, CPU): 321 instructions per 2304 "
+    "bytes = 0.139 per byte, against 0.234 for version 2 (270 per 1152 bytes) and 0.173 for the four-launch "
+    "nt1_rt2_l2 gate_up loop (797 per 4608 bytes). Run 4 gave % of copy x instructions per byte ~ 12.9 "
+    "for both older kernels at M = 16 (55% x 0.234, 74% x 0.173: issue-bound), so 12.9 / 0.139 ~ 92% if "
+    "still issue-bound; memory-bound before that. Predicted before the run: M = 16 uniform ~0.74 ms "
+    "(~85% of copy), M = 1 ~0.066 ms (~70%: launch, prologue, the gate_up -> down dependency and a "
+    "second, partial round of down tasks); faster than the four-launch path at every M; >= 80% from "
+    "M ~ 8 on, not at M = 1-4.")
+
+
+def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps: int = 20, seed: int = 0,
+                      name: str = "moe_small_v3", prediction: str = SMALL_V3_PREDICTION) -> Path:
+    """The one-launch small-M kernel against the four-launch path at Kimi shapes, in one process.
+
+    For each routing and M (M * topk <= SMALL_MAX_PAIRS): a parity check of the one-launch kernel
+    (fresh inputs, poisoned buffers), then both paths timed as CUDA-graph replays with fresh routing
+    per repeat; the copy bandwidth is measured in the same run. Writes ``<name>.json``; the
+    dispatch tables are left as they were.
+    """
+    from workbench.measure import measure_copy_bandwidth, write_measurement
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
+    bad = [m for m in m_values if m * K > SMALL_MAX_PAIRS]
+    if bad:
+        raise ValueError(f"M {bad} exceed the one-launch kernel's {SMALL_MAX_PAIRS} pairs at top-{K}")
+    experts = random_int4_experts(E, H, I, device="cuda", seed=seed)
+    experts.fragments()
+    bpe = experts.bytes_per_expert()
+    copy = measure_copy_bandwidth()
+    copy_gbps = copy["gb_per_s"]
+    print(f"copy {copy_gbps:.0f} GB/s")
+    saved_small = list(SMALL_TABLE)
+    rows, checks, samples = [], [], {}
+    try:
+        for routing, m in itertools.product(ROUTINGS, m_values):
+            row: dict[str, Any] = {"routing": routing, "m": m}
+            for label, use in (("small_fused", True), ("four_launch", False)):
+                set_small_table([(SMALL_MAX_PAIRS, use)])
+                if use:
+                    checks.append(check_case(experts, m, routing, gen, K))
+                t = time_ours(experts, m, routing, gen, reps, eager_reps=0)
+                gb = [bytes_moved(d, bpe, m, H, K) / (tt * 1e-3) / 1e9 for d, tt in zip(t["distinct"], t["ms"])]
+                row[f"{label}_ms_median"] = statistics.median(t["ms"])
+                row[f"{label}_pct_of_copy"] = 100 * statistics.median(gb) / copy_gbps
+                row["distinct_experts_median"] = statistics.median(t["distinct"])
+                samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
+                del t
+            row["four_launch_variant"] = variant_name(kernel_config(m))
+            row["speedup_small_vs_four_launch"] = row["four_launch_ms_median"] / row["small_fused_ms_median"]
+            rows.append(row)
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}))
+    finally:
+        set_small_table(saved_small)
+    wins = [[r["routing"], r["m"]] for r in rows if r["speedup_small_vs_four_launch"] > 1.0]
+    params = {"num_experts": E, "hidden": H, "intermediate": I, "topk": K, "group_size": 32,
+              "m_values": list(m_values), "routings": list(ROUTINGS), "skew_alpha": SKEW_ALPHA, "reps": reps,
+              "seed": seed, "bytes_per_expert": bpe, "small_path_grid_ctas": small_grid(),
+              "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
+              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
+    results = {"copy_gb_per_s": copy_gbps, "rows": rows, "checks": checks,
+               "all_checks_ok": all(c["ok"] for c in checks), "small_faster_at": wins}
+    return write_measurement(name, parameters=params, results=results,
+                             samples={"ceilings": {"copy": copy}, "timings": samples},
+                             notes=prediction, out_dir=out_dir)
+
+
+def format_small_compare(doc: dict[str, Any]) -> str:
+    """Short text table of a run_small_compare measurement."""
+    res = doc["results"]
+    lines = [f"copy {res['copy_gb_per_s']:.0f} GB/s, checks ok: {res['all_checks_ok']}",
+             f"{'routing':8} {'M':>3} {'experts':>7} {'1-launch ms':>11} {'%copy':>6} {'4-launch ms':>11} "
+             f"{'%copy':>6} {'speedup':>7}"]
+    for r in res["rows"]:
+        lines.append(f"{r['routing']:8} {r['m']:>3} {r['distinct_experts_median']:>7.0f} "
+                     f"{r['small_fused_ms_median']:>11.4f} {r['small_fused_pct_of_copy']:>6.1f} "
+                     f"{r['four_launch_ms_median']:>11.4f} {r['four_launch_pct_of_copy']:>6.1f} "
+                     f"{r['speedup_small_vs_four_launch']:>7.2f}")
+    return "\n".join(lines)
+
+
 def format_table(doc: dict[str, Any]) -> str:
     """Short text table of a moe_bandwidth measurement."""
     res = doc["results"]
@@ -663,6 +751,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="*", default=[],
                     help="four-launch variants for --single / --sanitize (default: all; 'none': no variant), "
                          "e.g. 1,2,2,0,0 1,1,0,4,1")
+    ap.add_argument("--small-compare", default=None, metavar="NAME",
+                    help="only time the one-launch kernel against the four-launch path at --m (default "
+                         "1 2 4 8 9 16 here) and write NAME.json")
+    ap.add_argument("--prediction", default=SMALL_V3_PREDICTION,
+                    help="with --small-compare: the prediction, stored as the measurement's notes")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)
@@ -688,6 +781,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             print(f"variant {spec}: distinct experts {distinct_experts(ids)}")
         return 0
+    if args.small_compare:
+        ms = tuple(args.m) if args.m != list(M_VALUES) else SMALL_COMPARE_M
+        path = run_small_compare(args.out, m_values=ms, reps=args.reps, name=args.small_compare,
+                                 prediction=args.prediction)
+        doc = json.loads(Path(path).read_text())
+        print(f"wrote {path}")
+        print(format_small_compare(doc))
+        return 0 if doc["results"]["all_checks_ok"] else 1
     if args.sanitize:
         res = run_sanitize_checks(variants=[tuple(int(v) for v in spec.split(",")) for spec in args.variants
                                             if spec != "none"] if args.variants else VARIANTS)

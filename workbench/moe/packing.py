@@ -21,7 +21,10 @@ made once per set of experts on first use and cached on the object,
 tile of 16 rows and 64-wide K step a contiguous 576-byte block holding the
 nibbles in mma.m16n8k16 A-fragment order (word ``4 * lane + kc``) and the
 tile's bf16 scales of those two groups (16 words); the cached stack is
-step-major, ``[E, K/64, R/16, 144]``. It costs as much memory
+stage-major (:func:`fragment_stages`), ``[E, K/256, R/16, 4, 144]``: the four
+blocks of one tile and 256-wide K stage are one contiguous 2304-byte stretch (what
+one warp copies per loop iteration) and the stretches of neighbouring tiles at one
+stage are adjacent. It costs as much memory
 again as the compressed-tensors tensors, which the larger-M kernels still read.
 """
 
@@ -95,23 +98,25 @@ class Int4Experts:
                            self.down_packed.to(device), self.down_scale.to(device), self.group_size)
 
     def fragments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up, down) in the fragment layout, step-major: int32 [E, H/64, 2I/16, 144] and [E, I/64, H/16, 144].
+        """(gate_up, down) in the fragment layout, stage-major: int32 [E, H/256, 2I/16, 4, 144] and
+        [E, I/256, H/16, 4, 144].
 
         Made on first call (on the experts' device, one expert at a time) and
         cached; the cache is rebuilt when a source tensor is replaced or changed
         in place (data pointer or version counter). gate_up tiles interleave
         8 gate rows and the same 8 up rows (:func:`fragment_pack`, ``gate_up=True``).
-        Step-major (:func:`fragment_pack` transposed to [K/64, R/16, 144]): the
-        blocks of neighbouring tiles at one K step are adjacent in memory, so
-        warps working on one expert read one contiguous stretch together.
+        Stage-major (:func:`fragment_stages`): a warp copies one contiguous
+        2304-byte stretch (one tile, 256 K) per loop iteration, and the stretches
+        of neighbouring tiles at one stage are adjacent, so warps working on one
+        expert read one contiguous stretch together. H and I must be multiples of 256.
         """
         key = tuple((t.data_ptr(), t._version) for t in
                     (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
         if self._frag_cache.get("key") != key:
             e = self.num_experts
-            gu = torch.stack([fragment_pack(self.gate_up_packed[x], self.gate_up_scale[x], gate_up=True)
-                              .transpose(0, 1) for x in range(e)]).contiguous()
-            dn = torch.stack([fragment_pack(self.down_packed[x], self.down_scale[x]).transpose(0, 1)
+            gu = torch.stack([fragment_stages(fragment_pack(self.gate_up_packed[x], self.gate_up_scale[x],
+                                                            gate_up=True)) for x in range(e)]).contiguous()
+            dn = torch.stack([fragment_stages(fragment_pack(self.down_packed[x], self.down_scale[x]))
                               for x in range(e)]).contiguous()
             self._frag_cache.clear()
             self._frag_cache.update(key=key, gu=gu, dn=dn)
@@ -211,6 +216,7 @@ def random_int4_experts(num_experts: int, hidden: int, intermediate: int, *, dev
 FRAG_ROWS = 16     # rows per tile (mma M)
 FRAG_K = 64        # K per step (two quantisation groups, four mma k16 chunks)
 FRAG_WORDS = 144   # int32 per (tile, step): 128 nibble words + 16 scale words
+FRAG_STAGE = 4     # 64-wide steps per ring stage of moe_small_fused (one tile x 256 K per warp iteration)
 # dims of the nibble view [tile, hi, g, s, gr, t, h, kk] (row = 16 tile + 8 hi + g,
 # k = 64 s + 32 gr + 8 t + 4 h + kk) in the order the words are laid out
 _FRAG_PERM = (0, 3, 2, 5, 4, 6, 1, 7)      # -> [tile, s, g, t, gr, h, hi, kk]
@@ -266,6 +272,20 @@ def fragment_pack(packed: torch.Tensor, scale: torch.Tensor, *, gate_up: bool = 
     sw = (s16[..., 0] | (s16[..., 1] << 16)).reshape(nt, ns, 16)
     out = torch.cat([words, sw], -1)
     return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).contiguous()
+
+
+def fragment_stages(frag: torch.Tensor) -> torch.Tensor:
+    """Stage-major order of one matrix's fragment pack: int32 [R/16, K/64, 144] -> [K/256, R/16, 4, 144].
+
+    Block (tile, 64-wide step s) goes to [s // 4, tile, s % 4]; this is the
+    order ``moe_small_fused`` streams (:data:`FRAG_STAGE` steps per ring stage).
+    """
+    if frag.dtype != torch.int32 or frag.dim() != 3 or frag.shape[2] != FRAG_WORDS:
+        raise ValueError(f"frag must be int32 [R/16, K/64, {FRAG_WORDS}], got {frag.dtype} {tuple(frag.shape)}")
+    nt, ns = frag.shape[:2]
+    if ns % FRAG_STAGE:
+        raise ValueError(f"stage-major order needs K a multiple of {FRAG_STAGE * FRAG_K}, got K {ns * FRAG_K}")
+    return frag.reshape(nt, ns // FRAG_STAGE, FRAG_STAGE, FRAG_WORDS).permute(1, 0, 2, 3).contiguous()
 
 
 def fragment_dequantize(frag: torch.Tensor, *, gate_up: bool = False,
