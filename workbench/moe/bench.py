@@ -669,8 +669,25 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     copy = measure_copy_bandwidth()
     copy_gbps = copy["gb_per_s"]
     print(f"copy {copy_gbps:.0f} GB/s")
+    params = {"num_experts": E, "hidden": H, "intermediate": I, "topk": K, "group_size": 32,
+              "m_values": list(m_values), "routings": list(ROUTINGS), "skew_alpha": SKEW_ALPHA, "reps": reps,
+              "seed": seed, "bytes_per_expert": bpe,
+              "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
+              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
     saved_small = list(SMALL_TABLE)
-    rows, checks, samples = [], [], {}
+    rows: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    samples: dict[str, Any] = {}
+
+    def save() -> Path:   # after every row, so a run cut short keeps what it measured
+        wins = [[r["routing"], r["m"]] for r in rows if r["speedup_small_vs_four_launch"] > 1.0]
+        results = {"copy_gb_per_s": copy_gbps, "rows": rows, "checks": checks,
+                   "all_checks_ok": all(c["ok"] for c in checks), "small_faster_at": wins,
+                   "complete": len(rows) == len(ROUTINGS) * len(m_values)}
+        return write_measurement(name, parameters={**params, "small_path_grid_ctas": small_grid()},
+                                 results=results, samples={"ceilings": {"copy": copy}, "timings": samples},
+                                 notes=prediction, out_dir=out_dir)
+
     try:
         for routing, m in itertools.product(ROUTINGS, m_values):
             row: dict[str, Any] = {"routing": routing, "m": m}
@@ -688,20 +705,11 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
             row["four_launch_variant"] = variant_name(kernel_config(m))
             row["speedup_small_vs_four_launch"] = row["four_launch_ms_median"] / row["small_fused_ms_median"]
             rows.append(row)
-            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}))
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+            save()
     finally:
         set_small_table(saved_small)
-    wins = [[r["routing"], r["m"]] for r in rows if r["speedup_small_vs_four_launch"] > 1.0]
-    params = {"num_experts": E, "hidden": H, "intermediate": I, "topk": K, "group_size": 32,
-              "m_values": list(m_values), "routings": list(ROUTINGS), "skew_alpha": SKEW_ALPHA, "reps": reps,
-              "seed": seed, "bytes_per_expert": bpe, "small_path_grid_ctas": small_grid(),
-              "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
-              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
-    results = {"copy_gb_per_s": copy_gbps, "rows": rows, "checks": checks,
-               "all_checks_ok": all(c["ok"] for c in checks), "small_faster_at": wins}
-    return write_measurement(name, parameters=params, results=results,
-                             samples={"ceilings": {"copy": copy}, "timings": samples},
-                             notes=prediction, out_dir=out_dir)
+    return save()
 
 
 def format_small_compare(doc: dict[str, Any]) -> str:
