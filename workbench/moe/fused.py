@@ -1,10 +1,11 @@
 """Fused INT4 (W4A16) routed-expert MoE: ``fused_moe_int4``.
 
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
-Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8) it is
-one persistent launch, ``moe_small_fused`` (grouping, gate/up with SiLU, down
-and the sum over k in one kernel, weights in the fragment layout of
-:meth:`Int4Experts.fragments`, made once and cached). Above that, four launches:
+Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
+:data:`SMALL_TABLE` says so (M = 4-16 on the H200), it is one persistent
+launch, ``moe_small_fused`` (grouping, gate/up with SiLU, down and the sum over
+k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
+made once and cached). Otherwise four launches:
 an alignment kernel groups the (token, k) pairs by expert on the GPU (no host
 synchronisation), a gate/up kernel with SiLU(gate)*up fused, a down kernel,
 and a fixed-order combine over k. Each touched expert's weights are streamed
@@ -27,9 +28,11 @@ SMALL_MAX_PAIRS = 128   # moe_small_fused: one thread per (token, expert) pair i
 SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the four-launch path at small M
 # (largest M, use moe_small_fused) in increasing M, for M * topk <= SMALL_MAX_PAIRS; beyond the last
 # entry the four-launch kernels run. The benchmark times both paths at every swept M and sets this.
-# Set from data/measurements/h200/moe_bandwidth.json (results.tuning.small_table, H200, commit 24eab72):
-# the one-launch kernel was slower at every M swept (31-55% of copy against 53-74%), so it is off.
-SMALL_TABLE: list[tuple[int, bool]] = [(128, False)]
+# Set from data/measurements/h200/moe_small_v3.json (H200, code c5f9350, both paths in one run, uniform
+# and skewed routing): the one-launch kernel (version 3) is 1.03-1.08x faster at M = 4, 8, 9 and 16 and
+# 0.80-0.91x at M = 1 and 2, so it runs from M = 4 (M = 3 was not measured: four launches, as at M = 2).
+# (Version 2, data/measurements/h200/moe_bandwidth.json, commit 24eab72, was slower at every M.)
+SMALL_TABLE: list[tuple[int, bool]] = [(3, False), (16, True)]
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token

@@ -2,8 +2,10 @@
 
 Every measured number in the paper comes from here, read from
 ``data/measurements/h200/moe_bandwidth.json`` (its earlier runs from git
-history, :func:`workbench.papers.committed_json`) and the source's anchor
-points (``data/anchors/rtx_pro_6000_moe.json``):
+history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
+(the one-launch kernel's version 3 against the four-launch path, M <= 16),
+the Nsight Compute text report and the source's anchor points
+(``data/anchors/rtx_pro_6000_moe.json``):
 
     python -m workbench.moe.report            # rewrite papers/moe_int4.md in place
     python -m workbench.moe.report --check    # exit 1 if the paper is stale
@@ -27,6 +29,8 @@ MOE_RUNS = (("9e008e4", 1), ("1a32b46", 2), ("8398986", 3), ("845b07e", 4))
 # Nsight Compute text output (device run of code d90e78b): M = 16, the one-launch kernel and the
 # four-launch l2 kernels, two calls each, clocks locked by ncu.
 NCU_FILE = "data/measurements/h200/moe_small_fused_ncu_d90e78b.txt"
+# Version 3 of the one-launch kernel against the four-launch path, M = 1-16 only (bench --small-compare).
+SMALL_V3 = "moe_small_v3"
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -246,6 +250,53 @@ def block_small() -> str:
             + " (M x top-k <= 128: where the one-launch kernel can run).\n\n" + markdown_table(rows))
 
 
+def small_v3_rows() -> list[dict[str, Any]]:
+    """Rows of ``moe_small_v3.json``: per routing and M, both paths timed in one run (empty if not committed)."""
+    from workbench.measure import load_measurement
+
+    doc = load_measurement(SMALL_V3)
+    if not doc:
+        return []
+    return [{"routing": r["routing"], "M": r["m"], "experts": r["distinct_experts_median"],
+             "one launch (v3) ms": f"{r['small_fused_ms_median']:.4f}",
+             "one launch % copy": f"{r['small_fused_pct_of_copy']:.1f}",
+             f"four launches ({r['four_launch_variant']}) ms": f"{r['four_launch_ms_median']:.4f}",
+             "four launches % copy": f"{r['four_launch_pct_of_copy']:.1f}",
+             "speedup": f"{r['speedup_small_vs_four_launch']:.2f}"} for r in doc["results"]["rows"]]
+
+
+def block_small_v3() -> str:
+    from workbench.measure import load_measurement
+
+    doc = load_measurement(SMALL_V3)
+    if not doc:
+        return f"data/measurements/h200/{SMALL_V3}.json is not committed.\n"
+    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+    checks = res["checks"]
+    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    wins = ", ".join(f"{r} M={m}" for r, m in res["small_faster_at"]) or "none"
+    return (f"From `data/measurements/h200/{SMALL_V3}.json` (code {str(p.get('git_commit'))[:7]}, "
+            f"{p.get('date_utc')}; `python -m workbench.moe.bench --small-compare {SMALL_V3} --reps {par['reps']}`): "
+            f"both paths in one process, CUDA-graph replays with fresh routing per repeat, copy bandwidth "
+            f"{res['copy_gb_per_s']:.0f} GB/s measured in the same run; one-launch grid "
+            f"{par.get('small_path_grid_ctas')} CTAs. Parity of the one-launch kernel at every row: "
+            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. "
+            f"One launch faster at: {wins}. {_small_v3_dispatch(res['rows'], par['topk'])}\n\n"
+            + markdown_table(small_v3_rows()))
+
+
+def _small_v3_dispatch(rows: list[dict[str, Any]], topk: int) -> str:
+    """One sentence: % of copy of the path fused.SMALL_TABLE dispatches now, per row of moe_small_v3."""
+    from workbench.moe.fused import uses_small_path
+
+    got = [(r["routing"], r["m"], r["small_fused_pct_of_copy"] if uses_small_path(r["m"], topk)
+            else r["four_launch_pct_of_copy"]) for r in rows]
+    worst = min(got, key=lambda x: x[2])
+    at80 = ", ".join(f"{rt} M={m}" for rt, m, v in got if v >= 80) or "none"
+    return (f"With the current `fused.SMALL_TABLE`, the dispatched path's % of copy in this run is worst at "
+            f"{worst[0]} M={worst[1]} ({worst[2]:.1f}%); rows at >= 80%: {at80}.")
+
+
 _NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput", "Compute (SM) Throughput",
              "Warp Cycles Per Issued Instruction", "Achieved Occupancy", "dram__bytes_read.sum")
 
@@ -293,6 +344,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "anchors": block_anchors,
     "runs": block_runs,
     "small": block_small,
+    "small_v3": block_small_v3,
     "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,
