@@ -5,7 +5,9 @@ Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 4-16 on the H200), it is one persistent
 launch, ``moe_small_fused`` (grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
-made once and cached). Otherwise four launches:
+made once and cached: a second copy of the routed experts, as many bytes as
+the compressed-tensors packing, so a full model pays its expert memory twice;
+``set_small_path(False)`` keeps only the four-launch path and no copy). Otherwise four launches:
 an alignment kernel groups the (token, k) pairs by expert on the GPU (no host
 synchronisation), a gate/up kernel with SiLU(gate)*up fused, a down kernel,
 and a fixed-order combine over k. Each touched expert's weights are streamed
