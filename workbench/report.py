@@ -59,6 +59,13 @@ def results_rows() -> list[dict[str, Any]]:
                 rows.append({"area": "INT4 MoE", "goal": f"{r['goal']} ({r['target']})",
                              "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
                              "file": "moe_bandwidth.json"})
+        small = mplots.load_moe_small()
+        got = mplots.dispatched_worst_pct(small) if small else None
+        if got:
+            pct, row = got
+            rows.append({"area": "INT4 MoE", "goal": "% of copy bandwidth at M <= 16, dispatched path today (>= 80)",
+                         "measured": f"{pct:.1f} (worst: {row['routing']} M={row['M']}, {row['dispatched']})",
+                         "met": pct >= 80, "file": "moe_small_v3.json"})
     except Exception as e:
         rows.append({"area": "INT4 MoE", "goal": "-", "measured": f"unavailable ({e})", "met": None,
                      "file": "moe_bandwidth.json"})

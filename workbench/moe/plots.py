@@ -1,7 +1,8 @@
 """Tables and plotly figures for notebooks/02_moe_bandwidth.ipynb.
 
-Everything reads the committed measurement (``data/measurements/<gpu>/moe_bandwidth.json``)
-and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
+Everything reads the committed measurements (``data/measurements/<gpu>/moe_bandwidth.json``,
+the full sweep; ``moe_small_v3.json``, the one-launch small-M kernel against the four-launch path
+at M <= 16 in one run) and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
 here holds a measured number.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from workbench import DATA_DIR
 from workbench.kernels import resolve_device
 from workbench.measure import load_measurement
 from workbench.moe.bench import make_routing, plateau_m, rel_error
-from workbench.moe.fused import fused_moe_int4, gpu_supported, variant_name
+from workbench.moe.fused import fused_moe_int4, gpu_supported, uses_small_path, variant_name
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -112,11 +113,19 @@ def ms_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None)
     return fig
 
 
-def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None):
-    """Achieved bandwidth as % of the copy bandwidth measured in the same run, with the source's 67-73% band."""
+def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None,
+               small: dict[str, Any] | None = None):
+    """Achieved bandwidth as % of the copy bandwidth measured in the same run, with the source's 67-73% band;
+    ``small`` (:func:`load_moe_small`) adds the one-launch small-M kernel's points (its own run)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    if small is not None:
+        for routing in ("uniform", "skewed"):
+            rr = sorted((r for r in small["results"]["rows"] if r["routing"] == routing), key=lambda r: r["m"])
+            fig.add_trace(go.Scatter(x=[r["m"] for r in rr], y=[r["small_fused_pct_of_copy"] for r in rr],
+                                     mode="markers", marker={"symbol": "diamond", "size": 10},
+                                     name=f"one-launch small-M kernel, {routing} ({small['name']}.json)"))
     if doc is not None:
         for routing in ("uniform", "skewed"):
             rr = _rows(doc, routing)
@@ -132,6 +141,36 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     fig.update_layout(title="Achieved bandwidth vs M", xaxis={"title": "tokens M", "type": "log"},
                       yaxis={"title": "% of measured peak", "range": [0, 105]})
     return fig
+
+
+def load_moe_small(gpu: str = "h200", name: str = "moe_small_v3") -> dict[str, Any] | None:
+    """The committed one-launch vs four-launch comparison at M <= 16 (``bench --small-compare``), or None."""
+    return load_measurement(name, gpu)
+
+
+def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict[str, Any]]:
+    """Per (routing, M): both paths' ms and % of copy from one run, and which one
+    ``fused_moe_int4`` dispatches today (:func:`workbench.moe.fused.uses_small_path`)."""
+    k = topk or small["parameters"]["topk"]
+    out = []
+    for r in sorted(small["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
+        one = uses_small_path(r["m"], k)
+        out.append({"routing": r["routing"], "M": r["m"], "one-launch ms": r["small_fused_ms_median"],
+                    "one-launch % copy": r["small_fused_pct_of_copy"],
+                    "four-launch ms": r["four_launch_ms_median"], "four-launch % copy": r["four_launch_pct_of_copy"],
+                    "x one vs four": r["speedup_small_vs_four_launch"],
+                    "dispatched": "one-launch" if one else f"four-launch ({r['four_launch_variant']})",
+                    "dispatched % copy": r["small_fused_pct_of_copy"] if one else r["four_launch_pct_of_copy"]})
+    return out
+
+
+def dispatched_worst_pct(small: dict[str, Any]) -> tuple[float, dict[str, Any]] | None:
+    """Worst % of copy of the dispatched path over the comparison's rows, with that row; None if empty."""
+    rows = small_path_rows(small)
+    if not rows:
+        return None
+    worst = min(rows, key=lambda r: r["dispatched % copy"])
+    return worst["dispatched % copy"], worst
 
 
 def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
