@@ -174,6 +174,8 @@ def test_floor_and_plan():
         assert sum(-(-(p + T) // clen) for p in pre) <= n  # grid covers every chunk
     rb, clen, n = V._plan(131072, 1, 33, 264, 64, 132, None)
     assert rb * n <= 132
+    rb, clen, n = V._plan(131072, 1, 33, 264, 64, 132, None, key_align=128)
+    assert clen % 128 == 0 and rb * n <= 132
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -187,18 +189,55 @@ def test_kernel_compiles_without_spills():
     assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), report
 
 
+def _sm90a_report(options: tuple[str, ...] = ()) -> str:
+    src = KERNEL_DIR / "ddtree_verify.cu"
+    res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", *options,
+                          str(src), "-o", "/dev/null", "-Xptxas", "-v"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    # ptxas must keep the wgmma pipeline: no C7514/C7515 ("wgmma serialization") warning anywhere
+    assert "C7514" not in res.stderr and "C7515" not in res.stderr, res.stderr
+    assert "warning" not in res.stderr.lower(), res.stderr
+    return res.stderr
+
+
+def _entry_report(stderr: str, name: str) -> str:
+    return stderr.split(f"Compiling entry function '{name}'")[1].split("Compiling entry function")[0]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
-    # the target workbench.kernels.load_module(..., target="sm_90a") builds; ptxas must keep the
-    # wgmma pipeline (no C7514/C7515 serialisation warning) and spill nothing
-    src = KERNEL_DIR / "ddtree_verify.cu"
-    res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", str(src),
-                          "-o", "/dev/null", "-Xptxas", "-v"], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "C7514" not in res.stderr and "C7515" not in res.stderr, res.stderr
-    report = res.stderr.split("Compiling entry function 'ddtree_verify_wgmma_bf16'")[1]
-    report = report.split("Compiling entry function")[0]
-    assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), report
+    # the target workbench.kernels.load_module(..., target="sm_90a") builds; no spills in either
+    # warpgroup-MMA kernel (the default wgmma one and the ping-pong one)
+    err = _sm90a_report()
+    for name in ("ddtree_verify_wgmma_bf16", "ddtree_verify_pingpong_bf16"):
+        report = _entry_report(err, name)
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (name, report)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_pingpong_variants_build_without_spills():
+    # every -D variant that python -m workbench.ddtree.verify times (PINGPONG_VARIANTS)
+    opts = {tuple(v.get("_options", ())) for v in V.PINGPONG_VARIANTS.values()} - {()}
+    assert opts
+    for o in sorted(opts):
+        report = _entry_report(_sm90a_report(o), "ddtree_verify_pingpong_bf16")
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (o, report)
+        regs = int(re.search(r"Used (\d+) registers", report).group(1))
+        assert regs <= 255
+
+
+def test_pingpong_impl_is_selectable_and_not_the_default():
+    assert "pingpong" in V._IMPLS and V.PINGPONG_VARIANTS["pingpong"] == {"impl": "pingpong"}
+    assert V.auto_impl("float32") == "simple"
+    # on a CPU every impl runs the torch path; the name is validated
+    inp = V.random_verify_inputs(3, 2, 10, torch.float32, "cpu", seed=4)
+    o1, _ = V.verify_attention(**inp, impl="pingpong")
+    o2, _ = V.verify_attention(**inp)
+    assert torch.equal(o1, o2)
+    # the parity cases aimed at the kernel's rounds: odd/even tile counts, split tails, partial rows
+    cases = V.pingpong_edge_cases()
+    assert all("pingpong" in c["kernel"] for c in cases)
+    assert any(c.get("chunk_len") for c in cases) and any(c["heads"] == 8 and c["nodes"] == 33 for c in cases)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -223,9 +262,9 @@ def test_gpu_parity_batched_and_simple():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["wgmma", "mma"])
+@pytest.mark.parametrize("impl", ["wgmma", "pingpong", "mma"])
 def test_gpu_parity_tensor_core_kernels(impl):
-    if impl == "wgmma" and V.wgmma_unavailable_reason() is not None:
+    if impl in ("wgmma", "pingpong") and V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
     rows = V.verify_parity_rows(
         [dict(kernel=f"verify_attention[{impl}]", nodes=33, heads=h, prefix=p, dtype="bfloat16", repeats=1)
@@ -236,13 +275,38 @@ def test_gpu_parity_tensor_core_kernels(impl):
 
 
 @pytest.mark.gpu
-def test_gpu_no_host_sync_and_cuda_graph():
+def test_gpu_parity_pingpong_rounds():
+    # the ping-pong kernel's round structure: chunks of one tile, odd tile counts, refills, split tails
+    if V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")
+    rows = V.verify_parity_rows(V.pingpong_edge_cases(), "cuda", seed=7)
+    assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(V.PINGPONG_VARIANTS))
+def test_gpu_parity_pingpong_variants(name):
+    if V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")
+    kw = V.PINGPONG_VARIANTS[name]
+    inp = V.random_verify_inputs(33, 8, 3000, "bfloat16", "cuda", seed=3)
+    ro, rl = V.verify_attention_reference(**inp)
+    o, l = V.verify_attention(**inp, chunk_len=448, **kw)  # 7 tiles: three rounds with refills, one odd
+    rel = float(torch.linalg.vector_norm(o.double() - ro) / torch.linalg.vector_norm(ro))
+    assert rel < 1e-2 and float((l.double() - rl).abs().max()) < 2e-3, (name, rel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["auto", "pingpong"])
+def test_gpu_no_host_sync_and_cuda_graph(impl):
+    if impl == "pingpong" and V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")
     inp = V.random_verify_inputs(33, 8, 5000, "bfloat16", "cuda", seed=11)
-    ref, _ = V.verify_attention(**inp)  # warm-up (compiles the kernels)
+    ref, _ = V.verify_attention(**inp, impl=impl)  # warm-up (compiles the kernels)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        o, l = V.verify_attention(**inp, check=False)
+        o, l = V.verify_attention(**inp, check=False, impl=impl)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -252,11 +316,11 @@ def test_gpu_no_host_sync_and_cuda_graph():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        V.verify_attention(**inp, check=False, out=out, lse=lse)
+        V.verify_attention(**inp, check=False, out=out, lse=lse, impl=impl)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        V.verify_attention(**inp, check=False, out=out, lse=lse)
+        V.verify_attention(**inp, check=False, out=out, lse=lse, impl=impl)
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()

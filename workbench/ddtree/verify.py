@@ -69,10 +69,12 @@ _MMA_ROWS = 64      # query rows per block, tensor-core kernel (impl "mma")
 _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
 _WGMMA_SMEM = 231_424
+_PINGPONG_SMEM = 223_296  # Q + two key stages + exchange + 4 mbarriers + 1024 alignment slack
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "mma", "simple")
+_IMPLS = ("auto", "wgmma", "pingpong", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 _WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
+_PINGPONG_KERNEL = "ddtree_verify_pingpong_bf16"  # seesaw ping-pong over pairs of 64-key tiles (not yet run on a GPU)
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -246,14 +248,15 @@ def _num_sms(device) -> int:
 
 
 def _plan(n_prefix_total: int, B: int, T: int, M: int, rows_per_block: int, blocks_per_wave: int,
-          chunk_len: int | None) -> tuple[int, int, int]:
-    """(row blocks, chunk length in keys, upper bound on the number of chunks)."""
+          chunk_len: int | None, key_align: int = 64) -> tuple[int, int, int]:
+    """(row blocks, chunk length in keys, upper bound on the number of chunks). An automatic chunk
+    length is a multiple of ``key_align`` keys (64: one tile; 128 for ``pingpong``: one tile pair)."""
     rb = -(-M // rows_per_block)
     total = n_prefix_total + B * T
     if chunk_len is None:
         slots = max(1, blocks_per_wave // rb)
         want = slots if B == 1 else max(slots - B, B)
-        chunk_len = max(64, -(-(-(-total // want)) // 64) * 64)
+        chunk_len = max(key_align, -(-(-(-total // want)) // key_align) * key_align)
     elif chunk_len < 1:
         raise ValueError(f"chunk_len must be >= 1 keys, got {chunk_len}")
     n_chunks = -(-total // chunk_len) + (0 if B == 1 else B)
@@ -356,7 +359,10 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
-    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
+    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"pingpong"`` (bf16,
+    sm_90a: the two warpgroups in a ping-pong ("seesaw") schedule over pairs of
+    64-key tiles, each one's softmax under the other's wgmma; not the default,
+    not yet measured), ``"mma"`` (bf16
     tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
     or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
@@ -439,14 +445,16 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else auto_impl(dtype)
-    if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
+    if kind in ("mma", "wgmma", "pingpong") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind == "wgmma":
+    if kind in ("wgmma", "pingpong"):
         why = wgmma_unavailable_reason()
         if why is not None:
-            raise ValueError(f"impl='wgmma' is not available here ({why}); use impl='mma' or 'auto'")
-    rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
+            raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
+    rows = _MMA_ROWS if kind in ("mma", "wgmma", "pingpong") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
+    # pingpong keeps 64-key chunk granularity: whole tile pairs (128) would leave SMs idle at short
+    # prefixes (H=8, 4k: 17 chunks of 256 keys instead of 22 of 192); an odd last tile costs half a round
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
 
@@ -478,6 +486,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     if kind == "wgmma":
         _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args, shared_mem=_WGMMA_SMEM)
+    elif kind == "pingpong":
+        _launch(_kernel(_PINGPONG_KERNEL, _PINGPONG_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
+                args, shared_mem=_PINGPONG_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)
@@ -659,8 +670,8 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   repeats=3 if p < 100000 else 1))
         cases.append(dict(kernel="verify_attention_batched", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
                           dtype=dt, repeats=2))
-    for tag in ("wgmma", "mma"):
-        if tag == "wgmma" and wgmma_unavailable_reason() is not None:
+    for tag in ("wgmma", "pingpong", "mma"):
+        if tag in ("wgmma", "pingpong") and wgmma_unavailable_reason() is not None:
             continue
         for heads in (8, 64):
             for p in (100, 4096 + 37, 131072):
@@ -668,6 +679,8 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   dtype="bfloat16", repeats=2 if p < 100000 else 1))
         cases.append(dict(kernel=f"verify_attention_batched[{tag}]", nodes=33, heads=8,
                           prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1))
+    if wgmma_unavailable_reason() is None:
+        cases += pingpong_edge_cases()
     cases += [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=4096 + 37, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=2),
@@ -676,6 +689,25 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         dict(kernel="verify_attention_sdpa", nodes=33, heads=8, prefix=4096, dtype="bfloat16", repeats=1),
     ]
     return cases
+
+
+def pingpong_edge_cases(repeats: int = 1) -> list[dict[str, Any]]:
+    """Parity cases aimed at the ping-pong kernel's round structure (``impl="pingpong"``): a chunk of
+    one tile (no tile B in the only round), odd and even tile counts, the tree tail split across
+    chunks (``chunk_len`` 64 and 192: rounds that end on a partial pair), a partly filled row block
+    (H = 8: 264 rows), rows that see no key of a chunk, batched requests with empty prefixes."""
+    pp = "verify_attention[pingpong]"
+    out = [dict(kernel=pp, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats)
+           for p in (0, 1, 31, 64 - 33, 95, 128 - 33, 200)]
+    out += [dict(kernel=pp, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats, chunk_len=c)
+            for p, c in ((300, 64), (1000, 192), (4096 + 37, 128), (777, 320))]
+    out += [dict(kernel=pp, nodes=9, heads=64, prefix=500, dtype="bfloat16", repeats=repeats),
+            dict(kernel=pp, nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=repeats),
+            dict(kernel="verify_attention_batched[pingpong]", nodes=33, heads=8, prefix=[0, 64, 1, 5000],
+                 dtype="bfloat16", repeats=repeats),
+            dict(kernel="verify_attention_batched[pingpong]", nodes=17, heads=64, prefix=[129, 0],
+                 dtype="bfloat16", repeats=repeats, chunk_len=64)]
+    return out
 
 
 def _tolerances(dtype: str) -> tuple[float, float]:
@@ -691,7 +723,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
     either with an impl tag such as ``verify_attention[mma]`` or ``[simple]``;
     ``verify_attention_naive``, ``verify_attention_sdpa``),
     ``nodes``, ``heads``, ``prefix`` (int, or a list for the batched kernel),
-    ``dtype`` (``"bfloat16"``/``"float32"``), ``repeats`` (random cases).
+    ``dtype`` (``"bfloat16"``/``"float32"``), ``repeats`` (random cases), optionally
+    ``chunk_len`` (keys per thread block, passed to the kernel).
     ``None`` takes :func:`default_parity_cases`. Outputs are poisoned (NaN)
     before each run and every element is checked. Returns rows
     ``{kernel, shapes, cases, max_abs_err, max_rel_err, lse_max_abs_err,
@@ -714,11 +747,12 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
                                        seed=seed + 1000 * ci + rep)
             base, _, tag = kernel.partition("[")
             impl = tag.rstrip("]") or "auto"
+            extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
                 kw = dict(_poison_workspace=True) if dev.type == "cuda" else {}
-                o, l = verify_attention_batched(**inp, out=out, lse=lse, impl=impl, **kw)
+                o, l = verify_attention_batched(**inp, out=out, lse=lse, impl=impl, **kw, **extra)
                 offs = inp["prefix_offsets"].tolist()
                 refs = [verify_attention_reference(inp["q_latent"][b], inp["q_rope"][b], inp["kv_cache"],
                                                    inp["prefix_slots"][offs[b]:offs[b + 1]], inp["tail_kv"][b],
@@ -728,7 +762,7 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
                 if base == "verify_attention":
                     out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                     lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
-                    o, l = verify_attention(**inp, out=out, lse=lse, impl=impl)
+                    o, l = verify_attention(**inp, out=out, lse=lse, impl=impl, **extra)
                 elif base == "verify_attention_naive":
                     o, l = verify_attention_naive(**inp)
                 elif base == "verify_attention_sdpa":
@@ -746,8 +780,9 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
                 lse_err = max(lse_err, float((l.double() - rl).abs().max()))
         p = case["prefix"]
         pstr = f"P={p}" if isinstance(p, (int, np.integer)) else f"B={len(p)} P={list(p)}"
+        cstr = f" chunk={case['chunk_len']}" if case.get("chunk_len") else ""
         rows.append(dict(kernel=kernel,
-                         shapes=f"T={case['nodes']} H={case['heads']} {pstr} {dtype}",
+                         shapes=f"T={case['nodes']} H={case['heads']} {pstr} {dtype}{cstr}",
                          cases=n, max_abs_err=max_abs, max_rel_err=max_rel,
                          lse_max_abs_err=lse_err if kernel != "verify_attention_sdpa" else None,
                          bit_exact=None, tolerance=rel_tol,
@@ -776,6 +811,15 @@ def verify_floor(nodes: int, heads: int, prefix: int, elem_bytes: int, copy_gbps
 
 _PEERS = {"naive_torch": verify_attention_naive, "sdpa_dense_mask": verify_attention_sdpa,
           "flex_attention": verify_attention_flex}
+
+# The ping-pong kernel and its -D switches, timed beside the default by ``python -m workbench.ddtree.verify``.
+PINGPONG_VARIANTS: dict[str, dict[str, Any]] = {
+    "pingpong": {"impl": "pingpong"},
+    # slot indices of the next round read at refill time instead of at the top of the round
+    "pingpong_slot_late": {"impl": "pingpong", "_options": ("-DVERIFY_PP_SLOT_EARLY=0",)},
+    # bar.sync on both sides of the two named barriers (no bar.arrive): the warpgroups rendezvous
+    "pingpong_bar_sync": {"impl": "pingpong", "_options": ("-DVERIFY_PP_ARRIVE=0",)},
+}
 
 
 def _capture(fns: Sequence[Any]) -> list[Any]:
@@ -1058,8 +1102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--unroll-variants", type=int, nargs="*", default=[],
                     help="also time the mma.sync kernel compiled with these score-loop unroll factors (default 4)")
     ap.add_argument("--no-mma-variant", action="store_true",
-                    help="do not time the previous kernel (mma.sync) and the slot-prefetch wgmma variant "
-                         "beside the default one")
+                    help="do not time the other bf16 kernels (mma.sync, the ping-pong wgmma kernel and its "
+                         "-D variants) beside the default one")
+    ap.add_argument("--old-wgmma-variants", action="store_true",
+                    help="also time the wgmma variants of the previous runs (wgmma_prefetch, wgmma_a26b7c4)")
+    ap.add_argument("--peers", nargs="*", default=list(_PEERS),
+                    help=f"peers to time (default: all of {list(_PEERS)}; none: --peers with no names)")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
     ap.add_argument("--smoke-only", default=None, help="with --smoke: only the cases whose kernel name holds this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
@@ -1077,7 +1125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                               ("verify_attention", "float32"), ("verify_attention[simple]", "bfloat16"))
                  for p in (0, 150)]
         cases += [dict(kernel=f"verify_attention_batched[{t}]", nodes=9, heads=8, prefix=[0, 70, 130],
-                       dtype="bfloat16", repeats=1) for t in ("wgmma", "mma")]
+                       dtype="bfloat16", repeats=1) for t in ("wgmma", "pingpong", "mma")]
+        # ping-pong: the round structure (refills of both stages, a last round without tile B, the
+        # tail split across chunks) needs chunks of several tile pairs, which small prefixes never get
+        cases += [dict(kernel="verify_attention[pingpong]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
+                       repeats=1, chunk_len=c) for p, c in ((0, None), (150, None), (600, 384), (700, 320),
+                                                            (300, 192))]
+        cases += [dict(kernel="verify_attention[pingpong]", nodes=33, heads=8, prefix=450, dtype="bfloat16",
+                       repeats=1, chunk_len=256)]
         if args.smoke_only:
             cases = [c for c in cases if args.smoke_only in c["kernel"]]
         rows = verify_parity_rows(cases, dev)
@@ -1097,14 +1152,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = {}
     if not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
         variants["mma"] = {"impl": "mma"}  # the previous kernel, same process
-        variants["wgmma_prefetch"] = {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)}
-        # the wgmma kernel as measured in a26b7c4: block-wide row-max barrier, O rescaled every tile
-        variants["wgmma_a26b7c4"] = {"impl": "wgmma",
-                                     "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}
+        variants.update(PINGPONG_VARIANTS)
+        if args.old_wgmma_variants:
+            variants["wgmma_prefetch"] = {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)}
+            # the wgmma kernel as measured in a26b7c4: block-wide row-max barrier, O rescaled every tile
+            variants["wgmma_a26b7c4"] = {"impl": "wgmma",
+                                         "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}
     variants.update({f"mma_unroll{u}": {"impl": "mma", "_options": (f"-DVERIFY_S_UNROLL={u}",)}
                      for u in args.unroll_variants})
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
-                           reps=args.reps, peer_reps=args.peer_reps, variants=variants)
+                           reps=args.reps, peer_reps=args.peer_reps, variants=variants, peers=tuple(args.peers))
     if rows is not None:
         res["parity"] = rows
     if args.sanitizer_logs:

@@ -19,6 +19,8 @@
 //                             vis[B*T, W] ancestor bitmasks from parents, in one launch
 //   ddtree_verify_wgmma_bf16  bf16 inputs, Hopper warpgroup MMA (wgmma, sm_90a builds only),
 //                             64 query rows x 64 keys per step, 2 warpgroups
+//   ddtree_verify_pingpong_bf16  bf16, wgmma (sm_90a only), two warpgroups in a ping-pong ("seesaw")
+//                             schedule over pairs of 64-key tiles (impl="pingpong", not the default)
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
 //                             64 query rows x 64 keys per step, 256 threads (any sm_90 build)
 //   ddtree_verify_simple_f32 / _bf16   CUDA-core path, 16 query rows per block
@@ -841,6 +843,560 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
             *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
         if (wg == 0 && tq == 0)
             lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
+    }
+#else
+    asm volatile("trap;");
+#endif
+}
+
+// ---------------------------------------------------------------- ping-pong wgmma kernel (bf16, sm_90a only)
+//
+// impl="pingpong" (not the default; NOT YET RUN ON A GPU when written). The "seesaw" schedule of
+// FlashMLA's deep-dive write-up, adapted to this kernel's cp.async gather: two warpgroups, one 64-row
+// query block, and per round TWO 64-key tiles: tile A = 2r in stage 0, tile B = 2r+1 in stage 1.
+// O [64 x 512] is split by columns: WG0 holds O_L (dims 0..255), WG1 holds O_R (dims 256..511); each
+// keeps its own copy of the row maxima m and a partial row sum l (WG0 over the A tiles, WG1 over the
+// B tiles; both relative to the same m at the end of every round, added in the epilogue).
+//   WG0: S_A = Q K_A^T (m64n64k16 x 36) -> mask, row max (inside a quad: no exchange), m0 = max(m, .),
+//        P_A = exp2(S_A - m0) as bf16 to stage 0's rope block (free once S_A is done) and m0 to smem;
+//        bar.arrive P0 -> O_L *= 2^(m - m0) (skipped when no max moved) -> O_L += P_A V_A[:, :256]
+//        with P_A from REGISTERS (RS wgmma, the S accumulator layout is the A fragment layout) ->
+//        refill stage 0 blocks 0..3 with tile 2r+2 (nobody else reads them) -> bar.sync P1 ->
+//        O_L *= 2^(m0 - m1) -> O_L += P_B V_B[:, :256] (P_B from stage 1's rope block) -> refill
+//        stage 1 blocks 0..3 and 8 with tile 2r+3.
+//   WG1: S_B = Q K_B^T (issued while WG0 still runs S_A or its softmax) -> mask, row max ->
+//        bar.sync P0 -> O_R *= 2^(m - m0) -> issue O_R += P_A V_A[:, 256:] (SS) and, while it runs,
+//        m1 = max(m0, rowmax B), P_B = exp2(S_B - m1) to stage 1's rope block, m1 to smem, bar.arrive
+//        P1 -> wait -> refill stage 0 blocks 4..8 with tile 2r+2 -> O_R *= 2^(m0 - m1) ->
+//        O_R += P_B V_B[:, 256:] (RS) -> refill stage 1 blocks 4..7 with tile 2r+3.
+// So the tensor cores see S_A | S_B (under WG0's softmax) | P_A V_A (both halves; WG1's softmax
+// under it) | P_B V_B, and each warpgroup's softmax and bookkeeping run under the other's wgmma; no
+// block-wide barrier inside the loop (two named barriers, producer side bar.arrive).
+// Each stage's 9 column blocks are refilled in two groups by the warpgroup that reads them last,
+// right after that read (no "empty" barrier needed): the group's completion is signalled with
+// cp.async.mbarrier.arrive.noinc on one of four mbarriers full[stage][group] (128 arrivals each), and
+// a reader waits on the round's phase parity, then fence.proxy.async before its wgmma. Stage 0 is
+// refilled in the middle of a round, so S_A of the next round waits on nothing; stage 1 at its end,
+// so S_B of the next round has S_A's duration to land.
+// Shared memory (dynamic, realigned to 1024): sQ 73,728 | stage 0 73,728 | stage 1 73,728 |
+// exchange 1,024 (m0[64], m1[64], l[2][64]) | 4 mbarriers (64) | slack 1,024: 223,296 bytes.
+// -D switches (tuning variants): VERIFY_PP_SLOT_EARLY (1: the next round's slot indices are read at the
+// top of a round, 0: at refill time), VERIFY_PP_ARRIVE (1: producer side of the named barriers uses
+// bar.arrive, 0: bar.sync on both sides), VERIFY_PP_LAZY_RESCALE (1: skip O *= 1).
+
+#define PP_SMEM (SQ_BYTES + 2 * SK_BYTES + 1024 + 64 + 1024)
+#ifndef VERIFY_PP_SLOT_EARLY
+#define VERIFY_PP_SLOT_EARLY 1
+#endif
+#ifndef VERIFY_PP_ARRIVE
+#define VERIFY_PP_ARRIVE 1
+#endif
+#ifndef VERIFY_PP_LAZY_RESCALE
+#define VERIFY_PP_LAZY_RESCALE 1
+#endif
+#define PP_BAR_P0 1  // named barrier: WG0 published P_A and m0
+#define PP_BAR_P1 2  // named barrier: WG1 published P_B and m1
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(u32 addr, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(u32 addr) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 addr, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) {
+#if VERIFY_PP_ARRIVE
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+#else
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n64_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n256_rs_tb(float* d, const u32* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, "
+        "%72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, "
+        "%88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, "
+        "%104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, "
+        "%120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+ddtree_verify_pingpong_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
+                            const bf16_t* __restrict__ q_rope,     // [B*M, 64]
+                            const bf16_t* __restrict__ kv,         // [S, kv_stride]
+                            long long kv_stride,                   // elements between cache rows
+                            const long long* __restrict__ slots,   // [N]
+                            const long long* __restrict__ offsets, // [B+1]
+                            const bf16_t* __restrict__ tail,       // [B*T, 576]
+                            const u32* __restrict__ vis,           // [B*T, W]
+                            const int* __restrict__ chunk_start,   // [B+1]
+                            float* __restrict__ o_part,            // [C, M, 512]
+                            float* __restrict__ lse_part,          // [C, M]
+                            int B, int T, int H, int W, int chunk_len, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
+    const u32 raw_a = smem_u32(smem);
+    const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
+    const u32 sQ_a = raw_a + pad;
+    const u32 sK_a = sQ_a + SQ_BYTES;  // stage s at sK_a + s * SK_BYTES; column block k at + k * 8192
+    unsigned char* sK = smem + pad + SQ_BYTES;
+    float* xm0 = reinterpret_cast<float*>(sK + 2 * SK_BYTES);  // [64] WG0's new row maxima (round)
+    float* xm1 = xm0 + 64;                                      // [64] WG1's new row maxima (round)
+    float* xl = xm0 + 128;                                      // [2][64] row sums (epilogue)
+    const u32 mbar0 = smem_u32(sK + 2 * SK_BYTES + 1024);       // full[stage][group] at + 8 * (2 * stage + group)
+
+    const int g = blockIdx.y;
+    if (g >= chunk_start[B]) return;
+    const int b = find_request(chunk_start, B, g);
+    const long long off_b = offsets[b];
+    const int P = (int)(offsets[b + 1] - off_b);
+    const int M = T * H;
+    const int row0 = blockIdx.x * MMA_ROWS;
+    const int key_begin = (g - chunk_start[b]) * chunk_len;
+    const int key_end = min(key_begin + chunk_len, P + T);
+    const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
+    const int npairs = (ntiles + 1) >> 1;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wg = warp >> 2;        // 0: tile A of each round, O_L; 1: tile B, O_R
+    const int t = tid & 127;         // thread in warpgroup
+    const int gq = lane >> 2;
+    const int tq = lane & 3;
+    const int r_lo = 16 * (warp & 3) + gq;  // this thread's rows: r_lo and r_lo + 8 (both warpgroups alike)
+
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mbar_init(mbar0 + 8 * i, 128);
+    }
+    // ---- Q (zero-fill rows past M), one committed cp.async group
+    {
+        const int r = tid >> 2;
+        const bool ok = row0 + r < M;
+        const long long grow = (long long)b * M + row0 + r;
+        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
+        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+            const int c = (tid & 3) + 4 * i;
+            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
+            cp_async16(sQ_a + sw128(r, c), ok ? src : q_lat, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    }
+    __syncthreads();  // mbarrier init visible before any arrive
+
+    // ---- key rows: 2 threads per key of a 64-key tile (key t >> 1), thread half h = t & 1 takes the
+    // 16-byte chunks 8 * blk + h + 2i of each column block blk it fills.
+    auto key_src = [&](int tile) -> const bf16_t* {
+        const int key = key_begin + tile * MMA_KEYS + (t >> 1);
+        if (key >= key_end) return nullptr;  // zero-filled, masked
+        if (key < P) return kv + slots[off_b + key] * kv_stride;
+        return tail + ((long long)b * T + (key - P)) * DK;
+    };
+    // Warpgroup w fills column blocks 4w..4w+3 of a stage, plus the rope block 8 when w != stage
+    // (stage 0: WG1 reads block 8 last, as P_A; stage 1: WG0, as P_B), and signals full[stage][w].
+    auto gather = [&](const bf16_t* src, int stage) {
+        const u32 base = sK_a + stage * SK_BYTES;
+        const int kk = t >> 1, h = t & 1;
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+            if (j == 4 && wg == stage) break;
+            const int blk = j < 4 ? 4 * wg + j : 8;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int c = 8 * blk + h + 2 * i;
+                cp_async16(base + sw128(kk, c), src ? src + c * 8 : tail, src ? 16 : 0);
+            }
+        }
+        cp_async_mbar_arrive_noinc(mbar0 + 8 * (2 * stage + wg));
+    };
+    gather(key_src(0), 0);
+    gather(key_src(1), 1);  // tile 1 may not exist: zero-filled, its S is skipped
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the Q group (the gathers are not committed)
+    fence_async_smem();
+    __syncthreads();  // Q visible to both warpgroups
+
+    float m_run[2] = {NEG_INF, NEG_INF};
+    float l_run[2] = {0.f, 0.f};
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    const u32 kb = sK_a + wg * SK_BYTES;  // this warpgroup's S tile (stage = wg)
+
+    for (int r = 0; r < npairs; ++r) {
+        const u32 par = (u32)(r & 1);
+        const bool has_b = 2 * r + 1 < ntiles;  // uniform: the last round may have no tile B
+        const bool more = r + 1 < npairs;       // refill the stages for round r + 1
+#if VERIFY_PP_SLOT_EARLY
+        const bf16_t* nsrc_a = more ? key_src(2 * r + 2) : nullptr;
+        const bf16_t* nsrc_b = more ? key_src(2 * r + 3) : nullptr;
+#endif
+        const int kt0 = key_begin + (2 * r + wg) * MMA_KEYS;
+
+        // ---- S[64 x 64] of this warpgroup's tile. The descriptor bases go through an opaque move each
+        // round: otherwise the compiler hoists all 72 loop-invariant 64-bit descriptors out of the
+        // round loop and spills.
+        u32 q_it, k_it;
+        asm volatile("mov.u32 %0, %1;\n" : "=r"(q_it) : "r"(sQ_a));
+        asm volatile("mov.u32 %0, %1;\n" : "=r"(k_it) : "r"(kb));
+        float s[32];
+        if (wg == 0 || has_b) {
+            mbar_wait(mbar0 + 8 * (2 * wg + 0), par);
+            mbar_wait(mbar0 + 8 * (2 * wg + 1), par);
+            fence_async_smem();  // cp.async (generic proxy) writes seen -> wgmma (async proxy) reads
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < 36; ++ks) {
+                const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
+                wgmma_m64n64_ss(s, wg_desc(q_it + koff, 16, 1024), wg_desc(k_it + koff, 16, 1024), ks > 0);
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 32; ++i) reg_fence(s[i]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] = NEG_INF;
+        }
+        // ---- scale, mask, row max (a row's 64 keys lie in one quad of lanes)
+        const bool need_mask = (kt0 + MMA_KEYS > key_end) || (kt0 + MMA_KEYS > P);
+        float rmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float v = s[4 * j + c] * scale_log2;
+                if (need_mask) {
+                    const int key = kt0 + 8 * j + 2 * tq + (c & 1);
+                    const int row = row0 + r_lo + 8 * (c >> 1);
+                    bool ok = key < key_end;
+                    if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
+                    if (!ok) v = NEG_INF;
+                }
+                s[4 * j + c] = v;
+                rmax[c >> 1] = fmaxf(rmax[c >> 1], v);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            rmax[h] = fmaxf(rmax[h], __shfl_xor_sync(0xffffffffu, rmax[h], 1));
+            rmax[h] = fmaxf(rmax[h], __shfl_xor_sync(0xffffffffu, rmax[h], 2));
+        }
+
+        u32 pa[16];  // this warpgroup's P (bf16 pairs) as the A fragments of the RS wgmma, 4 per k-step
+        if (wg == 0) {
+            // ================================================================ warpgroup 0
+            float mnew[2], muse[2], sc[2], ls[2] = {0.f, 0.f};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mnew[h] = fmaxf(m_run[h], rmax[h]);
+                muse[h] = mnew[h] == NEG_INF ? 0.f : mnew[h];
+                sc[h] = fast_exp2(m_run[h] - muse[h]);
+            }
+            unsigned char* sP = sK + 8 * 8192;  // stage 0, rope block (S_A has read it)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int j = 2 * kk + (q >> 1), h = q & 1;
+                    const float p0 = fast_exp2(s[4 * j + 2 * h] - muse[h]);
+                    const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse[h]);
+                    ls[h] += p0 + p1;
+                    pa[4 * kk + q] = pack_bf16x2(p0, p1);
+                    const int rr = r_lo + 8 * h;
+                    *reinterpret_cast<u32*>(sP + rr * 128 + ((j ^ (rr & 7)) << 4) + 4 * tq) = pa[4 * kk + q];
+                }
+            if (tq == 0) {
+                xm0[r_lo] = mnew[0];
+                xm0[r_lo + 8] = mnew[1];
+            }
+            fence_async_smem();  // P_A written by ordinary stores, read by WG1's wgmma
+            named_arrive(PP_BAR_P0, 256);
+            bool moved = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                l_run[h] = l_run[h] * sc[h] + ls[h];
+                moved |= mnew[h] != m_run[h];
+                m_run[h] = mnew[h];
+            }
+#if VERIFY_PP_LAZY_RESCALE
+            if (moved)
+#endif
+            {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    acc[4 * j + 0] *= sc[0];
+                    acc[4 * j + 1] *= sc[0];
+                    acc[4 * j + 2] *= sc[1];
+                    acc[4 * j + 3] *= sc[1];
+                }
+            }
+            // O_L += P_A V_A[:, 0:256]  (A from registers)
+#pragma unroll
+            for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) wgmma_m64n256_rs_tb(acc, &pa[4 * kk], wg_desc(sK_a + kk * 2048, 8192, 1024));
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            if (more) {  // stage 0 blocks 0..3: read by S_A and P_A V_A[:, :256] only, both done
+#if VERIFY_PP_SLOT_EARLY
+                gather(nsrc_a, 0);
+#else
+                gather(key_src(2 * r + 2), 0);
+#endif
+            }
+            named_sync(PP_BAR_P1, 256);  // WG1 published m1 and P_B
+            if (has_b) {
+                float sc1[2];
+                moved = false;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float m1 = xm1[r_lo + 8 * h];
+                    const float muse1 = m1 == NEG_INF ? 0.f : m1;
+                    sc1[h] = fast_exp2(m_run[h] - muse1);
+                    l_run[h] *= sc1[h];
+                    moved |= m1 != m_run[h];
+                    m_run[h] = m1;
+                }
+#if VERIFY_PP_LAZY_RESCALE
+                if (moved)
+#endif
+                {
+#pragma unroll
+                    for (int j = 0; j < 32; ++j) {
+                        acc[4 * j + 0] *= sc1[0];
+                        acc[4 * j + 1] *= sc1[0];
+                        acc[4 * j + 2] *= sc1[1];
+                        acc[4 * j + 3] *= sc1[1];
+                    }
+                }
+                // O_L += P_B V_B[:, 0:256]  (P_B from stage 1's rope block)
+#pragma unroll
+                for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    wgmma_m64n256_ss_tb(acc, wg_desc(sK_a + SK_BYTES + 8 * 8192 + kk * 32, 16, 1024),
+                                        wg_desc(sK_a + SK_BYTES + kk * 2048, 8192, 1024), 1);
+                wg_commit();
+                wg_wait0();
+#pragma unroll
+                for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            }
+            if (more) {  // stage 1 blocks 0..3 and 8: read by S_B (done before P1) and P_B V_B[:, :256]
+#if VERIFY_PP_SLOT_EARLY
+                gather(nsrc_b, 1);
+#else
+                gather(key_src(2 * r + 3), 1);
+#endif
+            }
+        } else {
+            // ================================================================ warpgroup 1
+            named_sync(PP_BAR_P0, 256);  // WG0 published m0 and P_A
+            float m0[2], sc[2];
+            bool moved = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                m0[h] = xm0[r_lo + 8 * h];
+                const float muse0 = m0[h] == NEG_INF ? 0.f : m0[h];
+                sc[h] = fast_exp2(m_run[h] - muse0);
+                l_run[h] *= sc[h];
+                moved |= m0[h] != m_run[h];
+                m_run[h] = m0[h];
+            }
+#if VERIFY_PP_LAZY_RESCALE
+            if (moved)
+#endif
+            {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    acc[4 * j + 0] *= sc[0];
+                    acc[4 * j + 1] *= sc[0];
+                    acc[4 * j + 2] *= sc[1];
+                    acc[4 * j + 3] *= sc[1];
+                }
+            }
+            // issue O_R += P_A V_A[:, 256:512] (P_A from stage 0's rope block) ...
+#pragma unroll
+            for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_m64n256_ss_tb(acc, wg_desc(sK_a + 8 * 8192 + kk * 32, 16, 1024),
+                                    wg_desc(sK_a + 4 * 8192 + kk * 2048, 8192, 1024), 1);
+            wg_commit();
+            // ... and under it the softmax of tile B
+            float m1[2], muse1[2], sc1[2], ls[2] = {0.f, 0.f};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                m1[h] = fmaxf(m0[h], rmax[h]);
+                muse1[h] = m1[h] == NEG_INF ? 0.f : m1[h];
+                sc1[h] = fast_exp2(m0[h] - muse1[h]);
+            }
+            unsigned char* sP = sK + SK_BYTES + 8 * 8192;  // stage 1, rope block (S_B has read it)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int j = 2 * kk + (q >> 1), h = q & 1;
+                    const float p0 = fast_exp2(s[4 * j + 2 * h] - muse1[h]);
+                    const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse1[h]);
+                    ls[h] += p0 + p1;
+                    pa[4 * kk + q] = pack_bf16x2(p0, p1);
+                    if (has_b) {
+                        const int rr = r_lo + 8 * h;
+                        *reinterpret_cast<u32*>(sP + rr * 128 + ((j ^ (rr & 7)) << 4) + 4 * tq) = pa[4 * kk + q];
+                    }
+                }
+            if (tq == 0) {
+                xm1[r_lo] = m1[0];
+                xm1[r_lo + 8] = m1[1];
+            }
+            fence_async_smem();  // P_B written by ordinary stores, read by WG0's wgmma
+            named_arrive(PP_BAR_P1, 256);
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            if (more) {  // stage 0 blocks 4..8: read by S_A (before P0), P_A V_A[:, 256:] (done)
+#if VERIFY_PP_SLOT_EARLY
+                gather(nsrc_a, 0);
+#else
+                gather(key_src(2 * r + 2), 0);
+#endif
+            }
+            moved = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                l_run[h] = l_run[h] * sc1[h] + ls[h];
+                moved |= m1[h] != m_run[h];
+                m_run[h] = m1[h];
+            }
+            if (has_b) {
+#if VERIFY_PP_LAZY_RESCALE
+                if (moved)
+#endif
+                {
+#pragma unroll
+                    for (int j = 0; j < 32; ++j) {
+                        acc[4 * j + 0] *= sc1[0];
+                        acc[4 * j + 1] *= sc1[0];
+                        acc[4 * j + 2] *= sc1[1];
+                        acc[4 * j + 3] *= sc1[1];
+                    }
+                }
+                // O_R += P_B V_B[:, 256:512]  (A from registers)
+#pragma unroll
+                for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    wgmma_m64n256_rs_tb(acc, &pa[4 * kk], wg_desc(sK_a + SK_BYTES + 4 * 8192 + kk * 2048, 8192, 1024));
+                wg_commit();
+                wg_wait0();
+#pragma unroll
+                for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            }
+            if (more) {  // stage 1 blocks 4..7: read by S_B and P_B V_B[:, 256:] only, both done
+#if VERIFY_PP_SLOT_EARLY
+                gather(nsrc_b, 1);
+#else
+                gather(key_src(2 * r + 3), 1);
+#endif
+            }
+        }
+    }
+
+    // ---- epilogue: both warpgroups hold the same m; l = l(WG0) + l(WG1); normalise, store
+    // (a zero-filled stage-1 refill of a round without tile B is never waited on: drain it before exit)
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float v = l_run[h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (tq == 0) xl[wg * 64 + r_lo + 8 * h] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int rr = r_lo + 8 * h;
+        if (row0 + rr >= M) continue;
+        const float l = xl[rr] + xl[64 + rr];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float* dst = o_part + ((long long)g * M + row0 + rr) * DV + 256 * wg + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+        if (wg == 0 && tq == 0)
+            lse_part[(long long)g * M + row0 + rr] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
     }
 #else
     asm volatile("trap;");
