@@ -70,11 +70,15 @@ _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
 _WGMMA_SMEM = 231_424
 _PINGPONG_SMEM = 223_296  # Q + two key stages + exchange + 4 mbarriers + 1024 alignment slack
+_REM_SMEM = 231_680       # pingpong_rem: its remainder blocks' 3 stages + 8 Q rows + exchange + slack (the larger)
+_REM_MAX_ROWS = 8         # pingpong_rem: the last row block goes by swapped operands (wgmma n8) when it has <= 8 rows
+_REM_CHUNKS = 3           # pingpong_rem: key chunks per remainder thread block
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "pingpong", "mma", "simple")
+_IMPLS = ("auto", "wgmma", "pingpong", "pingpong_rem", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 _WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
 _PINGPONG_KERNEL = "ddtree_verify_pingpong_bf16"  # seesaw ping-pong over pairs of 64-key tiles (not yet run on a GPU)
+_PINGPONG_REM_KERNEL = "ddtree_verify_pingpong_rem_bf16"  # + the last <= 8 rows by swapped operands (not yet run)
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -265,6 +269,31 @@ def _plan(n_prefix_total: int, B: int, T: int, M: int, rows_per_block: int, bloc
     return rb, chunk_len, n_chunks
 
 
+def _plan_rem(n_prefix_total: int, B: int, T: int, M: int, blocks_per_wave: int, chunk_len: int | None,
+              rem_k: int) -> tuple[int, int, int]:
+    """Plan of ``impl="pingpong_rem"``: (row blocks, chunk length, upper bound on the chunks). The last
+    row block (at most 8 rows) takes ``rem_k`` chunks per thread block, so a wave holds
+    ``(row blocks - 1) * chunks + ceil(chunks / rem_k)`` working blocks; the automatic chunk count is the
+    largest that fits one wave (H = 8, 33 nodes, 132 SMs, rem_k 3: 30 chunks instead of 26)."""
+    if rem_k < 1:
+        raise ValueError(f"rem_k (chunks per remainder block) must be >= 1, got {rem_k}")
+    rb = -(-M // _MMA_ROWS)
+    full = rb - 1
+    total = n_prefix_total + B * T
+    if chunk_len is None:
+        slots = 1
+        while full * (slots + 1) + -(-(slots + 1) // rem_k) <= blocks_per_wave:
+            slots += 1
+        want = slots if B == 1 else max(slots - B, B)
+        chunk_len = max(64, -(-(-(-total // want)) // 64) * 64)
+    elif chunk_len < 1:
+        raise ValueError(f"chunk_len must be >= 1 keys, got {chunk_len}")
+    n_chunks = -(-total // chunk_len) + (0 if B == 1 else B)
+    if n_chunks > 65535:
+        raise ValueError(f"{n_chunks} key chunks exceed the grid limit 65535; use a larger chunk_len")
+    return rb, chunk_len, n_chunks
+
+
 _KERNELS: dict[tuple, Any] = {}
 
 
@@ -342,7 +371,7 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
                              out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
-                             _single_prefix: int | None = None):
+                             _single_prefix: int | None = None, _rem_chunks: int = _REM_CHUNKS):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -362,7 +391,11 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     sm_90a with nvcc; 64 query rows x 64 keys per step), ``"pingpong"`` (bf16,
     sm_90a: the two warpgroups in a ping-pong ("seesaw") schedule over pairs of
     64-key tiles, each one's softmax under the other's wgmma; not the default,
-    not yet measured), ``"mma"`` (bf16
+    not yet measured), ``"pingpong_rem"`` (as ``pingpong``, and where the last
+    64-row block holds at most 8 rows, as at H = 8 with 33 nodes, those rows go
+    by swapped operands (wgmma m64n8: keys as M, the 8 rows as N), 3 key
+    chunks per such block, so the full row blocks get more chunks; not yet
+    measured), ``"mma"`` (bf16
     tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
     or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
@@ -445,17 +478,22 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else auto_impl(dtype)
-    if kind in ("mma", "wgmma", "pingpong") and dtype != torch.bfloat16:
+    if kind in ("mma", "wgmma", "pingpong", "pingpong_rem") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind in ("wgmma", "pingpong"):
+    if kind in ("wgmma", "pingpong", "pingpong_rem"):
         why = wgmma_unavailable_reason()
         if why is not None:
             raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
-    rows = _MMA_ROWS if kind in ("mma", "wgmma", "pingpong") else _SIMPLE_ROWS
+    if kind == "pingpong_rem" and not 0 < M % _MMA_ROWS <= _REM_MAX_ROWS:
+        kind = "pingpong"  # no last row block of <= 8 rows: the same kernel as pingpong
+    rows = _MMA_ROWS if kind in ("mma", "wgmma", "pingpong", "pingpong_rem") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
     # pingpong keeps 64-key chunk granularity: whole tile pairs (128) would leave SMs idle at short
     # prefixes (H=8, 4k: 17 chunks of 256 keys instead of 22 of 192); an odd last tile costs half a round
-    rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
+    if kind == "pingpong_rem":
+        rb, clen, n_chunks = _plan_rem(int(slots.shape[0]), B, T, M, _num_sms(dev), chunk_len, int(_rem_chunks))
+    else:
+        rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
 
     i32 = dict(dtype=torch.int32, device=dev)
@@ -489,6 +527,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     elif kind == "pingpong":
         _launch(_kernel(_PINGPONG_KERNEL, _PINGPONG_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args, shared_mem=_PINGPONG_SMEM)
+    elif kind == "pingpong_rem":
+        _launch(_kernel(_PINGPONG_REM_KERNEL, _REM_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
+                args + (int(_rem_chunks),), shared_mem=_REM_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)
@@ -501,7 +542,8 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
-                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = ()):
+                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = (),
+                     _rem_chunks: int = _REM_CHUNKS):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -525,7 +567,7 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     l = None if lse is None else lse.unsqueeze(0)
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
-                                    _options=_options, _single_prefix=P)
+                                    _options=_options, _single_prefix=P, _rem_chunks=_rem_chunks)
     return o[0], l[0]
 
 
@@ -670,8 +712,8 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   repeats=3 if p < 100000 else 1))
         cases.append(dict(kernel="verify_attention_batched", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
                           dtype=dt, repeats=2))
-    for tag in ("wgmma", "pingpong", "mma"):
-        if tag in ("wgmma", "pingpong") and wgmma_unavailable_reason() is not None:
+    for tag in ("wgmma", "pingpong", "pingpong_rem", "mma"):
+        if tag in ("wgmma", "pingpong", "pingpong_rem") and wgmma_unavailable_reason() is not None:
             continue
         for heads in (8, 64):
             for p in (100, 4096 + 37, 131072):
@@ -695,7 +737,8 @@ def pingpong_edge_cases(repeats: int = 1) -> list[dict[str, Any]]:
     """Parity cases aimed at the ping-pong kernel's round structure (``impl="pingpong"``): a chunk of
     one tile (no tile B in the only round), odd and even tile counts, the tree tail split across
     chunks (``chunk_len`` 64 and 192: rounds that end on a partial pair), a partly filled row block
-    (H = 8: 264 rows), rows that see no key of a chunk, batched requests with empty prefixes."""
+    (H = 8: 264 rows), rows that see no key of a chunk, batched requests with empty prefixes; and for
+    ``impl="pingpong_rem"`` last row blocks of 8, 4 and 5 rows (H = 8, 4, 1) over several chunks each."""
     pp = "verify_attention[pingpong]"
     out = [dict(kernel=pp, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats)
            for p in (0, 1, 31, 64 - 33, 95, 128 - 33, 200)]
@@ -707,6 +750,17 @@ def pingpong_edge_cases(repeats: int = 1) -> list[dict[str, Any]]:
                  dtype="bfloat16", repeats=repeats),
             dict(kernel="verify_attention_batched[pingpong]", nodes=17, heads=64, prefix=[129, 0],
                  dtype="bfloat16", repeats=repeats, chunk_len=64)]
+    # pingpong_rem: the last row block of <= 8 rows by swapped operands, several chunks per such block
+    pr = "verify_attention[pingpong_rem]"
+    out += [dict(kernel=pr, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats)
+            for p in (0, 1, 100, 4096 + 37)]
+    out += [dict(kernel=pr, nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=repeats, chunk_len=c)
+            for n, h, p, c in ((33, 8, 700, 64), (33, 8, 1000, 192), (17, 8, 2000, 320), (33, 4, 900, 256),
+                               (5, 1, 600, 128), (9, 8, 333, None))]
+    out += [dict(kernel="verify_attention_batched[pingpong_rem]", nodes=33, heads=8, prefix=[0, 64, 1, 5000],
+                 dtype="bfloat16", repeats=repeats),
+            dict(kernel="verify_attention_batched[pingpong_rem]", nodes=17, heads=8, prefix=[300, 0, 77],
+                 dtype="bfloat16", repeats=repeats, chunk_len=128)]
     return out
 
 
@@ -819,6 +873,9 @@ PINGPONG_VARIANTS: dict[str, dict[str, Any]] = {
     "pingpong_slot_late": {"impl": "pingpong", "_options": ("-DVERIFY_PP_SLOT_EARLY=0",)},
     # bar.sync on both sides of the two named barriers (no bar.arrive): the warpgroups rendezvous
     "pingpong_bar_sync": {"impl": "pingpong", "_options": ("-DVERIFY_PP_ARRIVE=0",)},
+    # + the last row block of <= 8 rows (H = 8) by swapped operands, 3 (or 2) chunks per such block
+    "pingpong_rem": {"impl": "pingpong_rem"},
+    "pingpong_rem2": {"impl": "pingpong_rem", "_rem_chunks": 2},
 }
 
 
@@ -1133,6 +1190,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                             (300, 192))]
         cases += [dict(kernel="verify_attention[pingpong]", nodes=33, heads=8, prefix=450, dtype="bfloat16",
                        repeats=1, chunk_len=256)]
+        # pingpong_rem: 9 nodes x 8 heads = 72 rows, the last block of 8 rows by swapped operands,
+        # 3 chunks per remainder block (several chunks and a partial last group with chunk_len 64/128)
+        cases += [dict(kernel="verify_attention[pingpong_rem]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
+                       repeats=1, chunk_len=c) for p, c in ((0, None), (150, None), (600, 128), (500, 64),
+                                                            (700, 320))]
+        cases += [dict(kernel="verify_attention_batched[pingpong_rem]", nodes=9, heads=8, prefix=[0, 70, 130],
+                       dtype="bfloat16", repeats=1, chunk_len=64)]
         if args.smoke_only:
             cases = [c for c in cases if args.smoke_only in c["kernel"]]
         rows = verify_parity_rows(cases, dev)

@@ -983,26 +983,24 @@ __device__ __forceinline__ void wgmma_m64n256_rs_tb(float* d, const u32* a, unsi
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-extern "C" __global__ void __launch_bounds__(256, 1)
-ddtree_verify_pingpong_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
-                            const bf16_t* __restrict__ q_rope,     // [B*M, 64]
-                            const bf16_t* __restrict__ kv,         // [S, kv_stride]
-                            long long kv_stride,                   // elements between cache rows
-                            const long long* __restrict__ slots,   // [N]
-                            const long long* __restrict__ offsets, // [B+1]
-                            const bf16_t* __restrict__ tail,       // [B*T, 576]
-                            const u32* __restrict__ vis,           // [B*T, W]
-                            const int* __restrict__ chunk_start,   // [B+1]
-                            float* __restrict__ o_part,            // [C, M, 512]
-                            float* __restrict__ lse_part,          // [C, M]
-                            int B, int T, int H, int W, int chunk_len, float scale_log2) {
+// Arguments of the ping-pong entry points (as ddtree_verify_wgmma_bf16's; the _rem form adds rem_k).
+#define PP_PARAMS                                                                                    \
+    const bf16_t* __restrict__ q_lat, const bf16_t* __restrict__ q_rope,                 \
+    const bf16_t* __restrict__ kv, long long kv_stride, const long long* __restrict__ slots,         \
+    const long long* __restrict__ offsets, const bf16_t* __restrict__ tail, const u32* __restrict__ vis, \
+    const int* __restrict__ chunk_start, float* __restrict__ o_part, float* __restrict__ lse_part, int B, \
+    int T, int H, int W, int chunk_len, float scale_log2
+#define PP_ARGS q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part, B, T, H, W, \
+                chunk_len, scale_log2
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
-    const u32 raw_a = smem_u32(smem);
+__device__ __forceinline__ void pingpong_body(PP_PARAMS) {
+    extern __shared__ __align__(128) unsigned char pp_smem[];  // realigned to 1024 below
+    const u32 raw_a = smem_u32(pp_smem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
     const u32 sQ_a = raw_a + pad;
     const u32 sK_a = sQ_a + SQ_BYTES;  // stage s at sK_a + s * SK_BYTES; column block k at + k * 8192
-    unsigned char* sK = smem + pad + SQ_BYTES;
+    unsigned char* sK = pp_smem + pad + SQ_BYTES;
     float* xm0 = reinterpret_cast<float*>(sK + 2 * SK_BYTES);  // [64] WG0's new row maxima (round)
     float* xm1 = xm0 + 64;                                      // [64] WG1's new row maxima (round)
     float* xl = xm0 + 128;                                      // [2][64] row sums (epilogue)
@@ -1398,6 +1396,255 @@ ddtree_verify_pingpong_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
         if (wg == 0 && tq == 0)
             lse_part[(long long)g * M + row0 + rr] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
     }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// ---------------------------------------------------------------- remainder rows by swapped operands (H = 8)
+//
+// impl="pingpong_rem" (not the default; NOT YET RUN ON A GPU when written): H = 8 with 33 nodes has 264
+// query rows, four full 64-row blocks and a fifth with 8 rows, and a wgmma (M = 64) over those 8 rows
+// costs as much as over 64. ddtree_verify_pingpong_rem_bf16 runs the full row blocks with the ping-pong
+// body and the last row block (at most 8 rows) with the operands swapped: S^T [64 keys x 8 rows] =
+// K Q^T (wgmma m64n8k16, A = the key tile K-major, B = the 8 query rows K-major) and O^T [512 x 8] +=
+// V^T P^T (A = the key tile's first 512 dims read MN-major through the descriptor's transpose bit,
+// B = P^T [8 rows x 64 keys] K-major in the stage's rope block). Its tensor work per tile is an eighth
+// of a 64-row block's, so one remainder thread block takes `rem_k` consecutive key chunks (3 by default):
+// the planner then gives every full row block more chunks (H = 8, 128k: 30 instead of 26 on 132 SMs).
+// The remainder block reads the same key rows as the full blocks of its chunks (L2), 3 stages deep
+// (Q is only 8 rows, 9 KB). Warpgroup 0 computes S^T and the softmax (a query row's 64 keys lie over
+// the 4 warps: row maxima exchanged through shared memory on a 128-thread named barrier); both
+// warpgroups accumulate O^T, warpgroup g the output dims 256g..256g+255 (4 x m64n8 accumulators).
+// Shared memory: 3 stages x 73,728 | Q8 9 x [8 rows x 128 B] 9,216 | exchange 256 | slack 1,024.
+
+#define REM_STAGES 3
+#define REM_SMEM (REM_STAGES * SK_BYTES + 9216 + 256 + 1024)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wgmma_m64n8_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+// A (M x K) read MN-major (transpose bit), B K-major
+__device__ __forceinline__ void wgmma_m64n8_ss_ta(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void verify_rem8(PP_PARAMS, int rem_k) {
+    extern __shared__ __align__(128) unsigned char pp_smem[];  // realigned to 1024 below
+    const u32 raw_a = smem_u32(pp_smem);
+    const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
+    const u32 sK_a = raw_a + pad;                        // REM_STAGES stages of [64 keys x 576]
+    unsigned char* sK = pp_smem + pad;
+    const u32 q8_a = sK_a + REM_STAGES * SK_BYTES;      // Q rows: 9 blocks x [8 rows x 128 B]
+    float* xr = reinterpret_cast<float*>(sK + REM_STAGES * SK_BYTES + 9216);  // [4 warps][8 rows]
+    float* xa = xr + 32;                                 // [8] rescale factors of the tile
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wg = warp >> 2;
+    const int w4 = warp & 3;
+    const int gq = lane >> 2;
+    const int tq = lane & 3;
+    const int M = T * H;
+    const int row0 = blockIdx.x * MMA_ROWS;  // this block's rows: row0 .. M-1 (at most 8)
+    const int n_all = chunk_start[B];
+
+    for (int cc = 0; cc < rem_k; ++cc) {
+        const int g = blockIdx.y * rem_k + cc;
+        if (g >= n_all) break;
+        const int b = find_request(chunk_start, B, g);
+        const long long off_b = offsets[b];
+        const int P = (int)(offsets[b + 1] - off_b);
+        const int key_begin = (g - chunk_start[b]) * chunk_len;
+        const int key_end = min(key_begin + chunk_len, P + T);
+        const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
+        __syncthreads();  // the previous chunk is done with every stage and the exchange area
+
+        auto load_tile = [&](int tile, int stage) {
+            const int kk = tid >> 2;
+            const int key = key_begin + tile * MMA_KEYS + kk;
+            const bf16_t* src = nullptr;
+            if (key < key_end) src = key < P ? kv + slots[off_b + key] * kv_stride : tail + ((long long)b * T + (key - P)) * DK;
+            const u32 base = sK_a + stage * SK_BYTES;
+#pragma unroll
+            for (int i = 0; i < 18; ++i) {
+                const int c = (tid & 3) + 4 * i;
+                cp_async16(base + sw128(kk, c), src ? src + c * 8 : tail, src ? 16 : 0);
+            }
+        };
+        // Q rows row0..row0+7 (zero past M) with tile 0 in the first group
+        for (int i = tid; i < 8 * 72; i += 256) {
+            const int q = i / 72, c = i % 72;
+            const bool ok = row0 + q < M;
+            const long long grow = (long long)b * M + row0 + q;
+            const bf16_t* src = c < 64 ? q_lat + grow * DV + c * 8 : q_rope + grow * DR + (c - 64) * 8;
+            cp_async16(q8_a + (c >> 3) * 1024 + q * 128 + (((c & 7) ^ q) << 4), ok ? src : q_lat, ok ? 16 : 0);
+        }
+        load_tile(0, 0);
+        cp_async_commit();
+        load_tile(1, 1);  // zero-filled when there is no tile 1
+        cp_async_commit();
+
+        float m_run[2] = {NEG_INF, NEG_INF};  // warpgroup 0: query rows 2tq, 2tq+1
+        float l_run[2] = {0.f, 0.f};          // partial: this thread's keys only
+        float acc[16];                        // O^T: dims 256wg + 64i + 16w4 + gq (+8), rows 2tq (+1)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+
+        for (int it = 0; it < ntiles; ++it) {
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // tile it (and Q) landed
+            fence_async_smem();
+            __syncthreads();  // (X) tile it visible; every thread is done with tile it-1
+            if (it + 2 < ntiles) load_tile(it + 2, (it + 2) % REM_STAGES);  // into tile it-1's stage
+            cp_async_commit();
+            const int st = it % REM_STAGES;
+            const u32 kb = sK_a + st * SK_BYTES;
+            unsigned char* sPT = sK + st * SK_BYTES + 8 * 8192;  // P^T [8 rows x 64 keys], rope block
+            if (wg == 0) {
+                float s[4];
+                wg_fence();
+#pragma unroll
+                for (int ks = 0; ks < 36; ++ks) {
+                    const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
+                    wgmma_m64n8_ss(s, wg_desc(kb + koff, 16, 1024),
+                                   wg_desc(q8_a + (ks >> 2) * 1024 + (ks & 3) * 32, 16, 1024), ks > 0);
+                }
+                wg_commit();
+                wg_wait0();
+#pragma unroll
+                for (int i = 0; i < 4; ++i) reg_fence(s[i]);
+                // s[0]: key k1 row 2tq, s[1]: k1 row 2tq+1, s[2]: k1+8 row 2tq, s[3]: k1+8 row 2tq+1
+                const int k1 = 16 * w4 + gq;
+                const int kt0 = key_begin + it * MMA_KEYS;
+                float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float v = s[c] * scale_log2;
+                    const int key = kt0 + k1 + 8 * (c >> 1);
+                    bool ok = key < key_end;
+                    if (ok && key >= P) ok = tail_visible(vis, b, T, W, (row0 + 2 * tq + (c & 1)) / H, key - P);
+                    if (!ok) v = NEG_INF;
+                    s[c] = v;
+                    mx[c & 1] = fmaxf(mx[c & 1], v);
+                }
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 4));
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 8));
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 16));
+                }
+                if (gq == 0) {
+                    xr[w4 * 8 + 2 * tq] = mx[0];
+                    xr[w4 * 8 + 2 * tq + 1] = mx[1];
+                }
+                named_sync(3, 128);  // warpgroup 0: the 4 warps' maxima
+                float muse[2], alpha[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int q = 2 * tq + e;
+                    const float tmax = fmaxf(fmaxf(xr[q], xr[8 + q]), fmaxf(xr[16 + q], xr[24 + q]));
+                    const float m_new = fmaxf(m_run[e], tmax);
+                    muse[e] = m_new == NEG_INF ? 0.f : m_new;
+                    alpha[e] = fast_exp2(m_run[e] - muse[e]);
+                    m_run[e] = m_new;
+                }
+                float p[4];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) p[c] = fast_exp2(s[c] - muse[c & 1]);
+                l_run[0] = l_run[0] * alpha[0] + p[0] + p[2];
+                l_run[1] = l_run[1] * alpha[1] + p[1] + p[3];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int q = 2 * tq + (c & 1);
+                    const int key = k1 + 8 * (c >> 1);  // chunk key >> 3 = 2 * w4 + (c >> 1), element gq
+                    *reinterpret_cast<bf16_t*>(sPT + q * 128 + ((((key >> 3) ^ q) & 7) << 4) + 2 * (key & 7)) =
+                        (bf16_t)(pack_bf16x2(p[c], 0.f) & 0xffffu);
+                }
+                if (w4 == 0 && gq == 0) {
+                    xa[2 * tq] = alpha[0];
+                    xa[2 * tq + 1] = alpha[1];
+                }
+                fence_async_smem();  // P^T written by ordinary stores, read by wgmma
+            }
+            __syncthreads();  // (B) P^T and the rescale factors visible
+            const float a0 = xa[2 * tq], a1 = xa[2 * tq + 1];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                acc[4 * i + 0] *= a0;
+                acc[4 * i + 1] *= a1;
+                acc[4 * i + 2] *= a0;
+                acc[4 * i + 3] *= a1;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; ++i) reg_fence(acc[i]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    wgmma_m64n8_ss_ta(&acc[4 * i], wg_desc(kb + (4 * wg + i) * 8192 + kk * 2048, 8192, 1024),
+                                      wg_desc(sK_a + st * SK_BYTES + 8 * 8192 + kk * 32, 16, 1024));
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 16; ++i) reg_fence(acc[i]);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // zero-filled prologue loads past ntiles
+        // ---- epilogue of chunk g: row sums over the 32 key lanes x 4 warps of warpgroup 0
+        __syncthreads();
+        if (wg == 0) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float v = l_run[e];
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (gq == 0) xr[w4 * 8 + 2 * tq + e] = v;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int q = 2 * tq + e;
+            if (row0 + q >= M) continue;
+            const float l = xr[q] + xr[8 + q] + xr[16 + q] + xr[24 + q];
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            float* dst = o_part + ((long long)g * M + row0 + q) * DV + 256 * wg + 16 * w4 + gq;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                dst[64 * i] = acc[4 * i + e] * inv;
+                dst[64 * i + 8] = acc[4 * i + 2 + e] * inv;
+            }
+            if (wg == 0 && w4 == 0 && gq == 0)
+                lse_part[(long long)g * M + row0 + q] = l > 0.f ? (m_run[e] + __log2f(l)) * LN2F : NEG_INF;
+        }
+    }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_bf16(PP_PARAMS) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pingpong_body(PP_ARGS);
+#else
+    asm volatile("trap;");
+#endif
+}
+
+// The last row block (gridDim.x - 1, at most 8 rows: the caller checks) by swapped operands, rem_k key
+// chunks per thread block (blockIdx.y * rem_k ..); the other row blocks as ddtree_verify_pingpong_bf16.
+extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_rem_bf16(PP_PARAMS, int rem_k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (blockIdx.x == gridDim.x - 1) verify_rem8(PP_ARGS, rem_k);
+    else pingpong_body(PP_ARGS);
 #else
     asm volatile("trap;");
 #endif
