@@ -379,3 +379,7 @@ def test_read_sanitizer_logs(tmp_path):
     assert r["racecheck"]["errors"] == 2 and r["racecheck"]["smoke_verdict"] == "FAIL"
     assert r["racecheck"]["returncode"] == 1
     assert "missing" in V.read_sanitizer_logs(tmp_path, ("initcheck",))["initcheck"]["error"]
+    (tmp_path / "racecheck.log").write_text("# command: compute-sanitizer --tool racecheck x --smoke-only pingpong\n"
+                                            "SMOKE PASS\n========= RACECHECK SUMMARY: 0 hazards displayed\nexit=0\n")
+    r = V.read_sanitizer_logs(tmp_path)["racecheck"]
+    assert r["command"].endswith("--smoke-only pingpong") and r["errors"] == 0 and r["returncode"] == 0

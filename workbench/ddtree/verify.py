@@ -49,6 +49,30 @@ O is rescaled only when a row maximum moved.
 With H = 8 the 264 query rows fill five 64-row blocks, the last with 8 rows. The chunk partials are
 merged by a second launch (one block per query row, chunks read in parallel);
 one small launch before prepares offsets, chunk starts and the ancestor masks.
+
+Not the default, NOT YET RUN ON A GPU (written without device time; the next session runs
+``workbench/ddtree/h200_verify_pingpong.sh``):
+
+- ``impl="pingpong"`` (``ddtree_verify_pingpong_bf16``): the next step the profile named, overlap
+  across warpgroups. FlashMLA's "seesaw" schedule adapted to the cp.async gather: per round two
+  64-key tiles (A in stage 0, B in stage 1); WG0 computes S_A (m64n64k16, a row's 64 keys in one
+  lane quad, so no max exchange), its softmax, and O[:, :256] += P_A V_A with P_A from registers
+  (RS wgmma); WG1 computes S_B under WG0's softmax, takes m and P_A through shared memory (P_A in
+  stage 0's rope block, free once S_A is done), runs O[:, 256:] += P_A V_A while it does its own
+  softmax, and publishes P_B for WG0's O[:, :256] += P_B V_B. Two named barriers per round, no
+  block barrier in the loop. Each stage is refilled in two column-block groups by the warpgroup
+  that reads them last, right after that read; completion goes to one of four mbarriers through
+  cp.async.mbarrier.arrive.noinc. 246 registers, no spills.
+- ``impl="pingpong_rem"`` (``ddtree_verify_pingpong_rem_bf16``): H = 8's padding. Where the last row
+  block holds at most 8 rows it runs with swapped operands (S^T = K Q^T and O^T += V^T P^T, wgmma
+  m64n8k16: an eighth of a 64-row block's tensor work per tile) and takes 3 key chunks per thread
+  block, so the full row blocks get 30 chunks instead of 26 on 132 SMs (:func:`_plan_rem`).
+- Predicted before any run (model: fixed part + tiles per block x time per tile, fitted to the
+  committed file; ping-pong at 2.1 us per tile, range 1.9-2.5, against 2.8-2.9 today):
+  pingpong H=64 4k/16k/64k/128k 0.066/0.167/0.570/1.11 ms (39/61/71/73% of floor), H=8
+  0.032/0.046/0.109/0.192 ms (10/28/47/53%); pingpong_rem H=8 0.032/0.045/0.100/0.171 ms
+  (10/28/51/59%). The fixed part (about 25-29 us: three launches, Q and first tile, partial write
+  and merge) is untouched, so H=8 at 4k/16k and H=64 at 4k stay below 50% whatever the tile rate.
 """
 from __future__ import annotations
 
@@ -929,7 +953,8 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                      prefixes: Sequence[int] = (4096, 16384, 65536, 131072), dtype: Any = "bfloat16",
                      out: Any = None, reps: int = 50, peer_reps: int = 10,
                      peers: Sequence[str] = ("naive_torch", "sdpa_dense_mask", "flex_attention"),
-                     variants: dict[str, dict[str, Any]] | None = None, seed: int = 0) -> dict[str, Any]:
+                     variants: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+                     on_point: Any = None) -> dict[str, Any]:
     """Time :func:`verify_attention` against peers and its floor on the current GPU.
 
     For every (heads, prefix) point: fresh random inputs, the KV rotated over
@@ -942,8 +967,9 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     recorded as unsupported, with the reason, where it fails; the floor from
     :func:`verify_floor` with the copy bandwidth and bf16 matrix rate measured
     in this process; percent of floor and the speedup over the best peer.
-    ``out``: a folder to write ``ddtree_verify.json`` into. Returns the results
-    dict (raw samples under ``samples``).
+    ``out``: a folder to write ``ddtree_verify.json`` into; ``on_point``: called
+    with the results so far (``complete`` False) after every point. Returns the
+    results dict (raw samples under ``samples``, ``complete`` True).
     """
     import torch
 
@@ -959,6 +985,18 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     l2 = 60 << 20
     points, samples = [], {}
     flex_reason = None
+
+    def _results(pts):
+        return dict(points=pts, copy_gb_per_s=bw["gb_per_s"], bf16_matmul_tflops=mm["tflops"],
+                    goal="faster than every peer at every point and >= 50% of floor",
+                    all_faster_than_peers=all(p["faster_than_all_peers"] for p in pts),
+                    min_percent_of_floor=min(p["percent_of_floor"] for p in pts) if pts else None,
+                    parameters=dict(heads=list(heads), nodes=nodes, prefixes=list(prefixes), dtype=dname,
+                                    reps=reps, peer_reps=peer_reps, peers=list(peers),
+                                    variants={k: {a: list(b) if isinstance(b, tuple) else b for a, b in v.items()}
+                                              for k, v in (variants or {}).items()}),
+                    samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"]))
+
     for H in heads:
         for P in prefixes:
             kv_bytes = (P + nodes) * D_KV * torch.tensor([], dtype=dt).element_size()
@@ -1021,15 +1059,9 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                                faster_than_all_peers=all(kmed < v for v in ok)))
             del sets
             torch.cuda.empty_cache()
-    results = dict(points=points, copy_gb_per_s=bw["gb_per_s"], bf16_matmul_tflops=mm["tflops"],
-                   goal="faster than every peer at every point and >= 50% of floor",
-                   all_faster_than_peers=all(p["faster_than_all_peers"] for p in points),
-                   min_percent_of_floor=min(p["percent_of_floor"] for p in points) if points else None,
-                   parameters=dict(heads=list(heads), nodes=nodes, prefixes=list(prefixes), dtype=dname,
-                                   reps=reps, peer_reps=peer_reps, peers=list(peers),
-                                   variants={k: {a: list(b) if isinstance(b, tuple) else b for a, b in v.items()}
-                                             for k, v in (variants or {}).items()}),
-                   samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"]))
+            if on_point is not None:  # e.g. write the file after every point: a run cut short keeps them
+                on_point(dict(_results(points), complete=False))
+    results = dict(_results(points), complete=True)
     if out is not None:
         _write(results, out)
     return results
@@ -1045,25 +1077,31 @@ def _write(results: dict[str, Any], out: Any):
 
 
 VERIFY_NOTES = (
-    "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups, 64 query "
-    "rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch; the same code as the variant "
-    "'pf0' of the device checks); variants in the same process: "
-    "'mma' = the previous mma.sync kernel (62fb1b2's design), 'wgmma_prefetch' = the wgmma kernel reading "
-    "slot indices a tile ahead, 'wgmma_a26b7c4' = the wgmma kernel as measured in the file committed in a26b7c4 "
-    "(block-wide barrier for the row-max exchange, O rescaled every tile). Predicted for this run's default "
-    "(row maxima exchanged on a named barrier per warp pair, O rescale skipped when no row maximum moved): "
-    "5-10% faster than wgmma_a26b7c4 at long prefixes. Peers: naive torch, SDPA with a dense mask, "
-    "FlexAttention attempt. All timed as replayed CUDA graphs (eager_median_ms: the kernel with Python launch "
-    "overhead); floor = max(bytes / measured copy bandwidth, flops / measured bf16 matmul rate); results.parity: "
-    "rows against the float64 reference. Predicted before the wgmma work: tensor-core bound, wgmma to reach "
-    ">= 50% of floor at prefix >= 16k. Device checks of the same code before this run: the first wgmma version "
-    "(b1fc083) gave 1.5x over mma at H=64 128k (49% of floor) and only 1.2x at H=8; leaving P.V in flight "
-    "under the next tile's S (each warpgroup refilling its own columns) was 25% slower; slot prefetch 15-20% "
-    "slower; 8 threads per key row 10% slower; a 32-key 4-stage ring (967a0d4) 1.4x slower. Reading: "
-    "latency-bound (Nsight Compute: neither memory nor compute near a peak; one 8-warp block per SM in "
-    "lockstep), a 64x64 tile taking about 3 us per SM where its 8.9 MFLOP take 1.5 us at the measured matmul "
-    "rate; H=8 also computes 320 rows for 264. Short prefixes are fixed-cost bound (3 launches, block start-up, "
-    "partial write + merge).")
+    "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups in "
+    "lockstep, 64 query rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch; unchanged since "
+    "5de266b). Variants in the same process: 'mma' = the mma.sync kernel (62fb1b2's design); 'pingpong' = "
+    "ddtree_verify_pingpong_bf16 (commit 7dc8d3a and after): the two warpgroups in FlashMLA's 'seesaw' schedule "
+    "over pairs of 64-key tiles (WG0 owns tile A and O[:, :256], WG1 tile B and O[:, 256:]; P of a warpgroup's "
+    "own tile from registers (RS wgmma), the other's P through the stage's rope block; two named barriers, no "
+    "block barrier in the loop; each stage refilled in two column-block groups by the warpgroup that reads them "
+    "last, completion on mbarriers via cp.async.mbarrier.arrive.noinc); 'pingpong_slot_late' = the same with the "
+    "next round's slot indices read at refill time (-DVERIFY_PP_SLOT_EARLY=0); 'pingpong_bar_sync' = bar.sync on "
+    "both sides of the named barriers (-DVERIFY_PP_ARRIVE=0); 'pingpong_rem' = ddtree_verify_pingpong_rem_bf16 "
+    "(d56b0db and after): as pingpong, and the last row block when it holds <= 8 rows (H=8: 264 = 4 x 64 + 8) by "
+    "swapped operands (wgmma m64n8k16, keys as M, 3 chunks per remainder block, 30 chunks instead of 26 for the "
+    "full row blocks at H=8); 'pingpong_rem2' = the same with 2 chunks per remainder block. PREDICTED BEFORE ANY "
+    "RUN (papers/ddtree_kernels.md section 3, version 7; model: time = fixed part + tiles per thread block x time "
+    "per tile, fitted to the 82e9399 file: fixed 29 us (H=64) / 25 us (H=8), 2.80 / 2.88 us per tile): the "
+    "ping-pong kernel takes 2.1 us per tile (range 1.9-2.5), i.e. pingpong H=64: 4k 0.066 ms (39% of floor), "
+    "16k 0.167 (61%), 64k 0.570 (71%), 128k 1.11 (73%); H=8: 4k 0.032 (10%), 16k 0.046 (28%), 64k 0.109 (47%), "
+    "128k 0.192 (53%); pingpong_rem H=8: 4k 0.032 (10%), 16k 0.045 (28%), 64k 0.100 (51%), 128k 0.171 (59%); "
+    "slot_late and bar_sync within 5% of pingpong. The fixed part (3 launches, Q and first-tile load, partial "
+    "write and merge) is untouched, so H=8 at 4k/16k and H=64 at 4k stay below 50%. Peers: naive torch, SDPA "
+    "with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs (eager_median_ms: the default "
+    "with Python launch overhead); floor = max(bytes / measured copy bandwidth, flops / measured bf16 matmul "
+    "rate); results.parity: rows against the float64 reference; results.sanitizer: compute-sanitizer logs "
+    "(memcheck: every smoke case; racecheck: the ping-pong smoke cases); results.complete: false while the "
+    "run was cut short.")
 
 
 def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1125,7 +1163,8 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
     """Parse ``<folder>/<tool>.log``: runs of ``SANITIZER_COMMAND`` (the ``--smoke`` parity cases of
     every verify kernel under compute-sanitizer; a last line ``exit=N`` gives the exit code). Returns
     per tool: the SUMMARY lines, the errors (memcheck) or hazards (racecheck) they state, whether the
-    smoke cases ran to their verdict, the exit code and the command."""
+    smoke cases ran to their verdict, the exit code and the command (the log's first line when it
+    reads ``# command: ...``, else ``SANITIZER_COMMAND``)."""
     import re
     from pathlib import Path
 
@@ -1140,10 +1179,20 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
         rc = int(lines[-1][5:]) if lines and lines[-1].startswith("exit=") else None
         summary = [ln.strip("= ").strip() for ln in lines if "SUMMARY" in ln]
         m = re.search(r"SUMMARY: (\d+) (?:errors?|hazards?)", " ".join(summary))
+        # a first line "# command: ..." records the command actually run (e.g. with --smoke-only)
+        cmd = lines[0][len("# command: "):].strip() if lines and lines[0].startswith("# command: ") else \
+            SANITIZER_COMMAND.format(tool=tool)
         out[tool] = {"summary": summary, "errors": int(m.group(1)) if m else None,
                      "smoke_verdict": "PASS" if "SMOKE PASS" in text else ("FAIL" if "SMOKE FAIL" in text else None),
-                     "returncode": rc, "command": SANITIZER_COMMAND.format(tool=tool)}
+                     "returncode": rc, "command": cmd}
     return out
+
+
+def _named_variants() -> dict[str, dict[str, Any]]:
+    """Variants ``--variants`` may name (name -> keyword arguments of :func:`verify_attention`)."""
+    return {"mma": {"impl": "mma"}, **PINGPONG_VARIANTS,
+            "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
+            "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1163,6 +1212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "-D variants) beside the default one")
     ap.add_argument("--old-wgmma-variants", action="store_true",
                     help="also time the wgmma variants of the previous runs (wgmma_prefetch, wgmma_a26b7c4)")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help=f"time exactly these variants beside the default (names: {sorted(_named_variants())}); "
+                         "default: mma and the ping-pong variants")
     ap.add_argument("--peers", nargs="*", default=list(_PEERS),
                     help=f"peers to time (default: all of {list(_PEERS)}; none: --peers with no names)")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
@@ -1214,7 +1266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no CUDA GPU: benchmark skipped")
         return 0
     variants = {}
-    if not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
+    if args.variants is not None:
+        known = _named_variants()
+        bad = [v for v in args.variants if v not in known]
+        if bad:
+            raise SystemExit(f"unknown variants {bad}; known: {sorted(known)}")
+        variants = {v: known[v] for v in args.variants}
+    elif not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
         variants["mma"] = {"impl": "mma"}  # the previous kernel, same process
         variants.update(PINGPONG_VARIANTS)
         if args.old_wgmma_variants:
@@ -1224,12 +1282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}
     variants.update({f"mma_unroll{u}": {"impl": "mma", "_options": (f"-DVERIFY_S_UNROLL={u}",)}
                      for u in args.unroll_variants})
-    res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
-                           reps=args.reps, peer_reps=args.peer_reps, variants=variants, peers=tuple(args.peers))
+    extra: dict[str, Any] = {}
     if rows is not None:
-        res["parity"] = rows
+        extra["parity"] = rows
     if args.sanitizer_logs:
-        res["sanitizer"] = read_sanitizer_logs(args.sanitizer_logs)
+        extra["sanitizer"] = read_sanitizer_logs(args.sanitizer_logs)
+    res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
+                           reps=args.reps, peer_reps=args.peer_reps, variants=variants, peers=tuple(args.peers),
+                           on_point=lambda r: _write(dict(r, **extra), args.out))
+    res.update(extra)
     path = _write(res, args.out)
     print(f"wrote {path}")
     print(verify_table(res))

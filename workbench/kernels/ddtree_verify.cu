@@ -1235,7 +1235,11 @@ __device__ __forceinline__ void pingpong_body(PP_PARAMS) {
                         acc[4 * j + 3] *= sc1[1];
                     }
                 }
-                // O_L += P_B V_B[:, 0:256]  (P_B from stage 1's rope block)
+                // O_L += P_B V_B[:, 0:256]  (P_B from stage 1's rope block). Stage 1 blocks 0..3 are this
+                // warpgroup's own refill, which WG1 waited for: wait here too (already complete) so that
+                // this thread's proxy fence covers them.
+                mbar_wait(mbar0 + 8 * (2 * 1 + 0), par);
+                fence_async_smem();
 #pragma unroll
                 for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
                 wg_fence();
@@ -1281,7 +1285,11 @@ __device__ __forceinline__ void pingpong_body(PP_PARAMS) {
                     acc[4 * j + 3] *= sc[1];
                 }
             }
-            // issue O_R += P_A V_A[:, 256:512] (P_A from stage 0's rope block) ...
+            // issue O_R += P_A V_A[:, 256:512] (P_A from stage 0's rope block) ... Stage 0 blocks 4..7 are
+            // this warpgroup's own refill, which WG0 waited for: wait here too (already complete) so
+            // that this thread's proxy fence covers them.
+            mbar_wait(mbar0 + 8 * (2 * 0 + 1), par);
+            fence_async_smem();
 #pragma unroll
             for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
             wg_fence();
