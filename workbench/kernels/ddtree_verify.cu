@@ -877,7 +877,8 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
 // cp.async.mbarrier.arrive.noinc on one of four mbarriers full[stage][group] (128 arrivals each), and
 // a reader waits on the round's phase parity, then fence.proxy.async before its wgmma. Stage 0 is
 // refilled in the middle of a round, so S_A of the next round waits on nothing; stage 1 at its end,
-// so S_B of the next round has S_A's duration to land.
+// so S_B of the next round has S_A's duration to land. No producer warp and no setmaxnreg: both stages
+// are in use through a round, so a producer could not refill earlier than the last reader does here.
 // Shared memory (dynamic, realigned to 1024): sQ 73,728 | stage 0 73,728 | stage 1 73,728 |
 // exchange 1,024 (m0[64], m1[64], l[2][64]) | 4 mbarriers (64) | slack 1,024: 223,296 bytes.
 // -D switches (tuning variants): VERIFY_PP_SLOT_EARLY (1: the next round's slot indices are read at the
