@@ -383,3 +383,86 @@ def test_read_sanitizer_logs(tmp_path):
                                             "SMOKE PASS\n========= RACECHECK SUMMARY: 0 hazards displayed\nexit=0\n")
     r = V.read_sanitizer_logs(tmp_path)["racecheck"]
     assert r["command"].endswith("--smoke-only pingpong") and r["errors"] == 0 and r["returncode"] == 0
+
+
+def _exp2(x):
+    return np.exp2(x)  # exp2(-inf) = 0
+
+
+def _seesaw_partial(s_log2, v, tile=64):
+    """The ping-pong kernel's online softmax, step by step as ddtree_verify_pingpong_bf16 runs it (float64):
+    rounds of two tiles; WG0 keeps O[:, :256] and the row sums of the A tiles, WG1 O[:, 256:] and those of
+    the B tiles, each its own copy of the row maxima; ``muse`` stands in for -inf maxima. s_log2: scaled
+    scores in log2 units with -inf for masked keys [rows, keys]; v [keys, 512]. Returns (o, lse_log2)."""
+    rows, keys = s_log2.shape
+    ntiles = -(-keys // tile)
+    pad = ntiles * tile - keys
+    s_log2 = np.concatenate([s_log2, np.full((rows, pad), -np.inf)], 1)
+    v = np.concatenate([v, np.zeros((pad, v.shape[1]))], 0)
+    m0_run = np.full(rows, -np.inf)   # WG0's copy
+    m1_run = np.full(rows, -np.inf)   # WG1's copy
+    l0 = np.zeros(rows)
+    l1 = np.zeros(rows)
+    o_l = np.zeros((rows, 256))
+    o_r = np.zeros((rows, 256))
+    mu = lambda m: np.where(m == -np.inf, 0.0, m)  # noqa: E731
+    for r in range(-(-ntiles // 2)):
+        a = slice(2 * r * tile, (2 * r + 1) * tile)
+        has_b = 2 * r + 1 < ntiles
+        b = slice((2 * r + 1) * tile, (2 * r + 2) * tile)
+        sa = s_log2[:, a]
+        sb = s_log2[:, b] if has_b else np.full((rows, tile), -np.inf)
+        # WG0: softmax of A, O_L += P_A V_A[:, :256]
+        mnew = np.maximum(m0_run, sa.max(1))
+        sc = _exp2(m0_run - mu(mnew))
+        pa = _exp2(sa - mu(mnew)[:, None])
+        l0 = l0 * sc + pa.sum(1)
+        o_l = o_l * sc[:, None] + pa @ v[a, :256]
+        m0_run = mnew
+        # WG1: rescale to m0, O_R += P_A V_A[:, 256:], softmax of B against m1 = max(m0, rowmax B)
+        m0 = mnew
+        sc = _exp2(m1_run - mu(m0))
+        l1 = l1 * sc
+        o_r = o_r * sc[:, None] + pa @ v[a, 256:]
+        m1 = np.maximum(m0, sb.max(1))
+        sc1 = _exp2(m0 - mu(m1))
+        pb = _exp2(sb - mu(m1)[:, None])
+        l1 = l1 * sc1 + pb.sum(1)
+        m1_run = m1
+        if has_b:
+            o_r = o_r * sc1[:, None] + pb @ v[b, 256:]
+            # WG0: rescale to m1, O_L += P_B V_B[:, :256]
+            sc1_0 = _exp2(m0_run - mu(m1))
+            l0 = l0 * sc1_0
+            o_l = o_l * sc1_0[:, None] + pb @ v[b, :256]
+            m0_run = m1
+    assert np.array_equal(m0_run, m1_run)
+    l_tot = l0 + l1
+    with np.errstate(divide="ignore"):
+        lse = np.where(l_tot > 0, m0_run + np.log2(np.where(l_tot > 0, l_tot, 1.0)), -np.inf)
+    inv = np.where(l_tot > 0, 1.0 / np.where(l_tot > 0, l_tot, 1.0), 0.0)
+    return np.concatenate([o_l, o_r], 1) * inv[:, None], lse
+
+
+@pytest.mark.parametrize("keys,masked", [(64, False), (130, False), (256, True), (300, True), (1, False)])
+def test_pingpong_schedule_algebra_matches_softmax(keys, masked):
+    # the seesaw bookkeeping of ddtree_verify_pingpong_bf16 (two copies of the maxima, row sums split by
+    # warpgroup, rescales 2^(m - m0) and 2^(m0 - m1)) equals a plain softmax, masked rows and tiles included
+    rng = np.random.default_rng(keys)
+    rows = 8
+    s = rng.standard_normal((rows, keys)) * 4
+    if masked:
+        s[0, :] = -np.inf                      # a row that sees no key of the chunk
+        s[1, : keys // 2] = -np.inf            # a row whose first tiles are all masked
+        s[2, 64:128] = -np.inf                 # a masked tile B
+        s[3, rng.random(keys) < 0.5] = -np.inf
+    v = rng.standard_normal((keys, 512))
+    o, lse = _seesaw_partial(s, v)
+    for i in range(rows):
+        if np.all(s[i] == -np.inf):
+            assert lse[i] == -np.inf and np.all(o[i] == 0)
+            continue
+        m = s[i].max()
+        w = np.exp2(s[i] - m)
+        np.testing.assert_allclose(o[i], (w / w.sum()) @ v, rtol=1e-10, atol=1e-12)
+        assert lse[i] == pytest.approx(m + np.log2(w.sum()), abs=1e-12)
