@@ -1227,6 +1227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
+    if args.variants is not None:  # names checked before any work, also on a CPU
+        bad = [v for v in args.variants if v not in _named_variants()]
+        if bad:
+            raise SystemExit(f"unknown variants {bad}; known: {sorted(_named_variants())}")
+    bad_peers = [p for p in args.peers if p not in _PEERS]
+    if bad_peers:
+        raise SystemExit(f"unknown peers {bad_peers}; known: {list(_PEERS)}")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         cases = [dict(kernel=k, nodes=9, heads=8, prefix=p, dtype=d, repeats=1)
@@ -1267,11 +1274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     variants = {}
     if args.variants is not None:
-        known = _named_variants()
-        bad = [v for v in args.variants if v not in known]
-        if bad:
-            raise SystemExit(f"unknown variants {bad}; known: {sorted(known)}")
-        variants = {v: known[v] for v in args.variants}
+        variants = {v: _named_variants()[v] for v in args.variants}
     elif not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
         variants["mma"] = {"impl": "mma"}  # the previous kernel, same process
         variants.update(PINGPONG_VARIANTS)
