@@ -982,17 +982,11 @@ __device__ __forceinline__ void wgmma_m64n256_rs_tb(float* d, const u32* a, unsi
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Arguments of the ping-pong entry points (as ddtree_verify_wgmma_bf16's; the _rem form adds rem_k).
-#define PP_PARAMS                                                                                    \
-    const bf16_t* __restrict__ q_lat, const bf16_t* __restrict__ q_rope,                 \
-    const bf16_t* __restrict__ kv, long long kv_stride, const long long* __restrict__ slots,         \
-    const long long* __restrict__ offsets, const bf16_t* __restrict__ tail, const u32* __restrict__ vis, \
-    const int* __restrict__ chunk_start, float* __restrict__ o_part, float* __restrict__ lse_part, int B, \
-    int T, int H, int W, int chunk_len, float scale_log2
 #define PP_ARGS q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part, B, T, H, W, \
                 chunk_len, scale_log2
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void pingpong_body(PP_PARAMS) {
+__device__ __forceinline__ void pingpong_body(TC_ARGS) {
     extern __shared__ __align__(128) unsigned char pp_smem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(pp_smem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
@@ -1006,13 +1000,9 @@ __device__ __forceinline__ void pingpong_body(PP_PARAMS) {
 
     const int g = blockIdx.y;
     if (g >= chunk_start[B]) return;
-    const int b = find_request(chunk_start, B, g);
-    const long long off_b = offsets[b];
-    const int P = (int)(offsets[b + 1] - off_b);
-    const int M = T * H;
-    const int row0 = blockIdx.x * MMA_ROWS;
-    const int key_begin = (g - chunk_start[b]) * chunk_len;
-    const int key_end = min(key_begin + chunk_len, P + T);
+    const ChunkWork cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+    const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
+    const long long off_b = cw.off_b;
     const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
     const int npairs = (ntiles + 1) >> 1;
 
@@ -1030,20 +1020,8 @@ __device__ __forceinline__ void pingpong_body(PP_PARAMS) {
         for (int i = 0; i < 4; ++i) mbar_init(mbar0 + 8 * i, 128);
     }
     // ---- Q (zero-fill rows past M), one committed cp.async group
-    {
-        const int r = tid >> 2;
-        const bool ok = row0 + r < M;
-        const long long grow = (long long)b * M + row0 + r;
-        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
-        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
-#pragma unroll
-        for (int i = 0; i < 18; ++i) {
-            const int c = (tid & 3) + 4 * i;
-            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
-            cp_async16(sQ_a + sw128(r, c), ok ? src : q_lat, ok ? 16 : 0);
-        }
-        cp_async_commit();
-    }
+    load_q_rows<sw128>(sQ_a, q_lat, q_rope, b, M, row0, tid);
+    cp_async_commit();
     __syncthreads();  // mbarrier init visible before any arrive
 
     // ---- key rows: 2 threads per key of a 64-key tile (key t >> 1), thread half h = t & 1 takes the
@@ -1444,7 +1422,7 @@ __device__ __forceinline__ void wgmma_m64n8_ss_ta(float* d, unsigned long long d
         : "l"(da), "l"(db), "r"(1));
 }
 
-__device__ __forceinline__ void verify_rem8(PP_PARAMS, int rem_k) {
+__device__ __forceinline__ void verify_rem8(TC_ARGS, int rem_k) {
     extern __shared__ __align__(128) unsigned char pp_smem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(pp_smem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
@@ -1467,11 +1445,9 @@ __device__ __forceinline__ void verify_rem8(PP_PARAMS, int rem_k) {
     for (int cc = 0; cc < rem_k; ++cc) {
         const int g = blockIdx.y * rem_k + cc;
         if (g >= n_all) break;
-        const int b = find_request(chunk_start, B, g);
-        const long long off_b = offsets[b];
-        const int P = (int)(offsets[b + 1] - off_b);
-        const int key_begin = (g - chunk_start[b]) * chunk_len;
-        const int key_end = min(key_begin + chunk_len, P + T);
+        const ChunkWork cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+        const int b = cw.b, P = cw.P, key_begin = cw.key_begin, key_end = cw.key_end;
+        const long long off_b = cw.off_b;
         const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
         __syncthreads();  // the previous chunk is done with every stage and the exchange area
 
@@ -1637,7 +1613,7 @@ __device__ __forceinline__ void verify_rem8(PP_PARAMS, int rem_k) {
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_bf16(PP_PARAMS) {
+extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_bf16(TC_ARGS) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     pingpong_body(PP_ARGS);
 #else
@@ -1647,7 +1623,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_bf16
 
 // The last row block (gridDim.x - 1, at most 8 rows: the caller checks) by swapped operands, rem_k key
 // chunks per thread block (blockIdx.y * rem_k ..); the other row blocks as ddtree_verify_pingpong_bf16.
-extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_rem_bf16(PP_PARAMS, int rem_k) {
+extern "C" __global__ void __launch_bounds__(256, 1) ddtree_verify_pingpong_rem_bf16(TC_ARGS, int rem_k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (blockIdx.x == gridDim.x - 1) verify_rem8(PP_ARGS, rem_k);
     else pingpong_body(PP_ARGS);
