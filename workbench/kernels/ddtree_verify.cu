@@ -662,6 +662,24 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
     for (int k = 0; k < KPT; ++k) next_src[k] = ntiles > 1 ? row_src(1, k) : nullptr;
 #endif
 
+    // Gather tile it+1 into the other stage (with VERIFY_WG_PREFETCH, its slot rows were read a tile
+    // earlier and tile it+2's are read now); issued before or after S(it) by VERIFY_WG_LOAD_FIRST.
+    auto gather_next = [&](int it) {
+        if (it + 1 < ntiles) {
+#if VERIFY_WG_PREFETCH
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
+#else
+#pragma unroll
+            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
+            load_tile(next_src, (it + 1) & 1);
+            cp_async_commit();
+#endif
+        }
+    };
+
     float m_run[2] = {NEG_INF, NEG_INF};
     float l_run[2] = {0.f, 0.f};
     float acc[128];
@@ -682,19 +700,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
 
 #if VERIFY_WG_LOAD_FIRST
-        if (it + 1 < ntiles) {
-#if VERIFY_WG_PREFETCH
-            load_tile(next_src, (it + 1) & 1);
-            cp_async_commit();
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
-#else
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
-            load_tile(next_src, (it + 1) & 1);
-            cp_async_commit();
-#endif
-        }
+        gather_next(it);
 #endif
         // ---- S[64 x 32] for this warpgroup's key half
         float s[16];
@@ -713,19 +719,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
         }
         wg_commit();
 #if !VERIFY_WG_LOAD_FIRST
-        if (it + 1 < ntiles) {
-#if VERIFY_WG_PREFETCH
-            load_tile(next_src, (it + 1) & 1);
-            cp_async_commit();
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
-#else
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
-            load_tile(next_src, (it + 1) & 1);
-            cp_async_commit();
-#endif
-        }
+        gather_next(it);
 #endif
         wg_wait0();
 #pragma unroll
