@@ -156,3 +156,31 @@ def test_down_split_partials_summed_over_k_then_parts():
             w = dequantize_int4(ex.down_packed[e], ex.down_scale[e], group_size=32).double()
             want[mm] += float(wts[mm, k]) * (w[16 * tile:16 * tile + 16] @ hact[mm * topk + k])
     assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_compare_path_switch_and_table_format():
+    """bench --small-compare's path switch (restores nothing itself: run_small_compare does) and its text table."""
+    from workbench.moe import bench
+    from workbench.moe.fused import SMALL_MAX_PAIRS, set_small_table, uses_small_path
+
+    saved = list(SMALL_TABLE)
+    try:
+        bench._set_compare_path("four_launch")
+        assert not uses_small_path(1, 8)
+        bench._set_compare_path("splitk_s4")
+        assert uses_small_path(1, 8) and bench.path_name(1, 8) == "small_splitk_s4"
+        bench._set_compare_path("small_fused")
+        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, True)]
+    finally:
+        set_small_table(saved)
+        set_small_variant("v3")
+    paths = ["small_fused", "four_launch", "splitk_s3"]
+    row = {"routing": "uniform", "m": 1, "distinct_experts_median": 8.0}
+    for i, p in enumerate(paths):
+        row[f"{p}_ms_median"] = 0.1 - 0.01 * i
+        row[f"{p}_pct_of_copy"] = 50.0 + i
+    doc = {"parameters": {"paths": paths}, "results": {"copy_gb_per_s": 4137.0, "all_checks_ok": True, "rows": [row]}}
+    text = bench.format_small_compare(doc)
+    assert "splitk_s3" in text and "0.0800" in text and "52.0" in text
+    with pytest.raises(ValueError, match="four_launch"):
+        bench.run_small_compare(None, paths=("small_fused", "splitk_s3"))
