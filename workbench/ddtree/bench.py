@@ -27,6 +27,7 @@ from workbench.ddtree.reference import accept_greedy, build_tree, topk_logprobs
 from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batched, build_trees,
                                        commit_compact, commit_scattered, tree_visibility)
 from workbench.kernels import resolve_device
+from workbench.sanitizer import read_logs, stated_count, summary_lines
 
 __all__ = ["default_parity_cases", "tree_parity_rows", "benchmark_tree_kernels", "run_sanitizers", "sanitizer_command", "parse_sanitizer_log",
            "read_sanitizer_logs",
@@ -598,14 +599,11 @@ def sanitizer_command(tool: str) -> list[str]:
 def parse_sanitizer_log(text: str, returncode: int | None = None) -> dict[str, Any]:
     """The summary lines of a compute-sanitizer log, the number of errors (memcheck) or hazards
     (racecheck) they state, and whether the driver ran to its end."""
-    import re
-
-    summary = [ln.strip() for ln in text.splitlines() if "SUMMARY" in ln]
-    m = re.search(r"SUMMARY: (\d+) (?:errors?|hazards?)", " ".join(summary))
+    summary = [ln.strip() for ln in summary_lines(text)]
+    errors = stated_count(summary)
     done = "sanitize driver done" in text
-    return {"returncode": returncode, "summary": summary,
-            "errors": int(m.group(1)) if m else None, "driver_done": done,
-            "tail": "" if (m and done and not returncode) else text[-1500:]}
+    return {"returncode": returncode, "summary": summary, "errors": errors, "driver_done": done,
+            "tail": "" if (errors is not None and done and not returncode) else text[-1500:]}
 
 
 def run_sanitizers(tools: tuple[str, ...] = SANITIZER_TOOLS, timeout_s: int = 300) -> dict[str, Any]:
@@ -633,23 +631,11 @@ def run_sanitizers(tools: tuple[str, ...] = SANITIZER_TOOLS, timeout_s: int = 30
 def read_sanitizer_logs(folder: str, tools: tuple[str, ...] = SANITIZER_TOOLS) -> dict[str, Any]:
     """Parse ``<folder>/<tool>.log`` (a run of :func:`sanitizer_command` whose exit code, if
     known, is the last line ``exit=N``)."""
-    from pathlib import Path
+    def parse(tool: str, text: str, rc: int | None) -> dict[str, Any]:
+        return {**parse_sanitizer_log(text, rc),
+                "command": " ".join(sanitizer_command(tool)[:5]) + " python -m workbench.ddtree.bench --sanitize"}
 
-    out: dict[str, Any] = {}
-    for tool in tools:
-        f = Path(folder) / f"{tool}.log"
-        if not f.exists():
-            out[tool] = {"error": f"{f} missing"}
-            continue
-        text = f.read_text(errors="replace")
-        rc = None
-        last = text.strip().splitlines()[-1] if text.strip() else ""
-        if last.startswith("exit="):
-            rc = int(last[5:])
-        out[tool] = parse_sanitizer_log(text, rc)
-        out[tool]["command"] = " ".join(sanitizer_command(tool)[:5]) + \
-            " python -m workbench.ddtree.bench --sanitize"
-    return out
+    return read_logs(folder, tools, parse)
 
 
 def _run_verify(results: dict[str, Any]) -> None:

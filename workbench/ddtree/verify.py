@@ -60,6 +60,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from workbench.kernels import launch as _launch
+from workbench.sanitizer import read_logs, stated_count, summary_lines
 
 D_LATENT = 512  # kv_lora_rank: c_kv width and output width
 D_ROPE = 64     # qk_rope_head_dim
@@ -1025,24 +1026,13 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
     every verify kernel under compute-sanitizer; a last line ``exit=N`` gives the exit code). Returns
     per tool: the SUMMARY lines, the errors (memcheck) or hazards (racecheck) they state, whether the
     smoke cases ran to their verdict, the exit code and the command."""
-    import re
-    from pathlib import Path
+    def parse(tool: str, text: str, rc: int | None) -> dict[str, Any]:
+        summary = [ln.strip("= ").strip() for ln in summary_lines(text.strip())]
+        return {"summary": summary, "errors": stated_count(summary),
+                "smoke_verdict": "PASS" if "SMOKE PASS" in text else ("FAIL" if "SMOKE FAIL" in text else None),
+                "returncode": rc, "command": SANITIZER_COMMAND.format(tool=tool)}
 
-    out: dict[str, Any] = {}
-    for tool in tools:
-        f = Path(folder) / f"{tool}.log"
-        if not f.exists():
-            out[tool] = {"error": f"{f} missing"}
-            continue
-        text = f.read_text(errors="replace")
-        lines = text.strip().splitlines()
-        rc = int(lines[-1][5:]) if lines and lines[-1].startswith("exit=") else None
-        summary = [ln.strip("= ").strip() for ln in lines if "SUMMARY" in ln]
-        m = re.search(r"SUMMARY: (\d+) (?:errors?|hazards?)", " ".join(summary))
-        out[tool] = {"summary": summary, "errors": int(m.group(1)) if m else None,
-                     "smoke_verdict": "PASS" if "SMOKE PASS" in text else ("FAIL" if "SMOKE FAIL" in text else None),
-                     "returncode": rc, "command": SANITIZER_COMMAND.format(tool=tool)}
-    return out
+    return read_logs(folder, tools, parse)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -106,6 +106,30 @@ __device__ __forceinline__ bool tail_visible(const u32* __restrict__ vis, int b,
     return (vis[((long long)b * T + node) * W + (t >> 5)] >> (t & 31)) & 1u;
 }
 
+// The work of one block of the chunk-split kernels (grid: row blocks x chunks): request b, whose
+// prefix has P slots starting at offsets[b] = off_b, rows row0.. of its M = T * H query rows, and
+// keys [key_begin, key_end) of its prefix + tail (chunk g - chunk_start[b] of chunk_len keys).
+struct ChunkWork {
+    int b;
+    long long off_b;
+    int P, M, row0, key_begin, key_end;
+};
+
+// Valid for g < chunk_start[B] (the caller returns first for the grid's spare chunks).
+__device__ __forceinline__ ChunkWork chunk_work(const int* __restrict__ chunk_start,
+                                                const long long* __restrict__ offsets,
+                                                int B, int T, int H, int chunk_len, int g, int rows) {
+    ChunkWork w;
+    w.b = find_request(chunk_start, B, g);
+    w.off_b = offsets[w.b];
+    w.P = (int)(offsets[w.b + 1] - w.off_b);
+    w.M = T * H;
+    w.row0 = blockIdx.x * rows;
+    w.key_begin = (g - chunk_start[w.b]) * chunk_len;
+    w.key_end = min(w.key_begin + chunk_len, w.P + T);
+    return w;
+}
+
 // ---------------------------------------------------------------- planning kernels
 
 // One launch before the attention kernel (1024 threads per block).
@@ -197,19 +221,37 @@ __device__ __forceinline__ u32 swz576(int r, int c) {
 // byte offset of 16-byte chunk c (0..7) of row r in the 64-key probability tile
 __device__ __forceinline__ u32 swz64(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
+// Start the cp.async copy of the block's 64 query rows (row0.. of request b's M) into shared
+// memory at sQ_a, 72 chunks of 16 bytes per row (64 latent + 8 rope), rows past M zero-filled:
+// thread -> row tid >> 2, chunks (tid & 3) + 4i. Swz(r, c): the byte offset of chunk c of row r.
+template <u32 (*Swz)(int, int)>
+__device__ __forceinline__ void load_q_rows(u32 sQ_a, const bf16_t* __restrict__ q_lat,
+                                            const bf16_t* __restrict__ q_rope, int b, int M, int row0, int tid) {
+    const int r = tid >> 2;
+    const bool ok = row0 + r < M;
+    const long long grow = (long long)b * M + row0 + r;
+    const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
+    const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
+#pragma unroll
+    for (int i = 0; i < 18; ++i) {
+        const int c = (tid & 3) + 4 * i;
+        const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
+        cp_async16(sQ_a + Swz(r, c), ok ? src : q_lat, ok ? 16 : 0);
+    }
+}
+
+// Arguments of the bf16 tensor-core kernels (mma.sync and wgmma): q_lat [B*M, 512], q_rope [B*M, 64],
+// kv [S, kv_stride] (kv_stride: elements between cache rows), slots [N], offsets [B+1],
+// tail [B*T, 576], vis [B*T, W], chunk_start [B+1], o_part [C, M, 512], lse_part [C, M].
+#define TC_ARGS                                                                                          \
+    const bf16_t *__restrict__ q_lat, const bf16_t *__restrict__ q_rope, const bf16_t *__restrict__ kv,   \
+        long long kv_stride, const long long *__restrict__ slots, const long long *__restrict__ offsets, \
+        const bf16_t *__restrict__ tail, const u32 *__restrict__ vis, const int *__restrict__ chunk_start, \
+        float *__restrict__ o_part, float *__restrict__ lse_part, int B, int T, int H, int W, int chunk_len, \
+        float scale_log2
+
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 1)
-ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
-                       const bf16_t* __restrict__ q_rope,     // [B*M, 64]
-                       const bf16_t* __restrict__ kv,         // [S, kv_stride]
-                       long long kv_stride,                   // elements between cache rows
-                       const long long* __restrict__ slots,   // [N]
-                       const long long* __restrict__ offsets, // [B+1]
-                       const bf16_t* __restrict__ tail,       // [B*T, 576]
-                       const u32* __restrict__ vis,           // [B*T, W]
-                       const int* __restrict__ chunk_start,   // [B+1]
-                       float* __restrict__ o_part,            // [C, M, 512]
-                       float* __restrict__ lse_part,          // [C, M]
-                       int B, int T, int H, int W, int chunk_len, float scale_log2) {
+ddtree_verify_mma_bf16(TC_ARGS) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* sQ = smem;
     unsigned char* sK = smem + SQ_BYTES;
@@ -218,13 +260,9 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
 
     const int g = blockIdx.y;
     if (g >= chunk_start[B]) return;
-    const int b = find_request(chunk_start, B, g);
-    const long long off_b = offsets[b];
-    const int P = (int)(offsets[b + 1] - off_b);
-    const int M = T * H;
-    const int row0 = blockIdx.x * MMA_ROWS;
-    const int key_begin = (g - chunk_start[b]) * chunk_len;
-    const int key_end = min(key_begin + chunk_len, P + T);
+    const ChunkWork cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+    const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
+    const long long off_b = cw.off_b;
     const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
 
     const int tid = threadIdx.x;
@@ -239,20 +277,7 @@ ddtree_verify_mma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
     const u32 sK_a = smem_u32(sK);
     const u32 sP_a = smem_u32(sP);
 
-    // ---- load Q (zero-fill rows past M)
-    {
-        const int r = tid >> 2;
-        const bool ok = row0 + r < M;
-        const long long grow = (long long)b * M + row0 + r;
-        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
-        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
-#pragma unroll
-        for (int i = 0; i < 18; ++i) {
-            const int c = (tid & 3) + 4 * i;
-            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
-            cp_async16(sQ_a + swz576(r, c), ok ? src : q_lat, ok ? 16 : 0);
-        }
-    }
+    load_q_rows<swz576>(sQ_a, q_lat, q_rope, b, M, row0, tid);  // zero-fills rows past M
     // ---- key tile loader: thread loads 18 chunks of key (tid >> 2)
     auto load_tile = [&](int tile, int stage) {
         const int kk = tid >> 2;
@@ -564,18 +589,7 @@ __device__ __forceinline__ void wgmma_m64n256_ss_tb(float* d, unsigned long long
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 extern "C" __global__ void __launch_bounds__(256, 1)
-ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
-                         const bf16_t* __restrict__ q_rope,     // [B*M, 64]
-                         const bf16_t* __restrict__ kv,         // [S, kv_stride]
-                         long long kv_stride,                   // elements between cache rows
-                         const long long* __restrict__ slots,   // [N]
-                         const long long* __restrict__ offsets, // [B+1]
-                         const bf16_t* __restrict__ tail,       // [B*T, 576]
-                         const u32* __restrict__ vis,           // [B*T, W]
-                         const int* __restrict__ chunk_start,   // [B+1]
-                         float* __restrict__ o_part,            // [C, M, 512]
-                         float* __restrict__ lse_part,          // [C, M]
-                         int B, int T, int H, int W, int chunk_len, float scale_log2) {
+ddtree_verify_wgmma_bf16(TC_ARGS) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(smem);
@@ -588,13 +602,9 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
 
     const int g = blockIdx.y;
     if (g >= chunk_start[B]) return;
-    const int b = find_request(chunk_start, B, g);
-    const long long off_b = offsets[b];
-    const int P = (int)(offsets[b + 1] - off_b);
-    const int M = T * H;
-    const int row0 = blockIdx.x * MMA_ROWS;
-    const int key_begin = (g - chunk_start[b]) * chunk_len;
-    const int key_end = min(key_begin + chunk_len, P + T);
+    const ChunkWork cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+    const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
+    const long long off_b = cw.off_b;
     const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
 
     const int tid = threadIdx.x;
@@ -605,20 +615,7 @@ ddtree_verify_wgmma_bf16(const bf16_t* __restrict__ q_lat,      // [B*M, 512]
     const int tq = lane & 3;
     const int r_lo = 16 * (warp & 3) + gq;  // this thread's rows: r_lo and r_lo + 8
 
-    // ---- load Q (zero-fill rows past M): thread -> row tid >> 2, chunks (tid & 3) + 4i
-    {
-        const int r = tid >> 2;
-        const bool ok = row0 + r < M;
-        const long long grow = (long long)b * M + row0 + r;
-        const bf16_t* ql = ok ? q_lat + grow * DV : q_lat;
-        const bf16_t* qr = ok ? q_rope + grow * DR : q_rope;
-#pragma unroll
-        for (int i = 0; i < 18; ++i) {
-            const int c = (tid & 3) + 4 * i;
-            const bf16_t* src = c < 64 ? ql + c * 8 : qr + (c - 64) * 8;
-            cp_async16(sQ_a + sw128(r, c), ok ? src : q_lat, ok ? 16 : 0);
-        }
-    }
+    load_q_rows<sw128>(sQ_a, q_lat, q_rope, b, M, row0, tid);  // zero-fills rows past M
     // ---- key tiles. VERIFY_WG_TPK threads per key: 4 (thread -> key tid >> 2, chunks (tid & 3) + 4i,
     // 64 contiguous bytes of a row per 4 threads) or 8 (thread -> keys (tid >> 3) and 32 + (tid >> 3),
     // chunks (tid & 7) + 8i: one 128-byte line of a row per 8 threads). Measured on the H200 (same
@@ -877,13 +874,9 @@ __device__ __forceinline__ void verify_simple(const TIn* __restrict__ q_lat, con
 
     const int g = blockIdx.y;
     if (g >= chunk_start[B]) return;
-    const int b = find_request(chunk_start, B, g);
-    const long long off_b = offsets[b];
-    const int P = (int)(offsets[b + 1] - off_b);
-    const int M = T * H;
-    const int row0 = blockIdx.x * SIM_ROWS;
-    const int key_begin = (g - chunk_start[b]) * chunk_len;
-    const int key_end = min(key_begin + chunk_len, P + T);
+    const ChunkWork cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, SIM_ROWS);
+    const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
+    const long long off_b = cw.off_b;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;

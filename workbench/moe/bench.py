@@ -861,27 +861,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.single is not None:
         ex = random_int4_experts(KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], device="cuda")
         gen = torch.Generator().manual_seed(0)
-        if args.small:   # the one-launch kernels first (two calls each), then the four-launch variants
-            set_small_table([(SMALL_MAX_PAIRS, True)])
-            for sv in args.small_variants:
-                set_small_variant(sv)
-                for _ in range(2):
-                    ids, w = make_routing(args.single, KIMI["num_experts"], KIMI["topk"], "uniform", gen)
-                    x = torch.randn(args.single, KIMI["hidden"], device="cuda").to(torch.bfloat16)
-                    fused_moe_int4(x, ids.cuda(), w.cuda(), ex, validate=False)
-                torch.cuda.synchronize()
-                print(f"small {sv}: distinct experts {distinct_experts(ids)}")
-            set_small_variant("v3")
-        set_small_path(False)
-        specs = args.variants or [",".join(map(str, kernel_config(args.single)))]
-        for spec in [sp for sp in specs if sp != "none"]:
-            set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
+
+        def two_calls() -> int:
+            """Warm-up + one call at M = args.single, fresh uniform routing each; distinct experts of the last."""
             for _ in range(2):
                 ids, w = make_routing(args.single, KIMI["num_experts"], KIMI["topk"], "uniform", gen)
                 x = torch.randn(args.single, KIMI["hidden"], device="cuda").to(torch.bfloat16)
                 fused_moe_int4(x, ids.cuda(), w.cuda(), ex, validate=False)
             torch.cuda.synchronize()
-            print(f"variant {spec}: distinct experts {distinct_experts(ids)}")
+            return distinct_experts(ids)
+
+        if args.small:   # the one-launch kernels first (two calls each), then the four-launch variants
+            set_small_table([(SMALL_MAX_PAIRS, True)])
+            for sv in args.small_variants:
+                set_small_variant(sv)
+                print(f"small {sv}: distinct experts {two_calls()}")
+            set_small_variant("v3")
+        set_small_path(False)
+        specs = args.variants or [",".join(map(str, kernel_config(args.single)))]
+        for spec in [sp for sp in specs if sp != "none"]:
+            set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
+            print(f"variant {spec}: distinct experts {two_calls()}")
         return 0
     if args.small_compare:
         ms = tuple(args.m) if args.m != list(M_VALUES) else SMALL_COMPARE_M
