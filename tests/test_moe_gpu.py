@@ -98,3 +98,67 @@ def test_small_path_matches_four_launch(small, small_path_on):
     finally:
         set_small_path(True)
     assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
+
+
+# ---- split-K form of the one-launch kernel (moe_small_splitk_*; selected with set_small_variant, not dispatched)
+
+SPLITK = ["splitk_s3", "splitk_s4", "splitk_s3_max"]
+
+
+@pytest.fixture
+def splitk_on(request):
+    """The one-launch path for M * topk <= 128, with the split-K kernel named by the test's parameter."""
+    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, set_small_table, set_small_variant
+
+    saved = list(SMALL_TABLE)
+    set_small_table([(SMALL_MAX_PAIRS, True)])
+    set_small_variant(request.param)
+    yield request.param
+    set_small_variant("v3")
+    set_small_table(saved)
+
+
+@pytest.mark.parametrize("splitk_on", SPLITK, indirect=True)
+@pytest.mark.parametrize("m,routing", [(1, "uniform"), (2, "uniform"), (5, "skewed"), (16, "uniform")])
+def test_splitk_parity_small(small, splitk_on, m, routing):
+    res = check_case(small, m, routing, torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+@pytest.mark.parametrize("splitk_on", SPLITK, indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 9])
+def test_splitk_parity_kimi_shape(splitk_on, m):
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=m)
+    res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+@pytest.mark.parametrize("splitk_on", ["splitk_s3_max"], indirect=True)
+def test_splitk_edge_cases_graph_replays_and_determinism(small, splitk_on):
+    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
+        assert res["ok"], res
+    for m in (1, 4):   # the counters (task, reduction, done) must be left zero for the next replay
+        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+        assert res["ok"], res
+    g = torch.Generator().manual_seed(4)
+    ids, w = make_routing(2, 16, 8, "uniform", g)
+    x = torch.randn(2, 1024, generator=g).bfloat16().cuda()
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("splitk_on", ["splitk_s3"], indirect=True)
+def test_splitk_matches_v3(small, splitk_on):
+    from workbench.moe.fused import set_small_variant
+
+    g = torch.Generator().manual_seed(12)
+    ids, w = make_routing(1, 16, 8, "uniform", g)
+    x = torch.randn(1, 1024, generator=g).bfloat16().cuda()
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    set_small_variant("v3")
+    b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    set_small_variant(splitk_on)
+    assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2

@@ -727,7 +727,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // read at constant offsets from one pointer per column (every column points at a valid row: columns
 // past the item's count repeat its first row, and their results are not stored).
 // wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
-template <int NT, bool COHERENT>
+template <int NT, bool COHERENT, int RS = FR_S>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -753,10 +753,10 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
             --left;
         }
         cp_async_commit();
-        wslot = wslot == (FR_S - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
     };
 #pragma unroll
-    for (int q = 0; q < FR_S - 1; ++q) issue();
+    for (int q = 0; q < RS - 1; ++q) issue();
     if (wait != nullptr) {
         if (lane == 0) {   // relaxed polling (an acquire load per poll would invalidate L1 each time), one fence
             while (ld_relaxed_gpu(wait) < target) __nanosleep(128);
@@ -779,7 +779,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     unsigned int rslot = 0;
 #pragma unroll 1
     for (int j = 0; j < nsup; ++j) {
-        cp_async_wait<FR_S - 2>();   // stage j has landed (this lane's copies)
+        cp_async_wait<RS - 2>();   // stage j has landed (this lane's copies)
         __syncwarp();                // ... and every lane's; every lane is done with stage j - 1
         issue();                     // stage j + FR_S - 1 into the slot of stage j - 1
         const unsigned char* st = ring + rslot;
@@ -804,7 +804,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n) xp[n] = xn[n];
-        rslot = rslot == (FR_S - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
     }
     cp_async_wait<0>();
     __syncwarp();   // the ring is free for the next task
@@ -911,21 +911,15 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
     if (lane == 0) done_dn[tile] = 0;
 }
 
-// grid: at most the CTAs that fit on the device at once (more only adds idle CTAs); block 128;
-// at most 80 registers, so 6 CTAs (24 warps, 6 per scheduler) fit on an SM (shared memory: 6 x 30 KB).
-extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
-    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
-    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
-    __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
-    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
-    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
-    __shared__ int s_wcnt[4];
-    __shared__ __align__(16) unsigned char s_ring[4 * FR_S * FR_STAGE_U4 * 16];
+// Prologue of the one-launch kernels (every CTA, block of 128 threads, P = M * topk <= 128): sorts the
+// pairs by (expert, pair id) into s_sorted and cuts each expert's run into items of <= FR_CHUNK slots
+// (s_ie / s_islot / s_icnt); returns the number of items. Pairs with an id outside [0, E) are dropped
+// (s_e = -1); when every id is invalid, CTA 0 writes NaN to every output row.
+__device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M, int topk, int E, int H,
+                                              __nv_bfloat16* __restrict__ out, int* s_e, int* s_sorted, int* s_flag,
+                                              int* s_ie, int* s_islot, int* s_icnt, int* s_wcnt) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int P = M * topk;
-    unsigned char* ring = s_ring + warp * (FR_S * FR_STAGE_U4 * 16);
-
-    // ---- prologue: group the pairs by expert (every CTA does it; P <= 128)
     int e = -1;
     if (tid < P) {
         e = ids[tid];
@@ -969,6 +963,24 @@ extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
         if (blockIdx.x == 0)
             for (int i = tid; i < M * H; i += blockDim.x) out[i] = __float2bfloat16(__int_as_float(0x7fc00000));
     }
+    return nitems;
+}
+
+// grid: at most the CTAs that fit on the device at once (more only adds idle CTAs); block 128;
+// at most 80 registers, so 6 CTAs (24 warps, 6 per scheduler) fit on an SM (shared memory: 6 x 30 KB).
+extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    __shared__ __align__(16) unsigned char s_ring[4 * FR_S * FR_STAGE_U4 * 16];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    unsigned char* ring = s_ring + warp * (FR_S * FR_STAGE_U4 * 16);
+
+    // ---- prologue: group the pairs by expert (every CTA does it; P <= 128)
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
 
     // ---- tasks
@@ -1006,3 +1018,273 @@ extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
     }
 }
 
+
+// ===================================================================================================
+// Split-K form of the one-launch kernel (moe_small_splitk_s3 / _s4; NOT dispatched by fused_moe_int4's
+// SMALL_TABLE: selected with workbench.moe.fused.set_small_variant, for benchmarking).
+//
+// Why: at M = 1-2, version 3 has fewer gate_up tasks (2048 at M = 1) than resident warps (3168), and each
+// streams a whole tile's K (28 ring stages at H = 7168, 2 in flight) before the down phase can start; the
+// four-launch kernels split K over 4 warps. Here a task is (item, K part, tile): the K range of a
+// tile is cut into `s` equal parts (s = 1, 2 or 4, dividing the stages), one warp each, so a phase has
+// s times as many, s times shorter, tasks. The split of each phase is chosen on the device (every CTA
+// computes the same, from the item count): the smallest s <= s_max dividing the phase's stages with
+// items x tiles x s >= want (want: tasks wanted per phase, from the host: 2 x the grid's warps), so at
+// M >= 4 it is s = 1 and the kernel does what version 3 does.
+//   gate_up, s > 1: each part stores its fp32 partial sums (columns < count) to gpart
+//            [s, P, I/8, 16] (slot-major, 16 rows of the tile: gate g then up g), then counts itself
+//            in red_gu[item, tile] (release); the part that arrives last (acquire) sums the s partials
+//            in part order (0, 1, ...: deterministic, its own from registers), applies SiLU(gate) * up,
+//            stores h, resets red_gu[item, tile] and counts the tile in done_gu[item]. s = 1: as version 3.
+//   down:    each part waits for done_gu[item] == I/8 and stores w_pair * y for its K part to
+//            ypart [s, P, H] (f32); done_dn[tile] counts items x s arrivals; the last sums, for every
+//            token, s = sum over k ascending of (sum over parts ascending) in one fp32 chain (fixed order:
+//            deterministic) into out, and resets the counter.
+// Ordering of tasks: all gate_up tasks, item-major, then part, then tile (warps running at the same
+// time read neighbouring tiles of one stage, as in version 3), then all down tasks in the same order.
+// No gate_up task waits, and every gate_up task is grabbed before any down task: no deadlock.
+// RS: ring stages per warp (RS - 1 in flight). RS = 3: 80 registers, 6 CTAs (24 warps) per SM, as
+// version 3; RS = 4: one more stage in flight (6.9 KB per warp), shared memory allows 5 CTAs per SM.
+// ws: int32 [2 + 128 + H/16 + 128 * I/8], zero before the first launch; left zero by every launch.
+
+// Smallest split s in {1, 2, 4}, s <= smax, nsup % s == 0, with items * tiles * s >= want (else the
+// largest allowed). workbench/moe/fused.py: splitk_choice is the same rule on the host.
+__device__ __forceinline__ int splitk_pick(int items, int tiles, int nsup, int smax, int want) {
+    int best = 1;
+    for (int s = 1; s <= smax && s <= 4; s *= 2) {
+        if (nsup % s) break;
+        best = s;
+        if (items * tiles * s >= want) break;
+    }
+    return best;
+}
+
+template <int NT, int RS>
+__device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, int part, int tile, int sgu,
+                                               const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
+                                               int P, int topk, int H, int I, __nv_bfloat16* __restrict__ hbuf,
+                                               float* gpart, int* red_gu, int* done_gu, unsigned char* ring) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
+    const int tiles = I / 8, nsup = H / (64 * FR_SUB), nper = nsup / sgu;
+    const uint4* wt = Fgu + ((long long)(ex * nsup + part * nper) * tiles + tile) * FR_STAGE_U4;
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int col = g + 8 * n;
+        xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H + part * nper * 64 * FR_SUB;
+    }
+    float acc[NT][4];
+    frag_gemm<NT, false, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+    if (sgu > 1) {
+        // partial sums of this part: gpart[((part * P + slot) * tiles + tile) * 16 + row], row g (gate), g + 8 (up)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 8 * n + 2 * t + cc;
+                if (col < cnt) {
+                    float* dst = gpart + ((long long)(part * P + slot0 + col) * tiles + tile) * 16;
+                    dst[g] = acc[n][cc];
+                    dst[g + 8] = acc[n][2 + cc];
+                }
+            }
+        fence_acq_rel_gpu();
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            fence_acq_rel_gpu();
+            last = atomicAdd(red_gu + item * tiles + tile, 1) == sgu - 1;
+            if (last) fence_acq_rel_gpu();
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (!last) return;
+        fence_acq_rel_gpu();
+        // every part has stored: sum in part order (this warp's own part from registers)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 8 * n + 2 * t + cc;
+                if (col < cnt) {
+                    float gs = 0.f, us = 0.f;
+                    for (int q = 0; q < sgu; ++q) {
+                        float gv = acc[n][cc], uv = acc[n][2 + cc];
+                        if (q != part) {
+                            const float* src = gpart + ((long long)(q * P + slot0 + col) * tiles + tile) * 16;
+                            gv = ld_cg_f32(src + g);
+                            uv = ld_cg_f32(src + g + 8);
+                        }
+                        gs += gv;
+                        us += uv;
+                    }
+                    acc[n][cc] = gs;
+                    acc[n][2 + cc] = us;
+                }
+            }
+        __syncwarp();
+        if (lane == 0) red_gu[item * tiles + tile] = 0;   // every part has arrived: nobody else touches it
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * n + 2 * t + cc;
+            if (col < cnt) {
+                const float gt = acc[n][cc], up = acc[n][2 + cc];
+                hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
+            }
+        }
+    fence_acq_rel_gpu();
+    __syncwarp();
+    if (lane == 0) {
+        fence_acq_rel_gpu();
+        atomicAdd(done_gu + item, 1);
+    }
+}
+
+template <int NT, int RS>
+__device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int part, int tile, int sdn, int nitems,
+                                            const uint4* __restrict__ Fdn, const __nv_bfloat16* hbuf,
+                                            const float* __restrict__ topk_w, int M, int topk, int H, int I,
+                                            float* ypart, const int* done_gu, int* done_dn,
+                                            __nv_bfloat16* __restrict__ out, unsigned char* ring) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
+    const int tiles = H / 16, nsup = I / (64 * FR_SUB), nper = nsup / sdn;
+    const int P = M * topk;
+    const uint4* wt = Fdn + ((long long)(ex * nsup + part * nper) * tiles + tile) * FR_STAGE_U4;
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int col = g + 8 * n;
+        xr[n] = hbuf + (long long)(slot0 + (col < cnt ? col : 0)) * I + part * nper * 64 * FR_SUB;
+    }
+    float acc[NT][4];
+    frag_gemm<NT, true, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
+    const int n0 = 16 * tile + g;
+    float* yp = ypart + (long long)part * P * H;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * n + 2 * t + cc;
+            if (col < cnt) {
+                const int pair = it.sorted[slot0 + col];
+                const float wgt = __ldg(topk_w + pair);
+                yp[(long long)pair * H + n0] = wgt * acc[n][cc];
+                yp[(long long)pair * H + n0 + 8] = wgt * acc[n][2 + cc];
+            }
+        }
+    fence_acq_rel_gpu();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) {
+        fence_acq_rel_gpu();
+        last = atomicAdd(done_dn + tile, 1) == nitems * sdn - 1;
+        if (last) fence_acq_rel_gpu();
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    fence_acq_rel_gpu();
+    // every (item, part) has written its rows of this tile: out[m, tile rows] = sum_k sum_part (k outer, both ascending)
+    for (int idx = lane; idx < M * 16; idx += 32) {
+        const int m = idx >> 4, n = 16 * tile + (idx & 15);
+        bool ok = true;
+        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
+        float s = __int_as_float(0x7fc00000);
+        if (ok) {
+            s = 0.f;
+            for (int k = 0; k < topk; ++k)
+                for (int q = 0; q < sdn; ++q) s += ld_cg_f32(ypart + ((long long)q * P + m * topk + k) * H + n);
+        }
+        out[(long long)m * H + n] = __float2bfloat16(s);
+    }
+    __syncwarp();
+    if (lane == 0) done_dn[tile] = 0;
+}
+
+template <int RS>
+__device__ __forceinline__ void moe_small_splitk_body(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,
+    __nv_bfloat16* __restrict__ out, unsigned char* s_ring) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int P = M * topk;
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+
+    int* ctr_task = ws;
+    int* ctr_fin = ws + 1;
+    int* done_gu = ws + 2;
+    int* done_dn = ws + 2 + FR_MAX_PAIRS;
+    int* red_gu = ws + 2 + FR_MAX_PAIRS + H / 16;
+    const int tiles_gu = I / 8, tiles_dn = H / 16;
+    // the task bounds live in shared memory, re-read per task (held in registers across the task they spilled)
+    __shared__ int s_cfg[4];
+    if (threadIdx.x == 0) {
+        const int sg = splitk_pick(nitems, tiles_gu, H / (64 * FR_SUB), sgu_max, want);
+        const int sd = splitk_pick(nitems, tiles_dn, I / (64 * FR_SUB), sdn_max, want);
+        s_cfg[0] = sg;
+        s_cfg[1] = sd;
+        s_cfg[2] = nitems * sg * tiles_gu;                      // gate_up tasks
+        s_cfg[3] = s_cfg[2] + nitems * sd * tiles_dn;           // all tasks
+    }
+    __syncthreads();
+    const volatile int* cfg = s_cfg;
+    int task = 0;
+    if (lane == 0) task = atomicAdd(ctr_task, 1);
+    task = __shfl_sync(0xffffffffu, task, 0);
+    while (task < cfg[3]) {
+        int next = 0;
+        if (lane == 0) next = atomicAdd(ctr_task, 1);
+        const int t_gu = cfg[2];
+        if (task < t_gu) {
+            const int sgu = cfg[0], per_gu = sgu * tiles_gu;
+            const int item = task / per_gu, r = task - item * per_gu;
+            const int part = r / tiles_gu, tile = r - part * tiles_gu;
+            splitk_gate_up<1, RS>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
+                                  ring);
+        } else {
+            const int sdn = cfg[1], per_dn = sdn * tiles_dn;
+            const int u = task - t_gu;
+            const int item = u / per_dn, r = u - item * per_dn;
+            const int part = r / tiles_dn, tile = r - part * tiles_dn;
+            splitk_down<1, RS>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
+                               done_dn, out, ring);
+        }
+        task = __shfl_sync(0xffffffffu, next, 0);
+    }
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(ctr_fin, 1) == (int)(gridDim.x * (blockDim.x / 32)) - 1) {
+            // last warp of the launch: every other warp has finished with the counters
+            ws[0] = 0;
+            ws[1] = 0;
+            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
+        }
+    }
+}
+
+// grid: at most the CTAs that fit on the device at once; block 128. sgu_max / sdn_max in {1, 2, 4};
+// want: tasks wanted per phase (split chosen per phase on the device, see splitk_pick).
+// gpart: f32 [sgu_max, P, I/8, 16] (unused when sgu_max == 1), ypart: f32 [sdn_max, P, H].
+#define MOE_SPLITK_INSTANCE(RS, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s##RS(                        \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
+        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
+        int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
+        __nv_bfloat16* __restrict__ out) {                                                                     \
+        __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                             \
+        moe_small_splitk_body<RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf,   \
+                                  gpart, ypart, ws, out, s_ring);                                              \
+    }
+
+MOE_SPLITK_INSTANCE(3, 6)
+MOE_SPLITK_INSTANCE(4, 5)

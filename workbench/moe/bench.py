@@ -30,9 +30,10 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.moe.fused import (KERNEL_TABLE, SMALL_MAX_PAIRS, SMALL_PATH, SMALL_TABLE, VARIANTS, fused_moe_int4,
-                                 kernel_config, set_kernel_table, set_small_path, set_small_table, small_grid,
-                                 uses_small_path, variant_name)
+from workbench.moe.fused import (KERNEL_TABLE, SMALL_MAX_PAIRS, SMALL_PATH, SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS,
+                                 VARIANTS, fused_moe_int4, kernel_config, set_kernel_table, set_small_path,
+                                 set_small_table, set_small_variant, small_grid, splitk_splits, uses_small_path,
+                                 variant_name, work_items)
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -216,8 +217,12 @@ def check_case(experts: Int4Experts, m: int, routing: str, gen: torch.Generator,
 
 
 def path_name(m: int, topk: int) -> str:
-    """``small_fused`` (one launch) or the four-launch variant name used for M tokens."""
-    return "small_fused" if uses_small_path(m, topk) else variant_name(kernel_config(m))
+    """``small_fused`` (one launch, version 3), ``small_splitk_*`` (one launch, split-K form, when
+    :func:`set_small_variant` chose it) or the four-launch variant name used for M tokens."""
+    if uses_small_path(m, topk):
+        v = SMALL_VARIANT["name"]
+        return "small_fused" if v == "v3" else f"small_{v}"
+    return variant_name(kernel_config(m))
 
 
 def check_graph_replay(experts: Int4Experts, m: int, gen: torch.Generator, topk: int,
@@ -285,20 +290,27 @@ def _small_path_edge_checks(small: Int4Experts, gen: torch.Generator, topk: int)
     return res
 
 
-def run_sanitize_checks(seed: int = 1, variants=VARIANTS) -> list[dict[str, Any]]:
-    """Small config for compute-sanitizer: H=1024, I=1024, E=16: the small-M kernel (its edge cases and
-    a graph replay), then every compiled four-launch variant."""
+def run_sanitize_checks(seed: int = 1, variants=VARIANTS, small_variants=("v3",)) -> list[dict[str, Any]]:
+    """Small config for compute-sanitizer: H=1024, I=1024, E=16: each one-launch kernel in ``small_variants``
+    (keys of fused.SMALL_VARIANTS; parity at M = 1, 2, 9, its edge cases and a graph replay), then every
+    four-launch variant in ``variants``."""
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(seed)
     ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed)
     saved_small = list(SMALL_TABLE)
+    saved_variant = SMALL_VARIANT["name"]
     set_small_table([(SMALL_MAX_PAIRS, True)])   # the one-launch kernel whatever SMALL_TABLE says
+    res = []
     try:
-        res = [check_case(ex, m, r, gen, topk=8, ref_on_cpu=True) for m, r in ((1, "uniform"), (9, "skewed"))]
-        res += small_path_edge_checks(ex, gen, 8)
-        res.append(check_graph_replay(ex, 4, gen, 8))
+        for sv in small_variants:
+            set_small_variant(sv)
+            res += [check_case(ex, m, r, gen, topk=8, ref_on_cpu=True)
+                    for m, r in ((1, "uniform"), (2, "uniform"), (9, "skewed"))]
+            res += small_path_edge_checks(ex, gen, 8)
+            res.append(check_graph_replay(ex, 4, gen, 8))
     finally:
         set_small_table(saved_small)
+        set_small_variant(saved_variant)
     saved = list(KERNEL_TABLE)
     set_small_path(False)
     try:
@@ -359,7 +371,7 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     if not ms:  # graph capture failed: report eager times
         ms, rep_idx = eager, used[-n_eager:]
     return {"ms": ms, "distinct": [distinct[j] for j in rep_idx], "eager_ms": eager, "graph_error": graph_err,
-            "x": x, "ids_all": ids_all, "w_all": w_all}
+            "x": x, "ids_all": ids_all, "w_all": w_all, "rep_idx": rep_idx}
 
 
 def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: int = 10,
@@ -646,17 +658,66 @@ SMALL_V3_PREDICTION = (
     "M ~ 8 on, not at M = 1-4.")
 
 
-def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps: int = 20, seed: int = 0,
-                      name: str = "moe_small_v3", prediction: str = SMALL_V3_PREDICTION) -> Path:
-    """The one-launch small-M kernel against the four-launch path at Kimi shapes, in one process.
+SMALL_SPLITK_PREDICTION = (
+    "Split-K form of the one-launch kernel (moe_small_splitk_s3 / _s4, code in workbench/kernels/moe_int4.cu; "
+    "NOT dispatched): a task is (item, K part, tile); the K range of a tile is cut into s parts (s in 1, 2, 4), "
+    "chosen on the device per phase as the smallest s with items x tiles x s >= 2 x resident warps (Kimi: "
+    "M = 1 -> gate_up 4, down 2; M = 2 -> 2, 1; M >= 4 -> 1, 1, i.e. version 3's work split); gate_up "
+    "partials are summed by the part that arrives last (fixed part order, then SiLU), down partials are "
+    "summed with the k sum by the tile's last warp. s3: 3-stage ring, 80 registers, 6 CTAs/SM, as version 3; "
+    "s4: 4-stage ring (3 stages = 6.9 KB in flight per warp), 96 registers, 5 CTAs/SM; s3_max: always "
+    "s = 4 in both phases (a control). SASS (cuobjdump, CPU): the stage loops are version 3's (gate_up 321 "
+    "instructions per 2304 bytes, down 316); shorter tasks add per-task code (estimated, ~300-450 "
+    "instructions executed per task outside the stage loop: ~0.164 instructions per byte for a 7-stage gate_up task "
+    "against 0.145 for version 3's 28-stage task, ~0.18 for a 4-stage down task against 0.159). Hypothesis under test "
+    "(not profiled): at M = 1-2 version 3 is bound by each warp's chain of 28 dependent ring stages with "
+    "fewer tasks than warps (2048 gate_up tasks for 3168 warps at M = 1), not by bandwidth. Predicted before "
+    "any run, from run 5 (same shapes): version 3 streams at a marginal ~3.4 TB/s (M 4 -> 16) and spends "
+    "~52 us above that at M = 1-2 and ~22 us at M >= 4; the four-launch path spends ~28 / 31 us above its own "
+    "marginal rate at M = 1 / 2, of which ~9 us are launch gaps a single launch avoids. So splitk_s3: "
+    "M = 1 ~0.077 ms (~62% of copy; range 0.070-0.085), M = 2 ~0.139 ms (~69%; 0.125-0.150), faster than "
+    "both version 3 and the four-launch path at M = 1-2; M = 4, 8, 9, 16 (s = 1) within 3% of version 3 "
+    "(M = 16 uniform ~0.82 ms, ~80%). splitk_s4: at M = 1-2 within 5% of s3 (better if the chain's latency "
+    "still dominates), at M >= 4 1-5% slower than s3 (20 instead of 24 warps per SM). splitk_s3_max: at "
+    "M = 1 within 5% of s3, at M >= 4 5-10% slower than version 3 (more per-task code per byte). The goal "
+    "(>= 80% of copy at every M <= 16) is NOT expected at M = 1-2 even if this holds: at M = 1, 80% leaves "
+    "~2 us over streaming at 3.4 TB/s. If splitk_s3 is not faster than the four-launch path at M = 1, the "
+    "chain hypothesis is refuted: profile version 3 at M = 1 (ncu) before building more.")
+SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION}
+# labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
+# version 3) and "four_launch"
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max")
 
-    For each routing and M (M * topk <= SMALL_MAX_PAIRS): a parity check of the one-launch kernel
-    (fresh inputs, poisoned buffers), then both paths timed as CUDA-graph replays with fresh routing
-    per repeat; the copy bandwidth is measured in the same run. Writes ``<name>.json``; the
-    dispatch tables are left as they were.
+
+def _set_compare_path(label: str) -> None:
+    """Dispatch every M * topk <= SMALL_MAX_PAIRS to the path ``label`` (a SMALL_COMPARE_PATHS entry)."""
+    if label == "four_launch":
+        set_small_table([(SMALL_MAX_PAIRS, False)])
+        return
+    set_small_table([(SMALL_MAX_PAIRS, True)])
+    set_small_variant("v3" if label == "small_fused" else label)
+
+
+def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps: int = 20, seed: int = 0,
+                      name: str = "moe_small_v3", prediction: str | None = None,
+                      paths: tuple[str, ...] = ("small_fused", "four_launch")) -> Path:
+    """One-launch small-M kernels against the four-launch path at Kimi shapes, in one process.
+
+    ``paths``: labels from :data:`SMALL_COMPARE_PATHS` ("small_fused" = version 3, "four_launch", and the
+    split-K forms "splitk_s3", "splitk_s4", "splitk_s3_max"). For each routing and M (M * topk <=
+    SMALL_MAX_PAIRS): a parity check of every one-launch path (fresh inputs, poisoned buffers), then
+    every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
+    in the same run. Split-K rows also record the splits the kernel takes for each timed routing
+    (``<label>_splits``: "gate_up,down" -> repeats). Writes ``<name>.json``, with the prediction
+    (default: :data:`SMALL_PREDICTIONS` [name]) as its notes; the dispatch tables are left as they were.
     """
     from workbench.measure import measure_copy_bandwidth, write_measurement
 
+    unknown = [p for p in paths if p not in SMALL_COMPARE_PATHS]
+    if unknown or "four_launch" not in paths or not paths:
+        raise ValueError(f"paths must include 'four_launch' and come from {SMALL_COMPARE_PATHS}, got {paths}")
+    if prediction is None:
+        prediction = SMALL_PREDICTIONS.get(name, "")
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
@@ -671,58 +732,82 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     print(f"copy {copy_gbps:.0f} GB/s")
     params = {"num_experts": E, "hidden": H, "intermediate": I, "topk": K, "group_size": 32,
               "m_values": list(m_values), "routings": list(ROUTINGS), "skew_alpha": SKEW_ALPHA, "reps": reps,
-              "seed": seed, "bytes_per_expert": bpe,
+              "seed": seed, "bytes_per_expert": bpe, "paths": list(paths),
+              "small_variants": {p: list(SMALL_VARIANTS[p][1] or []) for p in paths if p in SMALL_VARIANTS},
               "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
               "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
     saved_small = list(SMALL_TABLE)
+    saved_variant = SMALL_VARIANT["name"]
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
+    one_launch = [p for p in paths if p != "four_launch"]
+
+    def grids() -> dict[str, int | None]:
+        return {p: small_grid(SMALL_VARIANTS["v3" if p == "small_fused" else p][0]) for p in one_launch}
 
     def save() -> Path:   # after every row, so a run cut short keeps what it measured
-        wins = [[r["routing"], r["m"]] for r in rows if r["speedup_small_vs_four_launch"] > 1.0]
+        wins = {p: [[r["routing"], r["m"]] for r in rows if r[f"{p}_ms_median"] < r["four_launch_ms_median"]]
+                for p in one_launch}
         results = {"copy_gb_per_s": copy_gbps, "rows": rows, "checks": checks,
-                   "all_checks_ok": all(c["ok"] for c in checks), "small_faster_at": wins,
+                   "all_checks_ok": all(c["ok"] for c in checks), "faster_than_four_launch_at": wins,
                    "complete": len(rows) == len(ROUTINGS) * len(m_values)}
-        return write_measurement(name, parameters={**params, "small_path_grid_ctas": small_grid()},
+        if "small_fused" in paths:
+            results["small_faster_at"] = wins["small_fused"]
+        g = grids()
+        return write_measurement(name, parameters={**params, "small_path_grid_ctas": g.get("small_fused"),
+                                                   "grid_ctas": g},
                                  results=results, samples={"ceilings": {"copy": copy}, "timings": samples},
                                  notes=prediction, out_dir=out_dir)
 
     try:
         for routing, m in itertools.product(ROUTINGS, m_values):
             row: dict[str, Any] = {"routing": routing, "m": m}
-            for label, use in (("small_fused", True), ("four_launch", False)):
-                set_small_table([(SMALL_MAX_PAIRS, use)])
-                if use:
-                    checks.append(check_case(experts, m, routing, gen, K))
+            for label in paths:
+                _set_compare_path(label)
+                if label != "four_launch":
+                    checks.append({**check_case(experts, m, routing, gen, K), "label": label})
                 t = time_ours(experts, m, routing, gen, reps, eager_reps=0)
                 gb = [bytes_moved(d, bpe, m, H, K) / (tt * 1e-3) / 1e9 for d, tt in zip(t["distinct"], t["ms"])]
                 row[f"{label}_ms_median"] = statistics.median(t["ms"])
                 row[f"{label}_pct_of_copy"] = 100 * statistics.median(gb) / copy_gbps
                 row["distinct_experts_median"] = statistics.median(t["distinct"])
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
+                if label.startswith("splitk"):
+                    kname = SMALL_VARIANTS[label][0]
+                    ids_cpu = t["ids_all"].cpu()
+                    used: dict[str, int] = {}
+                    for j in t["rep_idx"]:
+                        sp = splitk_splits(work_items(ids_cpu[j], E), H, I, label, small_grid(kname) or 0)
+                        used[f"{sp[0]},{sp[1]}"] = used.get(f"{sp[0]},{sp[1]}", 0) + 1
+                    row[f"{label}_splits"] = used
                 del t
             row["four_launch_variant"] = variant_name(kernel_config(m))
-            row["speedup_small_vs_four_launch"] = row["four_launch_ms_median"] / row["small_fused_ms_median"]
+            for label in one_launch:
+                row[f"speedup_{label}_vs_four_launch"] = row["four_launch_ms_median"] / row[f"{label}_ms_median"]
+                if label != "small_fused" and "small_fused" in paths:
+                    row[f"speedup_{label}_vs_small_fused"] = row["small_fused_ms_median"] / row[f"{label}_ms_median"]
+            if "small_fused" in paths:
+                row["speedup_small_vs_four_launch"] = row["speedup_small_fused_vs_four_launch"]
             rows.append(row)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
             save()
     finally:
         set_small_table(saved_small)
+        set_small_variant(saved_variant)
     return save()
 
 
 def format_small_compare(doc: dict[str, Any]) -> str:
-    """Short text table of a run_small_compare measurement."""
+    """Short text table of a run_small_compare measurement: ms and % of copy of every path timed."""
     res = doc["results"]
-    lines = [f"copy {res['copy_gb_per_s']:.0f} GB/s, checks ok: {res['all_checks_ok']}",
-             f"{'routing':8} {'M':>3} {'experts':>7} {'1-launch ms':>11} {'%copy':>6} {'4-launch ms':>11} "
-             f"{'%copy':>6} {'speedup':>7}"]
+    paths = doc.get("parameters", {}).get("paths", ["small_fused", "four_launch"])
+    short = {"small_fused": "v3", "four_launch": "4-launch"}
+    head = f"{'routing':8} {'M':>3} {'experts':>7} " + " ".join(f"{short.get(p, p):>13} {'%copy':>5}" for p in paths)
+    lines = [f"copy {res['copy_gb_per_s']:.0f} GB/s, checks ok: {res['all_checks_ok']} (ms, % of copy per path)", head]
     for r in res["rows"]:
-        lines.append(f"{r['routing']:8} {r['m']:>3} {r['distinct_experts_median']:>7.0f} "
-                     f"{r['small_fused_ms_median']:>11.4f} {r['small_fused_pct_of_copy']:>6.1f} "
-                     f"{r['four_launch_ms_median']:>11.4f} {r['four_launch_pct_of_copy']:>6.1f} "
-                     f"{r['speedup_small_vs_four_launch']:>7.2f}")
+        lines.append(f"{r['routing']:8} {r['m']:>3} {r['distinct_experts_median']:>7.0f} " + " ".join(
+            f"{r[p + '_ms_median']:>13.4f} {r[p + '_pct_of_copy']:>5.1f}" for p in paths))
     return "\n".join(lines)
 
 
@@ -762,8 +847,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-compare", default=None, metavar="NAME",
                     help="only time the one-launch kernel against the four-launch path at --m (default "
                          "1 2 4 8 9 16 here) and write NAME.json")
-    ap.add_argument("--prediction", default=SMALL_V3_PREDICTION,
-                    help="with --small-compare: the prediction, stored as the measurement's notes")
+    ap.add_argument("--prediction", default=None,
+                    help="with --small-compare: the prediction, stored as the measurement's notes "
+                         "(default: the one written for NAME, if any)")
+    ap.add_argument("--small-paths", nargs="*", default=["small_fused", "four_launch"],
+                    help=f"with --small-compare: paths to time, from {list(SMALL_COMPARE_PATHS)}")
+    ap.add_argument("--small-variants", nargs="*", default=["v3"],
+                    help=f"with --sanitize / --single --small: one-launch kernels, from {sorted(SMALL_VARIANTS)}")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)
@@ -781,25 +871,30 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             return distinct_experts(ids)
 
-        if args.small:   # the one-launch kernel first (two calls), then the four-launch variants
+        if args.small:   # the one-launch kernels first (two calls each), then the four-launch variants
             set_small_table([(SMALL_MAX_PAIRS, True)])
-            print(f"small_fused: distinct experts {two_calls()}")
+            for sv in args.small_variants:
+                set_small_variant(sv)
+                print(f"small {sv}: distinct experts {two_calls()}")
+            set_small_variant("v3")
         set_small_path(False)
-        for spec in args.variants or [",".join(map(str, kernel_config(args.single)))]:
+        specs = args.variants or [",".join(map(str, kernel_config(args.single)))]
+        for spec in [sp for sp in specs if sp != "none"]:
             set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
             print(f"variant {spec}: distinct experts {two_calls()}")
         return 0
     if args.small_compare:
         ms = tuple(args.m) if args.m != list(M_VALUES) else SMALL_COMPARE_M
         path = run_small_compare(args.out, m_values=ms, reps=args.reps, name=args.small_compare,
-                                 prediction=args.prediction)
+                                 prediction=args.prediction, paths=tuple(args.small_paths))
         doc = json.loads(Path(path).read_text())
         print(f"wrote {path}")
         print(format_small_compare(doc))
         return 0 if doc["results"]["all_checks_ok"] else 1
     if args.sanitize:
         res = run_sanitize_checks(variants=[tuple(int(v) for v in spec.split(",")) for spec in args.variants
-                                            if spec != "none"] if args.variants else VARIANTS)
+                                            if spec != "none"] if args.variants else VARIANTS,
+                                  small_variants=tuple(args.small_variants))
         for r in res:
             print(r)
         ok = all(r["ok"] for r in res)

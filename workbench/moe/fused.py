@@ -36,6 +36,19 @@ SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the fou
 # (Version 2, data/measurements/h200/moe_bandwidth.json, commit 24eab72, was slower at every M.)
 SMALL_TABLE: list[tuple[int, bool]] = [(3, False), (16, True)]
 
+# Kernels of the one-launch path, selected by set_small_variant (benchmarking; the default "v3" is
+# moe_small_fused, what SMALL_TABLE was measured with). "splitk_*" are the split-K form (moe_int4.cu,
+# moe_small_splitk_s<RS>, NOT yet measured on a GPU): name -> (kernel, (max gate_up split, max down
+# split, tasks wanted per phase per resident warp)); the kernel picks each phase's split on the device
+# (splitk_choice). "_max" always takes the largest split (a control at M >= 4).
+SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
+    "v3": ("moe_small_fused", None),
+    "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
+    "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
+    "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
+}
+SMALL_VARIANT = {"name": "v3"}
+
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
 # tiles of 8 per work item, RT row tiles of 16 per warp, and either D weight steps prefetched in
@@ -92,13 +105,57 @@ def uses_small_path(m: int, topk: int) -> bool:
     return False
 
 
+def set_small_variant(name: str) -> None:
+    """Kernel of the one-launch path: a key of :data:`SMALL_VARIANTS` ("v3", the default, or a split-K form)."""
+    if name not in SMALL_VARIANTS:
+        raise ValueError(f"small variant must be one of {sorted(SMALL_VARIANTS)}, got {name!r}")
+    SMALL_VARIANT["name"] = name
+
+
+def splitk_choice(items: int, tiles: int, stages: int, max_split: int, want: int) -> int:
+    """Split of one phase of moe_small_splitk (the kernel's ``splitk_pick``, same rule).
+
+    The smallest s in (1, 2, 4), s <= ``max_split`` and dividing ``stages`` (256-wide K stages of the
+    phase), with ``items * tiles * s >= want``; else the largest such s.
+    """
+    best = 1
+    s = 1
+    while s <= min(max_split, 4):
+        if stages % s:
+            break
+        best = s
+        if items * tiles * s >= want:
+            break
+        s *= 2
+    return best
+
+
+def work_items(topk_ids: torch.Tensor, num_experts: int, chunk: int = 8) -> int:
+    """Items of the one-launch kernels for these ids: sum over experts of ceil(pairs / chunk) (invalid ids dropped)."""
+    flat = topk_ids.reshape(-1).long().cpu()
+    flat = flat[(flat >= 0) & (flat < num_experts)]
+    counts = torch.bincount(flat, minlength=num_experts)
+    return int(((counts + chunk - 1) // chunk).sum())
+
+
+def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid_ctas: int) -> tuple[int, int]:
+    """(gate_up split, down split) moe_small_splitk takes for ``items`` work items on ``grid_ctas`` CTAs."""
+    spec = SMALL_VARIANTS[variant][1]
+    if spec is None:
+        return (1, 1)
+    sgu, sdn, per_warp = spec
+    want = min(per_warp * grid_ctas * (THREADS // 32), 1 << 30)
+    return (splitk_choice(items, intermediate // 8, hidden // 256, sgu, want),
+            splitk_choice(items, hidden // 16, intermediate // 256, sdn, want))
+
+
 def set_small_table(table: list[tuple[int, bool]]) -> None:
     """Replace :data:`SMALL_TABLE` ((largest M, use the one-launch kernel) pairs; the benchmark's tuning)."""
     SMALL_TABLE[:] = sorted((int(mx), bool(u)) for mx, u in table)
 
 
-_WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}
-_GRID: dict[int, int] = {}
+_WORKSPACE: dict[tuple, torch.Tensor] = {}
+_GRID: dict[tuple[int, str], int] = {}
 
 
 def _small_workspace(device: torch.device, hidden: int) -> torch.Tensor:
@@ -118,10 +175,23 @@ def _small_workspace(device: torch.device, hidden: int) -> torch.Tensor:
     return ws
 
 
-def _small_grid(kernel, device: torch.device) -> int:
-    """CTAs of moe_small_fused that fit on the device at once (occupancy x SMs)."""
+def _splitk_workspace(device: torch.device, hidden: int, intermediate: int) -> torch.Tensor:
+    """Zeroed int32 counters of moe_small_splitk [2 + 128 + H/16 + 128 * I/8] (as :func:`_small_workspace`:
+    left zero by every launch; the split-K reduction counters come last)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _GRID:
+    key = ("splitk", idx, hidden, intermediate)
+    ws = _WORKSPACE.get(key)
+    if ws is None:
+        ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16 + SMALL_MAX_PAIRS * (intermediate // 8),
+                         dtype=torch.int32, device=device)
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused") -> int:
+    """CTAs of a one-launch kernel that fit on the device at once (occupancy x SMs)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if (idx, name) not in _GRID:
         sms = torch.cuda.get_device_properties(idx).multi_processor_count
         per_sm = 0
         try:
@@ -133,13 +203,13 @@ def _small_grid(kernel, device: torch.device) -> int:
             regs = int(getattr(kernel, "num_regs", 128))
             per_warp = ((regs * 32 + 255) // 256) * 256
             per_sm = max(1, min(65536 // (per_warp * (THREADS // 32)), 2048 // THREADS))
-        _GRID[idx] = max(1, per_sm) * sms
-    return _GRID[idx]
+        _GRID[(idx, name)] = max(1, per_sm) * sms
+    return _GRID[(idx, name)]
 
 
-def small_grid() -> int | None:
-    """CTAs of the last moe_small_fused launch configuration on the current device (None before one)."""
-    return _GRID.get(torch.cuda.current_device()) if torch.cuda.is_available() else None
+def small_grid(name: str = "moe_small_fused") -> int | None:
+    """CTAs of the one-launch kernel ``name`` on the current device (None before its first launch)."""
+    return _GRID.get((torch.cuda.current_device(), name)) if torch.cuda.is_available() else None
 
 
 def max_work_items(pairs: int, num_experts: int, chunk: int) -> int:
@@ -229,7 +299,7 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
 
 def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  experts: Int4Experts, out: torch.Tensor) -> torch.Tensor:
-    """moe_small_fused: one launch for M * topk <= SMALL_MAX_PAIRS."""
+    """One launch for M * topk <= SMALL_MAX_PAIRS: moe_small_fused, or the split-K form :data:`SMALL_VARIANT` names."""
     m, k = topk_ids.shape
     h, i, e = experts.hidden, experts.intermediate, experts.num_experts
     dev = hidden.device
@@ -238,9 +308,20 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     wts = topk_weights.reshape(-1).to(torch.float32).contiguous()
     hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
-    ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
-    ws = _small_workspace(dev, h)
-    kern = _kernel("moe_small_fused")
-    launch(kern, (_small_grid(kern, dev),), (THREADS,),
-           (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, hbuf, ybuf, ws, out))
+    kname, spec = SMALL_VARIANTS[SMALL_VARIANT["name"]]
+    kern = _kernel(kname)
+    grid = _small_grid(kern, dev, kname)
+    if spec is None:
+        ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
+        ws = _small_workspace(dev, h)
+        launch(kern, (grid,), (THREADS,),
+               (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, hbuf, ybuf, ws, out))
+        return out
+    sgu, sdn, per_warp = spec
+    want = min(per_warp * grid * (THREADS // 32), 1 << 30)
+    gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
+    ypart = torch.empty(sdn * p * h, dtype=torch.float32, device=dev)
+    ws = _splitk_workspace(dev, h, i)
+    launch(kern, (grid,), (THREADS,),
+           (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, want, hbuf, gpart, ypart, ws, out))
     return out

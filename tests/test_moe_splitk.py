@@ -1,0 +1,274 @@
+"""CPU tests of the split-K one-launch kernel's layout and arithmetic (moe_small_splitk_s3 / _s4 in
+workbench/kernels/moe_int4.cu; not dispatched, selected with fused.set_small_variant).
+
+They replay, with :func:`tests.test_moe_fragments.emulate_tile` (the warp's register arithmetic), what
+the split-K tasks do: the stage and activation offsets of K part ``q`` of a tile, the fp32 partial sums
+stored to ``gpart`` and summed in part order by whichever part arrives last, the down partials stored
+to ``ypart`` and summed over k then parts; and the host mirror of the device's choice of splits.
+"""
+import itertools
+
+import pytest
+import torch
+
+try:
+    from tests.test_moe_fragments import emulate_tile
+except ImportError:   # pytest run from elsewhere: tests/ itself is on sys.path
+    from test_moe_fragments import emulate_tile
+from workbench.int4 import dequantize_int4
+from workbench.moe.fused import (SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, set_small_variant, splitk_choice,
+                                 splitk_splits, work_items)
+from workbench.moe.packing import FRAG_STAGE, FRAG_WORDS, random_int4_experts
+
+KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs per SM
+
+
+def test_default_variant_and_table_unchanged():
+    assert SMALL_VARIANT["name"] == "v3" and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
+    assert SMALL_TABLE == [(3, False), (16, True)]
+    with pytest.raises(ValueError, match="small variant"):
+        set_small_variant("splitk_s9")
+
+
+@pytest.mark.parametrize("items,want", [(8, (4, 2)), (16, (2, 1)), (15, (2, 1)), (31, (1, 1)), (109, (1, 1))])
+def test_splitk_splits_kimi(items, want):
+    """want = 2 x 3168 warps: M = 1 (8 items) -> gate_up 4 (8192 tasks), down 2 (7168); M = 2 -> 2, 1; M >= 4 -> 1, 1."""
+    assert splitk_splits(items, 7168, 2048, "splitk_s3", KIMI_GRID) == want
+    assert splitk_splits(items, 7168, 2048, "v3", KIMI_GRID) == (1, 1)
+    assert splitk_splits(items, 7168, 2048, "splitk_s3_max", KIMI_GRID) == (4, 4)
+
+
+def test_splitk_choice_rule():
+    assert splitk_choice(1, 10, 28, 4, 10**9) == 4          # never enough tasks: the largest allowed
+    assert splitk_choice(1, 10, 6, 4, 10**9) == 2           # 4 does not divide 6 stages
+    assert splitk_choice(1, 10, 7, 4, 10**9) == 1           # odd stage count: no split
+    assert splitk_choice(5, 10, 28, 4, 50) == 1             # already enough
+    assert splitk_choice(5, 10, 28, 4, 51) == 2
+    assert splitk_choice(5, 10, 28, 2, 10**9) == 2          # capped by the maximum
+
+
+def test_work_items_counts_chunks_of_8():
+    ids = torch.tensor([[0, 1], [0, 2], [0, 3]] * 3 + [[5, -1]], dtype=torch.int32)   # expert 0: 9 pairs
+    assert work_items(ids, 4) == 2 + 1 + 1 + 1                                        # 5 and -1 dropped
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_task_order_covers_every_task_once(split):
+    """task -> (item, part, tile) as the kernel decodes it: a bijection, item-major, then part, then tile."""
+    nitems, tiles = 3, 16
+    per = split * tiles
+    seen = []
+    for task in range(nitems * per):
+        item, r = divmod(task, per)
+        part, tile = divmod(r, tiles)
+        seen.append((item, part, tile))
+    assert sorted(seen) == list(itertools.product(range(nitems), range(split), range(tiles)))
+    assert seen[:tiles] == [(0, 0, t) for t in range(tiles)]   # neighbouring warps: neighbouring tiles, one stage
+
+
+def _part_blocks(stack: torch.Tensor, e: int, tile: int, tiles: int, nsup: int, split: int, part: int) -> torch.Tensor:
+    """The 64-K blocks K part ``part`` of a tile streams: stages part*nper .. part*nper + nper - 1, from
+    uint4 ((e * nsup + part * nper) * tiles + tile) * 144 on, stage stride tiles * 144 uint4 (the kernel's wt)."""
+    flat = stack.reshape(-1)
+    nper = nsup // split
+    blocks = []
+    for j in range(nper):
+        base = ((e * nsup + part * nper + j) * tiles + tile) * FRAG_STAGE * FRAG_WORDS
+        for q in range(FRAG_STAGE):
+            blocks.append(flat[base + q * FRAG_WORDS: base + (q + 1) * FRAG_WORDS])
+    return torch.stack(blocks)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_gate_up_split_partials_and_last_arriver_sum(split):
+    """K parts of a gate_up tile, each from its own stages and activation offset (part * nper * 256), stored to
+    gpart[((part * P + slot) * tiles + tile) * 16 + row] and summed in part order by the last arriver: the
+    result is W x, and bit-identical in fp32 whichever part arrives last."""
+    ex = random_int4_experts(3, 1024, 256, seed=4)          # gate_up [512, 1024]: 4 stages of 256 K
+    gu, _ = ex.fragments()
+    e, tile, tiles, nsup, h, i = 2, 3, 256 // 8, 1024 // 256, 1024, 256
+    cnt, slot0, P = 3, 5, 8                                   # an item of 3 slots starting at slot 5
+    x = torch.randn(8, h, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).double()
+    x[cnt:] = x[0]                                            # columns past the count repeat the first row
+    gpart = torch.full((split * P * tiles * 16,), float("nan"), dtype=torch.float32)
+    parts = []
+    nper = nsup // split
+    for part in range(split):
+        k0 = part * nper * 256
+        acc = emulate_tile(_part_blocks(gu, e, tile, tiles, nsup, split, part), x[:, k0:k0 + nper * 256]).float()
+        parts.append(acc)
+        for col in range(cnt):
+            base = ((part * P + slot0 + col) * tiles + tile) * 16
+            gpart[base:base + 16] = acc[:, col]
+    sums = []
+    for last in range(split):                                # whichever part is last: its own from "registers"
+        tot = torch.zeros(16, cnt, dtype=torch.float32)
+        for q in range(split):
+            for col in range(cnt):
+                base = ((q * P + slot0 + col) * tiles + tile) * 16
+                v = parts[last][:, col] if q == last else gpart[base:base + 16]
+                tot[:, col] = tot[:, col] + v
+        sums.append(tot)
+    assert all(torch.equal(sums[0], s_) for s_ in sums[1:])
+    w = dequantize_int4(ex.gate_up_packed[e], ex.gate_up_scale[e], group_size=32).double()
+    rows = torch.cat([torch.arange(8 * tile, 8 * tile + 8), i + torch.arange(8 * tile, 8 * tile + 8)])
+    want = w[rows] @ x[:cnt].T
+    assert torch.allclose(sums[0].double(), want, rtol=1e-5, atol=1e-5)
+    # and exactly (in float64) the unsplit tile
+    full = emulate_tile(_part_blocks(gu, e, tile, tiles, nsup, 1, 0), x)
+    assert torch.allclose(sum(emulate_tile(_part_blocks(gu, e, tile, tiles, nsup, split, q),
+                                           x[:, q * nper * 256:(q + 1) * nper * 256]) for q in range(split)),
+                          full, rtol=1e-12, atol=1e-12)
+
+
+def test_down_split_partials_summed_over_k_then_parts():
+    """ypart[q, pair, n] = w_pair * (part q of W_down h), out[m, n] = sum_k sum_q (both ascending) = the
+    routed sum over k of w_k W_down[e_k] h_k, for one 16-row tile of H."""
+    ex = random_int4_experts(4, 512, 1024, seed=8)          # down [512, 1024]: 4 stages of 256 K
+    _, dn = ex.fragments()
+    split, tile, tiles, nsup, h = 2, 7, 512 // 16, 1024 // 256, 512
+    topk, m = 3, 2
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.tensor([[0, 2, 3], [1, 2, 0]])
+    wts = torch.rand(m, topk, generator=gen) + 0.1
+    hact = torch.randn(m * topk, 1024, generator=gen).to(torch.bfloat16).double()   # h per pair
+    P = m * topk
+    ypart = torch.zeros(split, P, h, dtype=torch.float32)
+    nper = nsup // split
+    for pair in range(P):
+        e = int(ids.reshape(-1)[pair])
+        xcol = hact[pair].expand(8, -1)                          # the pair's item column (others repeat it)
+        for q in range(split):
+            k0 = q * nper * 256
+            acc = emulate_tile(_part_blocks(dn, e, tile, tiles, nsup, split, q), xcol[:, k0:k0 + nper * 256])
+            ypart[q, pair, 16 * tile:16 * tile + 16] = (float(wts.reshape(-1)[pair]) * acc[:, 0]).float()
+    out = torch.zeros(m, 16, dtype=torch.float32)
+    for mm in range(m):
+        s_ = torch.zeros(16, dtype=torch.float32)
+        for k in range(topk):
+            for q in range(split):
+                s_ = s_ + ypart[q, mm * topk + k, 16 * tile:16 * tile + 16]
+        out[mm] = s_
+    want = torch.zeros(m, 16, dtype=torch.float64)
+    for mm in range(m):
+        for k in range(topk):
+            e = int(ids[mm, k])
+            w = dequantize_int4(ex.down_packed[e], ex.down_scale[e], group_size=32).double()
+            want[mm] += float(wts[mm, k]) * (w[16 * tile:16 * tile + 16] @ hact[mm * topk + k])
+    assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_compare_path_switch_and_table_format():
+    """bench --small-compare's path switch (restores nothing itself: run_small_compare does) and its text table."""
+    from workbench.moe import bench
+    from workbench.moe.fused import SMALL_MAX_PAIRS, set_small_table, uses_small_path
+
+    saved = list(SMALL_TABLE)
+    try:
+        bench._set_compare_path("four_launch")
+        assert not uses_small_path(1, 8)
+        bench._set_compare_path("splitk_s4")
+        assert uses_small_path(1, 8) and bench.path_name(1, 8) == "small_splitk_s4"
+        bench._set_compare_path("small_fused")
+        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, True)]
+    finally:
+        set_small_table(saved)
+        set_small_variant("v3")
+    paths = ["small_fused", "four_launch", "splitk_s3"]
+    row = {"routing": "uniform", "m": 1, "distinct_experts_median": 8.0}
+    for i, p in enumerate(paths):
+        row[f"{p}_ms_median"] = 0.1 - 0.01 * i
+        row[f"{p}_pct_of_copy"] = 50.0 + i
+    doc = {"parameters": {"paths": paths}, "results": {"copy_gb_per_s": 4137.0, "all_checks_ok": True, "rows": [row]}}
+    text = bench.format_small_compare(doc)
+    assert "splitk_s3" in text and "0.0800" in text and "52.0" in text
+    with pytest.raises(ValueError, match="four_launch"):
+        bench.run_small_compare(None, paths=("small_fused", "splitk_s3"))
+
+
+def _simulate_splitk(nitems: int, tiles_gu: int, tiles_dn: int, sgu: int, sdn: int, warps: int, seed: int):
+    """Python port of moe_small_splitk's task loop and counters, run with warps interleaved at random at every
+    atomic and every poll. Returns the final counters and what was written (asserting each read sees its writes)."""
+    import random
+
+    rnd = random.Random(seed)
+    ws = {"task": 0, "fin": 0}
+    done_gu = [0] * nitems
+    done_dn = [0] * tiles_dn
+    red_gu = [0] * (nitems * tiles_gu)
+    gpart, hbuf, ypart, out = set(), set(), set(), {}
+    per_gu, per_dn = sgu * tiles_gu, sdn * tiles_dn
+    t_gu = nitems * per_gu
+    t_all = t_gu + nitems * per_dn
+
+    def warp():
+        task = ws["task"]
+        ws["task"] += 1
+        yield
+        while task < t_all:
+            nxt = ws["task"]
+            ws["task"] += 1
+            yield
+            if task < t_gu:
+                item, r = divmod(task, per_gu)
+                part, tile = divmod(r, tiles_gu)
+                if sgu > 1:
+                    gpart.add((item, part, tile))
+                    old = red_gu[item * tiles_gu + tile]
+                    red_gu[item * tiles_gu + tile] += 1
+                    yield
+                    if old == sgu - 1:
+                        assert all((item, q, tile) in gpart for q in range(sgu))
+                        red_gu[item * tiles_gu + tile] = 0
+                    else:
+                        task = nxt
+                        continue
+                assert (item, tile) not in hbuf
+                hbuf.add((item, tile))
+                done_gu[item] += 1
+                yield
+            else:
+                u = task - t_gu
+                item, r = divmod(u, per_dn)
+                part, tile = divmod(r, tiles_dn)
+                while done_gu[item] < tiles_gu:   # frag_gemm's poll (after the first weight copies)
+                    yield "poll"
+                assert all((item, tt) in hbuf for tt in range(tiles_gu))
+                ypart.add((item, part, tile))
+                old = done_dn[tile]
+                done_dn[tile] += 1
+                yield
+                if old == nitems * sdn - 1:
+                    assert all((it_, q, tile) in ypart for it_ in range(nitems) for q in range(sdn))
+                    assert tile not in out
+                    out[tile] = True
+                    done_dn[tile] = 0
+            task = nxt
+        old = ws["fin"]
+        ws["fin"] += 1
+        if old == warps - 1:
+            ws["task"] = ws["fin"] = 0
+            done_gu[:] = [0] * nitems
+
+    live = [warp() for _ in range(warps)]
+    spins = 0
+    while live:
+        w = rnd.choice(live)
+        try:
+            spins = spins + 1 if next(w) == "poll" else 0
+        except StopIteration:
+            live.remove(w)
+            spins = 0
+        assert spins < 10000, "every live warp is polling: deadlock"
+    return ws, done_gu, done_dn, red_gu, out, hbuf
+
+
+@pytest.mark.parametrize("sgu,sdn,warps", [(1, 1, 3), (2, 1, 5), (4, 2, 7), (4, 4, 2), (2, 2, 40)])
+def test_splitk_task_protocol_simulation(sgu, sdn, warps):
+    """Every gate_up tile reduced once after all its parts, every down tile combined once after all (item,
+    part) arrivals, no deadlock whatever the interleaving, and every counter back to zero (graph replays)."""
+    nitems, tiles_gu, tiles_dn = 3, 4, 3
+    for seed in range(5):
+        ws, done_gu, done_dn, red_gu, out, hbuf = _simulate_splitk(nitems, tiles_gu, tiles_dn, sgu, sdn, warps, seed)
+        assert ws == {"task": 0, "fin": 0} and not any(done_gu) and not any(done_dn) and not any(red_gu)
+        assert sorted(out) == list(range(tiles_dn)) and len(hbuf) == nitems * tiles_gu
