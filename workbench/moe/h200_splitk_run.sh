@@ -35,8 +35,8 @@ fi
 (timeout "${SAN_T:-75}" compute-sanitizer --tool memcheck python3 -u -m workbench.moe.bench --sanitize \
   --variants none --small-variants splitk_s3 splitk_s4 splitk_s3_max > "$OUT/memcheck.txt" 2>&1; \
   echo "memcheck rc=$?" >> "$OUT/memcheck.txt") &
-(timeout "${RACE_T:-75}" compute-sanitizer --tool racecheck python3 -u -m workbench.moe.bench --sanitize \
-  --variants none --small-variants splitk_s3 splitk_s4 > "$OUT/racecheck.txt" 2>&1; \
+(timeout "${RACE_T:-100}" compute-sanitizer --tool racecheck python3 -u -m workbench.moe.bench --sanitize \
+  --variants none --small-variants v3 splitk_s3 splitk_s4 > "$OUT/racecheck.txt" 2>&1; \
   echo "racecheck rc=$?" >> "$OUT/racecheck.txt") &
 wait
 tail -17 "$OUT/compare.txt"
