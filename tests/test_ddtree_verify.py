@@ -176,19 +176,8 @@ def test_floor_and_plan():
     assert rb * n <= 132
     rb, clen, n = V._plan(131072, 1, 33, 264, 64, 132, None, key_align=128)
     assert clen % 128 == 0 and rb * n <= 132
-    # pingpong_rem: 4 full row blocks x n chunks + ceil(n / 3) remainder blocks fit one wave of 132
-    rb, clen, n = V._plan_rem(131072, 1, 33, 264, 132, None, 3)
-    assert rb == 5 and n == 30 and 4 * n + -(-n // 3) <= 132 < 4 * (n + 1) + -(-(n + 1) // 3)
-    assert -(-(131072 + 33) // clen) <= n
-    for _ in range(200):
-        B = int(rng.integers(1, 40))
-        T = int(rng.integers(1, 70))
-        k = int(rng.integers(1, 5))
-        pre = rng.integers(0, 30_000, size=B)
-        rb, clen, n = V._plan_rem(int(pre.sum()), B, T, T * 8, 132, None, k)
-        assert clen % 64 == 0 and sum(-(-(p + T) // clen) for p in pre) <= n
-    with pytest.raises(ValueError, match="rem_k"):
-        V._plan_rem(100, 1, 33, 264, 132, None, 0)
+    with pytest.raises(ValueError, match="chunk_len"):
+        V._plan(100, 1, 33, 264, 64, 132, 0)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -230,37 +219,11 @@ def _entry_report(stderr: str, name: str) -> str:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
     # the target workbench.kernels.load_module(..., target="sm_90a") builds; no spills in either
-    # warpgroup-MMA kernel (the default wgmma one and the ping-pong one)
+    # warpgroup-MMA kernel
     err = _sm90a_report()
-    for name in ("ddtree_verify_wgmma_bf16", "ddtree_verify_pingpong_bf16", "ddtree_verify_pingpong_rem_bf16"):
+    for name in ("ddtree_verify_wgmma_bf16",):
         report = _entry_report(err, name)
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (name, report)
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_pingpong_variants_build_without_spills():
-    # every -D variant that python -m workbench.ddtree.verify times (PINGPONG_VARIANTS)
-    opts = {tuple(v.get("_options", ())) for v in V.PINGPONG_VARIANTS.values()} - {()}
-    assert opts
-    for o, err in zip(sorted(opts), _sm90a_reports(sorted(opts))):
-        for name in ("ddtree_verify_pingpong_bf16", "ddtree_verify_pingpong_rem_bf16"):
-            report = _entry_report(err, name)
-            assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (o, report)
-
-
-def test_pingpong_impl_is_selectable_and_not_the_default():
-    assert {"pingpong", "pingpong_rem"} <= set(V._IMPLS) and V.PINGPONG_VARIANTS["pingpong"] == {"impl": "pingpong"}
-    assert V.auto_impl("float32") == "simple"
-    # on a CPU every impl runs the torch path; the name is validated
-    inp = V.random_verify_inputs(3, 2, 10, torch.float32, "cpu", seed=4)
-    o1, _ = V.verify_attention(**inp, impl="pingpong")
-    o2, _ = V.verify_attention(**inp)
-    o3, _ = V.verify_attention(**inp, impl="pingpong_rem")
-    assert torch.equal(o1, o2) and torch.equal(o1, o3)
-    # the parity cases aimed at the kernel's rounds: odd/even tile counts, split tails, partial rows
-    cases = V.pingpong_edge_cases()
-    assert all("pingpong" in c["kernel"] for c in cases)
-    assert any(c.get("chunk_len") for c in cases) and any(c["heads"] == 8 and c["nodes"] == 33 for c in cases)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -285,9 +248,9 @@ def test_gpu_parity_batched_and_simple():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["wgmma", "pingpong", "pingpong_rem", "mma"])
+@pytest.mark.parametrize("impl", ["wgmma", "mma"])
 def test_gpu_parity_tensor_core_kernels(impl):
-    if impl in ("wgmma", "pingpong", "pingpong_rem") and V.wgmma_unavailable_reason() is not None:
+    if impl == "wgmma" and V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
     rows = V.verify_parity_rows(
         [dict(kernel=f"verify_attention[{impl}]", nodes=33, heads=h, prefix=p, dtype="bfloat16", repeats=1)
@@ -298,29 +261,7 @@ def test_gpu_parity_tensor_core_kernels(impl):
 
 
 @pytest.mark.gpu
-def test_gpu_parity_pingpong_rounds():
-    # the ping-pong kernel's round structure: chunks of one tile, odd tile counts, refills, split tails
-    if V.wgmma_unavailable_reason() is not None:
-        pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")
-    rows = V.verify_parity_rows(V.pingpong_edge_cases(), "cuda", seed=7)
-    assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(V.PINGPONG_VARIANTS))
-def test_gpu_parity_pingpong_variants(name):
-    if V.wgmma_unavailable_reason() is not None:
-        pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")
-    kw = V.PINGPONG_VARIANTS[name]
-    inp = V.random_verify_inputs(33, 8, 3000, "bfloat16", "cuda", seed=3)
-    ro, rl = V.verify_attention_reference(**inp)
-    o, l = V.verify_attention(**inp, chunk_len=448, **kw)  # 7 tiles: three rounds with refills, one odd
-    rel = float(torch.linalg.vector_norm(o.double() - ro) / torch.linalg.vector_norm(ro))
-    assert rel < 1e-2 and float((l.double() - rl).abs().max()) < 2e-3, (name, rel)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["auto", "pingpong", "pingpong_rem"])
+@pytest.mark.parametrize("impl", ["auto", "mma"])
 def test_gpu_no_host_sync_and_cuda_graph(impl):
     if impl != "auto" and V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")
@@ -379,90 +320,7 @@ def test_read_sanitizer_logs(tmp_path):
     assert r["racecheck"]["errors"] == 2 and r["racecheck"]["smoke_verdict"] == "FAIL"
     assert r["racecheck"]["returncode"] == 1
     assert "missing" in V.read_sanitizer_logs(tmp_path, ("initcheck",))["initcheck"]["error"]
-    (tmp_path / "racecheck.log").write_text("# command: compute-sanitizer --tool racecheck x --smoke-only pingpong\n"
+    (tmp_path / "racecheck.log").write_text("# command: compute-sanitizer --tool racecheck x --smoke-only wgmma\n"
                                             "SMOKE PASS\n========= RACECHECK SUMMARY: 0 hazards displayed\nexit=0\n")
     r = V.read_sanitizer_logs(tmp_path)["racecheck"]
-    assert r["command"].endswith("--smoke-only pingpong") and r["errors"] == 0 and r["returncode"] == 0
-
-
-def _exp2(x):
-    return np.exp2(x)  # exp2(-inf) = 0
-
-
-def _seesaw_partial(s_log2, v, tile=64):
-    """The ping-pong kernel's online softmax, step by step as ddtree_verify_pingpong_bf16 runs it (float64):
-    rounds of two tiles; WG0 keeps O[:, :256] and the row sums of the A tiles, WG1 O[:, 256:] and those of
-    the B tiles, each its own copy of the row maxima; ``muse`` stands in for -inf maxima. s_log2: scaled
-    scores in log2 units with -inf for masked keys [rows, keys]; v [keys, 512]. Returns (o, lse_log2)."""
-    rows, keys = s_log2.shape
-    ntiles = -(-keys // tile)
-    pad = ntiles * tile - keys
-    s_log2 = np.concatenate([s_log2, np.full((rows, pad), -np.inf)], 1)
-    v = np.concatenate([v, np.zeros((pad, v.shape[1]))], 0)
-    m0_run = np.full(rows, -np.inf)   # WG0's copy
-    m1_run = np.full(rows, -np.inf)   # WG1's copy
-    l0 = np.zeros(rows)
-    l1 = np.zeros(rows)
-    o_l = np.zeros((rows, 256))
-    o_r = np.zeros((rows, 256))
-    mu = lambda m: np.where(m == -np.inf, 0.0, m)  # noqa: E731
-    for r in range(-(-ntiles // 2)):
-        a = slice(2 * r * tile, (2 * r + 1) * tile)
-        has_b = 2 * r + 1 < ntiles
-        b = slice((2 * r + 1) * tile, (2 * r + 2) * tile)
-        sa = s_log2[:, a]
-        sb = s_log2[:, b] if has_b else np.full((rows, tile), -np.inf)
-        # WG0: softmax of A, O_L += P_A V_A[:, :256]
-        mnew = np.maximum(m0_run, sa.max(1))
-        sc = _exp2(m0_run - mu(mnew))
-        pa = _exp2(sa - mu(mnew)[:, None])
-        l0 = l0 * sc + pa.sum(1)
-        o_l = o_l * sc[:, None] + pa @ v[a, :256]
-        m0_run = mnew
-        # WG1: rescale to m0, O_R += P_A V_A[:, 256:], softmax of B against m1 = max(m0, rowmax B)
-        m0 = mnew
-        sc = _exp2(m1_run - mu(m0))
-        l1 = l1 * sc
-        o_r = o_r * sc[:, None] + pa @ v[a, 256:]
-        m1 = np.maximum(m0, sb.max(1))
-        sc1 = _exp2(m0 - mu(m1))
-        pb = _exp2(sb - mu(m1)[:, None])
-        l1 = l1 * sc1 + pb.sum(1)
-        m1_run = m1
-        if has_b:
-            o_r = o_r * sc1[:, None] + pb @ v[b, 256:]
-            # WG0: rescale to m1, O_L += P_B V_B[:, :256]
-            sc1_0 = _exp2(m0_run - mu(m1))
-            l0 = l0 * sc1_0
-            o_l = o_l * sc1_0[:, None] + pb @ v[b, :256]
-            m0_run = m1
-    assert np.array_equal(m0_run, m1_run)
-    l_tot = l0 + l1
-    with np.errstate(divide="ignore"):
-        lse = np.where(l_tot > 0, m0_run + np.log2(np.where(l_tot > 0, l_tot, 1.0)), -np.inf)
-    inv = np.where(l_tot > 0, 1.0 / np.where(l_tot > 0, l_tot, 1.0), 0.0)
-    return np.concatenate([o_l, o_r], 1) * inv[:, None], lse
-
-
-@pytest.mark.parametrize("keys,masked", [(64, False), (130, False), (256, True), (300, True), (1, False)])
-def test_pingpong_schedule_algebra_matches_softmax(keys, masked):
-    # the seesaw bookkeeping of ddtree_verify_pingpong_bf16 (two copies of the maxima, row sums split by
-    # warpgroup, rescales 2^(m - m0) and 2^(m0 - m1)) equals a plain softmax, masked rows and tiles included
-    rng = np.random.default_rng(keys)
-    rows = 8
-    s = rng.standard_normal((rows, keys)) * 4
-    if masked:
-        s[0, :] = -np.inf                      # a row that sees no key of the chunk
-        s[1, : keys // 2] = -np.inf            # a row whose first tiles are all masked
-        s[2, 64:128] = -np.inf                 # a masked tile B
-        s[3, rng.random(keys) < 0.5] = -np.inf
-    v = rng.standard_normal((keys, 512))
-    o, lse = _seesaw_partial(s, v)
-    for i in range(rows):
-        if np.all(s[i] == -np.inf):
-            assert lse[i] == -np.inf and np.all(o[i] == 0)
-            continue
-        m = s[i].max()
-        w = np.exp2(s[i] - m)
-        np.testing.assert_allclose(o[i], (w / w.sum()) @ v, rtol=1e-10, atol=1e-12)
-        assert lse[i] == pytest.approx(m + np.log2(w.sum()), abs=1e-12)
+    assert r["command"].endswith("--smoke-only wgmma") and r["errors"] == 0 and r["returncode"] == 0

@@ -50,29 +50,10 @@ With H = 8 the 264 query rows fill five 64-row blocks, the last with 8 rows. The
 merged by a second launch (one block per query row, chunks read in parallel);
 one small launch before prepares offsets, chunk starts and the ancestor masks.
 
-Not the default, NOT YET RUN ON A GPU (written without device time; the next session runs
-``workbench/ddtree/h200_verify_pingpong.sh``):
-
-- ``impl="pingpong"`` (``ddtree_verify_pingpong_bf16``): the next step the profile named, overlap
-  across warpgroups. FlashMLA's "seesaw" schedule adapted to the cp.async gather: per round two
-  64-key tiles (A in stage 0, B in stage 1); WG0 computes S_A (m64n64k16, a row's 64 keys in one
-  lane quad, so no max exchange), its softmax, and O[:, :256] += P_A V_A with P_A from registers
-  (RS wgmma); WG1 computes S_B under WG0's softmax, takes m and P_A through shared memory (P_A in
-  stage 0's rope block, free once S_A is done), runs O[:, 256:] += P_A V_A while it does its own
-  softmax, and publishes P_B for WG0's O[:, :256] += P_B V_B. Two named barriers per round, no
-  block barrier in the loop. Each stage is refilled in two column-block groups by the warpgroup
-  that reads them last, right after that read; completion goes to one of four mbarriers through
-  cp.async.mbarrier.arrive.noinc. 246 registers, no spills.
-- ``impl="pingpong_rem"`` (``ddtree_verify_pingpong_rem_bf16``): H = 8's padding. Where the last row
-  block holds at most 8 rows it runs with swapped operands (S^T = K Q^T and O^T += V^T P^T, wgmma
-  m64n8k16: an eighth of a 64-row block's tensor work per tile) and takes 3 key chunks per thread
-  block, so the full row blocks get 30 chunks instead of 26 on 132 SMs (:func:`_plan_rem`).
-- Predicted before any run (model: fixed part + tiles per block x time per tile, fitted to the
-  committed file; ping-pong at 2.1 us per tile, range 1.9-2.5, against 2.8-2.9 today):
-  pingpong H=64 4k/16k/64k/128k 0.066/0.167/0.570/1.11 ms (39/61/71/73% of floor), H=8
-  0.032/0.046/0.109/0.192 ms (10/28/47/53%); pingpong_rem H=8 0.032/0.045/0.100/0.171 ms
-  (10/28/51/59%). The fixed part (about 25-29 us: three launches, Q and first tile, partial write
-  and merge) is untouched, so H=8 at 4k/16k and H=64 at 4k stay below 50% whatever the tile rate.
+The ping-pong kernels of version 7 (``impl="pingpong"`` / ``"pingpong_rem"``: FlashMLA's "seesaw"
+schedule across the two warpgroups, and H = 8's last 8 rows by swapped operands) were measured on the
+H200 at 1e272c7 1.1-1.4x slower than this kernel at every point, with racecheck hazards, and were
+removed; their code is in git history at 1e272c7 (papers/ddtree_kernels.md, section 3, version 7).
 """
 from __future__ import annotations
 
@@ -94,16 +75,10 @@ _MMA_ROWS = 64      # query rows per block, tensor-core kernel (impl "mma")
 _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
 _WGMMA_SMEM = 231_424
-_PINGPONG_SMEM = 223_296  # Q + two key stages + exchange + 4 mbarriers + 1024 alignment slack
-_REM_SMEM = 231_680       # pingpong_rem: its remainder blocks' 3 stages + 8 Q rows + exchange + slack (the larger)
-_REM_MAX_ROWS = 8         # pingpong_rem: the last row block goes by swapped operands (wgmma n8) when it has <= 8 rows
-_REM_CHUNKS = 3           # pingpong_rem: key chunks per remainder thread block
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "pingpong", "pingpong_rem", "mma", "simple")
+_IMPLS = ("auto", "wgmma", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 _WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
-_PINGPONG_KERNEL = "ddtree_verify_pingpong_bf16"  # seesaw ping-pong over pairs of 64-key tiles (not yet run on a GPU)
-_PINGPONG_REM_KERNEL = "ddtree_verify_pingpong_rem_bf16"  # + the last <= 8 rows by swapped operands (not yet run)
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -279,38 +254,13 @@ def _num_sms(device) -> int:
 def _plan(n_prefix_total: int, B: int, T: int, M: int, rows_per_block: int, blocks_per_wave: int,
           chunk_len: int | None, key_align: int = 64) -> tuple[int, int, int]:
     """(row blocks, chunk length in keys, upper bound on the number of chunks). An automatic chunk
-    length is a multiple of ``key_align`` keys (64: one tile; 128 for ``pingpong``: one tile pair)."""
+    length is a multiple of ``key_align`` keys (64: one tile)."""
     rb = -(-M // rows_per_block)
     total = n_prefix_total + B * T
     if chunk_len is None:
         slots = max(1, blocks_per_wave // rb)
         want = slots if B == 1 else max(slots - B, B)
         chunk_len = max(key_align, -(-(-(-total // want)) // key_align) * key_align)
-    elif chunk_len < 1:
-        raise ValueError(f"chunk_len must be >= 1 keys, got {chunk_len}")
-    n_chunks = -(-total // chunk_len) + (0 if B == 1 else B)
-    if n_chunks > 65535:
-        raise ValueError(f"{n_chunks} key chunks exceed the grid limit 65535; use a larger chunk_len")
-    return rb, chunk_len, n_chunks
-
-
-def _plan_rem(n_prefix_total: int, B: int, T: int, M: int, blocks_per_wave: int, chunk_len: int | None,
-              rem_k: int) -> tuple[int, int, int]:
-    """Plan of ``impl="pingpong_rem"``: (row blocks, chunk length, upper bound on the chunks). The last
-    row block (at most 8 rows) takes ``rem_k`` chunks per thread block, so a wave holds
-    ``(row blocks - 1) * chunks + ceil(chunks / rem_k)`` working blocks; the automatic chunk count is the
-    largest that fits one wave (H = 8, 33 nodes, 132 SMs, rem_k 3: 30 chunks instead of 26)."""
-    if rem_k < 1:
-        raise ValueError(f"rem_k (chunks per remainder block) must be >= 1, got {rem_k}")
-    rb = -(-M // _MMA_ROWS)
-    full = rb - 1
-    total = n_prefix_total + B * T
-    if chunk_len is None:
-        slots = 1
-        while full * (slots + 1) + -(-(slots + 1) // rem_k) <= blocks_per_wave:
-            slots += 1
-        want = slots if B == 1 else max(slots - B, B)
-        chunk_len = max(64, -(-(-(-total // want)) // 64) * 64)
     elif chunk_len < 1:
         raise ValueError(f"chunk_len must be >= 1 keys, got {chunk_len}")
     n_chunks = -(-total // chunk_len) + (0 if B == 1 else B)
@@ -396,7 +346,7 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
                              out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
-                             _single_prefix: int | None = None, _rem_chunks: int = _REM_CHUNKS):
+                             _single_prefix: int | None = None):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -413,14 +363,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
-    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"pingpong"`` (bf16,
-    sm_90a: the two warpgroups in a ping-pong ("seesaw") schedule over pairs of
-    64-key tiles, each one's softmax under the other's wgmma; not the default,
-    not yet measured), ``"pingpong_rem"`` (as ``pingpong``, and where the last
-    64-row block holds at most 8 rows, as at H = 8 with 33 nodes, those rows go
-    by swapped operands (wgmma m64n8: keys as M, the 8 rows as N), 3 key
-    chunks per such block, so the full row blocks get more chunks; not yet
-    measured), ``"mma"`` (bf16
+    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
     tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
     or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
@@ -503,22 +446,15 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else auto_impl(dtype)
-    if kind in ("mma", "wgmma", "pingpong", "pingpong_rem") and dtype != torch.bfloat16:
+    if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind in ("wgmma", "pingpong", "pingpong_rem"):
+    if kind == "wgmma":
         why = wgmma_unavailable_reason()
         if why is not None:
             raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
-    if kind == "pingpong_rem" and not 0 < M % _MMA_ROWS <= _REM_MAX_ROWS:
-        kind = "pingpong"  # no last row block of <= 8 rows: the same kernel as pingpong
-    rows = _MMA_ROWS if kind in ("mma", "wgmma", "pingpong", "pingpong_rem") else _SIMPLE_ROWS
+    rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
-    # pingpong keeps 64-key chunk granularity: whole tile pairs (128) would leave SMs idle at short
-    # prefixes (H=8, 4k: 17 chunks of 256 keys instead of 22 of 192); an odd last tile costs half a round
-    if kind == "pingpong_rem":
-        rb, clen, n_chunks = _plan_rem(int(slots.shape[0]), B, T, M, _num_sms(dev), chunk_len, int(_rem_chunks))
-    else:
-        rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
+    rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
 
     i32 = dict(dtype=torch.int32, device=dev)
@@ -549,12 +485,6 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     if kind == "wgmma":
         _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args, shared_mem=_WGMMA_SMEM)
-    elif kind == "pingpong":
-        _launch(_kernel(_PINGPONG_KERNEL, _PINGPONG_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
-                args, shared_mem=_PINGPONG_SMEM)
-    elif kind == "pingpong_rem":
-        _launch(_kernel(_PINGPONG_REM_KERNEL, _REM_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
-                args + (int(_rem_chunks),), shared_mem=_REM_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)
@@ -567,8 +497,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
-                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = (),
-                     _rem_chunks: int = _REM_CHUNKS):
+                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = ()):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -592,7 +521,7 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     l = None if lse is None else lse.unsqueeze(0)
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
-                                    _options=_options, _single_prefix=P, _rem_chunks=_rem_chunks)
+                                    _options=_options, _single_prefix=P)
     return o[0], l[0]
 
 
@@ -737,8 +666,8 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   repeats=3 if p < 100000 else 1))
         cases.append(dict(kernel="verify_attention_batched", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
                           dtype=dt, repeats=2))
-    for tag in ("wgmma", "pingpong", "pingpong_rem", "mma"):
-        if tag in ("wgmma", "pingpong", "pingpong_rem") and wgmma_unavailable_reason() is not None:
+    for tag in ("wgmma", "mma"):
+        if tag == "wgmma" and wgmma_unavailable_reason() is not None:
             continue
         for heads in (8, 64):
             for p in (100, 4096 + 37, 131072):
@@ -746,8 +675,6 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   dtype="bfloat16", repeats=2 if p < 100000 else 1))
         cases.append(dict(kernel=f"verify_attention_batched[{tag}]", nodes=33, heads=8,
                           prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1))
-    if wgmma_unavailable_reason() is None:
-        cases += pingpong_edge_cases()
     cases += [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=4096 + 37, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=2),
@@ -756,37 +683,6 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         dict(kernel="verify_attention_sdpa", nodes=33, heads=8, prefix=4096, dtype="bfloat16", repeats=1),
     ]
     return cases
-
-
-def pingpong_edge_cases(repeats: int = 1) -> list[dict[str, Any]]:
-    """Parity cases aimed at the ping-pong kernel's round structure (``impl="pingpong"``): a chunk of
-    one tile (no tile B in the only round), odd and even tile counts, the tree tail split across
-    chunks (``chunk_len`` 64 and 192: rounds that end on a partial pair), a partly filled row block
-    (H = 8: 264 rows), rows that see no key of a chunk, batched requests with empty prefixes; and for
-    ``impl="pingpong_rem"`` last row blocks of 8, 4 and 5 rows (H = 8, 4, 1) over several chunks each."""
-    pp = "verify_attention[pingpong]"
-    out = [dict(kernel=pp, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats)
-           for p in (0, 1, 31, 64 - 33, 95, 128 - 33, 200)]
-    out += [dict(kernel=pp, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats, chunk_len=c)
-            for p, c in ((300, 64), (1000, 192), (4096 + 37, 128), (777, 320))]
-    out += [dict(kernel=pp, nodes=9, heads=64, prefix=500, dtype="bfloat16", repeats=repeats),
-            dict(kernel=pp, nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=repeats),
-            dict(kernel="verify_attention_batched[pingpong]", nodes=33, heads=8, prefix=[0, 64, 1, 5000],
-                 dtype="bfloat16", repeats=repeats),
-            dict(kernel="verify_attention_batched[pingpong]", nodes=17, heads=64, prefix=[129, 0],
-                 dtype="bfloat16", repeats=repeats, chunk_len=64)]
-    # pingpong_rem: the last row block of <= 8 rows by swapped operands, several chunks per such block
-    pr = "verify_attention[pingpong_rem]"
-    out += [dict(kernel=pr, nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=repeats)
-            for p in (0, 1, 100, 4096 + 37)]
-    out += [dict(kernel=pr, nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=repeats, chunk_len=c)
-            for n, h, p, c in ((33, 8, 700, 64), (33, 8, 1000, 192), (17, 8, 2000, 320), (33, 4, 900, 256),
-                               (5, 1, 600, 128), (9, 8, 333, None))]
-    out += [dict(kernel="verify_attention_batched[pingpong_rem]", nodes=33, heads=8, prefix=[0, 64, 1, 5000],
-                 dtype="bfloat16", repeats=repeats),
-            dict(kernel="verify_attention_batched[pingpong_rem]", nodes=17, heads=8, prefix=[300, 0, 77],
-                 dtype="bfloat16", repeats=repeats, chunk_len=128)]
-    return out
 
 
 def _tolerances(dtype: str) -> tuple[float, float]:
@@ -890,19 +786,6 @@ def verify_floor(nodes: int, heads: int, prefix: int, elem_bytes: int, copy_gbps
 
 _PEERS = {"naive_torch": verify_attention_naive, "sdpa_dense_mask": verify_attention_sdpa,
           "flex_attention": verify_attention_flex}
-
-# The ping-pong kernel and its -D switches, timed beside the default by ``python -m workbench.ddtree.verify``.
-PINGPONG_VARIANTS: dict[str, dict[str, Any]] = {
-    "pingpong": {"impl": "pingpong"},
-    # slot indices of the next round read at refill time instead of at the top of the round
-    "pingpong_slot_late": {"impl": "pingpong", "_options": ("-DVERIFY_PP_SLOT_EARLY=0",)},
-    # bar.sync on both sides of the two named barriers (no bar.arrive): the warpgroups rendezvous
-    "pingpong_bar_sync": {"impl": "pingpong", "_options": ("-DVERIFY_PP_ARRIVE=0",)},
-    # + the last row block of <= 8 rows (H = 8) by swapped operands, 3 (or 2) chunks per such block
-    "pingpong_rem": {"impl": "pingpong_rem"},
-    "pingpong_rem2": {"impl": "pingpong_rem", "_rem_chunks": 2},
-}
-
 
 def _capture(fns: Sequence[Any]) -> list[Any]:
     """One CUDA graph per callable (warmed up on a side stream first)."""
@@ -1080,29 +963,12 @@ def _write(results: dict[str, Any], out: Any):
 VERIFY_NOTES = (
     "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups in "
     "lockstep, 64 query rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch; unchanged since "
-    "5de266b). Variants in the same process: 'mma' = the mma.sync kernel (62fb1b2's design); 'pingpong' = "
-    "ddtree_verify_pingpong_bf16 (commit 7dc8d3a and after): the two warpgroups in FlashMLA's 'seesaw' schedule "
-    "over pairs of 64-key tiles (WG0 owns tile A and O[:, :256], WG1 tile B and O[:, 256:]; P of a warpgroup's "
-    "own tile from registers (RS wgmma), the other's P through the stage's rope block; two named barriers, no "
-    "block barrier in the loop; each stage refilled in two column-block groups by the warpgroup that reads them "
-    "last, completion on mbarriers via cp.async.mbarrier.arrive.noinc); 'pingpong_slot_late' = the same with the "
-    "next round's slot indices read at refill time (-DVERIFY_PP_SLOT_EARLY=0); 'pingpong_bar_sync' = bar.sync on "
-    "both sides of the named barriers (-DVERIFY_PP_ARRIVE=0); 'pingpong_rem' = ddtree_verify_pingpong_rem_bf16 "
-    "(d56b0db and after): as pingpong, and the last row block when it holds <= 8 rows (H=8: 264 = 4 x 64 + 8) by "
-    "swapped operands (wgmma m64n8k16, keys as M, 3 chunks per remainder block, 30 chunks instead of 26 for the "
-    "full row blocks at H=8); 'pingpong_rem2' = the same with 2 chunks per remainder block. PREDICTED BEFORE ANY "
-    "RUN (papers/ddtree_kernels.md section 3, version 7; model: time = fixed part + tiles per thread block x time "
-    "per tile, fitted to the 82e9399 file: fixed 29 us (H=64) / 25 us (H=8), 2.80 / 2.88 us per tile): the "
-    "ping-pong kernel takes 2.1 us per tile (range 1.9-2.5), i.e. pingpong H=64: 4k 0.066 ms (39% of floor), "
-    "16k 0.167 (61%), 64k 0.570 (71%), 128k 1.11 (73%); H=8: 4k 0.032 (10%), 16k 0.046 (28%), 64k 0.109 (47%), "
-    "128k 0.192 (53%); pingpong_rem H=8: 4k 0.032 (10%), 16k 0.045 (28%), 64k 0.100 (51%), 128k 0.171 (59%); "
-    "slot_late and bar_sync within 5% of pingpong. The fixed part (3 launches, Q and first-tile load, partial "
-    "write and merge) is untouched, so H=8 at 4k/16k and H=64 at 4k stay below 50%. Peers: naive torch, SDPA "
-    "with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs (eager_median_ms: the default "
-    "with Python launch overhead); floor = max(bytes / measured copy bandwidth, flops / measured bf16 matmul "
-    "rate); results.parity: rows against the float64 reference; results.sanitizer: compute-sanitizer logs "
-    "(memcheck: every smoke case; racecheck: the ping-pong smoke cases); results.complete: false while the "
-    "run was cut short.")
+    "5de266b). Variants in the same process: 'mma' = the mma.sync kernel (62fb1b2's design). (The ping-pong "
+    "kernels of version 7 were measured at 1e272c7 1.1-1.4x slower than the default and removed.) Peers: naive "
+    "torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs (eager_median_ms: the "
+    "default with Python launch overhead); floor = max(bytes / measured copy bandwidth, flops / measured bf16 "
+    "matmul rate); results.parity: rows against the float64 reference; results.sanitizer: compute-sanitizer logs "
+    "of the smoke cases; results.complete: false while the run was cut short.")
 
 
 def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1181,7 +1047,7 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
 
 def _named_variants() -> dict[str, dict[str, Any]]:
     """Variants ``--variants`` may name (name -> keyword arguments of :func:`verify_attention`)."""
-    return {"mma": {"impl": "mma"}, **PINGPONG_VARIANTS,
+    return {"mma": {"impl": "mma"},
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}}
 
@@ -1199,13 +1065,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--unroll-variants", type=int, nargs="*", default=[],
                     help="also time the mma.sync kernel compiled with these score-loop unroll factors (default 4)")
     ap.add_argument("--no-mma-variant", action="store_true",
-                    help="do not time the other bf16 kernels (mma.sync, the ping-pong wgmma kernel and its "
-                         "-D variants) beside the default one")
+                    help="do not time the other bf16 kernel (mma.sync) beside the default one")
     ap.add_argument("--old-wgmma-variants", action="store_true",
                     help="also time the wgmma variants of the previous runs (wgmma_prefetch, wgmma_a26b7c4)")
     ap.add_argument("--variants", nargs="*", default=None,
                     help=f"time exactly these variants beside the default (names: {sorted(_named_variants())}); "
-                         "default: mma and the ping-pong variants")
+                         "default: mma")
     ap.add_argument("--peers", nargs="*", default=list(_PEERS),
                     help=f"peers to time (default: all of {list(_PEERS)}; none: --peers with no names)")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
@@ -1232,21 +1097,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               ("verify_attention", "float32"), ("verify_attention[simple]", "bfloat16"))
                  for p in (0, 150)]
         cases += [dict(kernel=f"verify_attention_batched[{t}]", nodes=9, heads=8, prefix=[0, 70, 130],
-                       dtype="bfloat16", repeats=1) for t in ("wgmma", "pingpong", "mma")]
-        # ping-pong: the round structure (refills of both stages, a last round without tile B, the
-        # tail split across chunks) needs chunks of several tile pairs, which small prefixes never get
-        cases += [dict(kernel="verify_attention[pingpong]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
-                       repeats=1, chunk_len=c) for p, c in ((0, None), (150, None), (600, 384), (700, 320),
-                                                            (300, 192))]
-        cases += [dict(kernel="verify_attention[pingpong]", nodes=33, heads=8, prefix=450, dtype="bfloat16",
-                       repeats=1, chunk_len=256)]
-        # pingpong_rem: 9 nodes x 8 heads = 72 rows, the last block of 8 rows by swapped operands,
-        # 3 chunks per remainder block (several chunks and a partial last group with chunk_len 64/128)
-        cases += [dict(kernel="verify_attention[pingpong_rem]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
-                       repeats=1, chunk_len=c) for p, c in ((0, None), (150, None), (600, 128), (500, 64),
-                                                            (700, 320))]
-        cases += [dict(kernel="verify_attention_batched[pingpong_rem]", nodes=9, heads=8, prefix=[0, 70, 130],
-                       dtype="bfloat16", repeats=1, chunk_len=64)]
+                       dtype="bfloat16", repeats=1) for t in ("wgmma", "mma")]
         if args.smoke_only:
             cases = [c for c in cases if args.smoke_only in c["kernel"]]
         rows = verify_parity_rows(cases, dev)
@@ -1268,7 +1119,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = {v: _named_variants()[v] for v in args.variants}
     elif not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
         variants["mma"] = {"impl": "mma"}  # the previous kernel, same process
-        variants.update(PINGPONG_VARIANTS)
         if args.old_wgmma_variants:
             variants["wgmma_prefetch"] = {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)}
             # the wgmma kernel as measured in a26b7c4: block-wide row-max barrier, O rescaled every tile
