@@ -675,6 +675,17 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   dtype="bfloat16", repeats=2 if p < 100000 else 1))
         cases.append(dict(kernel=f"verify_attention_batched[{tag}]", nodes=33, heads=8,
                           prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1))
+    if wgmma_unavailable_reason() is None:
+        for kw in WGMMA_VARIANTS.values():  # the -D variants timed beside the default
+            opts = list(kw["_options"])
+            for heads in (8, 64):
+                for p in (0, 100, 4096 + 37, 131072):
+                    cases.append(dict(kernel="verify_attention[wgmma]", nodes=33, heads=heads, prefix=p,
+                                      dtype="bfloat16", repeats=2 if p < 100000 else 1, options=opts))
+            cases += [dict(kernel="verify_attention[wgmma]", nodes=33, heads=8, prefix=1000, dtype="bfloat16",
+                           repeats=1, chunk_len=c, options=opts) for c in (64, 192, 320)]
+            cases.append(dict(kernel="verify_attention_batched[wgmma]", nodes=33, heads=8,
+                              prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1, options=opts))
     cases += [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=4096 + 37, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=2),
@@ -699,7 +710,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
     ``verify_attention_naive``, ``verify_attention_sdpa``),
     ``nodes``, ``heads``, ``prefix`` (int, or a list for the batched kernel),
     ``dtype`` (``"bfloat16"``/``"float32"``), ``repeats`` (random cases), optionally
-    ``chunk_len`` (keys per thread block, passed to the kernel).
+    ``chunk_len`` (keys per thread block, passed to the kernel) and ``options`` (``-D``
+    options of the kernel build, a tuning variant; CUDA tensors only).
     ``None`` takes :func:`default_parity_cases`. Outputs are poisoned (NaN)
     before each run and every element is checked. Returns rows
     ``{kernel, shapes, cases, max_abs_err, max_rel_err, lse_max_abs_err,
@@ -723,6 +735,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
             base, _, tag = kernel.partition("[")
             impl = tag.rstrip("]") or "auto"
             extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
+            if case.get("options"):  # -D options of the kernel build (tuning variants; CUDA only)
+                extra["_options"] = tuple(case["options"])
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
@@ -755,7 +769,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
                 lse_err = max(lse_err, float((l.double() - rl).abs().max()))
         p = case["prefix"]
         pstr = f"P={p}" if isinstance(p, (int, np.integer)) else f"B={len(p)} P={list(p)}"
-        cstr = f" chunk={case['chunk_len']}" if case.get("chunk_len") else ""
+        cstr = (f" chunk={case['chunk_len']}" if case.get("chunk_len") else "") + \
+            (f" {' '.join(case['options'])}" if case.get("options") else "")
         rows.append(dict(kernel=kernel,
                          shapes=f"T={case['nodes']} H={case['heads']} {pstr} {dtype}{cstr}",
                          cases=n, max_abs_err=max_abs, max_rel_err=max_rel,
@@ -786,6 +801,14 @@ def verify_floor(nodes: int, heads: int, prefix: int, elem_bytes: int, copy_gbps
 
 _PEERS = {"naive_torch": verify_attention_naive, "sdpa_dense_mask": verify_attention_sdpa,
           "flex_attention": verify_attention_flex}
+
+# -D variants of the wgmma kernel that ``--variants`` may name (timed beside the default in one process)
+WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
+    # warpgroup 0 alone computes S for all 64 keys of a tile (m64n64k16): Q is read from shared memory
+    # once per tile instead of once per warpgroup, and the row maxima need no exchange
+    "wgmma_s1": {"impl": "wgmma", "_options": ("-DVERIFY_WG_S1=1",)},
+}
+
 
 def _capture(fns: Sequence[Any]) -> list[Any]:
     """One CUDA graph per callable (warmed up on a side stream first)."""
@@ -1047,7 +1070,7 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
 
 def _named_variants() -> dict[str, dict[str, Any]]:
     """Variants ``--variants`` may name (name -> keyword arguments of :func:`verify_attention`)."""
-    return {"mma": {"impl": "mma"},
+    return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}}
 
@@ -1074,7 +1097,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--peers", nargs="*", default=list(_PEERS),
                     help=f"peers to time (default: all of {list(_PEERS)}; none: --peers with no names)")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
-    ap.add_argument("--smoke-only", default=None, help="with --smoke: only the cases whose kernel name holds this")
+    ap.add_argument("--smoke-only", default=None,
+                    help="with --smoke: only the cases whose kernel name or -D options hold this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
     ap.add_argument("--sanitizer-logs", default=None,
                     help="folder with memcheck.log / racecheck.log of SANITIZER_COMMAND runs made before this one, "
@@ -1098,8 +1122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for p in (0, 150)]
         cases += [dict(kernel=f"verify_attention_batched[{t}]", nodes=9, heads=8, prefix=[0, 70, 130],
                        dtype="bfloat16", repeats=1) for t in ("wgmma", "mma")]
+        # the wgmma kernel's -D variants: several tiles per chunk, the tail split across chunks, batched
+        for name, kw in WGMMA_VARIANTS.items():
+            opts = list(kw["_options"])
+            cases += [dict(kernel="verify_attention[wgmma]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
+                           repeats=1, chunk_len=c, options=opts) for p, c in ((0, None), (150, None), (300, 128))]
+            cases += [dict(kernel="verify_attention_batched[wgmma]", nodes=9, heads=8, prefix=[0, 70, 130],
+                           dtype="bfloat16", repeats=1, chunk_len=64, options=opts)]
         if args.smoke_only:
-            cases = [c for c in cases if args.smoke_only in c["kernel"]]
+            cases = [c for c in cases if args.smoke_only in " ".join([c["kernel"], *c.get("options", ())])]
         rows = verify_parity_rows(cases, dev)
         print(_rows_table(rows))
         print("SMOKE", "PASS" if all(r["pass"] for r in rows) else "FAIL")

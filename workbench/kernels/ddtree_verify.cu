@@ -515,6 +515,9 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_LOAD_FIRST
 #define VERIFY_WG_LOAD_FIRST 0  // 1: issue the next tile's gather before the S wgmmas (tuning variant)
 #endif
+#ifndef VERIFY_WG_S1
+#define VERIFY_WG_S1 0  // 1: warpgroup 0 alone computes S for all 64 keys (m64n64k16), no row-max exchange
+#endif
 #ifndef VERIFY_V_LBO
 #define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
@@ -550,6 +553,21 @@ __device__ __forceinline__ void wgmma_m64n32_ss(float* d, unsigned long long da,
         "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n64_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -697,6 +715,102 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
         __syncthreads();     // (X)
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
 
+#if VERIFY_WG_S1
+        // ---- S[64 x 64] by warpgroup 0 alone (m64n64k16 x 36: Q read once per tile from shared memory,
+        // not once per warpgroup as with two m64n32 halves); warpgroup 1 meanwhile issues its share of
+        // the next tile's gather. A row's 64 scores lie in one lane quad: no row-max exchange.
+        const int kt0 = key_begin + it * MMA_KEYS;
+        if (wg == 0) {
+            float s[32];
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < 36; ++ks) {
+                const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
+                wgmma_m64n64_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff, 16, 1024), ks > 0);
+            }
+            wg_commit();
+            gather_next(it);
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 32; ++i) reg_fence(s[i]);
+            const bool need_mask = (kt0 + MMA_KEYS > key_end) || (kt0 + MMA_KEYS > P);
+            float rmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float v = s[4 * j + c] * scale_log2;
+                    if (need_mask) {
+                        const int key = kt0 + 8 * j + 2 * tq + (c & 1);
+                        const int row = row0 + r_lo + 8 * (c >> 1);
+                        bool ok = key < key_end;
+                        if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
+                        if (!ok) v = NEG_INF;
+                    }
+                    s[4 * j + c] = v;
+                    rmax[c >> 1] = fmaxf(rmax[c >> 1], v);
+                }
+            float alpha[2], muse[2], lsum[2] = {0.f, 0.f};
+            bool moved = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = rmax[h];
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                const float m_new = fmaxf(m_run[h], v);
+                muse[h] = m_new == NEG_INF ? 0.f : m_new;
+                alpha[h] = fast_exp2(m_run[h] - muse[h]);
+                moved |= m_new != m_run[h];
+                m_run[h] = m_new;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float p0 = fast_exp2(s[4 * j + 2 * h] - muse[h]);
+                    const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse[h]);
+                    lsum[h] += p0 + p1;
+                    const int r = r_lo + 8 * h;
+                    *reinterpret_cast<u32*>(sP + r * 128 + ((j ^ (r & 7)) << 4) + 4 * tq) = pack_bf16x2(p0, p1);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                l_run[h] = l_run[h] * alpha[h] + lsum[h];  // this thread's keys; quad sum in the epilogue
+                if (tq == 0) red[r_lo + 8 * h] = moved ? alpha[h] : 1.f;  // for warpgroup 1's rescale
+            }
+#if VERIFY_WG_LAZY_RESCALE
+            if (moved)
+#endif
+            {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    acc[4 * j + 0] *= alpha[0];
+                    acc[4 * j + 1] *= alpha[0];
+                    acc[4 * j + 2] *= alpha[1];
+                    acc[4 * j + 3] *= alpha[1];
+                }
+            }
+        } else {
+            gather_next(it);
+        }
+        fence_async_smem();  // sP written by ordinary stores, read by wgmma
+        __syncthreads();     // (B) all of P and the rescale factors visible
+        if (wg == 1) {
+            const float a0 = red[r_lo], a1 = red[r_lo + 8];
+#if VERIFY_WG_LAZY_RESCALE
+            if (a0 != 1.f || a1 != 1.f)
+#endif
+            {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    acc[4 * j + 0] *= a0;
+                    acc[4 * j + 1] *= a0;
+                    acc[4 * j + 2] *= a1;
+                    acc[4 * j + 3] *= a1;
+                }
+            }
+        }
+#else
 #if VERIFY_WG_LOAD_FIRST
         gather_next(it);
 #endif
@@ -795,6 +909,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
         }
         fence_async_smem();  // sP written by ordinary stores, read by wgmma
         __syncthreads();     // (B) all of P visible
+#endif  // VERIFY_WG_S1
 
         // ---- O[64 x 256] += P[64 x 64] V[64 x 256]
 #pragma unroll

@@ -1,0 +1,236 @@
+"""Where the time of one tree-verify call goes: per-launch timings, the cost of a graph node, chunking.
+
+:func:`verify_attention` is three launches (prepare: offsets, chunk starts and ancestor masks; the
+attention kernel; the log-sum-exp merge of the chunk partials). This probe answers, on the GPU,
+how much of a call each launch takes and how much is the graph itself:
+
+- :func:`record_launches` - the launches of one call, recorded (kernel, grid, block, arguments,
+  shared memory) while they run, so that each can be replayed alone.
+- :func:`launch_breakdown` - CUDA-graph replay times (medians, KV rotated over several input sets as
+  the benchmark does) of each launch alone and of the whole call, for the default kernel and for
+  any ``-D`` variants; plus the replay time of a graph of one and of three minimal kernel nodes
+  (a one-element add), the floor a launch cannot go under.
+- :func:`chunk_sweep` - whole-call times over chunk lengths (keys per thread block): more chunks
+  mean more fp32 partials written and merged, fewer mean more tiles per block.
+
+``python -m workbench.ddtree.verify_probe --out DIR`` writes ``DIR/ddtree_verify_probe.json`` and
+prints a table last; ``--ncu`` instead runs each point's call once between ``cudaProfilerStart`` /
+``Stop`` (for ``ncu --profile-from-start off``: per-kernel ``gpu__time_duration``).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Sequence
+
+from workbench.ddtree import verify as V
+
+__all__ = ["record_launches", "launch_breakdown", "chunk_sweep", "probe_table"]
+
+_STAGES = ("prepare", "attention", "merge")
+
+
+def record_launches(inputs: dict[str, Any], **kw) -> list[tuple]:
+    """Run ``verify_attention(**inputs, check=False, **kw)`` once (CUDA tensors) and return its
+    launches in order as ``(kernel, grid, block, args, shared_mem)`` tuples; the tuples keep the
+    workspace tensors alive, so each launch can be replayed alone afterwards."""
+    from workbench.kernels import launch
+
+    rec: list[tuple] = []
+    real = V._launch
+
+    def recorder(kernel, grid, block, args, shared_mem=0):
+        rec.append((kernel, grid, block, args, shared_mem))
+        return launch(kernel, grid, block, args, shared_mem=shared_mem)
+
+    V._launch = recorder
+    try:
+        V.verify_attention(**inputs, check=False, **kw)
+    finally:
+        V._launch = real
+    if len(rec) != len(_STAGES):
+        raise RuntimeError(f"expected {len(_STAGES)} launches (prepare, attention, merge), recorded {len(rec)}")
+    return rec
+
+
+def _replay_ms(fns: Sequence[Any], reps: int) -> list[float]:
+    samples, mode = V._time_rotating(fns, reps, 5, graph=True)
+    if mode != "cuda_graph":
+        raise RuntimeError(f"graph capture failed: {mode}")
+    return samples
+
+
+def _input_sets(heads: int, prefix: int, nodes: int, seed: int, n_sets: int | None = None) -> list[dict[str, Any]]:
+    """Fresh random bf16 inputs; by default enough sets that a rotation reads 3x the 60 MB L2."""
+    import torch
+
+    kv_bytes = (prefix + nodes) * V.D_KV * 2
+    if n_sets is None:
+        n_sets = int(min(16, max(2, math.ceil(3 * (60 << 20) / max(kv_bytes, 1)))))
+    return [V.random_verify_inputs(nodes, heads, prefix, torch.bfloat16, "cuda", seed=seed + 7919 * s, cache_factor=1.0)
+            for s in range(n_sets)]
+
+
+def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[str, dict[str, Any]] | None = None,
+                     reps: int = 40, seed: int = 0) -> dict[str, Any]:
+    """Replay times (ms, medians) of each launch of one call alone and of the whole call.
+
+    ``variants``: name -> keyword arguments of :func:`verify_attention` (default ``{"default": {}}``).
+    Returns ``{"points": {variant: {"prepare", "attention", "merge", "sum", "call"} medians},
+    "samples": {...}}``."""
+    from workbench.kernels import launch
+    from workbench.measure import median
+
+    variants = variants or {"default": {}}
+    sets = _input_sets(heads, prefix, nodes, seed)
+    res: dict[str, Any] = {}
+    samples: dict[str, Any] = {}
+    for name, kw in variants.items():
+        recs = [record_launches(st, **kw) for st in sets]
+        per: dict[str, float] = {}
+        for i, stage in enumerate(_STAGES):
+            fns = [lambda r=r[i]: launch(r[0], r[1], r[2], r[3], shared_mem=r[4]) for r in recs]
+            s = _replay_ms(fns, reps)
+            samples[f"{name}.{stage}"] = s
+            per[stage] = median(s)
+        s = _replay_ms([lambda st=st: V.verify_attention(**st, check=False, **kw) for st in sets], reps)
+        samples[f"{name}.call"] = s
+        per["call"] = median(s)
+        per["sum"] = sum(per[k] for k in _STAGES)
+        res[name] = per
+    return {"heads": heads, "prefix": prefix, "nodes": nodes, "kv_sets": len(sets), "points": res,
+            "samples": samples}
+
+
+def minimal_nodes(reps: int = 200) -> dict[str, Any]:
+    """Replay time of a CUDA graph of 1 and of 3 dependent minimal kernel nodes (a one-element add)."""
+    import torch
+
+    from workbench.measure import median
+
+    x = torch.zeros(1, device="cuda")
+    out = {}
+    for n in (1, 3):
+        def fn(n=n):
+            for _ in range(n):
+                x.add_(1.0)
+        s = _replay_ms([fn], reps)
+        out[f"nodes_{n}_ms"] = median(s)
+        out[f"nodes_{n}_samples"] = s
+    return out
+
+
+def chunk_sweep(heads: int, prefix: int, chunk_lens: Sequence[int | None], nodes: int = 33, reps: int = 40,
+                seed: int = 0, **kw) -> list[dict[str, Any]]:
+    """Whole-call replay times over chunk lengths (``None``: the planner's choice), with the grid."""
+    import torch
+
+    from workbench.measure import median
+
+    sets = _input_sets(heads, prefix, nodes, seed)
+    M = nodes * heads
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for cl in chunk_lens:
+        rb, clen, n_chunks = V._plan(prefix, 1, nodes, M, 64, sms, cl)
+        s = _replay_ms([lambda st=st: V.verify_attention(**st, check=False, chunk_len=cl, **kw) for st in sets], reps)
+        rows.append(dict(heads=heads, prefix=prefix, chunk_len=clen, planner=cl is None, row_blocks=rb,
+                         chunks=-(-(prefix + nodes) // clen), tiles_per_block=-(-clen // 64),
+                         median_ms=median(s), samples=s))
+    return rows
+
+
+def probe_table(results: dict[str, Any]) -> str:
+    """Plain-text table of the breakdown and the chunk sweep."""
+    lines = [f"{'H':>3} {'P':>7} {'variant':<14} {'prepare':>8} {'attn':>8} {'merge':>8} {'sum':>8} {'call':>8}  (ms)"]
+    for b in results.get("breakdown", []):
+        for name, v in b["points"].items():
+            lines.append(f"{b['heads']:>3} {b['prefix']:>7} {name:<14} {v['prepare']:>8.4f} {v['attention']:>8.4f} "
+                         f"{v['merge']:>8.4f} {v['sum']:>8.4f} {v['call']:>8.4f}")
+    mn = results.get("minimal_nodes")
+    if mn:
+        lines.append(f"graph of 1 minimal node {mn['nodes_1_ms']:.4f} ms, of 3 nodes {mn['nodes_3_ms']:.4f} ms")
+    sweep = results.get("chunk_sweep", [])
+    if sweep:
+        lines.append(f"{'H':>3} {'P':>7} {'chunk':>6} {'chunks':>6} {'tiles':>5} {'ms':>8}")
+        for r in sweep:
+            lines.append(f"{r['heads']:>3} {r['prefix']:>7} {r['chunk_len']:>6} {r['chunks']:>6} "
+                         f"{r['tiles_per_block']:>5} {r['median_ms']:>8.4f}{'  (planner)' if r['planner'] else ''}")
+    return "\n".join(lines)
+
+
+def _parse_variants(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``name=-DX=1,-DY=0`` -> {name: {"_options": (...)}}; a bare ``default`` -> {}."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, _, opts = spec.partition("=")
+        if not name:
+            raise SystemExit(f"bad variant {spec!r}: want NAME or NAME=-DX=1,-DY=2")
+        out[name] = {"_options": tuple(o for o in opts.split(",") if o)} if opts else {}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.ddtree.verify_probe", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="folder for ddtree_verify_probe.json (default: data/measurements/<gpu>)")
+    ap.add_argument("--points", nargs="+", default=["8:4096", "8:131072", "64:4096", "64:131072"],
+                    help="H:P points of the breakdown")
+    ap.add_argument("--variants", nargs="+", default=["default"], help="NAME or NAME=-DX=1,-DY=2 (kernel -D options)")
+    ap.add_argument("--sweep", nargs="*", default=["8:4096:128,256,384,512,1024", "8:16384:384,1024,2048",
+                                                     "64:4096:256,512,2112,4160"],
+                    help="H:P:chunk,chunk,... (the planner's choice is always added)")
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--ncu", action="store_true", help="one call per point and variant inside cudaProfilerStart/Stop")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from workbench.kernels import require_gpu
+    from workbench.measure import write_measurement
+
+    require_gpu("verify_probe")
+    variants = _parse_variants(args.variants)
+    points = [tuple(int(x) for x in p.split(":")) for p in args.points]
+    if args.ncu:
+        for H, P in points:
+            for name, kw in variants.items():
+                st = _input_sets(H, P, 33, 0, n_sets=1)[0]
+                V.verify_attention(**st, check=False, **kw)  # compile, warm
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                V.verify_attention(**st, check=False, **kw)
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+                print(f"ncu point H={H} P={P} variant={name}", flush=True)
+        return 0
+    results: dict[str, Any] = {"minimal_nodes": minimal_nodes(), "breakdown": [], "chunk_sweep": []}
+    for H, P in points:
+        results["breakdown"].append(launch_breakdown(H, P, variants=variants, reps=args.reps))
+        print(probe_table({"breakdown": results["breakdown"][-1:]}), flush=True)
+    for spec in args.sweep:
+        H, P, cl = spec.split(":")
+        lens = [None] + [int(c) for c in cl.split(",") if c]
+        results["chunk_sweep"] += chunk_sweep(int(H), int(P), lens, reps=args.reps)
+    samples = {"minimal_nodes": {k: v for k, v in results["minimal_nodes"].items() if k.endswith("samples")},
+               "breakdown": {f"H{b['heads']}_P{b['prefix']}": b.pop("samples") for b in results["breakdown"]},
+               "chunk_sweep": [r.pop("samples") for r in results["chunk_sweep"]]}
+    for k in [k for k in results["minimal_nodes"] if k.endswith("samples")]:
+        results["minimal_nodes"].pop(k)
+    path = write_measurement("ddtree_verify_probe", out_dir=args.out,
+                             parameters=dict(points=args.points, variants=args.variants, sweep=args.sweep,
+                                             reps=args.reps),
+                             results=results, samples=samples, notes=PROBE_NOTES)
+    print(f"wrote {path}")
+    print(probe_table(results))
+    return 0
+
+
+PROBE_NOTES = (
+    "Breakdown of one verify_attention call (bf16, 33 nodes) into its three launches, each captured alone in a "
+    "CUDA graph and replayed (KV rotated over several input sets, as the benchmark does); 'call' is the whole call "
+    "as one graph, 'sum' the three alone added; minimal_nodes: a graph of 1 and of 3 one-element adds. "
+    "chunk_sweep: whole-call times over chunk lengths (keys per thread block; planner = the default choice).")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
