@@ -226,6 +226,43 @@ def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (name, report)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_wgmma_variants_build_without_spills():
+    # every -D build that python -m workbench.ddtree.verify times beside the default (WGMMA_VARIANTS)
+    opts = sorted({tuple(v.get("_options", ())) for v in V.WGMMA_VARIANTS.values()} - {()})
+    assert opts and set(V.WGMMA_VARIANTS) <= set(V._named_variants())
+    for o, err in zip(opts, _sm90a_reports(opts)):
+        report = _entry_report(err, "ddtree_verify_wgmma_bf16")
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (o, report)
+
+
+def test_variants_and_private_switches_on_cpu():
+    # on a CPU every variant's keywords are accepted and give the torch path's result
+    inp = V.random_verify_inputs(3, 2, 10, torch.float32, "cpu", seed=4)
+    ref, _ = V.verify_attention(**inp)
+    for name, kw in V.WGMMA_VARIANTS.items():
+        o, _ = V.verify_attention(**inp, **kw)
+        assert torch.equal(o, ref), name
+    rows = V.verify_parity_rows([dict(kernel="verify_attention[wgmma]", nodes=4, heads=2, prefix=9,
+                                      dtype="float32", variant="wgmma_5de266b")], "cpu")
+    assert rows[0]["pass"] and "[wgmma_5de266b]" in rows[0]["shapes"]
+
+
+def test_probe_helpers():
+    from workbench.ddtree import verify_probe as VP
+
+    assert VP._parse_variants(["default", "s1=-DA=1,-DB=0"]) == {"default": {}, "s1": {"_options": ("-DA=1", "-DB=0")}}
+    with pytest.raises(SystemExit):
+        VP._parse_variants(["=-DA=1"])
+    res = {"breakdown": [{"heads": 8, "prefix": 4096, "points": {"default": dict(prepare=0.01, attention=0.02,
+                                                                                 merge=0.01, sum=0.04, call=0.03)}}],
+           "minimal_nodes": {"nodes_1_ms": 0.0105, "nodes_3_ms": 0.0105},
+           "chunk_sweep": [dict(heads=8, prefix=4096, chunk_len=192, planner=True, row_blocks=5, chunks=22,
+                                tiles_per_block=3, median_ms=0.031)]}
+    text = VP.probe_table(res)
+    assert "0.0300" in text and "(planner)" in text and "minimal node 0.0105" in text
+
+
 # ----------------------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
@@ -258,6 +295,19 @@ def test_gpu_parity_tensor_core_kernels(impl):
         + [dict(kernel=f"verify_attention_batched[{impl}]", nodes=17, heads=8, prefix=[0, 300, 65],
                 dtype="bfloat16", repeats=1)], "cuda")
     assert all(r["pass"] for r in rows), rows
+
+
+@pytest.mark.gpu
+def test_gpu_parity_single_request_without_prepare_and_variants():
+    # the default's single-request form without the prepare launch (many nodes per block, nodes split
+    # across blocks, tails split across chunks, T = 128 and 129) and every variant timed beside it
+    if V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
+    cases = [c for c in V.default_parity_cases("cuda") if c["kernel"].endswith("[wgmma]")
+             and (c.get("variant") or c["nodes"] != 33 or c.get("chunk_len"))]
+    assert len(cases) >= 6 + 3 * len(V.WGMMA_VARIANTS)
+    rows = V.verify_parity_rows(cases, "cuda", seed=3)
+    assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
 
 
 @pytest.mark.gpu

@@ -3,22 +3,22 @@
 # root on the H200 (or a copy of the tree), carrying .whl (pytest for the device's python3):
 #   run(command="cd .wt/verify && WORKBENCH_COMMIT=<commit> MODE=probe bash workbench/ddtree/h200_verify.sh",
 #       carry=[".whl", ".wt/verify"], timeout_s=300)       (the wheels are then at ../../.whl)
-# MODE=probe (about 3 minutes): where the time goes and whether a -D variant ($VARIANT, a name of
-#   verify.WGMMA_VARIANTS, with its -D options $VOPTS) is worth making the default:
-#   1. in parallel, before any timing: memcheck and racecheck of the variant's smoke cases; the GPU
-#      parity grid of the variant (fresh random inputs, poisoned outputs, every element).
-#   2. alone: verify_probe (each launch of one call replayed alone, the whole call, minimal graph nodes,
-#      chunk-length sweep) for the default and the variant -> $OUT/ddtree_verify_probe.json; ncu
-#      gpu__time_duration of each launch at H 8/64, prefix 4k/128k -> $OUT/ncu.csv; the benchmark
-#      (no peers) of the default beside the variant -> $OUT/bench/ddtree_verify.json.
+# MODE=probe (about 2 minutes): correctness of the current default and where its time goes:
+#   1. in parallel, before any timing: memcheck and racecheck of the smoke cases matching $SMOKE; the
+#      gpu tests of verify matching $TESTS (fresh random inputs, poisoned outputs, every element).
+#   2. alone: verify_probe (each launch of one call replayed alone, the whole call, minimal graph
+#      nodes) for the default and $PROBE_VARIANTS -> $OUT/ddtree_verify_probe.json; ncu sections
+#      (speed of light, warp states, scheduler, memory) of the attention kernel at $NCU_POINTS -> $OUT/ncu.txt.
 # MODE=final (about 4 minutes): the gpu tests of verify; memcheck of every smoke case and racecheck of
 #   the wgmma ones in parallel; then alone the parity grid + benchmark with peers and variants
 #   ($BENCH_VARIANTS) -> $OUT/ddtree_verify.json, rewritten after every point.
 set -u
 OUT=${OUT:-out}
 MODE=${MODE:-probe}
-VARIANT=${VARIANT:-wgmma_s1}
-VOPTS=${VOPTS:--DVERIFY_WG_S1=1}
+SMOKE=${SMOKE:-wgmma}                       # probe: smoke cases under the sanitizers (--smoke-only)
+TESTS=${TESTS:-}                            # probe: gpu tests selected with -k (empty: all of verify's)
+PROBE_VARIANTS=${PROBE_VARIANTS:-wgmma_5de266b s1_prepare_merge1 s1_merge1}
+NCU_POINTS=${NCU_POINTS:-64:16384 8:131072}
 WHL=${WHL:-../../.whl}
 mkdir -p "$OUT/san"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHL"/*.whl >/dev/null 2>&1
@@ -33,31 +33,22 @@ san() {  # tool, smoke filter ('' = every smoke case)
   echo "exit=$?" >> "$OUT/san/$1.log"
 }
 if [ "$MODE" = probe ]; then
-  san memcheck "$VOPTS" &
-  san racecheck "$VOPTS" &
-  timeout 100 python3 - > "$OUT/parity_variant.txt" 2>&1 <<EOF &
-from workbench.ddtree import verify as V
-cases = [c for c in V.default_parity_cases("cuda") if c.get("options") == list(V.WGMMA_VARIANTS["$VARIANT"]["_options"])]
-rows = V.verify_parity_rows(cases, "cuda", seed=5)
-print(V._rows_table(rows))
-print("variant parity:", sum(r["pass"] for r in rows), "/", len(rows))
-EOF
+  san memcheck "$SMOKE" &
+  san racecheck "$SMOKE" &
+  timeout 100 python3 -m pytest -q -m gpu tests/test_ddtree_verify.py -p no:cacheprovider ${TESTS:+-k "$TESTS"} \
+    > "$OUT/gpu_tests.txt" 2>&1 &
   wait
-  timeout 90 python3 -m workbench.ddtree.verify_probe --out "$OUT" --variants default "s1=$VOPTS" \
-    > "$OUT/probe.txt" 2>&1
+  timeout 90 python3 -m workbench.ddtree.verify_probe --out "$OUT" --variants default $PROBE_VARIANTS \
+    --sweep > "$OUT/probe.txt" 2>&1
   echo "probe rc=$?" >> "$OUT/probe.txt"
-  timeout 60 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-    python3 -m workbench.ddtree.verify_probe --ncu --variants default "s1=$VOPTS" > "$OUT/ncu.csv" 2>&1
-  echo "ncu rc=$?" >> "$OUT/ncu.csv"
-  mkdir -p "$OUT/bench"
-  timeout 80 python3 -m workbench.ddtree.verify --out "$OUT/bench" --no-parity --variants "$VARIANT" --peers \
-    --reps 30 > "$OUT/bench/bench.txt" 2>&1
-  echo "bench rc=$?" >> "$OUT/bench/bench.txt"
+  timeout 90 ncu --clock-control none --profile-from-start off -k regex:wgmma --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    python3 -m workbench.ddtree.verify_probe --ncu --points $NCU_POINTS --variants default > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?" >> "$OUT/ncu.txt"
+  echo "== gpu tests"; tail -3 "$OUT/gpu_tests.txt"
   echo "== sanitizers"; grep -hE "SUMMARY|SMOKE|exit=" "$OUT/san/memcheck.log" "$OUT/san/racecheck.log"
-  echo "== variant parity"; grep -E "False$|variant parity" "$OUT/parity_variant.txt" | tail -8
-  echo "== ncu"; grep -E "ddtree_verify" "$OUT/ncu.csv" | awk -F'","' '{print substr($5,1,40)" | grid "$9" | "$(NF)}'  | head -40
-  echo "== probe"; tail -22 "$OUT/probe.txt"
-  echo "== bench"; tail -10 "$OUT/bench/bench.txt"
+  echo "== ncu"; grep -E "Stall|Throughput|Duration|Issued|Eligible|No Eligible|ncu point|rc=" "$OUT/ncu.txt" | head -60
+  echo "== probe"; tail -16 "$OUT/probe.txt"
   exit 0
 fi
 # MODE=final

@@ -25,7 +25,8 @@ VERIFY_FILE = "data/measurements/h200/ddtree_verify.json"
 VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
                ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"),
                ("a26b7c4", "ba63b37", "wgmma kernel (sm_90a) the default, CUDA-graph timed"),
-               ("82e9399", "5de266b", "wgmma kernel with pair barriers and lazy rescale, CUDA-graph timed"))
+               ("82e9399", "5de266b", "wgmma kernel with pair barriers and lazy rescale, CUDA-graph timed"),
+               ("5731fb7", "1e272c7", "the same wgmma default, ping-pong kernels measured beside it"))
 # Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu);
 # "small_v1" is the kernel that was "small" until e108f3c; "small_br" is e108f3c's "small" (its per-pop
 # lane updates as branches), "small" since 712d5f0 the same kernel with those updates as selects.
@@ -275,12 +276,20 @@ def block_verify_points() -> str:
                      "bound": r["floor_bound"], "kernel ms": _ms(r["kernel_ms"], 4),
                      **{f"{v} ms": _ms(r.get(f"{v}_ms"), 4) for v in variants},
                      **({"mma / kernel": f"{r['mma_ms'] / r['kernel_ms']:.2f}"} if r.get("mma_ms") else {}),
+                     **({"5de266b / kernel": f"{r['wgmma_5de266b_ms'] / r['kernel_ms']:.2f}"}
+                        if r.get("wgmma_5de266b_ms") else {}),
                      "% of floor": f"{r['percent_of_floor']:.1f}", "TFLOP/s": f"{r['achieved_tflops']:.0f}",
+                     **({"pipelined ms": _ms(p["pipelined_ms"], 4),
+                         "pipelined % of floor": f"{100 * p['floor_ms'] / p['pipelined_ms']:.1f}"}
+                        if p.get("pipelined_ms") else {}),
                      "naive torch ms": _ms(r.get("naive_torch_ms")), "SDPA ms": _ms(r.get("sdpa_dense_mask_ms")),
                      "x best peer": f"{r['speedup_vs_best_peer']:.1f}"})
     flex = {p["peers"]["flex_attention"]["status"] for p in res["points"] if "flex_attention" in p["peers"]}
+    gfloor = res.get("graph_launch_floor_ms")
+    gtext = (f" A CUDA graph of one minimal kernel node, timed the same way: {gfloor * 1e3:.1f} us."
+             if gfloor else "")
     return (f"{res['points'][0]['nodes']} tree nodes, bf16. Measured in the same run: copy bandwidth "
-            f"{res['copy_gb_per_s']:.0f} GB/s, bf16 matmul {res['bf16_matmul_tflops']:.0f} TFLOP/s. "
+            f"{res['copy_gb_per_s']:.0f} GB/s, bf16 matmul {res['bf16_matmul_tflops']:.0f} TFLOP/s.{gtext} "
             f"FlexAttention status at every point: {', '.join(sorted(flex)) or '-'}.\n\n" + markdown_table(rows))
 
 

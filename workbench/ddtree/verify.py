@@ -74,7 +74,8 @@ D_KV = D_LATENT + D_ROPE
 _MMA_ROWS = 64      # query rows per block, tensor-core kernel (impl "mma")
 _SIMPLE_ROWS = 16   # query rows per block, CUDA-core kernel
 _MMA_SMEM = 230_400
-_WGMMA_SMEM = 231_424
+_WGMMA_SMEM = 232_448  # + 1 KB for the single-request form's in-kernel ancestor masks
+_NOPREP_MAX_T = 128   # single-request form without the prepare launch: (nodes of a block) x ceil(T/32) <= 256 words
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
 _IMPLS = ("auto", "wgmma", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
@@ -346,7 +347,8 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
                              out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
-                             _single_prefix: int | None = None):
+                             _single_prefix: int | None = None, _prepare: bool | None = None,
+                             _merge_options: tuple = ()):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -359,7 +361,12 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     parents, slots and offsets first, which syncs once). CPU tensors take a
     torch path computed in float32. (Internal: :func:`verify_attention` passes
     ``prefix_offsets=None`` with ``_single_prefix=P`` for one request, so that
-    no offsets tensor has to be made on the device.)
+    no offsets tensor has to be made on the device; with the wgmma kernel and
+    T <= 128 that form also skips the prepare launch: the kernel takes the
+    prefix length as an argument and builds the ancestor masks it needs in
+    shared memory (``_prepare=True`` forces the prepare launch, a tuning
+    variant). ``_options`` / ``_merge_options``: ``-D`` options of the
+    attention / merge kernel builds, tuning variants.)
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
@@ -456,17 +463,21 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
+    # single request, wgmma kernel, T <= 128: no prepare launch (the kernel reads P and parents itself)
+    noprep = single and kind == "wgmma" and T <= _NOPREP_MAX_T and _prepare is not True
 
     i32 = dict(dtype=torch.int32, device=dev)
-    chunk_start = torch.empty(B + 1, **i32)
-    offs_ws = torch.empty(B + 1, dtype=torch.int64, device=dev)
-    vis = torch.empty(B * T * W, dtype=torch.int32, device=dev)
+    if not noprep:
+        chunk_start = torch.empty(B + 1, **i32)
+        offs_ws = torch.empty(B + 1, dtype=torch.int64, device=dev)
+        vis = torch.empty(B * T * W, dtype=torch.int32, device=dev)
     o_part = torch.empty(n_chunks * M * D_LATENT, dtype=torch.float32, device=dev)
     lse_part = torch.empty(n_chunks * M, dtype=torch.float32, device=dev)
     if _poison_workspace:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
-        vis.fill_(-1)
+        if not noprep:
+            vis.fill_(-1)
     if out is None:
         out = torch.empty(B, T, H, D_LATENT, dtype=dtype, device=dev)
     elif _shape(out) != (B, T, H, D_LATENT) or out.dtype != dtype or not out.is_contiguous():
@@ -476,15 +487,20 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     elif _shape(lse) != (B, T, H) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(f"lse must be a contiguous float32 tensor [B, T, H] = {[B, T, H]}")
 
-    _launch(_kernel("ddtree_verify_prepare", 0), 1 + -(-(B * T) // 1024), 1024,
-            (np.uint64(0) if offsets is None else offsets, np.int64(slots.shape[0]), par, B, T, W, clen, offs_ws,
-             chunk_start, vis))
+    null = np.uint64(0)
+    if noprep:
+        offs_ws = vis = chunk_start = null
+    else:
+        _launch(_kernel("ddtree_verify_prepare", 0), 1 + -(-(B * T) // 1024), 1024,
+                (null if offsets is None else offsets, np.int64(slots.shape[0]), par, B, T, W, clen, offs_ws,
+                 chunk_start, vis))
     scale_log2 = float(scale) * math.log2(math.e)
     args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offs_ws, tail, vis, chunk_start, o_part,
             lse_part, B, T, H, W, clen, scale_log2)
     if kind == "wgmma":
         _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
-                args, shared_mem=_WGMMA_SMEM)
+                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
+                shared_mem=_WGMMA_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)
@@ -492,12 +508,14 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         name = "ddtree_verify_simple_bf16" if dtype == torch.bfloat16 else "ddtree_verify_simple_f32"
         _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
-    _launch(_kernel(merge, 0), B * M, 128, (o_part, lse_part, chunk_start, out, lse, B, M))
+    _launch(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
+            (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
     return out, lse
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
-                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = ()):
+                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = (),
+                     _prepare: bool | None = None, _merge_options: tuple = ()):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -521,7 +539,8 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     l = None if lse is None else lse.unsqueeze(0)
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
-                                    _options=_options, _single_prefix=P)
+                                    _options=_options, _single_prefix=P, _prepare=_prepare,
+                                    _merge_options=_merge_options)
     return o[0], l[0]
 
 
@@ -676,16 +695,17 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         cases.append(dict(kernel=f"verify_attention_batched[{tag}]", nodes=33, heads=8,
                           prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1))
     if wgmma_unavailable_reason() is None:
-        for kw in WGMMA_VARIANTS.values():  # the -D variants timed beside the default
-            opts = list(kw["_options"])
-            for heads in (8, 64):
-                for p in (0, 100, 4096 + 37, 131072):
-                    cases.append(dict(kernel="verify_attention[wgmma]", nodes=33, heads=heads, prefix=p,
-                                      dtype="bfloat16", repeats=2 if p < 100000 else 1, options=opts))
-            cases += [dict(kernel="verify_attention[wgmma]", nodes=33, heads=8, prefix=1000, dtype="bfloat16",
-                           repeats=1, chunk_len=c, options=opts) for c in (64, 192, 320)]
+        # the default's single-request form without the prepare launch (T <= 128): blocks of many nodes
+        # (H = 1: 64 per block, 4 mask words), nodes split across blocks (H = 3), the tail split across
+        # chunks (chunk_len 64), T = 128 (the largest) and T = 129 (prepare launch again)
+        cases += [dict(kernel="verify_attention[wgmma]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=2,
+                       chunk_len=c) for n, h, p, c in ((100, 1, 500, None), (70, 3, 1000, 64), (33, 8, 1000, 64),
+                                                       (128, 2, 300, None), (129, 2, 300, 128), (17, 64, 0, None))]
+        for name in WGMMA_VARIANTS:  # the variants timed beside the default
+            cases += [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=4096 + 37, dtype="bfloat16",
+                           repeats=1, variant=name) for h in (8, 64)]
             cases.append(dict(kernel="verify_attention_batched[wgmma]", nodes=33, heads=8,
-                              prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1, options=opts))
+                              prefix=[0, 5000, 70, 20000], dtype="bfloat16", repeats=1, variant=name))
     cases += [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=4096 + 37, dtype="bfloat16", repeats=2),
         dict(kernel="verify_attention", nodes=65, heads=8, prefix=3000, dtype="bfloat16", repeats=2),
@@ -710,8 +730,9 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
     ``verify_attention_naive``, ``verify_attention_sdpa``),
     ``nodes``, ``heads``, ``prefix`` (int, or a list for the batched kernel),
     ``dtype`` (``"bfloat16"``/``"float32"``), ``repeats`` (random cases), optionally
-    ``chunk_len`` (keys per thread block, passed to the kernel) and ``options`` (``-D``
-    options of the kernel build, a tuning variant; CUDA tensors only).
+    ``chunk_len`` (keys per thread block, passed to the kernel), ``options`` (``-D``
+    options of the kernel build, a tuning variant) and ``variant`` (a name of
+    :data:`WGMMA_VARIANTS`); the last two on CUDA tensors only.
     ``None`` takes :func:`default_parity_cases`. Outputs are poisoned (NaN)
     before each run and every element is checked. Returns rows
     ``{kernel, shapes, cases, max_abs_err, max_rel_err, lse_max_abs_err,
@@ -737,6 +758,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
             extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
             if case.get("options"):  # -D options of the kernel build (tuning variants; CUDA only)
                 extra["_options"] = tuple(case["options"])
+            if case.get("variant"):  # a named variant of WGMMA_VARIANTS (CUDA only)
+                extra.update({k: v for k, v in WGMMA_VARIANTS[case["variant"]].items() if k != "impl"})
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
@@ -770,7 +793,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
         p = case["prefix"]
         pstr = f"P={p}" if isinstance(p, (int, np.integer)) else f"B={len(p)} P={list(p)}"
         cstr = (f" chunk={case['chunk_len']}" if case.get("chunk_len") else "") + \
-            (f" {' '.join(case['options'])}" if case.get("options") else "")
+            (f" {' '.join(case['options'])}" if case.get("options") else "") + \
+            (f" [{case['variant']}]" if case.get("variant") else "")
         rows.append(dict(kernel=kernel,
                          shapes=f"T={case['nodes']} H={case['heads']} {pstr} {dtype}{cstr}",
                          cases=n, max_abs_err=max_abs, max_rel_err=max_rel,
@@ -804,9 +828,14 @@ _PEERS = {"naive_torch": verify_attention_naive, "sdpa_dense_mask": verify_atten
 
 # -D variants of the wgmma kernel that ``--variants`` may name (timed beside the default in one process)
 WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
-    # warpgroup 0 alone computes S for all 64 keys of a tile (m64n64k16): Q is read from shared memory
-    # once per tile instead of once per warpgroup, and the row maxima need no exchange
-    "wgmma_s1": {"impl": "wgmma", "_options": ("-DVERIFY_WG_S1=1",)},
+    # the default of 5de266b..1e272c7: each warpgroup its 32-key half of S and a row-max exchange, the
+    # prepare launch, the two-pass merge
+    "wgmma_5de266b": {"impl": "wgmma", "_options": ("-DVERIFY_WG_S1=0",), "_prepare": True,
+                      "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
+    # + S by warpgroup 0 alone (VERIFY_WG_S1, m64n64k16)
+    "s1_prepare_merge1": {"impl": "wgmma", "_prepare": True, "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
+    # + no prepare launch for one request (T <= 128); the default adds the one-pass merge
+    "s1_merge1": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
 }
 
 
@@ -856,6 +885,41 @@ def _time_rotating(fns: Sequence[Any], reps: int, warmup: int, graph: bool) -> t
     return samples, mode
 
 
+def _time_pipelined(fns: Sequence[Any], reps: int, per_sample: int = 10) -> list[float]:
+    """CUDA-event samples (ms per call) of ``per_sample`` CUDA-graph replays issued back to back
+    (``fns`` rotated): the GPU stays busy, so the host's graph-launch latency overlaps the previous
+    replay, as it does when a verify step runs inside a longer stream of work."""
+    import torch
+
+    graphs = _capture(fns)
+    for g in graphs[:3]:
+        g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for i in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for j in range(per_sample):
+            graphs[(i * per_sample + j) % len(graphs)].replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / per_sample)
+    return out
+
+
+def graph_launch_floor(reps: int = 200) -> dict[str, Any]:
+    """Replay time (ms, median; samples) of a CUDA graph holding one minimal kernel node (a one-element
+    add), timed as the benchmark times a verify call: what any one-graph call costs at least."""
+    import torch
+
+    from workbench.measure import median
+
+    x = torch.zeros(1, device="cuda")
+    s, mode = _time_rotating([lambda: x.add_(1.0)], reps, 5, graph=True)
+    return {"median_ms": median(s), "mode": mode, "samples_ms": s}
+
+
 def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                      prefixes: Sequence[int] = (4096, 16384, 65536, 131072), dtype: Any = "bfloat16",
                      out: Any = None, reps: int = 50, peer_reps: int = 10,
@@ -875,8 +939,12 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     :func:`verify_floor` with the copy bandwidth and bf16 matrix rate measured
     in this process; percent of floor and the speedup over the best peer.
     ``out``: a folder to write ``ddtree_verify.json`` into; ``on_point``: called
-    with the results so far (``complete`` False) after every point. Returns the
-    results dict (raw samples under ``samples``, ``complete`` True).
+    with the results so far (``complete`` False) after every point. The kernel and
+    its variants are also timed back to back (``pipelined_ms``: ten graph replays
+    per sample, per call), and the replay time of a graph of one minimal kernel
+    node is recorded (``graph_launch_floor_ms``): the part of every headline time
+    that is the graph launch itself. Returns the results dict (raw samples under
+    ``samples``, ``complete`` True).
     """
     import torch
 
@@ -889,12 +957,14 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     dname = str(dt).replace("torch.", "")
     bw = measure_copy_bandwidth()
     mm = measure_bf16_matmul_tflops()
+    floor_graph = graph_launch_floor()
     l2 = 60 << 20
     points, samples = [], {}
     flex_reason = None
 
     def _results(pts):
         return dict(points=pts, copy_gb_per_s=bw["gb_per_s"], bf16_matmul_tflops=mm["tflops"],
+                    graph_launch_floor_ms=floor_graph["median_ms"],
                     goal="faster than every peer at every point and >= 50% of floor",
                     all_faster_than_peers=all(p["faster_than_all_peers"] for p in pts),
                     min_percent_of_floor=min(p["percent_of_floor"] for p in pts) if pts else None,
@@ -902,7 +972,8 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                                     reps=reps, peer_reps=peer_reps, peers=list(peers),
                                     variants={k: {a: list(b) if isinstance(b, tuple) else b for a, b in v.items()}
                                               for k, v in (variants or {}).items()}),
-                    samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"]))
+                    samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"],
+                                 graph_launch_floor_ms=floor_graph["samples_ms"]))
 
     for H in heads:
         for P in prefixes:
@@ -918,6 +989,8 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
 
             ks, kmode = _time_rotating(fns_for({}), reps, 5, graph=True)
             samples[key]["verify_attention"] = ks
+            kp = _time_pipelined(fns_for({}), reps)
+            samples[key]["verify_attention_pipelined"] = kp
             cur = {"i": 0}
             eager = time_cuda(lambda: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
                               setup=lambda i: cur.__setitem__("i", i % n_sets))
@@ -926,7 +999,9 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             for vname, kw in (variants or {}).items():
                 vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
                 samples[key][f"verify_attention[{vname}]"] = vs
-                var_res[vname] = {"median_ms": median(vs), "mode": vmode}
+                vp = _time_pipelined(fns_for(kw), reps)
+                samples[key][f"verify_attention[{vname}]_pipelined"] = vp
+                var_res[vname] = {"median_ms": median(vs), "mode": vmode, "pipelined_ms": median(vp)}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
             kmed = median(ks)
             peer_res = {}
@@ -958,7 +1033,8 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             best = min(ok) if ok else None
             points.append(dict(heads=H, nodes=nodes, prefix=P, dtype=dname, kv_sets=n_sets, mode=kmode,
                                impl=auto_impl(dt),
-                               median_ms=kmed, eager_median_ms=median(eager), variants=var_res,
+                               median_ms=kmed, eager_median_ms=median(eager), pipelined_ms=median(kp),
+                               variants=var_res,
                                floor_ms=fl["floor_ms"], floor_bound=fl["bound"],
                                percent_of_floor=100.0 * fl["floor_ms"] / kmed, bytes=fl["bytes"], flops=fl["flops"],
                                achieved_tflops=fl["flops"] / (kmed * 1e-3) / 1e12, peers=peer_res,
@@ -984,14 +1060,25 @@ def _write(results: dict[str, Any], out: Any):
 
 
 VERIFY_NOTES = (
-    "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups in "
-    "lockstep, 64 query rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch; unchanged since "
-    "5de266b). Variants in the same process: 'mma' = the mma.sync kernel (62fb1b2's design). (The ping-pong "
-    "kernels of version 7 were measured at 1e272c7 1.1-1.4x slower than the default and removed.) Peers: naive "
-    "torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs (eager_median_ms: the "
-    "default with Python launch overhead); floor = max(bytes / measured copy bandwidth, flops / measured bf16 "
-    "matmul rate); results.parity: rows against the float64 reference; results.sanitizer: compute-sanitizer logs "
-    "of the smoke cases; results.complete: false while the run was cut short.")
+    "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups, 64 query "
+    "rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch). Since this run's code: S of a tile "
+    "by warpgroup 0 alone (VERIFY_WG_S1, m64n64k16: Q read from shared memory once per tile, no row-max "
+    "exchange); the single-request form (T <= 128) without the prepare launch (prefix length as an argument, "
+    "ancestor masks built in shared memory by the blocks whose chunk reaches the tail); the merge's two passes "
+    "over the chunks' lse values fused into one and its weighted sum 8 loads deep (4 before). Variants in the same "
+    "process, a chain from the previous default to today's: 'wgmma_5de266b' = the default of 5de266b..1e272c7 "
+    "(-DVERIFY_WG_S1=0, prepare launch, -DVERIFY_MERGE_V1=1 merge); 's1_prepare_merge1' = + S1; 's1_merge1' = + no "
+    "prepare launch; the default = + one-pass merge; 'mma' = the mma.sync kernel (62fb1b2's design). PREDICTED "
+    "before the run (probe at d33d069: S1 alone 0.93-0.97x the old default's time from 16k up): per call, no "
+    "prepare launch saves 3-4 us (ncu: prepare 3.1-3.4 us) and the one-pass merge 1-2 us at H=8 (22-26 chunks), "
+    "under 1 us at H=64 (4 chunks): default about 25-26 us at H=8 4k and 66 us at H=64 4k; H=64 from 16k up "
+    "above 50% of floor, H=8 below 50% at every prefix (264 rows fill five 64-row blocks). pipelined_ms (ten "
+    "graph replays back to back per sample) removes most of the 10.5 us that a graph of one minimal node costs "
+    "when timed alone (graph_launch_floor_ms), so it is predicted about 8-10 us below median_ms at every point. "
+    "Peers: naive torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs "
+    "(eager_median_ms: the default with Python launch overhead); floor = max(bytes / measured copy bandwidth, "
+    "flops / measured bf16 matmul rate); results.parity: rows against the float64 reference; results.sanitizer: "
+    "compute-sanitizer logs of the smoke cases; results.complete: false while the run was cut short.")
 
 
 def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1001,7 +1088,8 @@ def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for p in res["points"]:
         row = dict(heads=p["heads"], nodes=p["nodes"], prefix=p["prefix"], kernel_ms=p["median_ms"],
-                   eager_ms=p.get("eager_median_ms"), floor_ms=p["floor_ms"], floor_bound=p["floor_bound"],
+                   eager_ms=p.get("eager_median_ms"), pipelined_ms=p.get("pipelined_ms"), floor_ms=p["floor_ms"],
+                   floor_bound=p["floor_bound"],
                    percent_of_floor=p["percent_of_floor"], achieved_tflops=p["achieved_tflops"])
         for name, v in p.get("variants", {}).items():
             row[f"{name}_ms"] = v["median_ms"]
@@ -1019,7 +1107,7 @@ def verify_table(results: dict[str, Any]) -> str:
     """Plain-text table of :func:`benchmark_verify` results (or of the committed measurement)."""
     res = results.get("results", results)
     variants = sorted({v for p in res["points"] for v in p.get("variants", {})})
-    lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'eager ms':>9} {'floor ms':>9} {'%floor':>7} "
+    lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'pipe ms':>8} {'eager ms':>9} {'floor ms':>9} {'%floor':>7} "
              + " ".join(f"{v + ' ms':>11}" for v in variants)
              + f" {'naive ms':>9} {'sdpa ms':>9} {'flex':>12} {'xbest':>6}"]
     for p in res["points"]:
@@ -1031,7 +1119,8 @@ def verify_table(results: dict[str, Any]) -> str:
         sp = p["speedup_vs_best_peer"]
         var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if v in p.get("variants", {}) else f"{'-':>11}"
                        for v in variants)
-        lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('eager_median_ms') or 0:>9.4f} "
+        lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('pipelined_ms') or 0:>8.4f} "
+                     f"{p.get('eager_median_ms') or 0:>9.4f} "
                      f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "
                      f"{pm('sdpa_dense_mask'):>9} {pm('flex_attention'):>12} {(f'{sp:.1f}x' if sp else '-'):>6}")
     return "\n".join(lines)
@@ -1093,12 +1182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also time the wgmma variants of the previous runs (wgmma_prefetch, wgmma_a26b7c4)")
     ap.add_argument("--variants", nargs="*", default=None,
                     help=f"time exactly these variants beside the default (names: {sorted(_named_variants())}); "
-                         "default: mma")
+                         "default: mma and WGMMA_VARIANTS")
     ap.add_argument("--peers", nargs="*", default=list(_PEERS),
                     help=f"peers to time (default: all of {list(_PEERS)}; none: --peers with no names)")
     ap.add_argument("--smoke", action="store_true", help="small parity cases only (for compute-sanitizer)")
     ap.add_argument("--smoke-only", default=None,
-                    help="with --smoke: only the cases whose kernel name or -D options hold this")
+                    help="with --smoke: only the cases whose kernel name, -D options or variant hold this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
     ap.add_argument("--sanitizer-logs", default=None,
                     help="folder with memcheck.log / racecheck.log of SANITIZER_COMMAND runs made before this one, "
@@ -1122,15 +1211,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for p in (0, 150)]
         cases += [dict(kernel=f"verify_attention_batched[{t}]", nodes=9, heads=8, prefix=[0, 70, 130],
                        dtype="bfloat16", repeats=1) for t in ("wgmma", "mma")]
-        # the wgmma kernel's -D variants: several tiles per chunk, the tail split across chunks, batched
-        for name, kw in WGMMA_VARIANTS.items():
-            opts = list(kw["_options"])
+        # the default's single-request form without the prepare launch: many nodes per block, nodes split
+        # across blocks, the tail split across chunks
+        cases += [dict(kernel="verify_attention[wgmma]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
+                       chunk_len=c) for n, h, p, c in ((70, 1, 200, None), (40, 3, 300, 64), (9, 8, 300, 128))]
+        # the variants timed beside the default
+        for name in WGMMA_VARIANTS:
             cases += [dict(kernel="verify_attention[wgmma]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
-                           repeats=1, chunk_len=c, options=opts) for p, c in ((0, None), (150, None), (300, 128))]
+                           repeats=1, chunk_len=c, variant=name) for p, c in ((0, None), (300, 128))]
             cases += [dict(kernel="verify_attention_batched[wgmma]", nodes=9, heads=8, prefix=[0, 70, 130],
-                           dtype="bfloat16", repeats=1, chunk_len=64, options=opts)]
+                           dtype="bfloat16", repeats=1, chunk_len=64, variant=name)]
         if args.smoke_only:
-            cases = [c for c in cases if args.smoke_only in " ".join([c["kernel"], *c.get("options", ())])]
+            cases = [c for c in cases if args.smoke_only in " ".join([c["kernel"], *c.get("options", ()),
+                                                                      c.get("variant", "")])]
         rows = verify_parity_rows(cases, dev)
         print(_rows_table(rows))
         print("SMOKE", "PASS" if all(r["pass"] for r in rows) else "FAIL")
@@ -1150,6 +1243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = {v: _named_variants()[v] for v in args.variants}
     elif not args.no_mma_variant and auto_impl("bfloat16") == "wgmma":
         variants["mma"] = {"impl": "mma"}  # the previous kernel, same process
+        variants.update(WGMMA_VARIANTS)  # the previous default and the steps from it to today's
         if args.old_wgmma_variants:
             variants["wgmma_prefetch"] = {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)}
             # the wgmma kernel as measured in a26b7c4: block-wide row-max barrier, O rescaled every tile

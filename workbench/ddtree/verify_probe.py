@@ -160,13 +160,17 @@ def probe_table(results: dict[str, Any]) -> str:
 
 
 def _parse_variants(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``name=-DX=1,-DY=0`` -> {name: {"_options": (...)}}; a bare ``default`` -> {}."""
+    """``name=-DX=1,-DY=0`` -> {name: {"_options": (...)}}; a bare name of ``verify.WGMMA_VARIANTS`` -> its
+    keywords; any other bare name (``default``) -> {}."""
     out: dict[str, dict[str, Any]] = {}
     for spec in specs:
         name, _, opts = spec.partition("=")
         if not name:
             raise SystemExit(f"bad variant {spec!r}: want NAME or NAME=-DX=1,-DY=2")
-        out[name] = {"_options": tuple(o for o in opts.split(",") if o)} if opts else {}
+        if opts:
+            out[name] = {"_options": tuple(o for o in opts.split(",") if o)}
+        else:
+            out[name] = dict(V.WGMMA_VARIANTS.get(name, {}))
     return out
 
 
@@ -175,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="folder for ddtree_verify_probe.json (default: data/measurements/<gpu>)")
     ap.add_argument("--points", nargs="+", default=["8:4096", "8:131072", "64:4096", "64:131072"],
                     help="H:P points of the breakdown")
-    ap.add_argument("--variants", nargs="+", default=["default"], help="NAME or NAME=-DX=1,-DY=2 (kernel -D options)")
+    ap.add_argument("--variants", nargs="+", default=["default"],
+                    help="NAME=-DX=1,-DY=2 (kernel -D options), a name of verify.WGMMA_VARIANTS, or default")
     ap.add_argument("--sweep", nargs="*", default=["8:4096:128,256,384,512,1024", "8:16384:384,1024,2048",
                                                      "64:4096:256,512,2112,4160"],
                     help="H:P:chunk,chunk,... (the planner's choice is always added)")

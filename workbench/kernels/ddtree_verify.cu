@@ -487,7 +487,8 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 //   sK  2 stages x 9 blocks x [64 keys x 128 B]       147,456
 //   sP  [64 rows x 64 keys] bf16                         8,192
 //   red 4 x 64 floats                                    1,024
-//   alignment slack                                      1,024   (total 231,424)
+//   svis (single-request form only) ancestor masks       1,024
+//   alignment slack                                      1,024   (total 232,448)
 // Per key tile, warpgroup g:
 //   S[:, 32g..32g+32) = Q K^T       wgmma m64n32k16 x 36 (A = Q, B = K tile, both K-major)
 //   row maxima exchanged through `red`, P = exp2(S - m) as bf16 into sP, O rescaled
@@ -496,7 +497,7 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 // The next tile's cp.async gather (slot indices read a tile ahead, 1152-byte rows) runs under both
 // phases of the current tile.
 
-#define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024)
+#define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024 + 1024)
 #ifndef VERIFY_WG_PREFETCH
 #define VERIFY_WG_PREFETCH 0  // 1: read the next tile's slot indices a tile ahead (tuning variant)
 #endif
@@ -516,8 +517,8 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #define VERIFY_WG_LOAD_FIRST 0  // 1: issue the next tile's gather before the S wgmmas (tuning variant)
 #endif
 #ifndef VERIFY_WG_S1
-#define VERIFY_WG_S1 0  // 1: warpgroup 0 alone computes S for all 64 keys (m64n64k16), no row-max exchange
-#endif
+#define VERIFY_WG_S1 1  // 1: warpgroup 0 alone computes S for all 64 keys (m64n64k16), no row-max exchange
+#endif                   // 0: each warpgroup its 32-key half (m64n32k16) and a row-max exchange (5de266b)
 #ifndef VERIFY_V_LBO
 #define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
@@ -606,8 +607,13 @@ __device__ __forceinline__ void wgmma_m64n256_ss_tb(float* d, unsigned long long
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// Single-request form without the prepare launch (chunk_start == nullptr): offsets, vis and chunk_start
+// are not read; the request's prefix is slots[0, p_single), the grid's chunk g covers keys
+// [g * chunk_len, ...), and a block whose chunk reaches the tree tail builds the ancestor masks of its
+// own nodes from `parents` [T] in shared memory (the caller keeps (nodes of a block) x W <= 256 words:
+// T <= 128). Otherwise p_single and parents are unused.
 extern "C" __global__ void __launch_bounds__(256, 1)
-ddtree_verify_wgmma_bf16(TC_ARGS) {
+ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(smem);
@@ -617,10 +623,24 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
     const u32 sP_a = sK_a + 2 * SK_BYTES;
     unsigned char* sP = smem + pad + SQ_BYTES + 2 * SK_BYTES;
     float* red = reinterpret_cast<float*>(sP + SP_BYTES);
+    u32* svis = reinterpret_cast<u32*>(red + 256);
 
     const int g = blockIdx.y;
-    if (g >= chunk_start[B]) return;
-    const ChunkWork cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+    const bool single = chunk_start == nullptr;
+    ChunkWork cw;
+    if (single) {
+        if (g >= (int)((p_single + T + chunk_len - 1) / chunk_len)) return;
+        cw.b = 0;
+        cw.off_b = 0;
+        cw.P = (int)p_single;
+        cw.M = T * H;
+        cw.row0 = blockIdx.x * MMA_ROWS;
+        cw.key_begin = g * chunk_len;
+        cw.key_end = min(cw.key_begin + chunk_len, cw.P + T);
+    } else {
+        if (g >= chunk_start[B]) return;
+        cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+    }
     const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
     const long long off_b = cw.off_b;
     const int ntiles = (key_end - key_begin + MMA_KEYS - 1) / MMA_KEYS;
@@ -673,6 +693,34 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
     for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
     load_tile(next_src, 0);
     cp_async_commit();
+    // single-request form: ancestor masks of this block's nodes (node_lo..) when its chunk reaches the
+    // tail; parents staged in sP (free until the first softmax) and walked there, under the loads above
+    const int node_lo = row0 / H;
+    const bool own_vis = single && key_end > P;  // block-uniform
+    if (own_vis) {
+        int* spar = reinterpret_cast<int*>(sP);
+        const int n_nodes = min(T - 1, (row0 + MMA_ROWS - 1) / H) - node_lo + 1;
+        for (int i = tid; i < T; i += 256) spar[i] = (int)parents[i];
+        for (int i = tid; i < n_nodes * W; i += 256) svis[i] = 0u;
+        __syncthreads();
+        if (tid < n_nodes) {
+            u32* row = svis + tid * W;
+            int cur = node_lo + tid;
+            for (int steps = 0; cur >= 0 && steps <= T; ++steps) {
+                row[cur >> 5] |= 1u << (cur & 31);
+                const int p = spar[cur];
+                if (p >= cur) break;  // invalid tree (checked on the host when asked)
+                cur = p;
+            }
+        }
+        __syncthreads();  // svis visible, sP free again
+    }
+    // tail key t visible to the query rows of node `node`?
+    auto visible = [&](int node, int t) -> bool {
+        if (node >= T) return true;  // padding row: anything finite
+        if (own_vis) return (svis[(node - node_lo) * W + (t >> 5)] >> (t & 31)) & 1u;
+        return tail_visible(vis, b, T, W, node, t);
+    };
 #if VERIFY_WG_PREFETCH
 #pragma unroll
     for (int k = 0; k < KPT; ++k) next_src[k] = ntiles > 1 ? row_src(1, k) : nullptr;
@@ -744,7 +792,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
                         const int key = kt0 + 8 * j + 2 * tq + (c & 1);
                         const int row = row0 + r_lo + 8 * (c >> 1);
                         bool ok = key < key_end;
-                        if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
+                        if (ok && key >= P) ok = visible(row / H, key - P);
                         if (!ok) v = NEG_INF;
                     }
                     s[4 * j + c] = v;
@@ -850,7 +898,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS) {
                     const int key = kt0 + 32 * wg + 8 * j + 2 * tq + (c & 1);
                     const int row = row0 + r_lo + 8 * (c >> 1);
                     bool ok = key < key_end;
-                    if (ok && key >= P) ok = tail_visible(vis, b, T, W, row / H, key - P);
+                    if (ok && key >= P) ok = visible(row / H, key - P);
                     if (!ok) v = NEG_INF;
                 }
                 s[4 * j + c] = v;
@@ -1102,10 +1150,12 @@ extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_bf16(SIMP
 // ---------------------------------------------------------------- merge of the chunk partials
 //
 // One block of 128 threads per query row (b, r); thread owns 4 output dims. The chunks' lse
-// values are read in parallel (one chunk per thread, block reductions for max and sum), the
-// weights staged in shared memory, and the weighted sum runs 4 chunks deep so that several
-// 16-byte loads are in flight per thread (the first version walked the chunks one dependent
-// load at a time: 8.9 us for 264 rows x 26 chunks on the H200).
+// values are read in parallel (one chunk per thread) in one pass: a running (max, sum) pair per
+// thread, combined across the warp and the block (VERIFY_MERGE_V1: the previous two passes, max
+// then sum, each with its own block reduction). The weights are staged in shared memory, and the
+// weighted sum runs 8 chunks deep (V1: 4) so that several 16-byte loads are in flight per thread
+// (the first version walked the chunks one dependent load at a time: 8.9 us for 264 rows x 26
+// chunks on the H200).
 
 #define MERGE_THREADS 128
 
@@ -1126,28 +1176,67 @@ __device__ __forceinline__ float block_sum128(float v, float* sh) {
     return (sh[0] + sh[1]) + (sh[2] + sh[3]);
 }
 
+#ifndef VERIFY_MERGE_V1
+#define VERIFY_MERGE_V1 0  // 1: the previous merge (two passes over the lse values, weighted sum 4 deep)
+#endif
+
+// (m, s) pairs: s * 2^... as sum of exp(lse - m); combined without overflow
+__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
+    const float mx = fmaxf(m, m2);
+    if (mx == NEG_INF) return;
+    s = (m == NEG_INF ? 0.f : s * expf(m - mx)) + (m2 == NEG_INF ? 0.f : s2 * expf(m2 - mx));
+    m = mx;
+}
+
 template <typename TOut>
 __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                              const int* __restrict__ chunk_start, TOut* __restrict__ out,
-                                             float* __restrict__ lse_out, int B, int M) {
-    __shared__ float sh[4];
+                                             float* __restrict__ lse_out, int B, int M, int n_single) {
+    __shared__ float sh[8];
     __shared__ float sw[MERGE_THREADS];
     const long long row = blockIdx.x;
     if (row >= (long long)B * M) return;
     const int b = (int)(row / M);
     const int r = (int)(row % M);
-    const int c0 = chunk_start[b], c1 = chunk_start[b + 1];
+    // chunk_start == nullptr: one request whose n_single chunks start at 0 (no prepare launch)
+    const int c0 = chunk_start ? chunk_start[b] : 0, c1 = chunk_start ? chunk_start[b + 1] : n_single;
     const int tid = threadIdx.x;
+#if VERIFY_MERGE_V1
     float mx = NEG_INF;
     for (int c = c0 + tid; c < c1; c += MERGE_THREADS) mx = fmaxf(mx, lse_part[(long long)c * M + r]);
     mx = block_max128(mx, sh);
     float lse = NEG_INF;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (mx != NEG_INF) {
         float sum = 0.f;
         for (int c = c0 + tid; c < c1; c += MERGE_THREADS) sum += expf(lse_part[(long long)c * M + r] - mx);
         sum = block_sum128(sum, sh);
         lse = mx + logf(sum);
+    }
+    constexpr int kDeep = 4;
+#else
+    // one pass over the chunks' lse values: running (max, sum) per thread, then per warp and block
+    float mx = NEG_INF, sum = 0.f;
+    for (int c = c0 + tid; c < c1; c += MERGE_THREADS) lse_combine(mx, sum, lse_part[(long long)c * M + r], 1.f);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, sum, o);
+        lse_combine(mx, sum, m2, s2);
+    }
+    if ((tid & 31) == 0) {
+        sh[tid >> 5] = mx;
+        sh[4 + (tid >> 5)] = sum;
+    }
+    __syncthreads();
+    mx = sh[0];
+    sum = sh[4];
+#pragma unroll
+    for (int w = 1; w < MERGE_THREADS / 32; ++w) lse_combine(mx, sum, sh[w], sh[4 + w]);
+    const float lse = mx == NEG_INF ? NEG_INF : mx + logf(sum);
+    constexpr int kDeep = 8;
+#endif
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (lse != NEG_INF) {
         for (int base = c0; base < c1; base += MERGE_THREADS) {
             const int n = min(MERGE_THREADS, c1 - base);
             __syncthreads();  // previous batch of weights consumed
@@ -1159,12 +1248,12 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
             const float4* src = reinterpret_cast<const float4*>(o_part + ((long long)base * M + r) * DV) + tid;
             const long long step = (long long)M * (DV / 4);  // float4s between chunks
             int k = 0;
-            for (; k + 4 <= n; k += 4) {
-                float4 v[4];
+            for (; k + kDeep <= n; k += kDeep) {  // kDeep independent 16-byte loads in flight per thread
+                float4 v[kDeep];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) v[u] = sw[k + u] != 0.f ? src[(k + u) * step] : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int u = 0; u < kDeep; ++u) v[u] = sw[k + u] != 0.f ? src[(k + u) * step] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
+                for (int u = 0; u < kDeep; ++u) {
                     const float w = sw[k + u];
                     acc.x = fmaf(w, v[u].x, acc.x);
                     acc.y = fmaf(w, v[u].y, acc.y);
@@ -1194,12 +1283,12 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
 extern "C" __global__ void __launch_bounds__(128)
 ddtree_verify_merge_f32(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                         const int* __restrict__ chunk_start, float* __restrict__ out, float* __restrict__ lse_out,
-                        int B, int M) {
-    verify_merge<float>(o_part, lse_part, chunk_start, out, lse_out, B, M);
+                        int B, int M, int n_single) {
+    verify_merge<float>(o_part, lse_part, chunk_start, out, lse_out, B, M, n_single);
 }
 extern "C" __global__ void __launch_bounds__(128)
 ddtree_verify_merge_bf16(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                          const int* __restrict__ chunk_start, bf16_t* __restrict__ out, float* __restrict__ lse_out,
-                         int B, int M) {
-    verify_merge<bf16_t>(o_part, lse_part, chunk_start, out, lse_out, B, M);
+                         int B, int M, int n_single) {
+    verify_merge<bf16_t>(o_part, lse_part, chunk_start, out, lse_out, B, M, n_single);
 }
