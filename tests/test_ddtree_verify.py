@@ -255,12 +255,14 @@ def test_probe_helpers():
     with pytest.raises(SystemExit):
         VP._parse_variants(["=-DA=1"])
     res = {"breakdown": [{"heads": 8, "prefix": 4096, "points": {"default": dict(prepare=0.01, attention=0.02,
-                                                                                 merge=0.01, sum=0.04, call=0.03)}}],
+                                                                                 merge=0.01, sum=0.04, call=0.03),
+                                                                 "noprep": dict(prepare=None, attention=0.02,
+                                                                                merge=0.01, sum=0.03, call=0.025)}}],
            "minimal_nodes": {"nodes_1_ms": 0.0105, "nodes_3_ms": 0.0105},
            "chunk_sweep": [dict(heads=8, prefix=4096, chunk_len=192, planner=True, row_blocks=5, chunks=22,
                                 tiles_per_block=3, median_ms=0.031)]}
     text = VP.probe_table(res)
-    assert "0.0300" in text and "(planner)" in text and "minimal node 0.0105" in text
+    assert "0.0300" in text and "0.0250" in text and "(planner)" in text and "minimal node 0.0105" in text
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -11,7 +11,9 @@
 #      (speed of light, warp states, scheduler, memory) of the attention kernel at $NCU_POINTS -> $OUT/ncu.txt.
 # MODE=final (about 4 minutes): the gpu tests of verify; memcheck of every smoke case and racecheck of
 #   the wgmma ones in parallel; then alone the parity grid + benchmark with peers and variants
-#   ($BENCH_VARIANTS) -> $OUT/ddtree_verify.json, rewritten after every point.
+#   ($BENCH_VARIANTS, default: mma and verify.WGMMA_VARIANTS) -> $OUT/ddtree_verify.json, rewritten after
+#   every point; then the probe breakdown at $FINAL_POINTS for the default, the previous default and the
+#   diagnostic builds (gathers alone, compute alone) -> $OUT/ddtree_verify_probe.json.
 set -u
 OUT=${OUT:-out}
 MODE=${MODE:-probe}
@@ -19,6 +21,7 @@ SMOKE=${SMOKE:-wgmma}                       # probe: smoke cases under the sanit
 TESTS=${TESTS:-}                            # probe: gpu tests selected with -k (empty: all of verify's)
 PROBE_VARIANTS=${PROBE_VARIANTS:-wgmma_5de266b s1_prepare_merge1 s1_merge1}
 NCU_POINTS=${NCU_POINTS:-64:16384 8:131072}
+FINAL_POINTS=${FINAL_POINTS:-8:4096 8:16384 8:131072 64:4096 64:16384 64:131072}  # final: probe breakdown
 WHL=${WHL:-../../.whl}
 mkdir -p "$OUT/san"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHL"/*.whl >/dev/null 2>&1
@@ -60,11 +63,16 @@ san racecheck "wgmma" &
   echo "pytest rc=$?" >> "$OUT/gpu_tests.txt"
 ) &
 wait
-timeout "${BENCH_T:-150}" python3 -m workbench.ddtree.verify --out "$OUT" --reps "${REPS:-30}" \
+timeout "${BENCH_T:-200}" python3 -m workbench.ddtree.verify --out "$OUT" --reps "${REPS:-30}" \
   --peer-reps "${PEER_REPS:-5}" --sanitizer-logs "$OUT/san" ${BENCH_VARIANTS:+--variants $BENCH_VARIANTS} \
   > "$OUT/bench.txt" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.txt"
+timeout "${PROBE_T:-90}" python3 -m workbench.ddtree.verify_probe --out "$OUT" --sweep --points $FINAL_POINTS \
+  --variants default wgmma_5de266b diag_gather=-DVERIFY_WG_DIAG=1 diag_compute=-DVERIFY_WG_DIAG=2 \
+  > "$OUT/probe.txt" 2>&1
+echo "probe rc=$?" >> "$OUT/probe.txt"
 echo "== gpu tests"; tail -4 "$OUT/gpu_tests.txt"
 echo "== sanitizers"; grep -hE "SUMMARY|SMOKE|exit=|command" "$OUT/san/memcheck.log" "$OUT/san/racecheck.log"
 echo "== parity (failed rows)"; grep -E " False$" "$OUT/bench.txt" | head -20; grep -E "^parity:" "$OUT/bench.txt"
 echo "== bench"; tail -12 "$OUT/bench.txt"
+echo "== probe"; tail -26 "$OUT/probe.txt"

@@ -30,10 +30,11 @@ __all__ = ["record_launches", "launch_breakdown", "chunk_sweep", "probe_table"]
 _STAGES = ("prepare", "attention", "merge")
 
 
-def record_launches(inputs: dict[str, Any], **kw) -> list[tuple]:
+def record_launches(inputs: dict[str, Any], **kw) -> dict[str, tuple]:
     """Run ``verify_attention(**inputs, check=False, **kw)`` once (CUDA tensors) and return its
-    launches in order as ``(kernel, grid, block, args, shared_mem)`` tuples; the tuples keep the
-    workspace tensors alive, so each launch can be replayed alone afterwards."""
+    launches as ``{stage: (kernel, grid, block, args, shared_mem)}`` (stages ``prepare`` (absent in the
+    single-request form without it), ``attention``, ``merge``); the tuples keep the workspace tensors
+    alive, so each launch can be replayed alone afterwards."""
     from workbench.kernels import launch
 
     rec: list[tuple] = []
@@ -48,9 +49,9 @@ def record_launches(inputs: dict[str, Any], **kw) -> list[tuple]:
         V.verify_attention(**inputs, check=False, **kw)
     finally:
         V._launch = real
-    if len(rec) != len(_STAGES):
-        raise RuntimeError(f"expected {len(_STAGES)} launches (prepare, attention, merge), recorded {len(rec)}")
-    return rec
+    if len(rec) not in (2, 3):
+        raise RuntimeError(f"expected 2 or 3 launches ([prepare,] attention, merge), recorded {len(rec)}")
+    return dict(zip(_STAGES[3 - len(rec):], rec))
 
 
 def _replay_ms(fns: Sequence[Any], reps: int) -> list[float]:
@@ -76,7 +77,8 @@ def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[st
     """Replay times (ms, medians) of each launch of one call alone and of the whole call.
 
     ``variants``: name -> keyword arguments of :func:`verify_attention` (default ``{"default": {}}``).
-    Returns ``{"points": {variant: {"prepare", "attention", "merge", "sum", "call"} medians},
+    Returns ``{"points": {variant: {"prepare" (None without that launch), "attention", "merge", "sum",
+    "call"} medians},
     "samples": {...}}``."""
     from workbench.kernels import launch
     from workbench.measure import median
@@ -87,16 +89,19 @@ def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[st
     samples: dict[str, Any] = {}
     for name, kw in variants.items():
         recs = [record_launches(st, **kw) for st in sets]
-        per: dict[str, float] = {}
-        for i, stage in enumerate(_STAGES):
-            fns = [lambda r=r[i]: launch(r[0], r[1], r[2], r[3], shared_mem=r[4]) for r in recs]
+        per: dict[str, float | None] = {}
+        for stage in _STAGES:
+            if stage not in recs[0]:
+                per[stage] = None  # no such launch (single request without prepare)
+                continue
+            fns = [lambda r=r[stage]: launch(r[0], r[1], r[2], r[3], shared_mem=r[4]) for r in recs]
             s = _replay_ms(fns, reps)
             samples[f"{name}.{stage}"] = s
             per[stage] = median(s)
         s = _replay_ms([lambda st=st: V.verify_attention(**st, check=False, **kw) for st in sets], reps)
         samples[f"{name}.call"] = s
         per["call"] = median(s)
-        per["sum"] = sum(per[k] for k in _STAGES)
+        per["sum"] = sum(per[k] or 0.0 for k in _STAGES)
         res[name] = per
     return {"heads": heads, "prefix": prefix, "nodes": nodes, "kv_sets": len(sets), "points": res,
             "samples": samples}
@@ -142,11 +147,12 @@ def chunk_sweep(heads: int, prefix: int, chunk_lens: Sequence[int | None], nodes
 
 def probe_table(results: dict[str, Any]) -> str:
     """Plain-text table of the breakdown and the chunk sweep."""
-    lines = [f"{'H':>3} {'P':>7} {'variant':<14} {'prepare':>8} {'attn':>8} {'merge':>8} {'sum':>8} {'call':>8}  (ms)"]
+    lines = [f"{'H':>3} {'P':>7} {'variant':<18} {'prepare':>8} {'attn':>8} {'merge':>8} {'sum':>8} {'call':>8}  (ms)"]
     for b in results.get("breakdown", []):
         for name, v in b["points"].items():
-            lines.append(f"{b['heads']:>3} {b['prefix']:>7} {name:<14} {v['prepare']:>8.4f} {v['attention']:>8.4f} "
-                         f"{v['merge']:>8.4f} {v['sum']:>8.4f} {v['call']:>8.4f}")
+            cells = " ".join(f"{v[k]:>8.4f}" if v[k] is not None else f"{'-':>8}"
+                             for k in ("prepare", "attention", "merge", "sum", "call"))
+            lines.append(f"{b['heads']:>3} {b['prefix']:>7} {name:<18} {cells}")
     mn = results.get("minimal_nodes")
     if mn:
         lines.append(f"graph of 1 minimal node {mn['nodes_1_ms']:.4f} ms, of 3 nodes {mn['nodes_3_ms']:.4f} ms")
@@ -231,10 +237,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 PROBE_NOTES = (
-    "Breakdown of one verify_attention call (bf16, 33 nodes) into its three launches, each captured alone in a "
-    "CUDA graph and replayed (KV rotated over several input sets, as the benchmark does); 'call' is the whole call "
-    "as one graph, 'sum' the three alone added; minimal_nodes: a graph of 1 and of 3 one-element adds. "
-    "chunk_sweep: whole-call times over chunk lengths (keys per thread block; planner = the default choice).")
+    "Breakdown of one verify_attention call (bf16, 33 nodes) into its launches, each captured alone in a CUDA graph "
+    "and replayed (KV rotated over several input sets, as the benchmark does); 'call' is the whole call as one graph, "
+    "'sum' the launches alone added (prepare null: the single-request form without that launch); minimal_nodes: a "
+    "graph of 1 and of 3 one-element adds. chunk_sweep: whole-call times over chunk lengths (keys per thread block; "
+    "planner = the default choice). Diagnostic builds (timing only, wrong outputs): -DVERIFY_WG_DIAG=1 the tile "
+    "gathers alone (no S, softmax or P.V), -DVERIFY_WG_DIAG=2 the compute alone (no tile gathered after the first). "
+    "PREDICTED before the run at e95fa7b+ (per 64-key tile, from the difference of 16k and 128k): the default about "
+    "2.6 us; gathers alone 1.5-2.0 us (more if the L2 to SM path is the limit); compute alone 1.6-1.9 us; the sum of "
+    "the two above the default (they overlap in part).")
 
 
 if __name__ == "__main__":

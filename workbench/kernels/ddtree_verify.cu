@@ -519,6 +519,9 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_S1
 #define VERIFY_WG_S1 1  // 1: warpgroup 0 alone computes S for all 64 keys (m64n64k16), no row-max exchange
 #endif                   // 0: each warpgroup its 32-key half (m64n32k16) and a row-max exchange (5de266b)
+#ifndef VERIFY_WG_DIAG
+#define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
+#endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
 #ifndef VERIFY_V_LBO
 #define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
@@ -729,7 +732,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     // Gather tile it+1 into the other stage (with VERIFY_WG_PREFETCH, its slot rows were read a tile
     // earlier and tile it+2's are read now); issued before or after S(it) by VERIFY_WG_LOAD_FIRST.
     auto gather_next = [&](int it) {
-        if (it + 1 < ntiles) {
+        if (it + 1 < ntiles && VERIFY_WG_DIAG != 2) {
 #if VERIFY_WG_PREFETCH
             load_tile(next_src, (it + 1) & 1);
             cp_async_commit();
@@ -762,6 +765,10 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         fence_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
         __syncthreads();     // (X)
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
+#if VERIFY_WG_DIAG == 1
+        gather_next(it);
+        continue;
+#endif
 
 #if VERIFY_WG_S1
         // ---- S[64 x 64] by warpgroup 0 alone (m64n64k16 x 36: Q read once per tile from shared memory,
