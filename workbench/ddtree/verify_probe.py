@@ -243,9 +243,7 @@ PROBE_NOTES = (
     "graph of 1 and of 3 one-element adds. chunk_sweep: whole-call times over chunk lengths (keys per thread block; "
     "planner = the default choice). Diagnostic builds (timing only, wrong outputs): -DVERIFY_WG_DIAG=1 the tile "
     "gathers alone (no S, softmax or P.V), -DVERIFY_WG_DIAG=2 the compute alone (no tile gathered after the first). "
-    "PREDICTED before the run at e95fa7b+ (per 64-key tile, from the difference of 16k and 128k): the default about "
-    "2.6 us; gathers alone 1.5-2.0 us (more if the L2 to SM path is the limit); compute alone 1.6-1.9 us; the sum of "
-    "the two above the default (they overlap in part).")
+    "Per 64-key tile = (attention at 128k - attention at 16k) / (tiles per block at 128k - at 16k).")
 
 
 if __name__ == "__main__":
