@@ -68,7 +68,7 @@ timeout "${BENCH_T:-200}" python3 -m workbench.ddtree.verify --out "$OUT" --reps
   > "$OUT/bench.txt" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.txt"
 timeout "${PROBE_T:-90}" python3 -m workbench.ddtree.verify_probe --out "$OUT" --sweep --points $FINAL_POINTS \
-  --variants default ${PROBE_PREV:-wgmma_0929e2e} diag_gather=-DVERIFY_WG_DIAG=1 diag_compute=-DVERIFY_WG_DIAG=2 \
+  --variants default wgmma_5de266b diag_gather=-DVERIFY_WG_DIAG=1 diag_compute=-DVERIFY_WG_DIAG=2 \
   > "$OUT/probe.txt" 2>&1
 echo "probe rc=$?" >> "$OUT/probe.txt"
 echo "== gpu tests"; tail -4 "$OUT/gpu_tests.txt"

@@ -834,11 +834,8 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
                       "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
     # + S by warpgroup 0 alone (VERIFY_WG_S1, m64n64k16)
     "s1_prepare_merge1": {"impl": "wgmma", "_prepare": True, "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
-    # + no prepare launch for one request (T <= 128)
+    # + no prepare launch for one request (T <= 128); the default adds the one-pass merge
     "s1_merge1": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
-    # + the one-pass merge: the default measured at 0929e2e (both warpgroups gather the next tile);
-    # today's default adds the gather by warpgroup 1 alone with its slot indices read a tile ahead
-    "wgmma_0929e2e": {"impl": "wgmma", "_options": ("-DVERIFY_WG_G1=0",)},
 }
 
 
@@ -1068,19 +1065,13 @@ VERIFY_NOTES = (
     "warpgroup 0 alone (VERIFY_WG_S1, m64n64k16: Q read from shared memory once per tile, no row-max exchange); "
     "the single-request form (T <= 128) without the prepare launch (prefix length as an argument, ancestor masks "
     "built in shared memory by the blocks whose chunk reaches the tail); the merge's two passes over the chunks' "
-    "lse values fused into one and its weighted sum 8 loads deep. Since this run's code (VERIFY_WG_G1): warpgroup "
-    "1, idle while warpgroup 0 computes S and the softmax, gathers the whole next tile (2 threads per key, 36 "
-    "cp.async each) with that tile's slot indices read one tile ahead; warpgroup 0 issues no cp.async in the loop. "
-    "Variants in the same process: 'wgmma_5de266b' = the default of 5de266b..1e272c7 (-DVERIFY_WG_S1=0, prepare "
-    "launch, -DVERIFY_MERGE_V1=1 merge); 's1_prepare_merge1' = + S1; 's1_merge1' = + no prepare launch; "
-    "'wgmma_0929e2e' = + one-pass merge (the default measured at 0929e2e); the default = + VERIFY_WG_G1; 'mma' = "
-    "the mma.sync kernel (62fb1b2's design). PREDICTED before the run (0929e2e probe: per 64-key tile the default "
-    "2.57 us, the tile gathers alone 1.94, the compute alone 1.74, so the slot-index load before each gather and "
-    "warpgroup 0's share of the cp.async issue sit on the critical path): 2.1-2.3 us per tile, i.e. H=64 128k "
-    "1.12-1.23 ms (63-69% of floor), H=8 128k 0.19-0.21 ms (46-51%), H=8 64k 0.107-0.117 ms (42-45%), H=64 4k "
-    "about 0.064 ms; at most 1 us less at H=8 4k (3 tiles per block). pipelined_ms: graph replays back to back "
-    "(ten per sample); graph_launch_floor_ms: a graph of one minimal kernel node timed as the kernel is. Peers: "
-    "naive torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs "
+    "lse values fused into one and its weighted sum 8 loads deep. Variants in the same process, a chain from the "
+    "previous default to today's: 'wgmma_5de266b' = the default of 5de266b..1e272c7 (-DVERIFY_WG_S1=0, prepare "
+    "launch, -DVERIFY_MERGE_V1=1 merge); 's1_prepare_merge1' = + S1; 's1_merge1' = + no prepare launch; the "
+    "default = + one-pass merge; 'mma' = the mma.sync kernel (62fb1b2's design). (Predictions and outcomes of each "
+    "step: papers/ddtree_kernels.md section 3 and the notes of the committed runs.) pipelined_ms: graph replays "
+    "back to back (ten per sample); graph_launch_floor_ms: a graph of one minimal kernel node timed as the kernel "
+    "is. Peers: naive torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs "
     "(eager_median_ms: the default with Python launch overhead); floor = max(bytes / measured copy bandwidth, "
     "flops / measured bf16 matmul rate); results.parity: rows against the float64 reference; results.sanitizer: "
     "compute-sanitizer logs of the smoke cases; results.complete: false while the run was cut short.")

@@ -489,16 +489,19 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 //   red 4 x 64 floats                                    1,024
 //   svis (single-request form only) ancestor masks       1,024
 //   alignment slack                                      1,024   (total 232,448)
-// Per key tile (the default, VERIFY_WG_S1 and VERIFY_WG_G1):
+// Per key tile (the default, VERIFY_WG_S1):
 //   warpgroup 0: S[64 x 64] = Q K^T  wgmma m64n64k16 x 36 (A = Q, B = K tile, both K-major); mask, row
 //                maxima (a row's 64 scores in one lane quad), P = exp2(S - m) as bf16 into sP, its O half
 //                rescaled, the rescale factors into `red`
-//   warpgroup 1: meanwhile gathers the next tile (cp.async, 1152-byte rows through the slot indices,
-//                read a tile ahead) into the other stage; after the barrier it rescales its O half
-//   both:        O[:, 256g..256g+256) += P V   wgmma m64n256k16 x 4 (A = sP, B = the same key tile's
+//   warpgroup 1: after the barrier, rescales its O half by those factors
+//   both:        gather the next tile into the other stage (cp.async, 1152-byte rows through the slot
+//                indices; warpgroup 0 right after issuing S) and then
+//                O[:, 256g..256g+256) += P V   wgmma m64n256k16 x 4 (A = sP, B = the same key tile's
 //                first 512 dims, MN-major through the descriptor's transpose bit)
 // (VERIFY_WG_S1=0, the default of 5de266b..1e272c7: warpgroup g computes S for keys 32g..32g+31 with
-// m64n32k16, the row maxima are exchanged through `red`, and both warpgroups gather the next tile.)
+// m64n32k16 and the row maxima are exchanged through `red`.)
+// Tried and slower (f9c5bfa, measured in ddtree_verify_g1_f9c5bfa.json): warpgroup 1 alone gathering the
+// next tile (2 threads per key) with its slot indices read a tile ahead: 1.16-1.19x the time at 128k.
 
 #define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024 + 1024)
 #ifndef VERIFY_WG_PREFETCH
@@ -522,9 +525,6 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_S1
 #define VERIFY_WG_S1 1  // 1: warpgroup 0 alone computes S for all 64 keys (m64n64k16), no row-max exchange
 #endif                   // 0: each warpgroup its 32-key half (m64n32k16) and a row-max exchange (5de266b)
-#ifndef VERIFY_WG_G1
-#define VERIFY_WG_G1 1  // with VERIFY_WG_S1: warpgroup 1 alone gathers the next tile (2 threads per key, 36
-#endif                  // cp.async each) with its slot indices read a tile ahead; 0: both warpgroups (0929e2e)
 #ifndef VERIFY_WG_DIAG
 #define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
 #endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
@@ -724,31 +724,6 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         }
         __syncthreads();  // svis visible, sP free again
     }
-#if VERIFY_WG_S1 && VERIFY_WG_G1
-    // Warpgroup 1 gathers every tile after the first (warpgroup 0 computes S meanwhile): thread
-    // u = tid - 128 -> key u >> 1 of the tile, 16-byte chunks (u & 1) + 2i (32 bytes of a row per
-    // instruction); the row source of tile it + 2 is read while tile it + 1's copies are in flight.
-    const int g1_key = (tid - 128) >> 1;
-    auto g1_row = [&](int tile) -> const bf16_t* {
-        const int key = key_begin + tile * MMA_KEYS + g1_key;
-        if (tile >= ntiles || key >= key_end) return nullptr;
-        if (key < P) return kv + slots[off_b + key] * kv_stride;
-        return tail + ((long long)b * T + (key - P)) * DK;
-    };
-    const bf16_t* g1_src = wg == 1 ? g1_row(1) : nullptr;
-    auto g1_gather_next = [&](int it) {  // warpgroup 1 only
-        if (it + 1 < ntiles && VERIFY_WG_DIAG != 2) {
-            const u32 base = sK_a + ((it + 1) & 1) * SK_BYTES;
-#pragma unroll
-            for (int i = 0; i < 36; ++i) {
-                const int c = (tid & 1) + 2 * i;
-                cp_async16(base + sw128(g1_key, c), g1_src ? g1_src + c * 8 : tail, g1_src ? 16 : 0);
-            }
-            cp_async_commit();
-            g1_src = g1_row(it + 2);
-        }
-    };
-#endif
     // tail key t visible to the query rows of node `node`?
     auto visible = [&](int node, int t) -> bool {
         if (node >= T) return true;  // padding row: anything finite
@@ -762,7 +737,6 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 
     // Gather tile it+1 into the other stage (with VERIFY_WG_PREFETCH, its slot rows were read a tile
     // earlier and tile it+2's are read now); issued before or after S(it) by VERIFY_WG_LOAD_FIRST.
-#if !(VERIFY_WG_S1 && VERIFY_WG_G1)
     auto gather_next = [&](int it) {
         if (it + 1 < ntiles && VERIFY_WG_DIAG != 2) {
 #if VERIFY_WG_PREFETCH
@@ -778,7 +752,6 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #endif
         }
     };
-#endif  // gather_next: not built with VERIFY_WG_S1 && VERIFY_WG_G1 (warpgroup 1 gathers with g1_gather_next)
 
     float m_run[2] = {NEG_INF, NEG_INF};
     float l_run[2] = {0.f, 0.f};
@@ -799,11 +772,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         __syncthreads();     // (X)
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
 #if VERIFY_WG_DIAG == 1
-#if VERIFY_WG_S1 && VERIFY_WG_G1
-        if (wg == 1) g1_gather_next(it);
-#else
         gather_next(it);
-#endif
         continue;
 #endif
 
@@ -821,9 +790,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
                 wgmma_m64n64_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff, 16, 1024), ks > 0);
             }
             wg_commit();
-#if !VERIFY_WG_G1
             gather_next(it);
-#endif
             wg_wait0();
 #pragma unroll
             for (int i = 0; i < 32; ++i) reg_fence(s[i]);
@@ -885,11 +852,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
                 }
             }
         } else {
-#if VERIFY_WG_G1
-            g1_gather_next(it);
-#else
             gather_next(it);
-#endif
         }
         fence_async_smem();  // sP written by ordinary stores, read by wgmma
         __syncthreads();     // (B) all of P and the rescale factors visible
