@@ -31,29 +31,29 @@ sm_90a target, so this one kernel is built with nvcc
 load, ``auto`` runs the previous ``mma.sync`` kernel (``impl="mma"``, NVRTC,
 plain sm_90). wgmma kernel: 2 warpgroups, 64 query rows x 64 keys per tile,
 Q (73.7 KB) and two key stages (2 x 73.7 KB) in 128-byte-swizzled shared
-memory; warpgroup g computes the scores of keys 32g..32g+31 (m64n32k16, Q and
-K both K-major through matrix descriptors), the row maxima are exchanged, P
-(bf16) goes to shared memory, and warpgroup g accumulates output columns
-256g..256g+255 (m64n256k16, V = the same key tile read MN-major through the
-descriptor's transpose bit); 218 registers, no spills. Every KV row is read
-once per 64-row block, so a 64 x 64 tile moves 73.7 KB from L2 for 8.9 MFLOP:
-on the H200 a tile takes about 3 us per SM where its flops alone would take
-1.5 us at the measured matmul rate. Nsight Compute sees neither memory nor
-compute near a peak (latency-bound: one 8-warp block per SM, all warps in
-lockstep); starting the gather later made it slower, but so did a 32-key
-ring with three gathers in flight (commit 967a0d4): the per-tile fixed work
-(three block barriers, the softmax, the wgmma issue-and-wait round trips)
-costs as much as the gather's latency. Since 5de266b the row maxima are
-exchanged on a named barrier per warp pair (warps w and w+4 share rows) and
-O is rescaled only when a row maximum moved.
-With H = 8 the 264 query rows fill five 64-row blocks, the last with 8 rows. The chunk partials are
-merged by a second launch (one block per query row, chunks read in parallel);
-one small launch before prepares offsets, chunk starts and the ancestor masks.
-
-The ping-pong kernels of version 7 (``impl="pingpong"`` / ``"pingpong_rem"``: FlashMLA's "seesaw"
-schedule across the two warpgroups, and H = 8's last 8 rows by swapped operands) were measured on the
-H200 at 1e272c7 1.1-1.4x slower than this kernel at every point, with racecheck hazards, and were
-removed; their code is in git history at 1e272c7 (papers/ddtree_kernels.md, section 3, version 7).
+memory; warpgroup 0 computes the scores of all 64 keys (m64n64k16, Q and K
+both K-major through matrix descriptors; a row's scores lie in one lane quad,
+so no row-max exchange), P (bf16) and the rescale factors go to shared memory,
+and warpgroup g accumulates output columns 256g..256g+255 (m64n256k16, V = the
+same key tile read MN-major through the descriptor's transpose bit); the next
+tile's cp.async gather runs under both phases; 242 registers, no spills.
+(Until 1e272c7 each warpgroup computed its 32-key half with m64n32k16 and the
+row maxima were exchanged: ``-DVERIFY_WG_S1=0``, bench variant wgmma_5de266b.)
+Every KV row is read once per 64-row block, so a 64 x 64 tile moves 73.7 KB
+from L2 for 8.9 MFLOP. Measured per tile on the H200 (0929e2e): 2.6 us; the
+gathers alone 1.7-1.9 us, the compute alone 1.74 us (diagnostic builds
+``-DVERIFY_WG_DIAG=1`` / ``=2``): the two overlap only in part, and the gathers
+alone draw about 5 TB/s from L2 across the GPU. Tried and slower: a 32-key ring
+with three gathers in flight (967a0d4), the ping-pong kernels of version 7
+(1e272c7), warpgroup 1 alone gathering with the slot indices read ahead
+(f9c5bfa). With H = 8 the 264 query rows fill five 64-row blocks, the last with
+8 rows. The chunk partials are merged by a second launch (one block per query
+row, the chunks' lse values read once, in parallel). Batched requests first run
+one small launch for offsets, chunk starts and the ancestor masks; one request
+with T <= 128 does without it (the kernel takes the prefix length and builds
+the masks its tail blocks need in shared memory).
+(papers/ddtree_kernels.md, section 3, has every version with its prediction and
+outcome.)
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@
 //
 // Kernels (all extern "C"):
 //   ddtree_verify_prepare     offsets, chunk_start[B+1] (prefix sum of chunks per request) and
-//                             vis[B*T, W] ancestor bitmasks from parents, in one launch
+//                             vis[B*T, W] ancestor bitmasks from parents, in one launch (not run for
+//                             one request with the wgmma kernel and T <= 128: that kernel does without)
 //   ddtree_verify_wgmma_bf16  bf16 inputs, Hopper warpgroup MMA (wgmma, sm_90a builds only),
 //                             64 query rows x 64 keys per step, 2 warpgroups
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
