@@ -10,12 +10,13 @@ and the ddtree part of ``engine_step.json``:
 """
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Callable
 
 from workbench import REPO_ROOT, papers
 from workbench.ddtree.bench import goal_rows, kernel_results_rows, load_kernel_results
-from workbench.ddtree.verify import verify_benchmark_rows
+from workbench.ddtree.verify import _plan, verify_benchmark_rows
 from workbench.measure import load_measurement
 from workbench.papers import markdown_table
 
@@ -342,6 +343,208 @@ def block_verify_versions() -> str:
     return legend + ".\n\n" + markdown_table(rows)
 
 
+# The run that measured the ping-pong kernels (version 7): (commit of the file, commit of the code).
+PINGPONG_RUN = ("5731fb7", "1e272c7")
+# Written before that run (commit cea4701, papers/ddtree_kernels.md version 7): predicted ms of pingpong and
+# pingpong_rem per (H, prefix); None where no prediction was made.
+PINGPONG_PREDICTED = {(8, 4096): (0.032, 0.032), (8, 16384): (0.046, 0.045), (8, 65536): (0.109, 0.100),
+                      (8, 131072): (0.192, 0.171), (64, 4096): (0.066, None), (64, 16384): (0.167, None),
+                      (64, 65536): (0.570, None), (64, 131072): (1.108, None)}
+# Measurement files of the probes (workbench.ddtree.verify_probe) and ncu reports, by the code they measured.
+PROBE_FILES = (("ddtree_verify_probe_d33d069", "d33d069"), ("ddtree_verify_probe", "0929e2e"),
+               ("ddtree_verify_probe_g1_f9c5bfa", "f9c5bfa"))
+NCU_LAUNCHES = "data/measurements/h200/ddtree_verify_ncu_d33d069.txt"
+NCU_SECTIONS = "data/measurements/h200/ddtree_verify_ncu_e95fa7b.txt"
+G1_FILE = "ddtree_verify_g1_f9c5bfa"
+TILE_BYTES = 64 * 576 * 2  # one 64-key tile of bf16 KV rows, gathered by every thread block
+
+
+def _need_file(name: str) -> dict[str, Any]:
+    return _need(load_measurement(name), name)
+
+
+def block_verify_pingpong() -> str:
+    doc = papers.committed_json(PINGPONG_RUN[0], VERIFY_FILE)
+    if doc is None:
+        return f"git history with commit {PINGPONG_RUN[0]} is not available here.\n"
+    rows = []
+    for p in doc["results"]["points"]:
+        v = {k: x["median_ms"] for k, x in p["variants"].items()}
+        pp, pr = PINGPONG_PREDICTED[(p["heads"], p["prefix"])]
+        rows.append({"H": p["heads"], "prefix": p["prefix"], "default ms": _ms(p["median_ms"], 4),
+                     "pingpong predicted ms": _ms(pp), "pingpong ms": _ms(v["pingpong"], 4),
+                     "pingpong / default": f"{v['pingpong'] / p['median_ms']:.2f}",
+                     "slot_late ms": _ms(v["pingpong_slot_late"], 4), "bar_sync ms": _ms(v["pingpong_bar_sync"], 4),
+                     "pingpong_rem predicted ms": _ms(pr), "pingpong_rem ms": _ms(v["pingpong_rem"], 4),
+                     "pingpong_rem / default": f"{v['pingpong_rem'] / p['median_ms']:.2f}",
+                     "pingpong_rem2 ms": _ms(v["pingpong_rem2"], 4)})
+    san = doc["results"].get("sanitizer", {})
+    hz = san.get("racecheck", {}).get("errors")
+    return (f"Code {PINGPONG_RUN[1]}, file committed in {PINGPONG_RUN[0]} (all kernels in one process); racecheck "
+            f"of the ping-pong smoke cases: {hz} hazards, memcheck: {san.get('memcheck', {}).get('errors')} "
+            "errors.\n\n" + markdown_table(rows))
+
+
+def block_verify_chain() -> str:
+    """Each step from the previous default to today's, in us, from the variants timed in one process."""
+    doc = _verify()
+    rows = []
+    for p in doc["results"]["points"]:
+        v = {k: x["median_ms"] for k, x in p.get("variants", {}).items()}
+        if not {"wgmma_5de266b", "s1_prepare_merge1", "s1_merge1"} <= set(v):
+            return "The committed ddtree_verify.json has no chain of variants.\n"
+        rows.append({"H": p["heads"], "prefix": p["prefix"], "wgmma_5de266b ms": _ms(v["wgmma_5de266b"], 4),
+                     "S1 (us)": f"{(v['s1_prepare_merge1'] - v['wgmma_5de266b']) * 1e3:+.1f}",
+                     "no prepare (us)": f"{(v['s1_merge1'] - v['s1_prepare_merge1']) * 1e3:+.1f}",
+                     "one-pass merge (us)": f"{(p['median_ms'] - v['s1_merge1']) * 1e3:+.1f}",
+                     "default ms": _ms(p["median_ms"], 4),
+                     "default / wgmma_5de266b": f"{p['median_ms'] / v['wgmma_5de266b']:.2f}"})
+    return (f"Code {doc['provenance']['git_commit'][:7]}, ddtree_verify.json; each step's change of the median "
+            "graph-replay time (negative: faster).\n\n" + markdown_table(rows))
+
+
+def _ncu_launch_rows() -> list[dict[str, Any]]:
+    path = REPO_ROOT / NCU_LAUNCHES
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        parts = [x.strip() for x in line.split("|")]
+        if len(parts) == 5 and parts[0].startswith("H="):
+            rows.append({"point": parts[0], "variant": parts[1], "kernel": parts[2].replace("ddtree_verify_", ""),
+                         "grid": parts[3], "us": f"{int(parts[4].split()[0].replace(',', '')) / 1e3:.1f}"})
+    return rows
+
+
+def block_verify_fixed() -> str:
+    """The graph floor, the launches one by one, and the chunk-length sweep."""
+    res = _verify()["results"]
+    floors = [f"{res['graph_launch_floor_ms'] * 1e3:.1f} us at the start of the benchmark process "
+              f"(code {_verify()['provenance']['git_commit'][:7]})"] if res.get("graph_launch_floor_ms") else []
+    for name, code in PROBE_FILES:
+        doc = load_measurement(name)
+        if doc and doc["results"].get("minimal_nodes"):
+            mn = doc["results"]["minimal_nodes"]
+            floors.append(f"{mn['nodes_1_ms'] * 1e3:.1f} us (three nodes: {mn['nodes_3_ms'] * 1e3:.1f} us) in the "
+                          f"probe process of {code}")
+    text = ("A CUDA graph of one minimal kernel node (a one-element add), timed as the kernel is: "
+            + "; ".join(floors) + ".\n\n")
+    pipe = [(p["heads"], p["prefix"], p["median_ms"] - p["pipelined_ms"]) for p in res["points"] if p.get("pipelined_ms")]
+    if pipe:
+        text += ("One replay at a time minus ten back to back (`pipelined ms`, per call): "
+                 + ", ".join(f"H={h} {pr}: {d * 1e3:+.1f} us" for h, pr, d in pipe) + ".\n\n")
+    nrows = _ncu_launch_rows()
+    if nrows:
+        text += ("Each launch alone (ncu `gpu__time_duration`, caches flushed before each kernel, "
+                 f"`{NCU_LAUNCHES.split('/')[-1]}`; s1 = `-DVERIFY_WG_S1=1`, before it was the default):\n\n"
+                 + markdown_table(nrows) + "\n")
+    d = load_measurement(PROBE_FILES[0][0])
+    if d:
+        sweep = [{"H": r["heads"], "prefix": r["prefix"], "chunk_len": r["chunk_len"], "chunks": r["chunks"],
+                  "tiles per block": r["tiles_per_block"], "ms": _ms(r["median_ms"], 4),
+                  "planner": "yes" if r["planner"] else ""} for r in d["results"]["chunk_sweep"]]
+        text += f"Chunk length (whole call, code {PROBE_FILES[0][1]}):\n\n" + markdown_table(sweep)
+    return text
+
+
+def _tiles_per_block(heads: int, prefix: int, nodes: int, sms: int) -> int:
+    _, clen, _ = _plan(prefix, 1, nodes, nodes * heads, 64, sms, None)
+    return -(-min(clen, prefix + nodes) // 64)
+
+
+def _per_tile(doc: dict[str, Any]) -> dict[tuple[int, str], float]:
+    """us per 64-key tile of the attention launch alone: (t(longest) - t(shortest above 4k)) / tile difference."""
+    sms = doc["provenance"].get("gpu_sm_count", 132)
+    by: dict[int, dict[int, dict[str, Any]]] = {}
+    for b in doc["results"]["breakdown"]:
+        by.setdefault(b["heads"], {})[b["prefix"]] = b
+    out = {}
+    for h, pts in by.items():
+        ps = sorted(p for p in pts if p > 4096)
+        if len(ps) < 2:
+            continue
+        lo, hi = pts[ps[0]], pts[ps[-1]]
+        dt = _tiles_per_block(h, hi["prefix"], hi["nodes"], sms) - _tiles_per_block(h, lo["prefix"], lo["nodes"], sms)
+        for name in hi["points"]:
+            out[(h, name)] = (hi["points"][name]["attention"] - lo["points"][name]["attention"]) / dt * 1e3
+    return out
+
+
+def block_verify_tiles() -> str:
+    """Per-tile cost of the default and of the diagnostic builds; what perfect overlap would reach."""
+    rows = []
+    tiles: dict[str, dict[tuple[int, str], float]] = {}
+    for name, code in PROBE_FILES[1:]:
+        doc = load_measurement(name)
+        if not doc:
+            continue
+        pt = _per_tile(doc)
+        tiles[code] = pt
+        sms = doc["provenance"].get("gpu_sm_count", 132)
+        for (h, var), us in sorted(pt.items()):
+            rows.append({"code": code, "H": h, "build": var, "us per 64-key tile": f"{us:.2f}",
+                         "L2 to SMs, TB/s (gathers alone)": f"{TILE_BYTES * sms / (us * 1e-6) / 1e12:.1f}"
+                         if var == "diag_gather" else ""})
+    text = ("Attention launch alone, (time at the longest prefix - time at 16k) / (tiles per block between "
+            "them); diag_gather = `-DVERIFY_WG_DIAG=1` (the gathers alone), diag_compute = `-DVERIFY_WG_DIAG=2` "
+            "(the compute alone); at f9c5bfa `default` is version 11's build (warpgroup 1 gathers).\n\n"
+            + markdown_table(rows))
+    code = _verify()["provenance"]["git_commit"][:7]
+    pt = tiles.get(code)
+    if pt:
+        res = _verify()["results"]
+        orows = []
+        for p in res["points"]:
+            h = p["heads"]
+            if (h, "default") not in pt:
+                continue
+            n = _tiles_per_block(h, p["prefix"], p["nodes"], 132)
+            fixed = p["median_ms"] - n * pt[(h, "default")] * 1e-3
+            best = max(pt[(h, "diag_gather")], pt[(h, "diag_compute")])
+            t_ideal = fixed + n * best * 1e-3
+            orows.append({"H": h, "prefix": p["prefix"], "tiles per block": n, "fixed part us": f"{fixed * 1e3:.1f}",
+                          "% of floor now": f"{p['percent_of_floor']:.1f}",
+                          "% of floor at max(gathers, compute) per tile": f"{100 * p['floor_ms'] / t_ideal:.1f}"})
+        text += (f"\nIf gathers and compute overlapped perfectly (code {code}; the fixed part is each point's time "
+                 "less its tiles at the default's cost per tile):\n\n" + markdown_table(orows))
+    return text
+
+
+def block_verify_ncu() -> str:
+    path = REPO_ROOT / NCU_SECTIONS
+    if not path.exists():
+        return f"{NCU_SECTIONS} is not committed.\n"
+    text = path.read_text()
+    keys = ("SM Frequency", "Duration", "Compute (SM) Throughput", "L2 Cache Throughput", "DRAM Throughput",
+            "L2 Hit Rate", "Issued Warp Per Scheduler", "Eligible Warps Per Scheduler", "Active Warps Per Scheduler")
+    points = re.findall(r"ncu point (H=\d+ P=\d+)", text)
+    parts = re.split(r"\n  ddtree_verify_wgmma_bf16 ", text)[1:]
+    rows = []
+    for pt, body in zip(points, parts):
+        row = {"point": pt}
+        for k in keys:
+            m = re.search(rf"\n\s+{re.escape(k)}\s+(\S+)?\s+([\d.,]+)\n", body)
+            row[k] = (m.group(2) + (f" {m.group(1)}" if m.group(1) and m.group(1) != "%" else "")
+                      + ("%" if m.group(1) == "%" else "")) if m else "-"
+        m = re.search(r"This stall type represents about ([\d.]+)% of the total", body)
+        row["barrier stalls"] = f"{m.group(1)}%" if m else "-"
+        rows.append(row)
+    return (f"Attention kernel of the default (`{NCU_SECTIONS.split('/')[-1]}`, sections SpeedOfLight, "
+            "WarpStateStats, SchedulerStats, MemoryWorkloadAnalysis; 'barrier stalls': share of the cycles between "
+            "two issued instructions that a warp waits at a CTA barrier):\n\n" + markdown_table(rows))
+
+
+def block_verify_g1() -> str:
+    doc = _need_file(G1_FILE)
+    rows = []
+    for p in doc["results"]["points"]:
+        old = p["variants"]["wgmma_0929e2e"]["median_ms"]
+        rows.append({"H": p["heads"], "prefix": p["prefix"], "G1 (default then) ms": _ms(p["median_ms"], 4),
+                     "0929e2e default ms": _ms(old, 4), "G1 / 0929e2e": f"{p['median_ms'] / old:.2f}"})
+    return (f"Code {doc['provenance']['git_commit'][:7]} ({G1_FILE}.json; both in one process).\n\n"
+            + markdown_table(rows))
+
+
 def block_engine_share() -> str:
     doc = load_measurement("engine_step")
     if not doc or "ddtree" not in doc["results"]:
@@ -370,6 +573,12 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-points": block_verify_points,
     "verify-versions": block_verify_versions,
     "verify-sanitizer": block_verify_sanitizer,
+    "verify-pingpong": block_verify_pingpong,
+    "verify-chain": block_verify_chain,
+    "verify-fixed": block_verify_fixed,
+    "verify-tiles": block_verify_tiles,
+    "verify-ncu": block_verify_ncu,
+    "verify-g1": block_verify_g1,
     "engine-share": block_engine_share,
 }
 
