@@ -15,6 +15,7 @@ for m in 1 2; do
   timeout "${NCU_T:-45}" ncu --clock-control none -k regex:moe_ --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     --metrics dram__bytes_read.sum,smsp__inst_executed.sum,sm__cycles_active.avg \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
     python3 -m workbench.moe.bench --single $m --small --small-variants splitk_s4 --variants 1,2,0,2,1 \
     > "$OUT/ncu_m$m.txt" 2>&1
   echo "ncu rc=$?" >> "$OUT/ncu_m$m.txt"
@@ -25,6 +26,7 @@ echo "racecheck rc=$?" >> "$OUT/racecheck_s4.txt"
 for m in 1 2; do
   echo "== M=$m"
   grep -E "^  moe_|Duration|DRAM Throughput|dram__bytes_read|inst_executed|Achieved Occupancy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|rc=" "$OUT/ncu_m$m.txt" | head -80
+  grep -E "^  moe_|stalled_(long_scoreboard|barrier|membar|short_scoreboard|wait|math|mio|lg_throttle|no_instruction|branch|sleeping|not_selected|selected|drain|dispatch|imc|tex|misc)_per" "$OUT/ncu_m$m.txt" | head -60
 done
 echo "== racecheck"; grep -E "RACECHECK SUMMARY|sanitize checks|rc=|'ok': False|Error|Warning" "$OUT/racecheck_s4.txt" | tail -8
 exit 0
