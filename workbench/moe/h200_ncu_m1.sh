@@ -14,8 +14,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 for m in 1 2; do
   timeout "${NCU_T:-45}" ncu --clock-control none -k regex:moe_ --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-    --metrics dram__bytes_read.sum,smsp__inst_executed.sum,sm__cycles_active.avg \
-    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+    --metrics 'dram__bytes_read.sum,smsp__inst_executed.sum,sm__cycles_active.avg,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
     python3 -m workbench.moe.bench --single $m --small --small-variants splitk_s4 --variants 1,2,0,2,1 \
     > "$OUT/ncu_m$m.txt" 2>&1
   echo "ncu rc=$?" >> "$OUT/ncu_m$m.txt"
