@@ -915,6 +915,8 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
 // pairs by (expert, pair id) into s_sorted and cuts each expert's run into items of <= FR_CHUNK slots
 // (s_ie / s_islot / s_icnt); returns the number of items. Pairs with an id outside [0, E) are dropped
 // (s_e = -1); when every id is invalid, CTA 0 writes NaN to every output row.
+// WIDE: blocks of more than 128 threads (moe_small_tma_*): only threads < 128 touch the per-pair arrays.
+template <bool WIDE = false>
 __device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M, int topk, int E, int H,
                                               __nv_bfloat16* __restrict__ out, int* s_e, int* s_sorted, int* s_flag,
                                               int* s_ie, int* s_islot, int* s_icnt, int* s_wcnt) {
@@ -925,8 +927,10 @@ __device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M
         e = ids[tid];
         if (e < 0 || e >= E) e = -1;
     }
-    s_e[tid] = e;
-    s_flag[tid] = 0;
+    if (!WIDE || tid < FR_MAX_PAIRS) {
+        s_e[tid] = e;
+        s_flag[tid] = 0;
+    }
     __syncthreads();
     int pos = 0, rank = 0;
     if (e >= 0) {
@@ -942,12 +946,12 @@ __device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M
         s_flag[pos] = (rank % FR_CHUNK) == 0;
     }
     __syncthreads();
-    const int f = s_flag[tid];   // tid is a slot here
+    const int f = (!WIDE || tid < FR_MAX_PAIRS) ? s_flag[tid] : 0;   // tid is a slot here
     const unsigned int bal = __ballot_sync(0xffffffffu, f);
-    if (lane == 0) s_wcnt[warp] = __popc(bal);
+    if (lane == 0 && (!WIDE || warp < 4)) s_wcnt[warp] = __popc(bal);
     __syncthreads();
     int base = 0;
-    for (int w = 0; w < warp; ++w) base += s_wcnt[w];
+    for (int w = 0; w < (WIDE ? (warp < 4 ? warp : 4) : warp); ++w) base += s_wcnt[w];
     const int nitems = s_wcnt[0] + s_wcnt[1] + s_wcnt[2] + s_wcnt[3];
     if (f) {
         const int idx = base + __popc(bal & ((1u << lane) - 1u));
@@ -1288,3 +1292,386 @@ __device__ __forceinline__ void moe_small_splitk_body(
 
 MOE_SPLITK_INSTANCE(3, 6)
 MOE_SPLITK_INSTANCE(4, 5)
+
+
+// After a gate_up task's K part (fp32 sums acc, columns < count): with sgu > 1 store the partials and count
+// the part, and the part that arrives last sums all parts (part order); then SiLU(gate) * up into h and
+// count the tile in done_gu[item] (release). (The same code as the end of splitk_gate_up, kept
+// separate so that moe_small_splitk_*, measured and dispatched, stays byte-identical.)
+template <int NT>
+__device__ __forceinline__ void tma_gu_epilogue(const SmallItems& it, int item, int part, int tile, int sgu,
+                                                   int P, int I, float (&acc)[NT][4],
+                                                   __nv_bfloat16* __restrict__ hbuf, float* gpart, int* red_gu,
+                                                   int* done_gu) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int slot0 = it.islot[item], cnt = it.icnt[item];
+    const int tiles = I / 8;
+    if (sgu > 1) {
+        // partial sums of this part: gpart[((part * P + slot) * tiles + tile) * 16 + row], row g (gate), g + 8 (up)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 8 * n + 2 * t + cc;
+                if (col < cnt) {
+                    float* dst = gpart + ((long long)(part * P + slot0 + col) * tiles + tile) * 16;
+                    dst[g] = acc[n][cc];
+                    dst[g + 8] = acc[n][2 + cc];
+                }
+            }
+        fence_acq_rel_gpu();
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            fence_acq_rel_gpu();
+            last = atomicAdd(red_gu + item * tiles + tile, 1) == sgu - 1;
+            if (last) fence_acq_rel_gpu();
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (!last) return;
+        fence_acq_rel_gpu();
+        // every part has stored: sum in part order (this warp's own part from registers)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 8 * n + 2 * t + cc;
+                if (col < cnt) {
+                    float gs = 0.f, us = 0.f;
+                    for (int q = 0; q < sgu; ++q) {
+                        float gv = acc[n][cc], uv = acc[n][2 + cc];
+                        if (q != part) {
+                            const float* src = gpart + ((long long)(q * P + slot0 + col) * tiles + tile) * 16;
+                            gv = ld_cg_f32(src + g);
+                            uv = ld_cg_f32(src + g + 8);
+                        }
+                        gs += gv;
+                        us += uv;
+                    }
+                    acc[n][cc] = gs;
+                    acc[n][2 + cc] = us;
+                }
+            }
+        __syncwarp();
+        if (lane == 0) red_gu[item * tiles + tile] = 0;   // every part has arrived: nobody else touches it
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * n + 2 * t + cc;
+            if (col < cnt) {
+                const float gt = acc[n][cc], up = acc[n][2 + cc];
+                hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
+            }
+        }
+    fence_acq_rel_gpu();
+    __syncwarp();
+    if (lane == 0) {
+        fence_acq_rel_gpu();
+        atomicAdd(done_gu + item, 1);
+    }
+}
+
+// After a down task's K part: store w_pair * y to ypart[part] and count (item, part) in done_dn[tile]; the
+// last arrival sums, per token, over k then parts (ascending) into out and resets the counter.
+// (The end of splitk_down, kept separate likewise.)
+template <int NT>
+__device__ __forceinline__ void tma_dn_epilogue(const SmallItems& it, int item, int part, int tile, int sdn,
+                                                   int nitems, const float* __restrict__ topk_w, int M, int topk,
+                                                   int H, float (&acc)[NT][4], float* ypart, int* done_dn,
+                                                   __nv_bfloat16* __restrict__ out) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int slot0 = it.islot[item], cnt = it.icnt[item];
+    const int P = M * topk;
+    const int n0 = 16 * tile + g;
+    float* yp = ypart + (long long)part * P * H;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * n + 2 * t + cc;
+            if (col < cnt) {
+                const int pair = it.sorted[slot0 + col];
+                const float wgt = __ldg(topk_w + pair);
+                yp[(long long)pair * H + n0] = wgt * acc[n][cc];
+                yp[(long long)pair * H + n0 + 8] = wgt * acc[n][2 + cc];
+            }
+        }
+    fence_acq_rel_gpu();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) {
+        fence_acq_rel_gpu();
+        last = atomicAdd(done_dn + tile, 1) == nitems * sdn - 1;
+        if (last) fence_acq_rel_gpu();
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    fence_acq_rel_gpu();
+    // every (item, part) has written its rows of this tile: out[m, tile rows] = sum_k sum_part (k outer, both ascending)
+    for (int idx = lane; idx < M * 16; idx += 32) {
+        const int m = idx >> 4, n = 16 * tile + (idx & 15);
+        bool ok = true;
+        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
+        float s = __int_as_float(0x7fc00000);
+        if (ok) {
+            s = 0.f;
+            for (int k = 0; k < topk; ++k)
+                for (int q = 0; q < sdn; ++q) s += ld_cg_f32(ypart + ((long long)q * P + m * topk + k) * H + n);
+        }
+        out[(long long)m * H + n] = __float2bfloat16(s);
+    }
+    __syncwarp();
+    if (lane == 0) done_dn[tile] = 0;
+}
+
+
+// ===================================================================================================
+// Producer / consumer form of the split-K one-launch kernel (moe_small_tma_w4 / _w8; NOT dispatched:
+// workbench.moe.fused.set_small_variant("tma_w4" | "tma_w8") selects it).
+//
+// Why (Nsight Compute of splitk_s4 at M = 1, data/measurements/h200/moe_small_ncu_m1_*.txt): DRAM 46% of
+// peak, 0.43 instructions issued per scheduler-cycle, 57% of cycles with no eligible warp; per issued
+// instruction a warp waits 3.8 cycles on long scoreboard (its own cp.async ring and activation loads), 2.3 on
+// memory barriers (the fences that end every task) and 1.3 on fixed latencies. Each split-K task restarts the
+// warp's ring (the first stage costs a whole DRAM round trip) and ends by draining it, and at M = 1 a warp
+// runs ~6 such tasks of 4-7 stages. Here the weight stream of a CTA never drains between tasks, and
+// no consumer warp issues a copy or waits on one:
+//   - one producer warp (lane 0) grabs CTA tasks from the global counter and streams their stages with
+//     cp.async.bulk (one 1-D bulk copy of CW x 2304 contiguous bytes per stage: the stage of CW neighbouring
+//     tiles) into a ring of RS slots, each with a "full" mbarrier (expect_tx: the copy's bytes) and an "empty"
+//     mbarrier (CW arrivals); task id and stage index of each slot ride in shared memory beside it.
+//   - CW consumer warps: warp w takes tile (group * CW + w) of every task; per slot it waits on "full", runs
+//     the four 64-K steps of version 3 (frag_step; activations two steps ahead from global memory, as in
+//     frag_gemm), then releases the slot ("empty") BEFORE the task's epilogue, so the producer keeps
+//     streaming the next task while a consumer stores, fences and counts.
+//   - a task is (item, K part, group of CW tiles); splits and epilogues as the split-K kernel (tma_gu_epilogue,
+//     tma_dn_epilogue); down tasks wait for done_gu[item] in the consumers (the producer runs ahead up to the
+//     ring's depth meanwhile). Every gate_up task is grabbed before any down task, and a CTA's queue holds
+//     tasks in grab order, so any gate_up task a consumer waits on sits behind gate_up tasks only: no deadlock.
+//   - end: the producer puts an end mark (task -1) in the next slot; the last CTA to finish resets the counters.
+// Requires (I/8) % CW == 0 and (H/16) % CW == 0 (checked on the host).
+// ws: as the split-K kernel (int32 [2 + 128 + H/16 + 128 * I/8], zero before the first launch, left zero).
+__device__ __forceinline__ void mbar_init(unsigned int bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned int bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned int bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned int bar, unsigned int parity) {
+    unsigned int done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// 1-D bulk copy global -> shared (the tensor-memory-access engine), completion counted on mbarrier `bar`.
+__device__ __forceinline__ void bulk_g2s(unsigned int dst, const void* src, unsigned int bytes, unsigned int bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// One ring slot (this warp's 2304 bytes at st) of a consumer: four 64-K steps; xp: this lane's activation
+// pointer for the stage, xn: for the next stage (= xp on a task's last stage: its reads are not used).
+template <bool COHERENT>
+__device__ __forceinline__ void tma_stage(float (&acc)[1][4], uint4 (&xb)[2][1][2], const unsigned char* st,
+                                          const __nv_bfloat16* xp, const __nv_bfloat16* xn) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+#pragma unroll
+    for (int q = 0; q < FR_SUB; ++q) {
+        const uint4 w = *reinterpret_cast<const uint4*>(st + q * (FR_U4 * 16) + lane * 16);
+        const uint2 sc = *reinterpret_cast<const uint2*>(st + q * (FR_U4 * 16) + 512 + g * 8);
+        uint4 xc[1][2];
+        xc[0][0] = xb[q % 2][0][0];
+        xc[0][1] = xb[q % 2][0][1];
+        const __nv_bfloat16* p = q + 2 < FR_SUB ? xp + 64 * (q + 2) : xn + 64 * (q + 2 - FR_SUB);
+        xb[q % 2][0][0] = ld_x16<COHERENT>(p);
+        xb[q % 2][0][1] = ld_x16<COHERENT>(p + 32);
+        frag_step<1>(acc, w, sc, xc);
+    }
+}
+
+template <int CW, int RS>
+__device__ __forceinline__ void moe_small_tma_body(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,
+    __nv_bfloat16* __restrict__ out, unsigned char* ring) {
+    constexpr unsigned int SLOT = CW * FR_STAGE_U4 * 16;   // bytes per ring slot
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    __shared__ int s_cfg[4];
+    __shared__ int s_meta[RS][2];                             // task, stage within the task (task -1: end)
+    __shared__ __align__(8) unsigned long long s_full[RS], s_empty[RS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int P = M * topk;
+    const int nitems = small_prologue<true>(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt,
+                                            s_wcnt);
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+    int* ctr_task = ws;
+    int* ctr_fin = ws + 1;
+    int* done_gu = ws + 2;
+    int* done_dn = ws + 2 + FR_MAX_PAIRS;
+    int* red_gu = ws + 2 + FR_MAX_PAIRS + H / 16;
+    const int tiles_gu = I / 8, tiles_dn = H / 16, groups_gu = tiles_gu / CW, groups_dn = tiles_dn / CW;
+    const int nsup_gu = H / (64 * FR_SUB), nsup_dn = I / (64 * FR_SUB);
+    const unsigned int full0 = (unsigned int)__cvta_generic_to_shared(s_full);
+    const unsigned int empty0 = (unsigned int)__cvta_generic_to_shared(s_empty);
+    const unsigned int ring0 = (unsigned int)__cvta_generic_to_shared(ring);
+    if (threadIdx.x == 0) {
+        const int sg = splitk_pick(nitems, groups_gu, nsup_gu, sgu_max, want);
+        const int sd = splitk_pick(nitems, groups_dn, nsup_dn, sdn_max, want);
+        s_cfg[0] = sg;
+        s_cfg[1] = sd;
+        s_cfg[2] = nitems * sg * groups_gu;                     // gate_up tasks
+        s_cfg[3] = s_cfg[2] + nitems * sd * groups_dn;          // all tasks
+        for (int q = 0; q < RS; ++q) {
+            mbar_init(full0 + 8 * q, 1);
+            mbar_init(empty0 + 8 * q, CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int sgu = s_cfg[0], sdn = s_cfg[1], t_gu = s_cfg[2], t_all = s_cfg[3];
+    if (warp == CW) {
+        // producer (the whole warp runs the loop; lane 0 grabs tasks, writes the slot's task and issues the copy)
+        unsigned int n = 0;   // stages issued so far: slot n % RS, round n / RS
+        for (;;) {
+            int task = 0;
+            if (lane == 0) task = atomicAdd(ctr_task, 1);
+            task = __shfl_sync(0xffffffffu, task, 0);
+            const uint4* src = nullptr;
+            int nst = 0;
+            long long stride = 0;
+            if (task < t_gu) {
+                const int per = sgu * groups_gu, item = task / per, r = task - item * per;
+                const int part = r / groups_gu, grp = r - part * groups_gu;
+                nst = nsup_gu / sgu;
+                stride = (long long)tiles_gu * FR_STAGE_U4;
+                src = Fgu + ((long long)(s_ie[item] * nsup_gu + part * nst) * tiles_gu + grp * CW) * FR_STAGE_U4;
+            } else if (task < t_all) {
+                const int u = task - t_gu, per = sdn * groups_dn, item = u / per, r = u - item * per;
+                const int part = r / groups_dn, grp = r - part * groups_dn;
+                nst = nsup_dn / sdn;
+                stride = (long long)tiles_dn * FR_STAGE_U4;
+                src = Fdn + ((long long)(s_ie[item] * nsup_dn + part * nst) * tiles_dn + grp * CW) * FR_STAGE_U4;
+            }
+            for (int j = 0; j < (nst > 0 ? nst : 1); ++j, ++n) {
+                const unsigned int q = n % RS;
+                if (n >= RS) mbar_wait(empty0 + 8 * q, ((n / RS) - 1) & 1);   // the consumers are done with it
+                if (lane == 0) {
+                    s_meta[q][0] = nst > 0 ? task : -1;
+                    s_meta[q][1] = j;
+                    if (nst > 0) {
+                        mbar_arrive_expect_tx(full0 + 8 * q, SLOT);
+                        bulk_g2s(ring0 + q * SLOT, src + j * stride, SLOT, full0 + 8 * q);
+                    } else {
+                        mbar_arrive(full0 + 8 * q);   // the end mark
+                    }
+                }
+                __syncwarp();
+            }
+            if (nst == 0) break;
+        }
+    } else {
+        // consumer warp `warp`: tile grp * CW + warp of every task, stage after stage
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        uint4 xb[2][1][2];
+        const __nv_bfloat16* xp = X;
+        bool down = false;
+        int item = 0, part = 0, tile = 0;
+        for (unsigned int n = 0;; ++n) {
+            const unsigned int q = n % RS;
+            mbar_wait(full0 + 8 * q, (n / RS) & 1);
+            const int task = s_meta[q][0], j = s_meta[q][1];
+            if (task < 0) break;
+            int nst;
+            if (task < t_gu) {
+                const int per = sgu * groups_gu;
+                item = task / per;
+                const int r = task - item * per;
+                part = r / groups_gu;
+                tile = (r - part * groups_gu) * CW + warp;
+                nst = nsup_gu / sgu;
+                down = false;
+            } else {
+                const int u = task - t_gu, per = sdn * groups_dn;
+                item = u / per;
+                const int r = u - item * per;
+                part = r / groups_dn;
+                tile = (r - part * groups_dn) * CW + warp;
+                nst = nsup_dn / sdn;
+                down = true;
+            }
+            if (j == 0) {   // a new task: its activation rows, the accumulators, (down) wait for h of the item
+                const int g = lane >> 2, t = lane & 3;
+                const int slot0 = it.islot[item], cnt = it.icnt[item];
+                const int col = g < cnt ? g : 0;
+                if (!down) {
+                    xp = X + (long long)(it.sorted[slot0 + col] / topk) * H + part * nst * 64 * FR_SUB + 8 * t;
+                } else {
+                    xp = hbuf + (long long)(slot0 + col) * I + part * nst * 64 * FR_SUB + 8 * t;
+                    if (lane == 0) {
+                        while (ld_relaxed_gpu(done_gu + item) < I / 8) __nanosleep(128);
+                        fence_acq_rel_gpu();
+                    }
+                    __syncwarp();
+                }
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+#pragma unroll
+                for (int d = 0; d < 2; ++d) {
+                    xb[d][0][0] = down ? ld_x16<true>(xp + 64 * d) : ld_x16<false>(xp + 64 * d);
+                    xb[d][0][1] = down ? ld_x16<true>(xp + 64 * d + 32) : ld_x16<false>(xp + 64 * d + 32);
+                }
+            }
+            const __nv_bfloat16* xn = j + 1 < nst ? xp + 64 * FR_SUB : xp;
+            const unsigned char* st = ring + q * SLOT + warp * (FR_STAGE_U4 * 16);
+            if (down)
+                tma_stage<true>(acc, xb, st, xp, xn);
+            else
+                tma_stage<false>(acc, xb, st, xp, xn);
+            xp = xn;
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * q);   // this warp is done with the slot
+            if (j + 1 == nst) {
+                if (down)
+                    tma_dn_epilogue<1>(it, item, part, tile, sdn, nitems, topk_w, M, topk, H, acc, ypart, done_dn, out);
+                else
+                    tma_gu_epilogue<1>(it, item, part, tile, sgu, P, I, acc, hbuf, gpart, red_gu, done_gu);
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ctr_fin, 1) == (int)gridDim.x - 1) {
+            // last CTA of the launch: every other CTA has finished with the counters
+            ws[0] = 0;
+            ws[1] = 0;
+            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
+        }
+    }
+}
+
+// grid: at most the CTAs that fit on the device at once; block 32 * (CW + 1) (CW consumer warps, then the
+// producer warp); dynamic shared memory RS * CW * 2304 bytes (the ring; above 48 KB: the host raises the
+// kernel's limit). Arguments as moe_small_splitk_s*; want: CTA tasks wanted per phase.
+#define MOE_TMA_INSTANCE(CW, RS, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * (CW + 1), MINB) moe_small_tma_w##CW(                  \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
+        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
+        int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
+        __nv_bfloat16* __restrict__ out) {                                                                     \
+        extern __shared__ __align__(128) unsigned char s_dyn[];                                               \
+        moe_small_tma_body<CW, RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf,  \
+                                   gpart, ypart, ws, out, s_dyn);                                              \
+    }
+
+MOE_TMA_INSTANCE(4, 5, 4)
+MOE_TMA_INSTANCE(8, 5, 2)
