@@ -4,6 +4,8 @@ Every measured number in the paper comes from here, read from
 ``data/measurements/h200/moe_bandwidth.json`` (its earlier runs from git
 history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
 (the one-launch kernel's version 3 against the four-launch path, M <= 16),
+``moe_small_splitk.json`` (version 3, the split-K forms and the four-launch path, M <= 16: the run
+today's dispatch was set from),
 the Nsight Compute text report and the source's anchor points
 (``data/anchors/rtx_pro_6000_moe.json``):
 
@@ -17,7 +19,8 @@ from typing import Any, Callable
 
 from workbench import REPO_ROOT, papers
 from workbench.moe.bench import flops
-from workbench.moe.fused import variant_name
+from workbench.moe import plots
+from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, variant_name
 from workbench.moe.plots import PEERS, goal_rows, load_anchors, load_moe_bandwidth, summary_rows, tuning_rows
 from workbench.papers import markdown_table
 
@@ -31,6 +34,7 @@ MOE_RUNS = (("9e008e4", 1), ("1a32b46", 2), ("8398986", 3), ("845b07e", 4))
 NCU_FILE = "data/measurements/h200/moe_small_fused_ncu_d90e78b.txt"
 # Version 3 of the one-launch kernel against the four-launch path, M = 1-16 only (bench --small-compare).
 SMALL_V3 = "moe_small_v3"
+SMALL_SPLITK = "moe_small_splitk"
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -281,20 +285,46 @@ def block_small_v3() -> str:
             f"{res['copy_gb_per_s']:.0f} GB/s measured in the same run; one-launch grid "
             f"{par.get('small_path_grid_ctas')} CTAs. Parity of the one-launch kernel at every row: "
             f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. "
-            f"One launch faster at: {wins}. {_small_v3_dispatch(res['rows'], par['topk'])}\n\n"
-            + markdown_table(small_v3_rows()))
+            f"One launch faster at: {wins}.\n\n" + markdown_table(small_v3_rows()))
 
 
-def _small_v3_dispatch(rows: list[dict[str, Any]], topk: int) -> str:
-    """One sentence: % of copy of the path fused.SMALL_TABLE dispatches now, per row of moe_small_v3."""
-    from workbench.moe.fused import uses_small_path
+def small_splitk_rows() -> list[dict[str, Any]]:
+    """Rows of ``moe_small_splitk.json`` (:func:`workbench.moe.plots.small_path_rows`, formatted)."""
+    doc = plots.load_moe_small(name=SMALL_SPLITK)
+    if not doc:
+        return []
+    out = []
+    for r in plots.small_path_rows(doc):
+        row: dict[str, Any] = {}
+        for key, v in r.items():
+            if key.endswith(" ms"):
+                continue
+            row[key] = f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v)
+        out.append(row)
+    return out
 
-    got = [(r["routing"], r["m"], r["small_fused_pct_of_copy"] if uses_small_path(r["m"], topk)
-            else r["four_launch_pct_of_copy"]) for r in rows]
-    worst = min(got, key=lambda x: x[2])
-    at80 = ", ".join(f"{rt} M={m}" for rt, m, v in got if v >= 80) or "none"
-    return (f"With the current `fused.SMALL_TABLE`, the dispatched path's % of copy in this run is worst at "
-            f"{worst[0]} M={worst[1]} ({worst[2]:.1f}%); rows at >= 80%: {at80}.")
+
+def block_small_splitk() -> str:
+    """The run that chose today's dispatch: every path in one process, % of copy per path, the fastest and
+    the dispatched one (fused.SMALL_TABLE / SMALL_VARIANT as they are now)."""
+    doc = plots.load_moe_small(name=SMALL_SPLITK)
+    if not doc:
+        return f"data/measurements/h200/{SMALL_SPLITK}.json is not committed.\n"
+    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+    checks = res["checks"]
+    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    pct, wrow = plots.dispatched_worst_pct(doc)
+    at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in plots.small_path_rows(doc)
+                     if r["dispatched % copy"] >= 80) or "none"
+    return (f"From `data/measurements/h200/{SMALL_SPLITK}.json` (code {str(p.get('git_commit'))[:7]}, "
+            f"{p.get('date_utc')}; `python -m workbench.moe.bench --small-compare {SMALL_SPLITK} --reps "
+            f"{par['reps']} --small-paths {' '.join(par['paths'])}`): every path in one process, CUDA-graph "
+            f"replays with fresh routing per repeat, copy bandwidth {res['copy_gb_per_s']:.0f} GB/s measured in "
+            f"the same run; grids (CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}. Parity of the one-launch kernels at every row: "
+            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy "
+            f"bandwidth per path; `dispatched` is what `fused_moe_int4` runs today (`fused.SMALL_TABLE` "
+            f"{SMALL_TABLE}, one-launch kernel `{SMALL_VARIANT['name']}`): worst {pct:.1f}% at "
+            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}.\n\n" + markdown_table(small_splitk_rows()))
 
 
 _NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput", "Compute (SM) Throughput",
@@ -345,6 +375,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "runs": block_runs,
     "small": block_small,
     "small_v3": block_small_v3,
+    "small_splitk": block_small_splitk,
     "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,
