@@ -102,7 +102,7 @@ def test_small_path_matches_four_launch(small, small_path_on):
 
 # ---- split-K form of the one-launch kernel (moe_small_splitk_*; selected with set_small_variant, not dispatched)
 
-SPLITK = ["splitk_s3", "splitk_s4", "splitk_s3_max", "tma_w4", "tma_w8"]   # tma_*: producer / consumer form
+SPLITK = ["splitk_s3", "splitk_s4", "splitk_s3_max", "tma_w4", "tma_w8", "tma_w4o5"]   # tma_*: producer / consumer form
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_splitk_parity_kimi_shape(splitk_on, m):
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-@pytest.mark.parametrize("splitk_on", ["splitk_s3_max", "splitk_s4", "tma_w4", "tma_w8"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["splitk_s3_max", "splitk_s4", "tma_w4", "tma_w8", "tma_w4o5"], indirect=True)
 def test_splitk_edge_cases_graph_replays_and_determinism(small, splitk_on):
     from workbench.moe.bench import check_graph_replay, small_path_edge_checks
 
@@ -166,7 +166,7 @@ def test_splitk_matches_v3(small, splitk_on):
     assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
 
 
-@pytest.mark.parametrize("splitk_on", ["tma_w4", "tma_w8"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["tma_w4", "tma_w8", "tma_w4o5"], indirect=True)
 def test_tma_bitwise_equal_to_splitk_s4_at_equal_splits(splitk_on):
     """Same stage code, same partial sums, same reduction order: with the same splits (here (1, 1): M = 16 at
     Kimi shapes) the producer / consumer kernel's output equals splitk_s4's bit for bit."""

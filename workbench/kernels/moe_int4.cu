@@ -1428,7 +1428,7 @@ __device__ __forceinline__ void tma_dn_epilogue(const SmallItems& it, int item, 
 
 
 // ===================================================================================================
-// Producer / consumer form of the split-K one-launch kernel (moe_small_tma_w4 / _w8; NOT dispatched:
+// Producer / consumer form of the split-K one-launch kernel (moe_small_tma_w4 / _w8 / _w4o5; NOT dispatched:
 // workbench.moe.fused.set_small_variant("tma_w4" | "tma_w8") selects it).
 //
 // Why (Nsight Compute of splitk_s4 at M = 1, data/measurements/h200/moe_small_ncu_m1_*.txt): DRAM 46% of
@@ -1579,36 +1579,32 @@ __device__ __forceinline__ void moe_small_tma_body(
             if (nst == 0) break;
         }
     } else {
-        // consumer warp `warp`: tile grp * CW + warp of every task, stage after stage
+        // consumer warp `warp`: tile grp * CW + warp of every task, stage after stage. Per slot only the phase
+        // (task < t_gu) is derived; item, part and tile (integer divisions) only at a task's first and last
+        // stage (decoding them on every slot cost +23% instructions at M = 1: moe_small_tma.json, NOTES.md).
+        const int nst_gu = nsup_gu / sgu, nst_dn = nsup_dn / sdn;
+        auto decode = [&](int task, int& item, int& part, int& tile) {
+            const bool dn = task >= t_gu;
+            const int u = dn ? task - t_gu : task, groups = dn ? groups_dn : groups_gu;
+            const int per = (dn ? sdn : sgu) * groups;
+            item = u / per;
+            const int r = u - item * per;
+            part = r / groups;
+            tile = (r - part * groups) * CW + warp;
+        };
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
         uint4 xb[2][1][2];
         const __nv_bfloat16* xp = X;
-        bool down = false;
-        int item = 0, part = 0, tile = 0;
         for (unsigned int n = 0;; ++n) {
             const unsigned int q = n % RS;
             mbar_wait(full0 + 8 * q, (n / RS) & 1);
             const int task = s_meta[q][0], j = s_meta[q][1];
             if (task < 0) break;
-            int nst;
-            if (task < t_gu) {
-                const int per = sgu * groups_gu;
-                item = task / per;
-                const int r = task - item * per;
-                part = r / groups_gu;
-                tile = (r - part * groups_gu) * CW + warp;
-                nst = nsup_gu / sgu;
-                down = false;
-            } else {
-                const int u = task - t_gu, per = sdn * groups_dn;
-                item = u / per;
-                const int r = u - item * per;
-                part = r / groups_dn;
-                tile = (r - part * groups_dn) * CW + warp;
-                nst = nsup_dn / sdn;
-                down = true;
-            }
-            if (j == 0) {   // a new task: its activation rows, the accumulators, (down) wait for h of the item
+            const bool down = task >= t_gu;
+            const int nst = down ? nst_dn : nst_gu;
+            if (j == 0) {   // a new task (its stages arrive in order): activation rows, accumulators, (down) h ready
+                int item, part, tile;
+                decode(task, item, part, tile);
                 const int g = lane >> 2, t = lane & 3;
                 const int slot0 = it.islot[item], cnt = it.icnt[item];
                 const int col = g < cnt ? g : 0;
@@ -1640,6 +1636,8 @@ __device__ __forceinline__ void moe_small_tma_body(
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * q);   // this warp is done with the slot
             if (j + 1 == nst) {
+                int item, part, tile;
+                decode(task, item, part, tile);
                 if (down)
                     tma_dn_epilogue<1>(it, item, part, tile, sdn, nitems, topk_w, M, topk, H, acc, ypart, done_dn, out);
                 else
@@ -1662,8 +1660,8 @@ __device__ __forceinline__ void moe_small_tma_body(
 // grid: at most the CTAs that fit on the device at once; block 32 * (CW + 1) (CW consumer warps, then the
 // producer warp); dynamic shared memory RS * CW * 2304 bytes (the ring; above 48 KB: the host raises the
 // kernel's limit). Arguments as moe_small_splitk_s*; want: CTA tasks wanted per phase.
-#define MOE_TMA_INSTANCE(CW, RS, MINB)                                                                         \
-    extern "C" __global__ void __launch_bounds__(32 * (CW + 1), MINB) moe_small_tma_w##CW(                  \
+#define MOE_TMA_INSTANCE(TAG, CW, RS, MINB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * (CW + 1), MINB) moe_small_tma_##TAG(                  \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
         int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
@@ -1673,5 +1671,6 @@ __device__ __forceinline__ void moe_small_tma_body(
                                    gpart, ypart, ws, out, s_dyn);                                              \
     }
 
-MOE_TMA_INSTANCE(4, 5, 4)
-MOE_TMA_INSTANCE(8, 5, 2)
+MOE_TMA_INSTANCE(w4, 4, 5, 4)     // 4 CTAs per SM: 16 consumer warps, 96 registers
+MOE_TMA_INSTANCE(w8, 8, 5, 2)     // 2 CTAs per SM: 16 consumer warps
+MOE_TMA_INSTANCE(w4o5, 4, 4, 5)   // 5 CTAs per SM: 20 consumer warps (as splitk_s4), 80 registers, 4 slots

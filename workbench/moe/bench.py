@@ -707,11 +707,27 @@ SMALL_TMA_PREDICTION = (
     "its coarser tasks balance worse). If tma_w4 is not faster than splitk_s4 at M = 1-2, the ring restarts were "
     "not what bound the kernel: then the instruction count per byte is the limit (next: fold the -136 offset "
     "out of the 64 bf16 subtractions per stage).")
+SMALL_TMA2_PREDICTION = (
+    "Second run of the producer / consumer one-launch kernel (moe_small_tma_*). Outcome of the first "
+    "(moe_small_tma.json, code f6e1631): tma_w4 / tma_w8 slower than splitk_s4 at every M >= 2 (uniform M = 16: "
+    "0.878 / 0.904 ms against 0.748) and than four launches at M = 1 (0.0946 against 0.0894; splitk_s4 0.0977); "
+    "Nsight Compute of tma_w4 at M = 1: issue rate 0.52 per scheduler (splitk_s4 0.43) and long-scoreboard "
+    "stalls 2.3 cycles per issue (3.8), as predicted, but 40.6 M instructions against 33.1 M: the consumers "
+    "decoded the task (three integer divisions) on every ring slot, ~75-87 instructions per 2304-byte stage on "
+    "top of ~321. Changed: the consumers derive only the phase per slot and decode item, part and tile at a "
+    "task's first and last stage; w4 / w8 94 registers, 0 spills; new tma_w4o5: 4 consumer warps, 4 slots, "
+    "5 CTAs per SM (20 consumer warps per SM, as splitk_s4's 20 warps), 72 registers, 12 bytes spilled (two "
+    "local loads per slot). Predicted before this run (the first run's tma_w4 times scaled by the instruction "
+    "count, ~34 M at M = 1): tma_w4 M = 1 ~0.082 ms (~57% of copy; range 0.076-0.090), faster than four "
+    "launches (~0.089) and splitk_s4 (~0.098); M = 2 ~0.134 ms, M = 4-16 within +-4% of splitk_s4 (uniform "
+    "M = 16 ~0.75 ms); tma_w4o5 0-5% faster than tma_w4 at M >= 4 if the consumers are issue-bound per "
+    "scheduler. The goal, >= 80% of copy at M = 1 (~0.059 ms), is not expected.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
-                     "moe_small_tma": SMALL_TMA_PREDICTION}
+                     "moe_small_tma": SMALL_TMA_PREDICTION, "moe_small_tma2": SMALL_TMA2_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
-SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "tma_w4", "tma_w8")
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "tma_w4", "tma_w8",
+                       "tma_w4o5")
 
 
 def _set_compare_path(label: str) -> None:
@@ -730,7 +746,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
 
     ``paths``: labels from :data:`SMALL_COMPARE_PATHS` ("small_fused" = version 3, "four_launch", and the
     split-K forms "splitk_s3", "splitk_s4", "splitk_s3_max", and the producer / consumer forms "tma_w4",
-    "tma_w8"). For each routing and M (M * topk <= SMALL_MAX_PAIRS): a parity check of every one-launch
+    "tma_w8", "tma_w4o5"). For each routing and M (M * topk <= SMALL_MAX_PAIRS): a parity check of every one-launch
     path (fresh inputs, poisoned buffers), then every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
     in the same run. Split-K rows also record the splits the kernel takes for each timed routing
     (``<label>_splits``: "gate_up,down" -> repeats). Writes ``<name>.json``, with the prediction

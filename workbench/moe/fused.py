@@ -49,16 +49,17 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
-    # producer / consumer form (moe_int4.cu, moe_small_tma_w<CW>: CW consumer warps + one producer warp per CTA,
-    # 1-D bulk copies into an mbarrier ring of TMA_RING_STAGES slots): a task is CW tiles, so the third number
-    # counts tasks per phase per resident CTA; NOT yet measured on a GPU
+    # producer / consumer form (moe_int4.cu, moe_small_tma_*: CW consumer warps + one producer warp per CTA,
+    # 1-D bulk copies into an mbarrier ring, TMA_KERNELS): a task is CW tiles, so the third number counts tasks
+    # per phase per resident CTA. Measured slower than splitk_s4 (moe_small_tma.json, before the per-slot
+    # decoding was removed); "tma_w4o5": 5 CTAs of 4 consumer warps per SM (20, as splitk_s4)
     "tma_w4": ("moe_small_tma_w4", (4, 2, 2)),
     "tma_w8": ("moe_small_tma_w8", (4, 2, 2)),
+    "tma_w4o5": ("moe_small_tma_w4o5", (4, 2, 2)),
 }
 SMALL_VARIANT = {"name": "splitk_s4"}
-# moe_small_tma_w<CW>: consumer warps per CTA, and ring slots (each CW x 2304 bytes; MOE_TMA_INSTANCE in moe_int4.cu)
-TMA_WARPS = {"moe_small_tma_w4": 4, "moe_small_tma_w8": 8}
-TMA_RING_STAGES = 5
+# moe_small_tma_*: (consumer warps per CTA CW, ring slots of CW x 2304 bytes each); MOE_TMA_INSTANCE in moe_int4.cu
+TMA_KERNELS = {"moe_small_tma_w4": (4, 5), "moe_small_tma_w8": (8, 5), "moe_small_tma_w4o5": (4, 4)}
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -157,7 +158,7 @@ def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid
     if spec is None:
         return (1, 1)
     sgu, sdn, per = spec
-    cw = TMA_WARPS.get(SMALL_VARIANTS[variant][0])
+    cw = TMA_KERNELS.get(SMALL_VARIANTS[variant][0], (None,))[0]
     if cw is not None:   # producer / consumer kernel: a task is cw tiles; per tasks per resident CTA
         want = min(per * grid_ctas, 1 << 30)
         return (splitk_choice(items, intermediate // 8 // cw, hidden // 256, sgu, want),
@@ -330,7 +331,7 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
     kname, spec = SMALL_VARIANTS[SMALL_VARIANT["name"]]
     kern = _kernel(kname)
-    if kname in TMA_WARPS:
+    if kname in TMA_KERNELS:
         return _fused_tma(kern, kname, spec, (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i), hbuf, out)
     grid = _small_grid(kern, dev, kname)
     if spec is None:
@@ -354,15 +355,16 @@ _TMA_READY: set[tuple[int, str]] = set()
 
 def tma_shared_bytes(kname: str) -> int:
     """Dynamic shared memory (the weight ring) of the producer / consumer kernel ``kname``, in bytes."""
-    return TMA_RING_STAGES * TMA_WARPS[kname] * 2304
+    cw, slots = TMA_KERNELS[kname]
+    return slots * cw * 2304
 
 
 def _fused_tma(kern, kname: str, spec: tuple[int, int, int], head: tuple, hbuf: torch.Tensor,
                out: torch.Tensor) -> torch.Tensor:
-    """Launch moe_small_tma_w<CW>: block 32 * (CW + 1), the ring in dynamic shared memory (limit raised once)."""
+    """Launch moe_small_tma_*: block 32 * (CW + 1), the ring in dynamic shared memory (limit raised once)."""
     m, k, e, h, i = head[5:]
     dev = hbuf.device
-    cw = TMA_WARPS[kname]
+    cw = TMA_KERNELS[kname][0]
     if (i // 8) % cw or (h // 16) % cw:
         raise ValueError(f"{kname} needs intermediate/8 and hidden/16 to be multiples of {cw}, "
                          f"got intermediate {i}, hidden {h}")
