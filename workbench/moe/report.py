@@ -5,7 +5,8 @@ Every measured number in the paper comes from here, read from
 history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
 (the one-launch kernel's version 3 against the four-launch path, M <= 16),
 ``moe_small_splitk.json`` (version 3, the split-K forms and the four-launch path, M <= 16: the run
-today's dispatch was set from),
+today's dispatch was set from), ``moe_small_tma.json`` / ``moe_small_tma2.json`` (the producer / consumer
+one-launch kernels beside the dispatched paths) and their Nsight Compute text reports,
 the Nsight Compute text report and the source's anchor points
 (``data/anchors/rtx_pro_6000_moe.json``):
 
@@ -35,6 +36,13 @@ NCU_FILE = "data/measurements/h200/moe_small_fused_ncu_d90e78b.txt"
 # Version 3 of the one-launch kernel against the four-launch path, M = 1-16 only (bench --small-compare).
 SMALL_V3 = "moe_small_v3"
 SMALL_SPLITK = "moe_small_splitk"
+# Producer / consumer one-launch kernels (moe_small_tma_*) beside the dispatched paths: first run, second run.
+SMALL_TMA = ("moe_small_tma", "moe_small_tma2")
+# Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
+# tma_w4 in each of its two runs.
+NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
+                "data/measurements/h200/moe_small_tma_logs/ncu_tma_m1.txt",
+                "data/measurements/h200/moe_small_tma2_logs/ncu_tma2_m1.txt")
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -304,6 +312,80 @@ def small_splitk_rows() -> list[dict[str, Any]]:
     return out
 
 
+def block_small_tma() -> str:
+    """The producer / consumer kernels' runs: every path of each run, % of copy, fastest and dispatched."""
+    parts = []
+    for name in SMALL_TMA:
+        doc = plots.load_moe_small(name=name)
+        if not doc:
+            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
+            continue
+        p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+        checks = res["checks"]
+        worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+        rows = []
+        for r in plots.small_path_rows(doc):
+            rows.append({k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v))
+                         for k, v in r.items() if not k.endswith(" ms")})
+        parts.append(
+            f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, {p.get('date_utc')}; "
+            f"`--small-compare {name} --reps {par['reps']} --small-paths {' '.join(par['paths'])}`, M = "
+            f"{', '.join(map(str, par['m_values']))}): copy {res['copy_gb_per_s']:.0f} GB/s in the same run; grids "
+            f"(CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}; parity "
+            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy per "
+            f"path; `dispatched` is today's dispatch.\n\n" + markdown_table(rows))
+    return "\n".join(parts)
+
+
+_NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
+                "Issued Warp Per Scheduler": "issue / scheduler-cycle", "No Eligible": "no eligible %",
+                "Achieved Occupancy": "achieved occupancy %"}
+_STALLS = ("long_scoreboard", "membar", "wait", "barrier", "math_pipe_throttle", "not_selected")
+
+
+def ncu_m1_rows() -> list[dict[str, Any]]:
+    """Per kernel (the last launch of each name) of every M = 1 Nsight Compute file: duration, DRAM, instructions,
+    issue rate, occupancy and the main stall reasons (cycles per issued instruction)."""
+    import re
+
+    out = []
+    for path in NCU_M1_FILES:
+        f = REPO_ROOT / path
+        if not f.exists():
+            continue
+        by_kernel: dict[str, dict[str, Any]] = {}
+        cur = None
+        for line in f.read_text().splitlines():
+            head = re.match(r"^  (moe_\w+) \(", line)
+            if head:
+                cur = head.group(1)
+                by_kernel[cur] = {"file": path.rsplit("/", 1)[-1], "kernel": cur}
+                continue
+            m = re.match(r"^\s{4}(\S.*?)\s{2,}(\S+\s+)?([\d.,]+)\s*$", line)
+            if not (cur and m):
+                continue
+            key, val = m.group(1).strip(), float(m.group(3).replace(",", ""))
+            if key in _NCU_M1_KEYS:
+                by_kernel[cur][_NCU_M1_KEYS[key]] = f"{val / 1e6:.1f}" if key.startswith("smsp") else f"{val:.3g}"
+            st = re.match(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", key)
+            if st and st.group(1) in _STALLS:
+                by_kernel[cur][f"stall {st.group(1)}"] = f"{val:.2f}"
+        order = ["file", "kernel", *_NCU_M1_KEYS.values(), *(f"stall {k}" for k in _STALLS)]
+        out += [{k: r.get(k, "-") for k in order} for r in by_kernel.values()
+                if r["kernel"] not in ("moe_align", "moe_combine")]
+    return out
+
+
+def block_ncu_m1() -> str:
+    rows = ncu_m1_rows()
+    if not rows:
+        return "No M = 1 Nsight Compute file is committed.\n"
+    return ("Nsight Compute at M = 1 (uniform; `--clock-control none`, so durations compare with the sweeps; "
+            "`python -m workbench.moe.bench --single 1 --small ...`, the last of two calls of each kernel): "
+            + ", ".join(f"`{p}`" for p in NCU_M1_FILES if (REPO_ROOT / p).exists())
+            + ". Stalls in cycles per issued instruction.\n\n" + markdown_table(rows))
+
+
 def block_small_splitk() -> str:
     """The run that chose today's dispatch: every path in one process, % of copy per path, the fastest and
     the dispatched one (fused.SMALL_TABLE / SMALL_VARIANT as they are now)."""
@@ -376,6 +458,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small": block_small,
     "small_v3": block_small_v3,
     "small_splitk": block_small_splitk,
+    "small_tma": block_small_tma,
+    "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,
