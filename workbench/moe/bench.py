@@ -683,51 +683,10 @@ SMALL_SPLITK_PREDICTION = (
     "(>= 80% of copy at every M <= 16) is NOT expected at M = 1-2 even if this holds: at M = 1, 80% leaves "
     "~2 us over streaming at 3.4 TB/s. If splitk_s3 is not faster than the four-launch path at M = 1, the "
     "chain hypothesis is refuted: profile version 3 at M = 1 (ncu) before building more.")
-SMALL_TMA_PREDICTION = (
-    "Producer / consumer form of the split-K one-launch kernel (moe_small_tma_w4 / _w8, code in "
-    "workbench/kernels/moe_int4.cu; NOT dispatched). Evidence it was built from (Nsight Compute, clocks not locked, "
-    "data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt): splitk_s4 at M = 1 ran 88-90 us, DRAM 46-47% of peak "
-    "(2.24 TB/s), 0.43 instructions issued per scheduler-cycle, no eligible warp in 57% of cycles, 28.9% achieved "
-    "occupancy (31.25% theoretical); per issued instruction a warp waited 3.8 cycles on long scoreboard, 2.3 on "
-    "memory barriers (the fences ending every task), 1.3 on fixed latency; 33.1 M instructions (0.167 per byte). "
-    "The four-launch gate_up at M = 1: 50 us at 2.68 TB/s, issue 0.62, stalls mostly math-pipe throttle and not "
-    "selected; down 30 us at 2.26 TB/s; align + combine 6.5 us. So at M = 1 both paths are far from bandwidth, "
-    "and splitk_s4 loses to stalls: each task restarts its warp's ring (a DRAM round trip before the first stage) "
-    "and ends by draining it and fencing, ~6 tasks per warp at M = 1. Design: per CTA one producer warp streams "
-    "every stage of the CTA's tasks (a task = item, K part, CW neighbouring tiles) with one 1-D bulk copy "
-    "(cp.async.bulk, CW x 2304 contiguous bytes) into a 5-slot mbarrier ring that never drains between tasks; CW "
-    "consumer warps (4 or 8) run version 3's stage code from the ring, release each slot before a task's epilogue "
-    "(stores, fences, counters as splitk); 96 registers, 0 spills; w4: 4 CTAs of 160 threads per SM (45 KB ring "
-    "each), w8: 2 CTAs of 288 (90 KB ring each): 16 consumer warps per SM in both. Predicted before the run "
-    "(issue-bound model: the consumers' instructions per byte stay ~0.16, the issue rate rises from 0.43 toward "
-    "the four-launch gate_up's 0.6 once consumers stop waiting on their own copies): tma_w4 at M = 1 ~0.067 ms "
-    "(~70% of copy; range 0.060-0.078), faster than four launches (0.0875) and splitk_s4 (0.0955); M = 2 "
-    "~0.115 ms (~80%; 0.105-0.125) against splitk_s4 0.134; M = 4-16 (s = 1) 0-5% faster than splitk_s4 (uniform "
-    "M = 16 ~0.72 ms, ~88%; skewed M = 4 and 16 above 80%). tma_w8 within 5% of tma_w4 (slower at M = 1-2 if "
-    "its coarser tasks balance worse). If tma_w4 is not faster than splitk_s4 at M = 1-2, the ring restarts were "
-    "not what bound the kernel: then the instruction count per byte is the limit (next: fold the -136 offset "
-    "out of the 64 bf16 subtractions per stage).")
-SMALL_TMA2_PREDICTION = (
-    "Second run of the producer / consumer one-launch kernel (moe_small_tma_*). Outcome of the first "
-    "(moe_small_tma.json, code f6e1631): tma_w4 / tma_w8 slower than splitk_s4 at every M >= 2 (uniform M = 16: "
-    "0.878 / 0.904 ms against 0.748) and than four launches at M = 1 (0.0946 against 0.0894; splitk_s4 0.0977); "
-    "Nsight Compute of tma_w4 at M = 1: issue rate 0.52 per scheduler (splitk_s4 0.43) and long-scoreboard "
-    "stalls 2.3 cycles per issue (3.8), as predicted, but 40.6 M instructions against 33.1 M: the consumers "
-    "decoded the task (three integer divisions) on every ring slot, ~75-87 instructions per 2304-byte stage on "
-    "top of ~321. Changed: the consumers derive only the phase per slot and decode item, part and tile at a "
-    "task's first and last stage; w4 / w8 94 registers, 0 spills; new tma_w4o5: 4 consumer warps, 4 slots, "
-    "5 CTAs per SM (20 consumer warps per SM, as splitk_s4's 20 warps), 72 registers, 12 bytes spilled (two "
-    "local loads per slot). Predicted before this run (the first run's tma_w4 times scaled by the instruction "
-    "count, ~34 M at M = 1): tma_w4 M = 1 ~0.082 ms (~57% of copy; range 0.076-0.090), faster than four "
-    "launches (~0.089) and splitk_s4 (~0.098); M = 2 ~0.134 ms, M = 4-16 within +-4% of splitk_s4 (uniform "
-    "M = 16 ~0.75 ms); tma_w4o5 0-5% faster than tma_w4 at M >= 4 if the consumers are issue-bound per "
-    "scheduler. The goal, >= 80% of copy at M = 1 (~0.059 ms), is not expected.")
-SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
-                     "moe_small_tma": SMALL_TMA_PREDICTION, "moe_small_tma2": SMALL_TMA2_PREDICTION}
+SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
-SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "tma_w4", "tma_w8",
-                       "tma_w4o5")
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max")
 
 
 def _set_compare_path(label: str) -> None:
@@ -745,9 +704,9 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     """One-launch small-M kernels against the four-launch path at Kimi shapes, in one process.
 
     ``paths``: labels from :data:`SMALL_COMPARE_PATHS` ("small_fused" = version 3, "four_launch", and the
-    split-K forms "splitk_s3", "splitk_s4", "splitk_s3_max", and the producer / consumer forms "tma_w4",
-    "tma_w8", "tma_w4o5"). For each routing and M (M * topk <= SMALL_MAX_PAIRS): a parity check of every one-launch
-    path (fresh inputs, poisoned buffers), then every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
+    split-K forms "splitk_s3", "splitk_s4", "splitk_s3_max"). For each routing and M (M * topk <=
+    SMALL_MAX_PAIRS): a parity check of every one-launch path (fresh inputs, poisoned buffers), then
+    every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
     in the same run. Split-K rows also record the splits the kernel takes for each timed routing
     (``<label>_splits``: "gate_up,down" -> repeats). Writes ``<name>.json``, with the prediction
     (default: :data:`SMALL_PREDICTIONS` [name]) as its notes; the dispatch tables are left as they were.
@@ -814,7 +773,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 row[f"{label}_pct_of_copy"] = 100 * statistics.median(gb) / copy_gbps
                 row["distinct_experts_median"] = statistics.median(t["distinct"])
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
-                if label.startswith(("splitk", "tma")):
+                if label.startswith("splitk"):
                     kname = SMALL_VARIANTS[label][0]
                     ids_cpu = t["ids_all"].cpu()
                     used: dict[str, int] = {}

@@ -49,17 +49,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
-    # producer / consumer form (moe_int4.cu, moe_small_tma_*: CW consumer warps + one producer warp per CTA,
-    # 1-D bulk copies into an mbarrier ring, TMA_KERNELS): a task is CW tiles, so the third number counts tasks
-    # per phase per resident CTA. Measured slower than splitk_s4 (moe_small_tma.json, before the per-slot
-    # decoding was removed); "tma_w4o5": 5 CTAs of 4 consumer warps per SM (20, as splitk_s4)
-    "tma_w4": ("moe_small_tma_w4", (4, 2, 2)),
-    "tma_w8": ("moe_small_tma_w8", (4, 2, 2)),
-    "tma_w4o5": ("moe_small_tma_w4o5", (4, 2, 2)),
 }
 SMALL_VARIANT = {"name": "splitk_s4"}
-# moe_small_tma_*: (consumer warps per CTA CW, ring slots of CW x 2304 bytes each); MOE_TMA_INSTANCE in moe_int4.cu
-TMA_KERNELS = {"moe_small_tma_w4": (4, 5), "moe_small_tma_w8": (8, 5), "moe_small_tma_w4o5": (4, 4)}
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -157,13 +148,8 @@ def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid
     spec = SMALL_VARIANTS[variant][1]
     if spec is None:
         return (1, 1)
-    sgu, sdn, per = spec
-    cw = TMA_KERNELS.get(SMALL_VARIANTS[variant][0], (None,))[0]
-    if cw is not None:   # producer / consumer kernel: a task is cw tiles; per tasks per resident CTA
-        want = min(per * grid_ctas, 1 << 30)
-        return (splitk_choice(items, intermediate // 8 // cw, hidden // 256, sgu, want),
-                splitk_choice(items, hidden // 16 // cw, intermediate // 256, sdn, want))
-    want = min(per * grid_ctas * (THREADS // 32), 1 << 30)
+    sgu, sdn, per_warp = spec
+    want = min(per_warp * grid_ctas * (THREADS // 32), 1 << 30)
     return (splitk_choice(items, intermediate // 8, hidden // 256, sgu, want),
             splitk_choice(items, hidden // 16, intermediate // 256, sdn, want))
 
@@ -207,10 +193,8 @@ def _splitk_workspace(device: torch.device, hidden: int, intermediate: int) -> t
     return ws
 
 
-def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused", threads: int = THREADS,
-                dyn_smem: int = 0) -> int:
-    """CTAs of a one-launch kernel that fit on the device at once (occupancy x SMs), for blocks of
-    ``threads`` and ``dyn_smem`` bytes of dynamic shared memory."""
+def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused") -> int:
+    """CTAs of a one-launch kernel that fit on the device at once (occupancy x SMs)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if (idx, name) not in _GRID:
         sms = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -219,11 +203,11 @@ def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused", thr
             from cupy.cuda import driver
 
             fptr = getattr(kernel, "ptr", None) or kernel.kernel.ptr
-            per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, threads, dyn_smem))
+            per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, THREADS, 0))
         except Exception:  # noqa: BLE001 - estimate from registers (64K per SM, allocated per warp in 256s)
             regs = int(getattr(kernel, "num_regs", 128))
             per_warp = ((regs * 32 + 255) // 256) * 256
-            per_sm = max(1, min(65536 // (per_warp * (threads // 32)), 2048 // threads))
+            per_sm = max(1, min(65536 // (per_warp * (THREADS // 32)), 2048 // THREADS))
         _GRID[(idx, name)] = max(1, per_sm) * sms
     return _GRID[(idx, name)]
 
@@ -331,8 +315,6 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
     kname, spec = SMALL_VARIANTS[SMALL_VARIANT["name"]]
     kern = _kernel(kname)
-    if kname in TMA_KERNELS:
-        return _fused_tma(kern, kname, spec, (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i), hbuf, out)
     grid = _small_grid(kern, dev, kname)
     if spec is None:
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
@@ -347,43 +329,4 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     ws = _splitk_workspace(dev, h, i)
     launch(kern, (grid,), (THREADS,),
            (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, want, hbuf, gpart, ypart, ws, out))
-    return out
-
-
-_TMA_READY: set[tuple[int, str]] = set()
-
-
-def tma_shared_bytes(kname: str) -> int:
-    """Dynamic shared memory (the weight ring) of the producer / consumer kernel ``kname``, in bytes."""
-    cw, slots = TMA_KERNELS[kname]
-    return slots * cw * 2304
-
-
-def _fused_tma(kern, kname: str, spec: tuple[int, int, int], head: tuple, hbuf: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
-    """Launch moe_small_tma_*: block 32 * (CW + 1), the ring in dynamic shared memory (limit raised once)."""
-    m, k, e, h, i = head[5:]
-    dev = hbuf.device
-    cw = TMA_KERNELS[kname][0]
-    if (i // 8) % cw or (h // 16) % cw:
-        raise ValueError(f"{kname} needs intermediate/8 and hidden/16 to be multiples of {cw}, "
-                         f"got intermediate {i}, hidden {h}")
-    smem = tma_shared_bytes(kname)
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if (idx, kname) not in _TMA_READY:
-        from cupy.cuda import driver
-
-        fptr = getattr(kern, "ptr", None) or kern.kernel.ptr
-        driver.funcSetAttribute(fptr, getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8), smem)
-        driver.funcSetAttribute(fptr, getattr(driver, "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", 9), 100)
-        _TMA_READY.add((idx, kname))
-    threads = 32 * (cw + 1)
-    grid = _small_grid(kern, dev, kname, threads, smem)
-    sgu, sdn, per_cta = spec
-    want = min(per_cta * grid, 1 << 30)
-    p = m * k
-    gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
-    ypart = torch.empty(sdn * p * h, dtype=torch.float32, device=dev)
-    ws = _splitk_workspace(dev, h, i)
-    launch(kern, (grid,), (threads,), (*head, sgu, sdn, want, hbuf, gpart, ypart, ws, out), shared_mem=smem)
     return out
