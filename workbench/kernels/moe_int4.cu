@@ -676,10 +676,7 @@ __device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
 // One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups. A register r of chunk kc is
 // nib_pair(word >> 4r) = the bf16 pair (128 + u) (one shift, one LOP3), minus 136 by one exact bf16x2
 // subtraction; the group scale multiplies the fp32 partial sum of its two chunks.
-// FOLD (moe_small_splitk_s4f): the -136 is not subtracted per register (64 HADD2 per 4096 weights) but
-// added on the tensor core: one more mma per chunk with A = -136 in every slot (the same register four
-// times), into the same fp32 partial sum (products exact, sums fp32).
-template <int NT, bool FOLD = false>
+template <int NT>
 __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, const uint2 sc,
                                           const uint4 (&xq)[NT][2]) {
     const unsigned int wq[4] = {w.x, w.y, w.z, w.w};
@@ -698,7 +695,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
             unsigned int a1 = nib_pair(word >> 4);
             unsigned int a2 = nib_pair(word >> 8);
             unsigned int a3 = nib_pair(word >> 12);
-            if (!FOLD) {   // exact: (128 + u) - 136 = q in [-8, 7]
+            {   // exact: (128 + u) - 136 = q in [-8, 7]
                 a0 = bf2_sub(a0, 0x43084308u);
                 a1 = bf2_sub(a1, 0x43084308u);
                 a2 = bf2_sub(a2, 0x43084308u);
@@ -709,7 +706,6 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
                 const unsigned int b0 = h == 0 ? xq[n][gr].x : xq[n][gr].z;
                 const unsigned int b1 = h == 0 ? xq[n][gr].y : xq[n][gr].w;
                 mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
-                if (FOLD) mma_bf16(tmp[n], 0xC308C308u, 0xC308C308u, 0xC308C308u, 0xC308C308u, b0, b1);
             }
         }
         const float s_lo = __uint_as_float(sw[gr] << 16);           // row g
@@ -731,7 +727,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // read at constant offsets from one pointer per column (every column points at a valid row: columns
 // past the item's count repeat its first row, and their results are not stored).
 // wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
-template <int NT, bool COHERENT, int RS = FR_S, bool FOLD = false>
+template <int NT, bool COHERENT, int RS = FR_S>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -804,7 +800,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
                 xb[q % XD][n][0] = ld_x16<COHERENT>(p);
                 xb[q % XD][n][1] = ld_x16<COHERENT>(p + 32);
             }
-            frag_step<NT, FOLD>(acc, w, sc, xc);
+            frag_step<NT>(acc, w, sc, xc);
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n) xp[n] = xn[n];
@@ -1063,7 +1059,7 @@ __device__ __forceinline__ int splitk_pick(int items, int tiles, int nsup, int s
     return best;
 }
 
-template <int NT, int RS, bool FOLD = false>
+template <int NT, int RS>
 __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, int part, int tile, int sgu,
                                                const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                int P, int topk, int H, int I, __nv_bfloat16* __restrict__ hbuf,
@@ -1079,7 +1075,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
         xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    frag_gemm<NT, false, RS, FOLD>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+    frag_gemm<NT, false, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
     if (sgu > 1) {
         // partial sums of this part: gpart[((part * P + slot) * tiles + tile) * 16 + row], row g (gate), g + 8 (up)
 #pragma unroll
@@ -1147,7 +1143,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
     }
 }
 
-template <int NT, int RS, bool FOLD = false>
+template <int NT, int RS>
 __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int part, int tile, int sdn, int nitems,
                                             const uint4* __restrict__ Fdn, const __nv_bfloat16* hbuf,
                                             const float* __restrict__ topk_w, int M, int topk, int H, int I,
@@ -1165,7 +1161,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
         xr[n] = hbuf + (long long)(slot0 + (col < cnt ? col : 0)) * I + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    frag_gemm<NT, true, RS, FOLD>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
+    frag_gemm<NT, true, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
     const int n0 = 16 * tile + g;
     float* yp = ypart + (long long)part * P * H;
 #pragma unroll
@@ -1208,7 +1204,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
     if (lane == 0) done_dn[tile] = 0;
 }
 
-template <int RS, bool FOLD = false>
+template <int RS>
 __device__ __forceinline__ void moe_small_splitk_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1252,14 +1248,14 @@ __device__ __forceinline__ void moe_small_splitk_body(
             const int sgu = cfg[0], per_gu = sgu * tiles_gu;
             const int item = task / per_gu, r = task - item * per_gu;
             const int part = r / tiles_gu, tile = r - part * tiles_gu;
-            splitk_gate_up<1, RS, FOLD>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
+            splitk_gate_up<1, RS>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
                                   ring);
         } else {
             const int sdn = cfg[1], per_dn = sdn * tiles_dn;
             const int u = task - t_gu;
             const int item = u / per_dn, r = u - item * per_dn;
             const int part = r / tiles_dn, tile = r - part * tiles_dn;
-            splitk_down<1, RS, FOLD>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
+            splitk_down<1, RS>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
                                done_dn, out, ring);
         }
         task = __shfl_sync(0xffffffffu, next, 0);
@@ -1279,17 +1275,16 @@ __device__ __forceinline__ void moe_small_splitk_body(
 // grid: at most the CTAs that fit on the device at once; block 128. sgu_max / sdn_max in {1, 2, 4};
 // want: tasks wanted per phase (split chosen per phase on the device, see splitk_pick).
 // gpart: f32 [sgu_max, P, I/8, 16] (unused when sgu_max == 1), ypart: f32 [sdn_max, P, H].
-#define MOE_SPLITK_INSTANCE(RS, MINB, FOLD, TAG)                                                              \
-    extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s##TAG(                       \
+#define MOE_SPLITK_INSTANCE(RS, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s##RS(                        \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
         int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
         __nv_bfloat16* __restrict__ out) {                                                                     \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                             \
-        moe_small_splitk_body<RS, FOLD>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf,   \
+        moe_small_splitk_body<RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf,   \
                                   gpart, ypart, ws, out, s_ring);                                              \
     }
 
-MOE_SPLITK_INSTANCE(3, 6, false, 3)
-MOE_SPLITK_INSTANCE(4, 5, false, 4)
-MOE_SPLITK_INSTANCE(4, 5, true, 4f)   // splitk_s4 with the -136 on the tensor core (frag_step FOLD)
+MOE_SPLITK_INSTANCE(3, 6)
+MOE_SPLITK_INSTANCE(4, 5)

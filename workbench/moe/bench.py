@@ -683,25 +683,10 @@ SMALL_SPLITK_PREDICTION = (
     "(>= 80% of copy at every M <= 16) is NOT expected at M = 1-2 even if this holds: at M = 1, 80% leaves "
     "~2 us over streaming at 3.4 TB/s. If splitk_s3 is not faster than the four-launch path at M = 1, the "
     "chain hypothesis is refuted: profile version 3 at M = 1 (ncu) before building more.")
-SMALL_S4F_PREDICTION = (
-    "splitk_s4f: splitk_s4 (dispatched at M = 2-16) with the -136 offset of every weight added on the tensor "
-    "core (one more mma per chunk, A = -136 in every slot) instead of 64 bf16x2 subtractions per 4096 weights. "
-    "Why: Nsight Compute (data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt) and runs 5-8 show every small-M "
-    "kernel here bound by instruction issue or by its own waits, never by DRAM; a producer / consumer form that "
-    "removed waits but not instructions lost (moe_small_tma*.json). SASS (cuobjdump, nvcc 13.0 sm_90, loops "
-    "found by backward branches): gate_up stage loop 320 -> 292 instructions per 2304 bytes (-64 HADD2, +16 "
-    "HMMA, +18 IMAD: ptxas rematerialises the constant A quad), down 316 -> 299; 96 registers, 12 bytes spilled "
-    "outside the stage loops (2 local loads per task). Predicted before the run: if issue-bound, time falls "
-    "with the weighted instruction count (~-7.5%), less where waits dominate: M >= 4 (s = 1) 3-7% faster "
-    "than splitk_s4 (uniform M = 16 ~88-90% of copy; skewed M = 4 and 16 above 80%), M = 2 2-5% faster, "
-    "M = 1 0-4% faster (still about the four launches); parity within 1e-2 (products exact, fp32 sums of "
-    "(128 + u) x and -136 x: relative error ~1e-5 expected). Refuted if splitk_s4f is not faster at M >= 4: "
-    "then the HMMA pipe (twice the mma count) or the rematerialised moves cost what the subtractions saved.")
-SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
-                     "moe_small_s4f": SMALL_S4F_PREDICTION}
+SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
-SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "splitk_s4f")
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max")
 
 
 def _set_compare_path(label: str) -> None:

@@ -49,9 +49,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
-    # splitk_s4 with the -136 offset added on the tensor core instead of 64 bf16x2 subtractions per 4096
-    # weights (moe_int4.cu frag_step FOLD; SASS stage loops 320 -> 292 instructions at gate_up, 316 -> 299 at down)
-    "splitk_s4f": ("moe_small_splitk_s4f", (4, 2, 2)),
 }
 SMALL_VARIANT = {"name": "splitk_s4"}
 
