@@ -6,7 +6,8 @@ history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
 (the one-launch kernel's version 3 against the four-launch path, M <= 16),
 ``moe_small_splitk.json`` (version 3, the split-K forms and the four-launch path, M <= 16: the run
 today's dispatch was set from), ``moe_small_tma.json`` / ``moe_small_tma2.json`` (the producer / consumer
-one-launch kernels beside the dispatched paths) and their Nsight Compute text reports,
+one-launch kernels beside the dispatched paths), ``moe_small_s4f.json`` (the -136 offset on the tensor
+core) and the Nsight Compute text reports,
 the Nsight Compute text report and the source's anchor points
 (``data/anchors/rtx_pro_6000_moe.json``):
 
@@ -38,6 +39,8 @@ SMALL_V3 = "moe_small_v3"
 SMALL_SPLITK = "moe_small_splitk"
 # Producer / consumer one-launch kernels (moe_small_tma_*) beside the dispatched paths: first run, second run.
 SMALL_TMA = ("moe_small_tma", "moe_small_tma2")
+# splitk_s4 with the -136 offset added on the tensor core (reverted code).
+SMALL_S4F = "moe_small_s4f"
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
 NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
@@ -312,29 +315,34 @@ def small_splitk_rows() -> list[dict[str, Any]]:
     return out
 
 
-def block_small_tma() -> str:
-    """The producer / consumer kernels' runs: every path of each run, % of copy, fastest and dispatched."""
-    parts = []
-    for name in SMALL_TMA:
-        doc = plots.load_moe_small(name=name)
-        if not doc:
-            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
-            continue
-        p, par, res = doc["provenance"], doc["parameters"], doc["results"]
-        checks = res["checks"]
-        worst = max(c["rel_err"] for c in checks) if checks else float("nan")
-        rows = []
-        for r in plots.small_path_rows(doc):
-            rows.append({k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v))
-                         for k, v in r.items() if not k.endswith(" ms")})
-        parts.append(
-            f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, {p.get('date_utc')}; "
+def _small_run_block(name: str) -> str:
+    """One --small-compare run: every path's % of copy per row, the fastest and today's dispatch."""
+    doc = plots.load_moe_small(name=name)
+    if not doc:
+        return f"data/measurements/h200/{name}.json is not committed.\n"
+    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+    checks = res["checks"]
+    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    rows = []
+    for r in plots.small_path_rows(doc):
+        rows.append({k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v))
+                     for k, v in r.items() if not k.endswith(" ms")})
+    return (f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, {p.get('date_utc')}; "
             f"`--small-compare {name} --reps {par['reps']} --small-paths {' '.join(par['paths'])}`, M = "
             f"{', '.join(map(str, par['m_values']))}): copy {res['copy_gb_per_s']:.0f} GB/s in the same run; grids "
             f"(CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}; parity "
             f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy per "
             f"path; `dispatched` is today's dispatch.\n\n" + markdown_table(rows))
-    return "\n".join(parts)
+
+
+def block_small_tma() -> str:
+    """The producer / consumer kernels' two runs (reverted code), beside the dispatched paths."""
+    return "\n".join(_small_run_block(name) for name in SMALL_TMA)
+
+
+def block_small_s4f() -> str:
+    """splitk_s4 with the -136 offset on the tensor core (reverted code), beside splitk_s4 and four launches."""
+    return _small_run_block(SMALL_S4F)
 
 
 _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
@@ -459,6 +467,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_v3": block_small_v3,
     "small_splitk": block_small_splitk,
     "small_tma": block_small_tma,
+    "small_s4f": block_small_s4f,
     "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
     "families": block_families,
