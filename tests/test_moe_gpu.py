@@ -110,11 +110,13 @@ def splitk_on(request):
     """The one-launch path for M * topk <= 128, with the split-K kernel named by the test's parameter."""
     from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, set_small_table, set_small_variant
 
-    saved = list(SMALL_TABLE)
+    from workbench.moe.fused import SMALL_VARIANT
+
+    saved, saved_variant = list(SMALL_TABLE), SMALL_VARIANT["name"]
     set_small_table([(SMALL_MAX_PAIRS, True)])
     set_small_variant(request.param)
     yield request.param
-    set_small_variant("v3")
+    set_small_variant(saved_variant)
     set_small_table(saved)
 
 
@@ -133,7 +135,7 @@ def test_splitk_parity_kimi_shape(splitk_on, m):
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-@pytest.mark.parametrize("splitk_on", ["splitk_s3_max"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["splitk_s3_max", "splitk_s4"], indirect=True)
 def test_splitk_edge_cases_graph_replays_and_determinism(small, splitk_on):
     from workbench.moe.bench import check_graph_replay, small_path_edge_checks
 

@@ -23,9 +23,10 @@ from workbench.moe.packing import FRAG_STAGE, FRAG_WORDS, random_int4_experts
 KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs per SM
 
 
-def test_default_variant_and_table_unchanged():
-    assert SMALL_VARIANT["name"] == "v3" and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(3, False), (16, True)]
+def test_default_variant_and_table_as_measured():
+    """moe_small_splitk.json (H200, 1e272c7): splitk_s4 at M = 2-16, four launches at M = 1."""
+    assert SMALL_VARIANT["name"] == "splitk_s4" and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
+    assert SMALL_TABLE == [(1, False), (16, True)]
     with pytest.raises(ValueError, match="small variant"):
         set_small_variant("splitk_s9")
 
@@ -163,7 +164,7 @@ def test_compare_path_switch_and_table_format():
     from workbench.moe import bench
     from workbench.moe.fused import SMALL_MAX_PAIRS, set_small_table, uses_small_path
 
-    saved = list(SMALL_TABLE)
+    saved, saved_variant = list(SMALL_TABLE), SMALL_VARIANT["name"]
     try:
         bench._set_compare_path("four_launch")
         assert not uses_small_path(1, 8)
@@ -173,7 +174,7 @@ def test_compare_path_switch_and_table_format():
         assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, True)]
     finally:
         set_small_table(saved)
-        set_small_variant("v3")
+        set_small_variant(saved_variant)
     paths = ["small_fused", "four_launch", "splitk_s3"]
     row = {"routing": "uniform", "m": 1, "distinct_experts_median": 8.0}
     for i, p in enumerate(paths):

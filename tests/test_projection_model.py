@@ -307,3 +307,31 @@ def test_engine_step_comparison(tmp_path):
     assert by["verify (MoE + dense + attention)"]["model ms"] > dense_ms
     assert by["accept + commit"]["measured ms"] == pytest.approx(0.5)
     assert engine_step_comparison(load_calibration(use_measurements=False)) is None
+
+
+def test_small_m_comparison_replaces_the_points_it_measured(tmp_path):
+    """A bench --small-compare file beside moe_bandwidth: at its M values the dispatched path's uniform %
+    of copy replaces the sweep's point; other M keep the sweep; alone it is not used (a note says so)."""
+    from workbench.moe import fused
+
+    rows = [{"routing": r, "m": m, "pct_of_copy": 60.0, "ms_median": 1.0, "bytes_moved": 1e9, "timing": "cuda_graph"}
+            for r in ("uniform", "skewed") for m in (1, 9, 32)]
+    big = {"name": "moe_bandwidth", "provenance": {"gpu": "NVIDIA H200"},
+           "results": {"copy_gb_per_s": 4200.0, "rows": rows}}
+    label = fused.SMALL_VARIANT["name"]
+    label = "small_fused" if label == "v3" else label
+    small_rows = [{"routing": r, "m": m, "four_launch_variant": "nt1_rt2_l2",
+                   "four_launch_pct_of_copy": 50.0, "four_launch_ms_median": 1.0,
+                   f"{label}_pct_of_copy": 80.0 + m if r == "uniform" else 10.0, f"{label}_ms_median": 1.0}
+                  for r in ("uniform", "skewed") for m in (1, 9)]
+    small = {"name": "moe_small_test", "parameters": {"topk": 8, "paths": [label, "four_launch"]},
+             "results": {"rows": small_rows}}
+    (tmp_path / "moe_bandwidth.json").write_text(json.dumps(big))
+    (tmp_path / "moe_small_test.json").write_text(json.dumps(small))
+    cal = load_calibration([tmp_path / "moe_bandwidth.json", tmp_path / "moe_small_test.json"],
+                           use_measurements=False)
+    expect_m1 = 0.81 if fused.uses_small_path(1, 8) else 0.50
+    assert cal.moe_measured == [(1.0, pytest.approx(expect_m1)), (9.0, pytest.approx(0.89)), (32.0, pytest.approx(0.6))]
+    assert "moe_small_test.json" in cal.moe_source
+    alone = load_calibration([tmp_path / "moe_small_test.json"], use_measurements=False)
+    assert alone.moe_measured is None and any("small-M comparison" in n for n in alone.notes)

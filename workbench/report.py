@@ -65,7 +65,7 @@ def results_rows() -> list[dict[str, Any]]:
             pct, row = got
             rows.append({"area": "INT4 MoE", "goal": "% of copy bandwidth at M <= 16, dispatched path today (>= 80)",
                          "measured": f"{pct:.1f} (worst: {row['routing']} M={row['M']}, {row['dispatched']})",
-                         "met": pct >= 80, "file": "moe_small_v3.json"})
+                         "met": pct >= 80, "file": f"{small['name']}.json"})
     except Exception as e:
         rows.append({"area": "INT4 MoE", "goal": "-", "measured": f"unavailable ({e})", "met": None,
                      "file": "moe_bandwidth.json"})

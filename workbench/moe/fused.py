@@ -2,8 +2,8 @@
 
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
-:data:`SMALL_TABLE` says so (M = 4-16 on the H200), it is one persistent
-launch, ``moe_small_fused`` (grouping, gate/up with SiLU, down and the sum over
+:data:`SMALL_TABLE` says so (M = 2-16 on the H200), it is one persistent
+launch, ``moe_small_splitk_s4`` by default (:data:`SMALL_VARIANTS`; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -28,26 +28,29 @@ MAX_EXPERTS = 1024
 THREADS = 128
 SMALL_MAX_PAIRS = 128   # moe_small_fused: one thread per (token, expert) pair in its prologue
 SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the four-launch path at small M
-# (largest M, use moe_small_fused) in increasing M, for M * topk <= SMALL_MAX_PAIRS; beyond the last
-# entry the four-launch kernels run. The benchmark times both paths at every swept M and sets this.
-# Set from data/measurements/h200/moe_small_v3.json (H200, code c5f9350, both paths in one run, uniform
-# and skewed routing): the one-launch kernel (version 3) is 1.03-1.08x faster at M = 4, 8, 9 and 16 and
-# 0.80-0.91x at M = 1 and 2, so it runs from M = 4 (M = 3 was not measured: four launches, as at M = 2).
-# (Version 2, data/measurements/h200/moe_bandwidth.json, commit 24eab72, was slower at every M.)
-SMALL_TABLE: list[tuple[int, bool]] = [(3, False), (16, True)]
+# (largest M, use the one-launch kernel) in increasing M, for M * topk <= SMALL_MAX_PAIRS; beyond the last
+# entry the four-launch kernels run. The benchmark times the paths at every swept M and sets this.
+# Set from data/measurements/h200/moe_small_splitk.json (H200, code 1e272c7, every path in one run, uniform
+# and skewed routing): the split-K one-launch kernel with a 4-stage ring (splitk_s4, below) is the fastest
+# or within 0.2% of the fastest path at M = 2, 4, 8, 9 and 16 (69.8% of copy at uniform M = 2, 80.2-86.1% at
+# M = 4-16); at M = 1 the four-launch path is faster (53.6% against 49.1%). M = 3 was not measured: one
+# launch, as at M = 2 and 4, where it wins.
+# (Version 3 alone, moe_small_v3.json, code c5f9350, ran from M = 4; version 2, moe_bandwidth.json, commit
+# 24eab72, was slower at every M.)
+SMALL_TABLE: list[tuple[int, bool]] = [(1, False), (16, True)]
 
-# Kernels of the one-launch path, selected by set_small_variant (benchmarking; the default "v3" is
-# moe_small_fused, what SMALL_TABLE was measured with). "splitk_*" are the split-K form (moe_int4.cu,
-# moe_small_splitk_s<RS>, NOT yet measured on a GPU): name -> (kernel, (max gate_up split, max down
-# split, tasks wanted per phase per resident warp)); the kernel picks each phase's split on the device
-# (splitk_choice). "_max" always takes the largest split (a control at M >= 4).
+# Kernels of the one-launch path, selected by set_small_variant: name -> (kernel, (max gate_up split, max
+# down split, tasks wanted per phase per resident warp)) or None for no split (moe_small_fused, version 3).
+# The split-K forms (moe_int4.cu, moe_small_splitk_s<RS>, RS ring stages) pick each phase's split on the
+# device (splitk_choice); "_max" always takes the largest split (a control at M >= 4). The default,
+# "splitk_s4", is what SMALL_TABLE was measured with (moe_small_splitk.json).
 SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
     "v3": ("moe_small_fused", None),
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
 }
-SMALL_VARIANT = {"name": "v3"}
+SMALL_VARIANT = {"name": "splitk_s4"}
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -96,7 +99,8 @@ def set_small_path(enabled: bool) -> None:
 
 
 def uses_small_path(m: int, topk: int) -> bool:
-    """True when ``fused_moe_int4`` runs ``moe_small_fused`` for M tokens of ``topk`` experts each."""
+    """True when ``fused_moe_int4`` runs the one-launch kernel (:data:`SMALL_VARIANT`) for M tokens of
+    ``topk`` experts each."""
     if not (SMALL_PATH["enabled"] and 0 < m * topk <= SMALL_MAX_PAIRS):
         return False
     for max_m, use in SMALL_TABLE:
@@ -106,7 +110,8 @@ def uses_small_path(m: int, topk: int) -> bool:
 
 
 def set_small_variant(name: str) -> None:
-    """Kernel of the one-launch path: a key of :data:`SMALL_VARIANTS` ("v3", the default, or a split-K form)."""
+    """Kernel of the one-launch path: a key of :data:`SMALL_VARIANTS` ("splitk_s4", the default, "v3" or
+    another split-K form)."""
     if name not in SMALL_VARIANTS:
         raise ValueError(f"small variant must be one of {sorted(SMALL_VARIANTS)}, got {name!r}")
     SMALL_VARIANT["name"] = name

@@ -1,8 +1,8 @@
 """Tables and plotly figures for notebooks/02_moe_bandwidth.ipynb.
 
 Everything reads the committed measurements (``data/measurements/<gpu>/moe_bandwidth.json``,
-the full sweep; ``moe_small_v3.json``, the one-launch small-M kernel against the four-launch path
-at M <= 16 in one run) and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
+the full sweep; ``moe_small_splitk.json``, the one-launch small-M kernels against the four-launch path
+at M <= 16 in one run, the file :data:`workbench.moe.fused.SMALL_TABLE` was set from) and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
 here holds a measured number.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from workbench import DATA_DIR
 from workbench.kernels import resolve_device
 from workbench.measure import load_measurement
 from workbench.moe.bench import make_routing, plateau_m, rel_error
-from workbench.moe.fused import fused_moe_int4, gpu_supported, uses_small_path, variant_name
+from workbench.moe.fused import SMALL_VARIANT, fused_moe_int4, gpu_supported, uses_small_path, variant_name
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -116,16 +116,18 @@ def ms_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None)
 def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None,
                small: dict[str, Any] | None = None):
     """Achieved bandwidth as % of the copy bandwidth measured in the same run, with the source's 67-73% band;
-    ``small`` (:func:`load_moe_small`) adds the one-launch small-M kernel's points (its own run)."""
+    ``small`` (:func:`load_moe_small`) adds, from its own run, the points of the path dispatched today at
+    each M <= 16 (:func:`dispatched_label`)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     if small is not None:
         for routing in ("uniform", "skewed"):
-            rr = sorted((r for r in small["results"]["rows"] if r["routing"] == routing), key=lambda r: r["m"])
-            fig.add_trace(go.Scatter(x=[r["m"] for r in rr], y=[r["small_fused_pct_of_copy"] for r in rr],
+            rr = [r for r in small_path_rows(small) if r["routing"] == routing]
+            fig.add_trace(go.Scatter(x=[r["M"] for r in rr], y=[r["dispatched % copy"] for r in rr],
                                      mode="markers", marker={"symbol": "diamond", "size": 10},
-                                     name=f"one-launch small-M kernel, {routing} ({small['name']}.json)"))
+                                     text=[r["dispatched"] for r in rr],
+                                     name=f"dispatched path at M <= 16, {routing} ({small['name']}.json)"))
     if doc is not None:
         for routing in ("uniform", "skewed"):
             rr = _rows(doc, routing)
@@ -143,30 +145,56 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     return fig
 
 
-def load_moe_small(gpu: str = "h200", name: str = "moe_small_v3") -> dict[str, Any] | None:
-    """The committed one-launch vs four-launch comparison at M <= 16 (``bench --small-compare``), or None."""
+SMALL_COMPARE = "moe_small_splitk"   # the comparison fused.SMALL_TABLE / SMALL_VARIANT were set from
+
+
+def load_moe_small(gpu: str = "h200", name: str = SMALL_COMPARE) -> dict[str, Any] | None:
+    """A committed comparison of the paths at M <= 16 (``bench --small-compare NAME``), or None."""
     return load_measurement(name, gpu)
 
 
+def one_launch_paths(small: dict[str, Any]) -> list[str]:
+    """Labels of the one-launch paths a comparison timed ("small_fused" is version 3, then split-K names)."""
+    return [p for p in small["parameters"].get("paths", ["small_fused", "four_launch"]) if p != "four_launch"]
+
+
+def dispatched_label(m: int, topk: int) -> str:
+    """The comparison-file label of the path ``fused_moe_int4`` runs today for M tokens: "four_launch",
+    "small_fused" (version 3) or the split-K variant's name."""
+    if not uses_small_path(m, topk):
+        return "four_launch"
+    v = SMALL_VARIANT["name"]
+    return "small_fused" if v == "v3" else v
+
+
 def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict[str, Any]]:
-    """Per (routing, M): both paths' ms and % of copy from one run, and which one
-    ``fused_moe_int4`` dispatches today (:func:`workbench.moe.fused.uses_small_path`)."""
+    """Per (routing, M): every timed path's ms and % of copy from one run, the fastest, and the path
+    ``fused_moe_int4`` dispatches today (:func:`dispatched_label`; its % of copy is None when this file
+    did not time that path)."""
     k = topk or small["parameters"]["topk"]
+    paths = one_launch_paths(small) + ["four_launch"]
     out = []
     for r in sorted(small["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
-        one = uses_small_path(r["m"], k)
-        out.append({"routing": r["routing"], "M": r["m"], "one-launch ms": r["small_fused_ms_median"],
-                    "one-launch % copy": r["small_fused_pct_of_copy"],
-                    "four-launch ms": r["four_launch_ms_median"], "four-launch % copy": r["four_launch_pct_of_copy"],
-                    "x one vs four": r["speedup_small_vs_four_launch"],
-                    "dispatched": "one-launch" if one else f"four-launch ({r['four_launch_variant']})",
-                    "dispatched % copy": r["small_fused_pct_of_copy"] if one else r["four_launch_pct_of_copy"]})
+        row: dict[str, Any] = {"routing": r["routing"], "M": r["m"]}
+        timed = {p: r[f"{p}_pct_of_copy"] for p in paths if f"{p}_pct_of_copy" in r}
+        for p in paths:
+            row[f"{p} ms"] = r.get(f"{p}_ms_median")
+            row[f"{p} % copy"] = timed.get(p)
+        row["fastest"] = max(timed, key=timed.get)
+        d = dispatched_label(r["m"], k)
+        row["dispatched"] = f"four_launch ({r['four_launch_variant']})" if d == "four_launch" else d
+        row["dispatched % copy"] = timed.get(d)
+        out.append(row)
     return out
 
 
 def dispatched_worst_pct(small: dict[str, Any]) -> tuple[float, dict[str, Any]] | None:
     """Worst % of copy of the dispatched path over the comparison's rows, with that row; None if empty."""
     rows = small_path_rows(small)
+    missing = [(r["routing"], r["M"], r["dispatched"]) for r in rows if r["dispatched % copy"] is None]
+    if missing:
+        raise ValueError(f"{small['name']}.json did not time the dispatched path at {missing}: re-run "
+                         "`python -m workbench.moe.bench --small-compare` with that path")
     if not rows:
         return None
     worst = min(rows, key=lambda r: r["dispatched % copy"])

@@ -4,6 +4,10 @@ Every measured number in the paper comes from here, read from
 ``data/measurements/h200/moe_bandwidth.json`` (its earlier runs from git
 history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
 (the one-launch kernel's version 3 against the four-launch path, M <= 16),
+``moe_small_splitk.json`` (version 3, the split-K forms and the four-launch path, M <= 16: the run
+today's dispatch was set from), ``moe_small_tma.json`` / ``moe_small_tma2.json`` (the producer / consumer
+one-launch kernels beside the dispatched paths), ``moe_small_s4f.json`` (the -136 offset on the tensor
+core) and the Nsight Compute text reports,
 the Nsight Compute text report and the source's anchor points
 (``data/anchors/rtx_pro_6000_moe.json``):
 
@@ -17,7 +21,8 @@ from typing import Any, Callable
 
 from workbench import REPO_ROOT, papers
 from workbench.moe.bench import flops
-from workbench.moe.fused import variant_name
+from workbench.moe import plots
+from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, variant_name
 from workbench.moe.plots import PEERS, goal_rows, load_anchors, load_moe_bandwidth, summary_rows, tuning_rows
 from workbench.papers import markdown_table
 
@@ -31,6 +36,16 @@ MOE_RUNS = (("9e008e4", 1), ("1a32b46", 2), ("8398986", 3), ("845b07e", 4))
 NCU_FILE = "data/measurements/h200/moe_small_fused_ncu_d90e78b.txt"
 # Version 3 of the one-launch kernel against the four-launch path, M = 1-16 only (bench --small-compare).
 SMALL_V3 = "moe_small_v3"
+SMALL_SPLITK = "moe_small_splitk"
+# Producer / consumer one-launch kernels (moe_small_tma_*) beside the dispatched paths: first run, second run.
+SMALL_TMA = ("moe_small_tma", "moe_small_tma2")
+# splitk_s4 with the -136 offset added on the tensor core (reverted code).
+SMALL_S4F = "moe_small_s4f"
+# Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
+# tma_w4 in each of its two runs.
+NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
+                "data/measurements/h200/moe_small_tma_logs/ncu_tma_m1.txt",
+                "data/measurements/h200/moe_small_tma2_logs/ncu_tma2_m1.txt")
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -281,20 +296,125 @@ def block_small_v3() -> str:
             f"{res['copy_gb_per_s']:.0f} GB/s measured in the same run; one-launch grid "
             f"{par.get('small_path_grid_ctas')} CTAs. Parity of the one-launch kernel at every row: "
             f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. "
-            f"One launch faster at: {wins}. {_small_v3_dispatch(res['rows'], par['topk'])}\n\n"
-            + markdown_table(small_v3_rows()))
+            f"One launch faster at: {wins}.\n\n" + markdown_table(small_v3_rows()))
 
 
-def _small_v3_dispatch(rows: list[dict[str, Any]], topk: int) -> str:
-    """One sentence: % of copy of the path fused.SMALL_TABLE dispatches now, per row of moe_small_v3."""
-    from workbench.moe.fused import uses_small_path
+def small_splitk_rows() -> list[dict[str, Any]]:
+    """Rows of ``moe_small_splitk.json`` (:func:`workbench.moe.plots.small_path_rows`, formatted)."""
+    doc = plots.load_moe_small(name=SMALL_SPLITK)
+    if not doc:
+        return []
+    out = []
+    for r in plots.small_path_rows(doc):
+        row: dict[str, Any] = {}
+        for key, v in r.items():
+            if key.endswith(" ms"):
+                continue
+            row[key] = f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v)
+        out.append(row)
+    return out
 
-    got = [(r["routing"], r["m"], r["small_fused_pct_of_copy"] if uses_small_path(r["m"], topk)
-            else r["four_launch_pct_of_copy"]) for r in rows]
-    worst = min(got, key=lambda x: x[2])
-    at80 = ", ".join(f"{rt} M={m}" for rt, m, v in got if v >= 80) or "none"
-    return (f"With the current `fused.SMALL_TABLE`, the dispatched path's % of copy in this run is worst at "
-            f"{worst[0]} M={worst[1]} ({worst[2]:.1f}%); rows at >= 80%: {at80}.")
+
+def _small_run_block(name: str) -> str:
+    """One --small-compare run: every path's % of copy per row, the fastest and today's dispatch."""
+    doc = plots.load_moe_small(name=name)
+    if not doc:
+        return f"data/measurements/h200/{name}.json is not committed.\n"
+    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+    checks = res["checks"]
+    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    rows = []
+    for r in plots.small_path_rows(doc):
+        rows.append({k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v))
+                     for k, v in r.items() if not k.endswith(" ms")})
+    return (f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, {p.get('date_utc')}; "
+            f"`--small-compare {name} --reps {par['reps']} --small-paths {' '.join(par['paths'])}`, M = "
+            f"{', '.join(map(str, par['m_values']))}): copy {res['copy_gb_per_s']:.0f} GB/s in the same run; grids "
+            f"(CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}; parity "
+            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy per "
+            f"path; `dispatched` is today's dispatch.\n\n" + markdown_table(rows))
+
+
+def block_small_tma() -> str:
+    """The producer / consumer kernels' two runs (reverted code), beside the dispatched paths."""
+    return "\n".join(_small_run_block(name) for name in SMALL_TMA)
+
+
+def block_small_s4f() -> str:
+    """splitk_s4 with the -136 offset on the tensor core (reverted code), beside splitk_s4 and four launches."""
+    return _small_run_block(SMALL_S4F)
+
+
+_NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
+                "Issued Warp Per Scheduler": "issue / scheduler-cycle", "No Eligible": "no eligible %",
+                "Achieved Occupancy": "achieved occupancy %"}
+_STALLS = ("long_scoreboard", "membar", "wait", "barrier", "math_pipe_throttle", "not_selected")
+
+
+def ncu_m1_rows() -> list[dict[str, Any]]:
+    """Per kernel (the last launch of each name) of every M = 1 Nsight Compute file: duration, DRAM, instructions,
+    issue rate, occupancy and the main stall reasons (cycles per issued instruction)."""
+    import re
+
+    out = []
+    for path in NCU_M1_FILES:
+        f = REPO_ROOT / path
+        if not f.exists():
+            continue
+        by_kernel: dict[str, dict[str, Any]] = {}
+        cur = None
+        for line in f.read_text().splitlines():
+            head = re.match(r"^  (moe_\w+) \(", line)
+            if head:
+                cur = head.group(1)
+                by_kernel[cur] = {"file": path.rsplit("/", 1)[-1], "kernel": cur}
+                continue
+            m = re.match(r"^\s{4}(\S.*?)\s{2,}(\S+\s+)?([\d.,]+)\s*$", line)
+            if not (cur and m):
+                continue
+            key, val = m.group(1).strip(), float(m.group(3).replace(",", ""))
+            if key in _NCU_M1_KEYS:
+                by_kernel[cur][_NCU_M1_KEYS[key]] = f"{val / 1e6:.1f}" if key.startswith("smsp") else f"{val:.3g}"
+            st = re.match(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", key)
+            if st and st.group(1) in _STALLS:
+                by_kernel[cur][f"stall {st.group(1)}"] = f"{val:.2f}"
+        order = ["file", "kernel", *_NCU_M1_KEYS.values(), *(f"stall {k}" for k in _STALLS)]
+        out += [{k: r.get(k, "-") for k in order} for r in by_kernel.values()
+                if r["kernel"] not in ("moe_align", "moe_combine")]
+    return out
+
+
+def block_ncu_m1() -> str:
+    rows = ncu_m1_rows()
+    if not rows:
+        return "No M = 1 Nsight Compute file is committed.\n"
+    return ("Nsight Compute at M = 1 (uniform; `--clock-control none`, so durations compare with the sweeps; "
+            "`python -m workbench.moe.bench --single 1 --small ...`, the last of two calls of each kernel): "
+            + ", ".join(f"`{p}`" for p in NCU_M1_FILES if (REPO_ROOT / p).exists())
+            + ". Stalls in cycles per issued instruction.\n\n" + markdown_table(rows))
+
+
+def block_small_splitk() -> str:
+    """The run that chose today's dispatch: every path in one process, % of copy per path, the fastest and
+    the dispatched one (fused.SMALL_TABLE / SMALL_VARIANT as they are now)."""
+    doc = plots.load_moe_small(name=SMALL_SPLITK)
+    if not doc:
+        return f"data/measurements/h200/{SMALL_SPLITK}.json is not committed.\n"
+    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
+    checks = res["checks"]
+    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    pct, wrow = plots.dispatched_worst_pct(doc)
+    at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in plots.small_path_rows(doc)
+                     if r["dispatched % copy"] >= 80) or "none"
+    return (f"From `data/measurements/h200/{SMALL_SPLITK}.json` (code {str(p.get('git_commit'))[:7]}, "
+            f"{p.get('date_utc')}; `python -m workbench.moe.bench --small-compare {SMALL_SPLITK} --reps "
+            f"{par['reps']} --small-paths {' '.join(par['paths'])}`): every path in one process, CUDA-graph "
+            f"replays with fresh routing per repeat, copy bandwidth {res['copy_gb_per_s']:.0f} GB/s measured in "
+            f"the same run; grids (CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}. Parity of the one-launch kernels at every row: "
+            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy "
+            f"bandwidth per path; `dispatched` is what `fused_moe_int4` runs today (`fused.SMALL_TABLE` "
+            f"{SMALL_TABLE}, one-launch kernel `{SMALL_VARIANT['name']}`): worst {pct:.1f}% at "
+            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}.\n\n" + markdown_table(small_splitk_rows()))
 
 
 _NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput", "Compute (SM) Throughput",
@@ -345,6 +465,10 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "runs": block_runs,
     "small": block_small,
     "small_v3": block_small_v3,
+    "small_splitk": block_small_splitk,
+    "small_tma": block_small_tma,
+    "small_s4f": block_small_s4f,
+    "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,

@@ -261,6 +261,7 @@ class Calibration:
     moe_measured_gpu: str | None = None
     moe_copy_bytes_per_s: float | None = None
     moe_file: str | None = None
+    moe_small_file: str | None = None   # M <= 16 points: the dispatched path of a small-M comparison
     attention_measured: list[tuple[float, float, float]] | None = None  # (prefix, ms, floor ms)
     attention_fit: tuple[float, float] | None = None  # (fixed ms per call, efficiency of the rest)
     tree_build_measured: list[tuple[float, float]] | None = None
@@ -277,7 +278,7 @@ class Calibration:
         the assumed attention (SGLang's backend, not this workbench's kernel): what the B300 anchor was
         measured with, so the host overhead is fitted against it."""
         return dataclasses.replace(self, moe_measured=None, moe_measured_gpu=None, moe_copy_bytes_per_s=None,
-                                   moe_file=None, attention_measured=None, attention_fit=None)
+                                   moe_file=None, moe_small_file=None, attention_measured=None, attention_fit=None)
 
     # -- quantities the model asks for -------------------------------------
     def moe_fraction(self, m: float, params: Mapping[str, float]) -> float:
@@ -346,7 +347,9 @@ class Calibration:
     @property
     def moe_source(self) -> str:
         if self.moe_measured:
-            return f"measured: {self.moe_measured_gpu} moe_bandwidth ({len(self.moe_measured)} M points)"
+            small = (f"; at M <= 16 the path dispatched today, from {Path(self.moe_small_file).name}"
+                     if self.moe_small_file else "")
+            return f"measured: {self.moe_measured_gpu} moe_bandwidth ({len(self.moe_measured)} M points){small}"
         return "anchors: PRO 6000 Marlin 1.18 ms/layer at M=9, 3.171 ms/layer at M=32"
 
     def describe(self) -> list[dict[str, str]]:
@@ -401,11 +404,13 @@ def _load_doc(item: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], str
 
 def _kind_of(doc: Mapping[str, Any], label: str) -> str:
     name = str(doc.get("name") or Path(label).stem)
+    if name.startswith("moe_small"):
+        return "moe_small"
     for n in MEASUREMENT_NAMES:
         if n in name:
             return n
     raise ValueError(f"calibration file {label!r} has name {name!r}; allowed measurement names: "
-                     f"{', '.join(MEASUREMENT_NAMES)}")
+                     f"{', '.join(MEASUREMENT_NAMES)}, or moe_small_* (bench --small-compare)")
 
 
 def _gpu_of(doc: Mapping[str, Any], default: str) -> str:
@@ -416,6 +421,19 @@ def _gpu_of(doc: Mapping[str, Any], default: str) -> str:
     if "rtx pro 6000" in name:
         return "rtx-pro-6000"
     return default
+
+
+def moe_points_dispatched(points: list[tuple[float, float]], small: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """``points`` with the M values of a small-M comparison (``bench --small-compare``) replaced by the
+    fraction of copy of the path ``fused_moe_int4`` dispatches today at that M (uniform routing), the
+    path the engine runs; that comparison's rows are timed against its own run's copy bandwidth."""
+    from workbench.moe.plots import small_path_rows
+
+    merged = dict(points)
+    for r in small_path_rows(dict(small)):
+        if r["routing"] == "uniform" and r["dispatched % copy"] is not None:
+            merged[float(r["M"])] = r["dispatched % copy"] / 100.0
+    return sorted(merged.items())
 
 
 def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = None, *,
@@ -439,6 +457,12 @@ def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = No
                 doc = load_measurement(n, gpu)
                 if doc is not None:
                     docs[n] = (doc, f"data/measurements/{gpu}/{n}.json")
+        if "moe_small" not in docs and docs.get("moe_bandwidth", ("", ""))[1].startswith("data/measurements/"):
+            from workbench.moe.plots import SMALL_COMPARE
+
+            doc = load_measurement(SMALL_COMPARE, gpu)
+            if doc is not None:
+                docs["moe_small"] = (doc, f"data/measurements/{gpu}/{SMALL_COMPARE}.json")
     if "moe_bandwidth" in docs:
         doc, label = docs["moe_bandwidth"]
         pts = moe_points_from_measurement(doc)
@@ -448,9 +472,17 @@ def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = No
             cal.moe_copy_bytes_per_s = _copy_bandwidth(doc)
             cal.moe_file = label
             cal.files.append(label)
+            if "moe_small" in docs:
+                sdoc, slabel = docs["moe_small"]
+                cal.moe_measured = moe_points_dispatched(pts, sdoc)
+                cal.moe_small_file = slabel
+                cal.files.append(slabel)
         else:
             cal.notes.append(f"{label}: no MoE records with M and a fraction of the copy bandwidth "
                              f"found; using the source's anchors")
+    if "moe_small" in docs and not cal.moe_small_file:
+        cal.notes.append(f"{docs['moe_small'][1]}: a small-M comparison is used only beside a moe_bandwidth "
+                         f"measurement (it covers M <= 16 alone); not used")
     for name in ("ddtree_kernels", "ddtree_verify"):  # verify timings may live in either file
         if name not in docs:
             continue

@@ -72,10 +72,14 @@ def block_measured_findings() -> str:
         m9, m33 = cal.moe_fraction(9, {}), cal.moe_fraction(33, {})
         s9, s33 = src.moe_fraction(9, {}), src.moe_fraction(33, {})
         out.append(f"- MoE: this workbench's INT4 kernel reaches {m9:.0%} / {m33:.0%} of the copy bandwidth at "
-                   f"M = 9 / 33 ({cal.moe_file}); the source's Marlin times on the PRO 6000 correspond to "
+                   f"M = 9 / 33 ({cal.moe_file}" + (f"; M <= 16: the path dispatched today, {cal.moe_small_file}"
+                                                    if cal.moe_small_file else "") + "); the source's Marlin times on the PRO 6000 correspond to "
                    f"{s9:.0%} / {s33:.0%} (same byte count, central copy fraction). "
-                   + ("The workbench kernel is the slower of the two at decode sizes, so its MoE term is larger."
-                      if m33 < s33 else "The workbench kernel is at least as efficient at decode sizes."))
+                   + ("The workbench kernel is the slower of the two at both sizes, so its MoE term is larger."
+                      if m9 < s9 and m33 < s33 else
+                      "The workbench kernel is the slower of the two at M = 33 (the block-16 step's M on this model "
+                      "is 33 tokens) and not at M = 9." if m33 < s33 else
+                      "The workbench kernel is at least as efficient at decode sizes."))
     if cal.attention_fit is not None:
         fixed, eff = cal.attention_fit
         share = c["attention"] / r.step_ms["central"]
