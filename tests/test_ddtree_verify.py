@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from workbench.ddtree import verify as V
+from workbench.ddtree import verify_bench as VB
+from workbench.ddtree import verify_peers as VP
 from workbench.kernels import KERNEL_DIR
 
 
@@ -91,7 +93,7 @@ def test_reference_prefix_zero_and_invisible_tail_rows():
 def test_cpu_path_and_peers_match_reference(dtype, tol):
     inp = V.random_verify_inputs(7, 3, 29, dtype, "cpu", seed=5)
     ro, rl = V.verify_attention_reference(**inp)
-    for fn in (V.verify_attention, V.verify_attention_naive, V.verify_attention_sdpa):
+    for fn in (V.verify_attention, VP.verify_attention_naive, VP.verify_attention_sdpa):
         o, l = fn(**inp)
         assert o.shape == (7, 3, 512) and o.dtype == dtype
         rel = float(torch.linalg.vector_norm(o.double() - ro) / torch.linalg.vector_norm(ro))
@@ -150,7 +152,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_parity_rows_cpu():
-    rows = V.verify_parity_rows(None, "cpu")
+    rows = VB.verify_parity_rows(None, "cpu")
     assert rows and all(r["pass"] for r in rows), rows
     for r in rows:
         assert set(r) >= {"kernel", "shapes", "cases", "max_abs_err", "max_rel_err", "bit_exact", "pass"}
@@ -158,11 +160,11 @@ def test_parity_rows_cpu():
 
 
 def test_floor_and_plan():
-    fl = V.verify_floor(33, 8, 131072, 2, 4300.0, 700.0)
+    fl = VB.verify_floor(33, 8, 131072, 2, 4300.0, 700.0)
     assert fl["bound"] == "compute"
     assert fl["floor_ms"] == pytest.approx(2 * 264 * (131072 + 33) * 1088 / 700e12 * 1e3)
     assert 0.09 < fl["floor_ms"] < 0.12
-    assert V.verify_floor(1, 1, 131072, 2, 4300.0, 700.0)["bound"] == "memory"
+    assert VB.verify_floor(1, 1, 131072, 2, 4300.0, 700.0)["bound"] == "memory"
     rng = np.random.default_rng(0)
     for _ in range(200):
         B = int(rng.integers(1, 70))
@@ -228,9 +230,9 @@ def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_wgmma_variants_build_without_spills():
-    # every -D build that python -m workbench.ddtree.verify times beside the default (WGMMA_VARIANTS)
-    opts = sorted({tuple(v.get("_options", ())) for v in V.WGMMA_VARIANTS.values()} - {()})
-    assert opts and set(V.WGMMA_VARIANTS) <= set(V._named_variants())
+    # every -D build that python -m workbench.ddtree.verify_bench times beside the default (WGMMA_VARIANTS)
+    opts = sorted({tuple(v.get("_options", ())) for v in VB.WGMMA_VARIANTS.values()} - {()})
+    assert opts and set(VB.WGMMA_VARIANTS) <= set(VB._named_variants())
     for o, err in zip(opts, _sm90a_reports(opts)):
         report = _entry_report(err, "ddtree_verify_wgmma_bf16")
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (o, report)
@@ -240,10 +242,10 @@ def test_variants_and_private_switches_on_cpu():
     # on a CPU every variant's keywords are accepted and give the torch path's result
     inp = V.random_verify_inputs(3, 2, 10, torch.float32, "cpu", seed=4)
     ref, _ = V.verify_attention(**inp)
-    for name, kw in V.WGMMA_VARIANTS.items():
+    for name, kw in VB.WGMMA_VARIANTS.items():
         o, _ = V.verify_attention(**inp, **kw)
         assert torch.equal(o, ref), name
-    rows = V.verify_parity_rows([dict(kernel="verify_attention[wgmma]", nodes=4, heads=2, prefix=9,
+    rows = VB.verify_parity_rows([dict(kernel="verify_attention[wgmma]", nodes=4, heads=2, prefix=9,
                                       dtype="float32", variant="wgmma_5de266b")], "cpu")
     assert rows[0]["pass"] and "[wgmma_5de266b]" in rows[0]["shapes"]
 
@@ -271,14 +273,14 @@ def test_probe_helpers():
 @pytest.mark.parametrize("kernel,dtype", [("verify_attention", "bfloat16"), ("verify_attention", "float32")])
 @pytest.mark.parametrize("heads,prefix", [(8, 0), (8, 1), (8, 333), (64, 1000), (8, 9000)])
 def test_gpu_parity(kernel, dtype, heads, prefix):
-    rows = V.verify_parity_rows([dict(kernel=kernel, nodes=33, heads=heads, prefix=prefix,
+    rows = VB.verify_parity_rows([dict(kernel=kernel, nodes=33, heads=heads, prefix=prefix,
                                       dtype=dtype, repeats=2)], "cuda", seed=prefix + heads)
     assert rows[0]["pass"], rows
 
 
 @pytest.mark.gpu
 def test_gpu_parity_batched_and_simple():
-    rows = V.verify_parity_rows([
+    rows = VB.verify_parity_rows([
         dict(kernel=k, nodes=17, heads=8, prefix=[0, 3000, 65, 700], dtype=d, repeats=1)
         for k, d in (("verify_attention_batched", "bfloat16"), ("verify_attention_batched", "float32"))] + [
         dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=2000, dtype="bfloat16", repeats=1),
@@ -291,7 +293,7 @@ def test_gpu_parity_batched_and_simple():
 def test_gpu_parity_tensor_core_kernels(impl):
     if impl == "wgmma" and V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
-    rows = V.verify_parity_rows(
+    rows = VB.verify_parity_rows(
         [dict(kernel=f"verify_attention[{impl}]", nodes=33, heads=h, prefix=p, dtype="bfloat16", repeats=1)
          for h, p in ((8, 0), (8, 777), (64, 3000))]
         + [dict(kernel=f"verify_attention_batched[{impl}]", nodes=17, heads=8, prefix=[0, 300, 65],
@@ -305,10 +307,10 @@ def test_gpu_parity_single_request_without_prepare_and_variants():
     # across blocks, tails split across chunks, T = 128 and 129) and every variant timed beside it
     if V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
-    cases = [c for c in V.default_parity_cases("cuda") if c["kernel"].endswith("[wgmma]")
+    cases = [c for c in VB.default_parity_cases("cuda") if c["kernel"].endswith("[wgmma]")
              and (c.get("variant") or c["nodes"] != 33 or c.get("chunk_len"))]
-    assert len(cases) >= 6 + 3 * len(V.WGMMA_VARIANTS)
-    rows = V.verify_parity_rows(cases, "cuda", seed=3)
+    assert len(cases) >= 6 + 3 * len(VB.WGMMA_VARIANTS)
+    rows = VB.verify_parity_rows(cases, "cuda", seed=3)
     assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
 
 
@@ -349,12 +351,12 @@ def test_committed_measurement_tables():
     doc = load_measurement("ddtree_verify")
     if doc is None:
         pytest.skip("no committed data/measurements/h200/ddtree_verify.json")
-    rows = V.verify_benchmark_rows(doc)
+    rows = VB.verify_benchmark_rows(doc)
     assert {(r["heads"], r["prefix"]) for r in rows} >= {(8, 4096), (64, 131072)}
     for r in rows:
         assert r["kernel_ms"] > 0 and r["floor_ms"] > 0
         assert r["percent_of_floor"] == pytest.approx(100 * r["floor_ms"] / r["kernel_ms"])
-    text = V.verify_table(doc)
+    text = VB.verify_table(doc)
     assert text.count("\n") == len(rows)
     ours = [p for p in doc["results"].get("parity", []) if p["kernel"].startswith("verify_attention")
             and not p["kernel"].endswith(("naive", "sdpa"))]
@@ -366,13 +368,13 @@ def test_read_sanitizer_logs(tmp_path):
     (tmp_path / "memcheck.log").write_text("smoke rows\nSMOKE PASS\n========= ERROR SUMMARY: 0 errors\nexit=0\n")
     (tmp_path / "racecheck.log").write_text("SMOKE FAIL\n========= RACECHECK SUMMARY: 2 hazards displayed "
                                             "(2 errors, 0 warnings)\nexit=1\n")
-    r = V.read_sanitizer_logs(tmp_path)
+    r = VB.read_sanitizer_logs(tmp_path)
     assert r["memcheck"]["errors"] == 0 and r["memcheck"]["smoke_verdict"] == "PASS"
     assert r["memcheck"]["returncode"] == 0 and "memcheck" in r["memcheck"]["command"]
     assert r["racecheck"]["errors"] == 2 and r["racecheck"]["smoke_verdict"] == "FAIL"
     assert r["racecheck"]["returncode"] == 1
-    assert "missing" in V.read_sanitizer_logs(tmp_path, ("initcheck",))["initcheck"]["error"]
+    assert "missing" in VB.read_sanitizer_logs(tmp_path, ("initcheck",))["initcheck"]["error"]
     (tmp_path / "racecheck.log").write_text("# command: compute-sanitizer --tool racecheck x --smoke-only wgmma\n"
                                             "SMOKE PASS\n========= RACECHECK SUMMARY: 0 hazards displayed\nexit=0\n")
-    r = V.read_sanitizer_logs(tmp_path)["racecheck"]
+    r = VB.read_sanitizer_logs(tmp_path)["racecheck"]
     assert r["command"].endswith("--smoke-only wgmma") and r["errors"] == 0 and r["returncode"] == 0

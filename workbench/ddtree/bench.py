@@ -339,15 +339,14 @@ def benchmark_round(batch: int = 64, L: int = 15, budget: int = 32, prefix: int 
     """The composed round: no-sync check, graph capture, eager vs graph replay."""
     import torch
 
-    from workbench.ddtree.compose import (capture_round, check_no_host_sync, ddtree_round,
-                                          kernel_verify_available, make_toy_problem)
+    from workbench.ddtree.compose import capture_round, check_no_host_sync, ddtree_round, make_toy_problem
     from workbench.measure import time_cuda
 
     prob = make_toy_problem(batch=batch, L=L, budget=budget, prefix=prefix, heads=heads,
                             vocab=vocab, dtype="bfloat16", device="cuda")
     out: dict[str, Any] = {"batch": batch, "L": L, "budget": budget, "prefix": prefix,
                            "heads": heads, "vocab": vocab}
-    variants = ["torch"] + (["kernel"] if kernel_verify_available() else [])
+    variants = ["torch", "kernel"]
     for v in variants:
         r: dict[str, Any] = {}
         try:
@@ -418,14 +417,11 @@ def tree_timing_rows(device: str = "auto", batch: int = 8, L: int = 7, budget: i
 def verify_timing_rows(device: str = "auto", nodes: int = 9, heads: int = 2, prefix: int = 256,
                        dtype: str = "float32", seed: int = 0) -> list[dict[str, Any]]:
     """Tree-verify attention and its peers timed in this process at one small
-    point (``workbench.ddtree.verify``; empty when that module is missing):
-    the float64 reference (CPU), the kernel (or its CPU torch path), naive
+    point: the float64 reference (CPU), the kernel (or its CPU torch path), naive
     torch, SDPA with a dense mask, FlexAttention (status recorded if it fails)."""
-    try:
-        from workbench.ddtree import verify as vmod
-    except Exception:
-        return []
     import torch
+
+    from workbench.ddtree import verify as vmod, verify_peers
 
     from workbench.measure import time_cpu, time_cuda
 
@@ -437,9 +433,7 @@ def verify_timing_rows(device: str = "auto", nodes: int = 9, heads: int = 2, pre
              ("SDPA dense mask", "verify_attention_sdpa"), ("FlexAttention", "verify_attention_flex")]
     rows = []
     for label, name in impls:
-        fn = getattr(vmod, name, None)
-        if fn is None:
-            continue
+        fn = getattr(vmod, name, None) or getattr(verify_peers, name)
         if name == "verify_attention_flex" and dev == "cpu":
             rows.append(dict(op="verify", impl=label, shapes=shape, median_ms=None,
                              status="not run on a CPU (torch.compile of FlexAttention)"))
@@ -639,16 +633,12 @@ def read_sanitizer_logs(folder: str, tools: tuple[str, ...] = SANITIZER_TOOLS) -
 
 
 def _run_verify(results: dict[str, Any]) -> None:
-    """Add verify's parity rows and benchmark (workbench.ddtree.verify) when present."""
+    """Add verify's parity rows and benchmark (:mod:`workbench.ddtree.verify_bench`)."""
+    from workbench.ddtree import verify_bench
+
     try:
-        from workbench.ddtree import verify as vmod
-    except ImportError:
-        return
-    try:
-        if hasattr(vmod, "verify_parity_rows"):
-            results["verify_parity"] = vmod.verify_parity_rows(None, "cuda")
-        if hasattr(vmod, "benchmark_verify"):
-            results["verify"] = vmod.benchmark_verify()
+        results["verify_parity"] = verify_bench.verify_parity_rows(None, "cuda")
+        results["verify"] = verify_bench.benchmark_verify()
     except Exception as exc:  # their benchmark failing must not lose ours
         results["verify_error"] = f"{type(exc).__name__}: {exc}"[:500]
 

@@ -15,10 +15,8 @@ fixed budget (:func:`capture_round`).
 Verify attention: ``verify="torch"`` uses :func:`verify_attention_torch`
 (batched, dense masked softmax in float32, written here); ``verify="kernel"``
 calls ``workbench.ddtree.verify.verify_attention_batched`` (``check=False``,
-so no host sync; or ``verify_attention`` per request where the batched form is
-missing);
-``"auto"`` takes the kernel when that module provides it and tensors are on
-the GPU.
+so no host sync; on CPU tensors that is its torch path); ``"auto"`` takes the
+kernel when the tensors are on the GPU.
 """
 from __future__ import annotations
 
@@ -27,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.ddtree.reference import topk_logprobs, tree_size
+from workbench.ddtree.verify import verify_attention_batched
 from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batched,
                                        build_trees, commit_scattered, tree_visibility)
 
 __all__ = ["ToyProblem", "RoundResult", "make_toy_problem", "verify_attention_torch",
-           "ddtree_round", "check_no_host_sync", "capture_round", "kernel_verify_available"]
+           "ddtree_round", "check_no_host_sync", "capture_round"]
 
 D_LATENT = 512
 D_ROPE = 64
@@ -147,15 +146,6 @@ def verify_attention_torch(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, vi
     return out, lse
 
 
-def kernel_verify_available() -> bool:
-    """True when ``workbench.ddtree.verify.verify_attention`` exists."""
-    try:
-        from workbench.ddtree import verify as v
-    except ImportError:
-        return False
-    return hasattr(v, "verify_attention")
-
-
 def ddtree_round(prob: ToyProblem, verify: str = "auto") -> RoundResult:
     """One round: top-k, build, write tree KV, verify, argmax, accept, commit.
 
@@ -167,9 +157,7 @@ def ddtree_round(prob: ToyProblem, verify: str = "auto") -> RoundResult:
     if verify not in ("auto", "torch", "kernel"):
         raise ValueError(f"verify must be 'auto', 'torch' or 'kernel', got {verify!r}")
     on_gpu = prob.drafter_logits.is_cuda
-    use_kernel = verify == "kernel" or (verify == "auto" and on_gpu and kernel_verify_available())
-    if verify == "kernel" and not kernel_verify_available():
-        raise RuntimeError("verify='kernel' needs workbench.ddtree.verify.verify_attention")
+    use_kernel = verify == "kernel" or (verify == "auto" and on_gpu)
     B, L, V = prob.drafter_logits.shape
     K = min(prob.budget, V)
     lp, ids = topk_logprobs(prob.drafter_logits, K) if on_gpu else \
@@ -181,24 +169,12 @@ def ddtree_round(prob: ToyProblem, verify: str = "auto") -> RoundResult:
     q = prob.q_embed[tok]                                  # [B, n, H, 576]
     q_lat, q_rope = q[..., :D_LATENT], q[..., D_LATENT:]
     if use_kernel:
-        from workbench.ddtree import verify as vmod
-
-        if hasattr(vmod, "verify_attention_batched"):
-            P = prob.prefix_slots.shape[1]
-            offsets = torch.arange(B + 1, dtype=torch.int64, device=tok.device) * P
-            out, _ = vmod.verify_attention_batched(
-                q_lat.contiguous(), q_rope.contiguous(), prob.kv_cache,
-                prob.prefix_slots.reshape(-1), offsets, tail_kv, trees.parents, prob.scale,
-                check=False)
-            out = out.float()
-        else:
-            outs = []
-            for b in range(B):
-                o, _ = vmod.verify_attention(q_lat[b].contiguous(), q_rope[b].contiguous(),
-                                             prob.kv_cache, prob.prefix_slots[b], tail_kv[b],
-                                             trees.parents[b], prob.scale, check=False)
-                outs.append(o.float())
-            out = torch.stack(outs)
+        P = prob.prefix_slots.shape[1]
+        offsets = torch.arange(B + 1, dtype=torch.int64, device=tok.device) * P
+        out, _ = verify_attention_batched(q_lat.contiguous(), q_rope.contiguous(), prob.kv_cache,
+                                          prob.prefix_slots.reshape(-1), offsets, tail_kv, trees.parents,
+                                          prob.scale, check=False)
+        out = out.float()
     else:
         vis = tree_visibility(trees.parents)
         out, _ = verify_attention_torch(q_lat, q_rope, prob.kv_cache, prob.prefix_slots,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device calls for the tree-verify attention kernel (workbench/ddtree/verify.py), from the repository
+# Device calls for the tree-verify attention kernel (workbench/ddtree/verify.py; driver: verify_bench.py), from the repository
 # root on the H200 (or a copy of the tree), carrying .whl (pytest for the device's python3):
 #   run(command="cd .wt/verify && WORKBENCH_COMMIT=<commit> MODE=probe bash workbench/ddtree/h200_verify.sh",
 #       carry=[".whl", ".wt/verify"], timeout_s=300)       (the wheels are then at ../../.whl)
@@ -29,7 +29,7 @@ export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1
 SAN="compute-sanitizer --kernel-name kns=ddtree_verify"
 san() {  # tool, smoke filter ('' = every smoke case)
-  local c="$SAN --tool $1 python3 -m workbench.ddtree.verify --smoke"
+  local c="$SAN --tool $1 python3 -m workbench.ddtree.verify_bench --smoke"
   [ -n "$2" ] && c="$c --smoke-only=$2"
   echo "# command: $c" > "$OUT/san/$1.log"
   timeout "${SAN_T:-100}" $c >> "$OUT/san/$1.log" 2>&1
@@ -63,7 +63,7 @@ san racecheck "wgmma" &
   echo "pytest rc=$?" >> "$OUT/gpu_tests.txt"
 ) &
 wait
-timeout "${BENCH_T:-200}" python3 -m workbench.ddtree.verify --out "$OUT" --reps "${REPS:-30}" \
+timeout "${BENCH_T:-200}" python3 -m workbench.ddtree.verify_bench --out "$OUT" --reps "${REPS:-30}" \
   --peer-reps "${PEER_REPS:-5}" --sanitizer-logs "$OUT/san" ${BENCH_VARIANTS:+--variants $BENCH_VARIANTS} \
   > "$OUT/bench.txt" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.txt"

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from workbench import REPO_ROOT, papers
 from workbench.ddtree.bench import goal_rows, kernel_results_rows, load_kernel_results
-from workbench.ddtree.verify import _plan, verify_benchmark_rows
+from workbench.ddtree.verify import _plan
+from workbench.ddtree.verify_bench import verify_benchmark_rows
 from workbench.measure import load_measurement
 from workbench.papers import markdown_table
 

@@ -24,6 +24,7 @@ import math
 from typing import Any, Sequence
 
 from workbench.ddtree import verify as V
+from workbench.ddtree import verify_bench as VB
 
 __all__ = ["record_launches", "launch_breakdown", "chunk_sweep", "probe_table"]
 
@@ -55,7 +56,7 @@ def record_launches(inputs: dict[str, Any], **kw) -> dict[str, tuple]:
 
 
 def _replay_ms(fns: Sequence[Any], reps: int) -> list[float]:
-    samples, mode = V._time_rotating(fns, reps, 5, graph=True)
+    samples, mode = VB._time_rotating(fns, reps, 5, graph=True)
     if mode != "cuda_graph":
         raise RuntimeError(f"graph capture failed: {mode}")
     return samples
@@ -176,7 +177,7 @@ def _parse_variants(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
         if opts:
             out[name] = {"_options": tuple(o for o in opts.split(",") if o)}
         else:
-            out[name] = dict(V.WGMMA_VARIANTS.get(name, {}))
+            out[name] = dict(VB.WGMMA_VARIANTS.get(name, {}))
     return out
 
 
