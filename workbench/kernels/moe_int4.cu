@@ -1047,165 +1047,6 @@ extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
 // version 3; RS = 4: one more stage in flight (6.9 KB per warp), shared memory allows 5 CTAs per SM.
 // ws: int32 [2 + 128 + H/16 + 128 * I/8], zero before the first launch; left zero by every launch.
 
-// ---------------------------------------------------------------------------------------------------
-// Group-sum correction (moe_small_splitk_s4g; issue 5): the A registers are fed to the mma as they come
-// out of nib_pair, bf16 (128 + u) = q + 136 (exact), and the fp32 partial sum of each quantisation group
-// starts from C = -136 * sum_g(x) of its token column instead of 0, so the mma returns sum_g(q x) without
-// the 64 bf16x2 subtractions per 4096 weights. The products (q + 136) x (8-bit x 8-bit significands) are
-// exact in fp32; the cancellation against -136 * sum(x) costs about log2(136 sum|x| / |sum q x|) bits of
-// the fp32 sum (tests/test_moe_groupfix.py simulates it; workbench/moe/groupfix.py is the CPU model).
-// Sums (fp32, already multiplied by -136): xs [M, H/32] (per token, gate_up) and hs [P, I/32] (per slot,
-// down), made by sum tasks of the same launch (moe_small_splitk_g_body). Each ring stage carries, after its
-// 2304 bytes of weights, 256 bytes of sums in fragment order: group G (0-7 of the stage), lane column pair t:
-// the 8 bytes (S'(col 2t, G), S'(col 2t + 1, G)) at 8 * (4G + t); lane (g, t) copies group g of its own two
-// columns (two 4-byte cp.async), and reads each group's pair twice (two 8-byte loads) straight into the
-// mma's C registers (rows g and g + 8 share the columns), so no register moves are needed.
-#define FR_GS_OFF (FR_STAGE_U4 * 16)        // byte offset of the sums in a ring stage
-#define FR_STAGE_G (FR_STAGE_U4 * 16 + 256)  // ring stage of the group-sum form: 2560 bytes
-#define FR_GF_C (-136.0f)
-
-__device__ __forceinline__ void cp_async4_s(unsigned int d, const void* gsrc) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gsrc) : "memory");
-}
-
-// Two floats from shared memory; ld.volatile so that two loads of one address stay two loads (into the C
-// registers of rows g and g + 8) rather than one load and two moves.
-__device__ __forceinline__ void lds_f2(float& a, float& b, unsigned int addr) {
-    asm volatile("ld.volatile.shared.v2.f32 {%0,%1}, [%2];" : "=f"(a), "=f"(b) : "r"(addr));
-}
-
-// One 64-wide K step (NT = 1) without the subtraction; sums: shared address of this lane's pair of
-// group 2q (the pair of group 2q + 1 follows 32 bytes later).
-__device__ __forceinline__ void frag_step_g(float (&acc)[4], const uint4 w, const uint2 sc, const uint4 (&xq)[2],
-                                            unsigned int sums) {
-    const unsigned int wq[4] = {w.x, w.y, w.z, w.w};
-    const unsigned int sw[2] = {sc.x, sc.y};
-#pragma unroll
-    for (int gr = 0; gr < 2; ++gr) {
-        float tmp[4];   // rows g (0, 1) and g + 8 (2, 3) of columns 2t, 2t + 1: C = -136 * sum(x)
-        lds_f2(tmp[0], tmp[1], sums + 32 * gr);
-        lds_f2(tmp[2], tmp[3], sums + 32 * gr);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const unsigned int word = wq[2 * gr + h];
-            const unsigned int b0 = h == 0 ? xq[gr].x : xq[gr].z;
-            const unsigned int b1 = h == 0 ? xq[gr].y : xq[gr].w;
-            mma_bf16(tmp, nib_pair(word), nib_pair(word >> 4), nib_pair(word >> 8), nib_pair(word >> 12), b0, b1);
-        }
-        const float s_lo = __uint_as_float(sw[gr] << 16);
-        const float s_hi = __uint_as_float(sw[gr] & 0xFFFF0000u);
-        acc[0] = fmaf(s_lo, tmp[0], acc[0]);
-        acc[1] = fmaf(s_lo, tmp[1], acc[1]);
-        acc[2] = fmaf(s_hi, tmp[2], acc[2]);
-        acc[3] = fmaf(s_hi, tmp[3], acc[3]);
-    }
-}
-
-// frag_gemm (NT = 1) with the sums in the ring. s0 / s1: this lane's sums of columns 2t / 2t + 1 at group g
-// of the first stage (advanced 8 groups per stage). The sums are written by other warps of this launch, so
-// with wait != nullptr the weights of the first RS - 1 stages are issued before the wait and their sums after
-// it (one commit group per stage after the wait: the first group then holds the weights of all RS - 1
-// stages, issued together).
-template <bool COHERENT, int RS>
-__device__ __forceinline__ void frag_gemm_g(float (&acc)[4], const uint4* __restrict__ wt, int nsup,
-                                            long long sstride, const __nv_bfloat16* xr, const float* s0,
-                                            const float* s1, const int* wait, int target, unsigned char* ring) {
-    const int lane = threadIdx.x & 31, t = lane & 3;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[c] = 0.f;
-    const uint4* src = wt + lane;
-    const unsigned int base = (unsigned int)__cvta_generic_to_shared(ring);
-    const bool scale_lane = lane < 16;
-    auto issue_w = [&](unsigned int d) {
-        d += lane * 16;
-        cp_async16_s(d, src);
-        cp_async16_s(d + 512, src + 32);
-        cp_async16_s(d + 1024, src + 64);
-        cp_async16_s(d + 1536, src + 96);
-        if (scale_lane) cp_async16_s(d + 2048, src + 128);
-        src += sstride;
-    };
-    auto issue_s = [&](unsigned int d) {
-        d += FR_GS_OFF + 8 * lane;
-        cp_async4_s(d, s0);
-        cp_async4_s(d + 4, s1);
-        s0 += 8;
-        s1 += 8;
-    };
-#pragma unroll
-    for (int q = 0; q < RS - 1; ++q)
-        if (q < nsup) issue_w(base + q * FR_STAGE_G);
-    if (wait != nullptr) {
-        if (lane == 0) {
-            while (ld_relaxed_gpu(wait) < target) __nanosleep(128);
-            fence_acq_rel_gpu();
-        }
-        __syncwarp();
-    }
-#pragma unroll
-    for (int q = 0; q < RS - 1; ++q) {
-        if (q < nsup) issue_s(base + q * FR_STAGE_G);
-        cp_async_commit();
-    }
-    int left = nsup - (RS - 1);
-    unsigned int wslot = (RS - 1) * FR_STAGE_G;
-    const __nv_bfloat16* xp = xr + 8 * t;
-    uint4 xb[2][2];
-#pragma unroll
-    for (int d = 0; d < 2; ++d) {
-        xb[d][0] = ld_x16<COHERENT>(xp + 64 * d);
-        xb[d][1] = ld_x16<COHERENT>(xp + 64 * d + 32);
-    }
-    unsigned int rslot = 0;
-#pragma unroll 1
-    for (int j = 0; j < nsup; ++j) {
-        cp_async_wait<RS - 2>();
-        __syncwarp();
-        if (left > 0) {
-            issue_w(base + wslot);
-            issue_s(base + wslot);
-        }
-        --left;
-        cp_async_commit();
-        wslot = wslot == (RS - 1) * FR_STAGE_G ? 0u : wslot + FR_STAGE_G;
-        const unsigned char* st = ring + rslot;
-        const unsigned int sums = base + rslot + FR_GS_OFF + 8 * t;
-        const int adv = j + 1 < nsup ? 256 : 0;
-        const __nv_bfloat16* xn = xp + adv;
-#pragma unroll
-        for (int q = 0; q < FR_SUB; ++q) {
-            const uint4 w = *reinterpret_cast<const uint4*>(st + q * (FR_U4 * 16) + lane * 16);
-            const uint2 sc = *reinterpret_cast<const uint2*>(st + q * (FR_U4 * 16) + 512 + (lane >> 2) * 8);
-            uint4 xc[2];
-            xc[0] = xb[q % 2][0];
-            xc[1] = xb[q % 2][1];
-            const __nv_bfloat16* p = q + 2 < FR_SUB ? xp + 64 * (q + 2) : xn + 64 * (q + 2 - FR_SUB);
-            xb[q % 2][0] = ld_x16<COHERENT>(p);
-            xb[q % 2][1] = ld_x16<COHERENT>(p + 32);
-            frag_step_g(acc, w, sc, xc, sums + 64 * q);
-        }
-        xp = xn;
-        rslot = rslot == (RS - 1) * FR_STAGE_G ? 0u : rslot + FR_STAGE_G;
-    }
-    cp_async_wait<0>();
-    __syncwarp();
-}
-
-// -136 * (sum of 32 bf16 values, fp32, in K order): the group-sum form's correction term.
-__device__ __forceinline__ float neg136_sum32(const uint4 (&v)[4]) {
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const unsigned int u[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            s += __uint_as_float(u[k] << 16);
-            s += __uint_as_float(u[k] & 0xFFFF0000u);
-        }
-    }
-    return FR_GF_C * s;
-}
-
 // Smallest split s in {1, 2, 4}, s <= smax, nsup % s == 0, with items * tiles * s >= want (else the
 // largest allowed). workbench/moe/fused.py: splitk_choice is the same rule on the host.
 __device__ __forceinline__ int splitk_pick(int items, int tiles, int nsup, int smax, int want) {
@@ -1218,13 +1059,11 @@ __device__ __forceinline__ int splitk_pick(int items, int tiles, int nsup, int s
     return best;
 }
 
-template <int NT, int RS, bool GF = false>
+template <int NT, int RS>
 __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, int part, int tile, int sgu,
                                                const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                int P, int topk, int H, int I, __nv_bfloat16* __restrict__ hbuf,
-                                               float* gpart, int* red_gu, int* done_gu, unsigned char* ring,
-                                               const float* xs = nullptr, const int* xs_wait = nullptr,
-                                               int xs_target = 0) {
+                                               float* gpart, int* red_gu, int* done_gu, unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = I / 8, nsup = H / (64 * FR_SUB), nper = nsup / sgu;
@@ -1236,16 +1075,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
         xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    if (GF) {   // NT = 1; sums of this lane's columns 2t, 2t + 1 at group g of the first stage, xs [M, H/32]
-        const int c0 = 2 * t < cnt ? 2 * t : 0, c1 = 2 * t + 1 < cnt ? 2 * t + 1 : 0;
-        const int goff = part * nper * 8 + g;
-        const float* s0 = xs + (long long)(it.sorted[slot0 + c0] / topk) * (H / 32) + goff;
-        const float* s1 = xs + (long long)(it.sorted[slot0 + c1] / topk) * (H / 32) + goff;
-        frag_gemm_g<false, RS>(acc[0], wt, nper, (long long)tiles * FR_STAGE_U4, xr[0], s0, s1, xs_wait,
-                               xs_target, ring);
-    } else {
-        frag_gemm<NT, false, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
-    }
+    frag_gemm<NT, false, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
     if (sgu > 1) {
         // partial sums of this part: gpart[((part * P + slot) * tiles + tile) * 16 + row], row g (gate), g + 8 (up)
 #pragma unroll
@@ -1313,13 +1143,12 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
     }
 }
 
-template <int NT, int RS, bool GF = false>
+template <int NT, int RS>
 __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int part, int tile, int sdn, int nitems,
                                             const uint4* __restrict__ Fdn, const __nv_bfloat16* hbuf,
                                             const float* __restrict__ topk_w, int M, int topk, int H, int I,
                                             float* ypart, const int* done_gu, int* done_dn,
-                                            __nv_bfloat16* __restrict__ out, unsigned char* ring,
-                                            const float* hs = nullptr, const int* hs_done = nullptr) {
+                                            __nv_bfloat16* __restrict__ out, unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = H / 16, nsup = I / (64 * FR_SUB), nper = nsup / sdn;
@@ -1332,16 +1161,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
         xr[n] = hbuf + (long long)(slot0 + (col < cnt ? col : 0)) * I + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    if (GF) {   // NT = 1; waits for the item's sum tasks (which waited for its gate_up tasks); hs [P, I/32]
-        const int c0 = 2 * t < cnt ? 2 * t : 0, c1 = 2 * t + 1 < cnt ? 2 * t + 1 : 0;
-        const int goff = part * nper * 8 + g;
-        const float* s0 = hs + (long long)(slot0 + c0) * (I / 32) + goff;
-        const float* s1 = hs + (long long)(slot0 + c1) * (I / 32) + goff;
-        frag_gemm_g<true, RS>(acc[0], wt, nper, (long long)tiles * FR_STAGE_U4, xr[0], s0, s1, hs_done + item,
-                              FR_CHUNK, ring);
-    } else {
-        frag_gemm<NT, true, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
-    }
+    frag_gemm<NT, true, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
     const int n0 = 16 * tile + g;
     float* yp = ypart + (long long)part * P * H;
 #pragma unroll
@@ -1382,57 +1202,6 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
     }
     __syncwarp();
     if (lane == 0) done_dn[tile] = 0;
-}
-
-// Sum tasks of the group-sum form (GF). xsum task u: lane -> (token m, group G) = divmod(32 u + lane, H/32),
-// xs[m, G] = -136 * sum of X[m, 32G .. 32G + 31]; then xs_done += 1 (release). X is read-only.
-__device__ __forceinline__ void gf_xsum_task(int u, const __nv_bfloat16* __restrict__ X, int M, int H, float* xs,
-                                             int* xs_done) {
-    const int lane = threadIdx.x & 31, gx = H / 32;
-    const int idx = 32 * u + lane;
-    if (idx < M * gx) {
-        const int m = idx / gx, G = idx - m * gx;
-        const uint4* src = reinterpret_cast<const uint4*>(X + (long long)m * H + 32 * G);
-        uint4 v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = __ldg(src + i);
-        xs[idx] = neg136_sum32(v);
-    }
-    fence_acq_rel_gpu();
-    __syncwarp();
-    if (lane == 0) {
-        fence_acq_rel_gpu();
-        atomicAdd(xs_done, 1);
-    }
-}
-
-// hsum task (item, column c < FR_CHUNK): for c < count, waits for the item's gate_up tasks (done_gu[item] ==
-// I/8, acquire), then hs[slot, G] = -136 * sum of h[slot, 32G .. 32G + 31] (the bf16 values the down tasks
-// read) for every group G (lane-strided); then hs_done[item] += 1 (release). Columns past the count only count.
-__device__ __forceinline__ void gf_hsum_task(const SmallItems& it, int item, int c, const __nv_bfloat16* hbuf,
-                                             int I, const int* done_gu, float* hs, int* hs_done) {
-    const int lane = threadIdx.x & 31, gi = I / 32;
-    if (c < it.icnt[item]) {
-        if (lane == 0) {
-            while (ld_relaxed_gpu(done_gu + item) < I / 8) __nanosleep(128);
-            fence_acq_rel_gpu();
-        }
-        __syncwarp();
-        const int slot = it.islot[item] + c;
-        for (int G = lane; G < gi; G += 32) {
-            const __nv_bfloat16* src = hbuf + (long long)slot * I + 32 * G;
-            uint4 v[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = ld_cg16(src + 8 * i);
-            hs[(long long)slot * gi + G] = neg136_sum32(v);
-        }
-        fence_acq_rel_gpu();
-    }
-    __syncwarp();
-    if (lane == 0) {
-        fence_acq_rel_gpu();
-        atomicAdd(hs_done + item, 1);
-    }
 }
 
 template <int RS>
@@ -1503,90 +1272,6 @@ __device__ __forceinline__ void moe_small_splitk_body(
     }
 }
 
-template <int RS>
-__device__ __forceinline__ void moe_small_splitk_g_body(
-    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
-    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
-    int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,
-    __nv_bfloat16* __restrict__ out, unsigned char* s_ring, float* xs, float* hs) {
-    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
-    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
-    __shared__ int s_wcnt[4];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int P = M * topk;
-    unsigned char* ring = s_ring + warp * (RS * (FR_STAGE_G));
-    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
-    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
-
-    int* ctr_task = ws;
-    int* ctr_fin = ws + 1;
-    int* done_gu = ws + 2;
-    int* done_dn = ws + 2 + FR_MAX_PAIRS;
-    int* red_gu = ws + 2 + FR_MAX_PAIRS + H / 16;
-    int* xs_done = red_gu + FR_MAX_PAIRS * (I / 8);   // [1 + 128] more counters than the split-K form
-    int* hs_done = xs_done + 1;
-    const int tiles_gu = I / 8, tiles_dn = H / 16;
-    // the task bounds live in shared memory, re-read per task (held in registers across the task they spilled)
-    // tasks: [xsum | gate_up | hsum (FR_CHUNK per item) | down]; s_cfg[4] = xsum tasks, [5] = end of hsum
-    __shared__ int s_cfg[6];
-    if (threadIdx.x == 0) {
-        const int sg = splitk_pick(nitems, tiles_gu, H / (64 * FR_SUB), sgu_max, want);
-        const int sd = splitk_pick(nitems, tiles_dn, I / (64 * FR_SUB), sdn_max, want);
-        s_cfg[0] = sg;
-        s_cfg[1] = sd;
-        const int tx = (M * (H / 32) + 31) / 32;
-        s_cfg[4] = tx;                                    // xsum tasks
-        s_cfg[2] = tx + nitems * sg * tiles_gu;           // end of gate_up tasks
-        s_cfg[5] = s_cfg[2] + nitems * FR_CHUNK;          // end of hsum tasks
-        s_cfg[3] = s_cfg[5] + nitems * sd * tiles_dn;     // all tasks
-    }
-    __syncthreads();
-    const volatile int* cfg = s_cfg;
-    int task = 0;
-    bool xs_seen = false;   // this warp has seen every xsum task done (acquire), so later gate_up tasks skip the wait
-    if (lane == 0) task = atomicAdd(ctr_task, 1);
-    task = __shfl_sync(0xffffffffu, task, 0);
-    while (task < cfg[3]) {
-        int next = 0;
-        if (lane == 0) next = atomicAdd(ctr_task, 1);
-        const int t_gu = cfg[2];
-        if (task < cfg[4]) {
-            gf_xsum_task(task, X, M, H, xs, xs_done);
-        } else if (task < t_gu) {
-            const int sgu = cfg[0], per_gu = sgu * tiles_gu;
-            const int tg = task - cfg[4];
-            const int item = tg / per_gu, r = tg - item * per_gu;
-            const int part = r / tiles_gu, tile = r - part * tiles_gu;
-            splitk_gate_up<1, RS, true>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu,
-                                        done_gu, ring, xs, xs_seen ? nullptr : xs_done, cfg[4]);
-            xs_seen = true;
-        } else if (task < cfg[5]) {
-            const int u = task - t_gu;
-            gf_hsum_task(it, u / FR_CHUNK, u % FR_CHUNK, hbuf, I, done_gu, hs, hs_done);
-        } else {
-            const int sdn = cfg[1], per_dn = sdn * tiles_dn;
-            const int u = task - cfg[5];
-            const int item = u / per_dn, r = u - item * per_dn;
-            const int part = r / tiles_dn, tile = r - part * tiles_dn;
-            splitk_down<1, RS, true>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart,
-                                     done_gu, done_dn, out, ring, hs, hs_done);
-        }
-        task = __shfl_sync(0xffffffffu, next, 0);
-    }
-    __syncwarp();
-    if (lane == 0) {
-        __threadfence();
-        if (atomicAdd(ctr_fin, 1) == (int)(gridDim.x * (blockDim.x / 32)) - 1) {
-            // last warp of the launch: every other warp has finished with the counters
-            ws[0] = 0;
-            ws[1] = 0;
-            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
-            xs_done[0] = 0;
-            for (int i = 0; i < FR_MAX_PAIRS; ++i) hs_done[i] = 0;
-        }
-    }
-}
-
 // grid: at most the CTAs that fit on the device at once; block 128. sgu_max / sdn_max in {1, 2, 4};
 // want: tasks wanted per phase (split chosen per phase on the device, see splitk_pick).
 // gpart: f32 [sgu_max, P, I/8, 16] (unused when sgu_max == 1), ypart: f32 [sdn_max, P, H].
@@ -1603,18 +1288,3 @@ __device__ __forceinline__ void moe_small_splitk_g_body(
 
 MOE_SPLITK_INSTANCE(3, 6)
 MOE_SPLITK_INSTANCE(4, 5)
-
-// Group-sum form of moe_small_splitk_s4 (issue 5; NOT dispatched: SMALL_VARIANTS "splitk_s4g"): no bf16x2
-// subtraction of 136 in the stage loop; each group's fp32 partial sum starts from -136 * sum(x) (see
-// frag_step_g). Extra arguments: xs f32 [M, H/32], hs f32 [P, I/32] (written and read within the launch;
-// no initial value needed). ws: int32 [2 + 128 + H/16 + 128 * I/8 + 1 + 128], zero before the first
-// launch; left zero by every launch. 2560-byte ring stages: 5 CTAs per SM still fit (5 x 44 KB).
-extern "C" __global__ void __launch_bounds__(128, 5) moe_small_splitk_s4g(
-    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
-    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
-    int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,
-    __nv_bfloat16* __restrict__ out, float* xs, float* hs) {
-    __shared__ __align__(16) unsigned char s_ring[4 * 4 * FR_STAGE_G];
-    moe_small_splitk_g_body<4>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf, gpart,
-                                   ypart, ws, out, s_ring, xs, hs);
-}

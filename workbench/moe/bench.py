@@ -683,30 +683,10 @@ SMALL_SPLITK_PREDICTION = (
     "(>= 80% of copy at every M <= 16) is NOT expected at M = 1-2 even if this holds: at M = 1, 80% leaves "
     "~2 us over streaming at 3.4 TB/s. If splitk_s3 is not faster than the four-launch path at M = 1, the "
     "chain hypothesis is refuted: profile version 3 at M = 1 (ncu) before building more.")
-SMALL_S4G_PREDICTION = (
-    "Group-sum form of splitk_s4 (moe_small_splitk_s4g, issue 5; NOT dispatched): the A registers go to the mma "
-    "as nib_pair gives them, bf16 (128 + u) = q + 136, and each quantisation group's fp32 partial sum starts "
-    "from C = -136 * sum(x) of its token column (loaded twice from the ring straight into the mma's C "
-    "registers), so the 64 bf16x2 subtractions per 4096 weights are gone without extra mma. The sums come from "
-    "sum tasks of the same launch: xs [M, H/32] before the gate_up tasks (every warp's first gate_up task waits "
-    "for them once), hs [P, I/32] from h between the phases (8 tasks per item; the down tasks wait for their "
-    "item's, which waited for its gate_up tasks); each 2304-byte ring stage carries 256 more bytes of sums "
-    "(two 4-byte cp.async per lane; 2560-byte stages, still 5 CTAs per SM). SASS (cuobjdump, CPU, nvcc 13.0 "
-    "sm_90): stage loops gate_up 320 -> 282 instructions, down 316 -> 282 (-64 HADD2; +13 LDS, +2 LDGSTS, "
-    "+~11 IMAD), 96 registers, 12 bytes spilled outside the stage loops; splitk_s4's SASS unchanged. CPU "
-    "simulation (tests/test_moe_groupfix.py): the cancellation costs ~1e-6 relative, far below the 1e-2 "
-    "tolerance. Predicted before the run, % of copy against splitk_s4 in the same process: M = 1 within +-4% "
-    "of splitk_s4's time (latency-bound there: long-scoreboard and fence stalls, issue 0.43 per cycle; the "
-    "hsum step adds ~2-4 us to the gate_up -> down chain), so still below the four-launch path; M = 2 within "
-    "+-4%; M = 4-16 2-6% faster than splitk_s4 (the stage loop is partly issue-bound there; -11-12% of its "
-    "instructions, partly paid back by the extra shared loads and the 11% more ring bytes): uniform M = 16 "
-    "~88-91% of copy (splitk_s4 86.1% in run 6), skewed M = 16 ~81-85% (79.9%). The goal (>= 80% at every "
-    "M <= 16) is NOT expected at M = 1-2. Refuted if splitk_s4g is not faster than splitk_s4 at M >= 4.")
-SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
-                     "moe_small_s4g": SMALL_S4G_PREDICTION}
+SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
-SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "splitk_s4g")
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max")
 
 
 def _set_compare_path(label: str) -> None:
@@ -807,8 +787,6 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 row[f"speedup_{label}_vs_four_launch"] = row["four_launch_ms_median"] / row[f"{label}_ms_median"]
                 if label != "small_fused" and "small_fused" in paths:
                     row[f"speedup_{label}_vs_small_fused"] = row["small_fused_ms_median"] / row[f"{label}_ms_median"]
-                if label != "splitk_s4" and "splitk_s4" in paths:
-                    row[f"speedup_{label}_vs_splitk_s4"] = row["splitk_s4_ms_median"] / row[f"{label}_ms_median"]
             if "small_fused" in paths:
                 row["speedup_small_vs_four_launch"] = row["speedup_small_fused_vs_four_launch"]
             rows.append(row)

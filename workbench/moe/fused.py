@@ -49,12 +49,7 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
-    # group-sum form of splitk_s4 (issue 5): no bf16x2 subtraction of 136 in the stage loop, each group's
-    # fp32 partial sum starts from -136 * sum(x) (workbench/moe/groupfix.py); measured, not dispatched
-    "splitk_s4g": ("moe_small_splitk_s4g", (4, 2, 2)),
 }
-# one-launch kernels that take the group sums (xs f32 [M, H/32], hs f32 [P, I/32]) as two more arguments
-GROUP_SUM_KERNELS = frozenset({"moe_small_splitk_s4g"})
 SMALL_VARIANT = {"name": "splitk_s4"}
 
 
@@ -198,19 +193,6 @@ def _splitk_workspace(device: torch.device, hidden: int, intermediate: int) -> t
     return ws
 
 
-def _splitk_g_workspace(device: torch.device, hidden: int, intermediate: int) -> torch.Tensor:
-    """Zeroed int32 counters of moe_small_splitk_s4g: :func:`_splitk_workspace`'s plus 1 + 128 (the sum tasks'
-    done counters), left zero by every launch."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = ("splitk_g", idx, hidden, intermediate)
-    ws = _WORKSPACE.get(key)
-    if ws is None:
-        ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16 + SMALL_MAX_PAIRS * (intermediate // 8)
-                         + 1 + SMALL_MAX_PAIRS, dtype=torch.int32, device=device)
-        _WORKSPACE[key] = ws
-    return ws
-
-
 def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused") -> int:
     """CTAs of a one-launch kernel that fit on the device at once (occupancy x SMs)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -344,14 +326,6 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     want = min(per_warp * grid * (THREADS // 32), 1 << 30)
     gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
     ypart = torch.empty(sdn * p * h, dtype=torch.float32, device=dev)
-    if kname in GROUP_SUM_KERNELS:
-        xs = torch.empty(m * (h // 32), dtype=torch.float32, device=dev)
-        hs = torch.empty(p * (i // 32), dtype=torch.float32, device=dev)
-        ws = _splitk_g_workspace(dev, h, i)
-        launch(kern, (grid,), (THREADS,),
-               (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, want, hbuf, gpart, ypart, ws, out,
-                xs, hs))
-        return out
     ws = _splitk_workspace(dev, h, i)
     launch(kern, (grid,), (THREADS,),
            (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, want, hbuf, gpart, ypart, ws, out))
