@@ -7,7 +7,7 @@ history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
 ``moe_small_splitk.json`` (version 3, the split-K forms and the four-launch path, M <= 16: the run
 today's dispatch was set from), ``moe_small_tma.json`` / ``moe_small_tma2.json`` (the producer / consumer
 one-launch kernels beside the dispatched paths), ``moe_small_s4f.json`` (the -136 offset on the tensor
-core) and the Nsight Compute text reports,
+core), ``moe_small_s4g.json`` (the group-sum correction) and the Nsight Compute text reports,
 the Nsight Compute text report and the source's anchor points
 (``data/anchors/rtx_pro_6000_moe.json``):
 
@@ -41,6 +41,8 @@ SMALL_SPLITK = "moe_small_splitk"
 SMALL_TMA = ("moe_small_tma", "moe_small_tma2")
 # splitk_s4 with the -136 offset added on the tensor core (reverted code).
 SMALL_S4F = "moe_small_s4f"
+# splitk_s4 with the mma fed q + 136 and each group's sum started from -136 * sum(x) (reverted code).
+SMALL_S4G = "moe_small_s4g"
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
 NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
@@ -345,6 +347,11 @@ def block_small_s4f() -> str:
     return _small_run_block(SMALL_S4F)
 
 
+def block_small_s4g() -> str:
+    """splitk_s4 with the group-sum correction (reverted code), beside splitk_s4 and four launches."""
+    return _small_run_block(SMALL_S4G)
+
+
 _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
                 "Issued Warp Per Scheduler": "issue / scheduler-cycle", "No Eligible": "no eligible %",
                 "Achieved Occupancy": "achieved occupancy %"}
@@ -468,6 +475,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_splitk": block_small_splitk,
     "small_tma": block_small_tma,
     "small_s4f": block_small_s4f,
+    "small_s4g": block_small_s4g,
     "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
     "families": block_families,
