@@ -290,7 +290,7 @@ def block_small_v3() -> str:
         return f"data/measurements/h200/{SMALL_V3}.json is not committed.\n"
     p, par, res = doc["provenance"], doc["parameters"], doc["results"]
     checks = res["checks"]
-    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    worst = _worst_rel_err(checks)
     wins = ", ".join(f"{r} M={m}" for r, m in res["small_faster_at"]) or "none"
     return (f"From `data/measurements/h200/{SMALL_V3}.json` (code {str(p.get('git_commit'))[:7]}, "
             f"{p.get('date_utc')}; `python -m workbench.moe.bench --small-compare {SMALL_V3} --reps {par['reps']}`): "
@@ -301,20 +301,16 @@ def block_small_v3() -> str:
             f"One launch faster at: {wins}.\n\n" + markdown_table(small_v3_rows()))
 
 
-def small_splitk_rows() -> list[dict[str, Any]]:
-    """Rows of ``moe_small_splitk.json`` (:func:`workbench.moe.plots.small_path_rows`, formatted)."""
-    doc = plots.load_moe_small(name=SMALL_SPLITK)
-    if not doc:
-        return []
-    out = []
-    for r in plots.small_path_rows(doc):
-        row: dict[str, Any] = {}
-        for key, v in r.items():
-            if key.endswith(" ms"):
-                continue
-            row[key] = f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v)
-        out.append(row)
-    return out
+def small_run_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of one ``--small-compare`` run (:func:`workbench.moe.plots.small_path_rows`): % of copy to one
+    decimal, "-" where a path was not timed, the ms columns left out."""
+    return [{k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v))
+             for k, v in r.items() if not k.endswith(" ms")} for r in plots.small_path_rows(doc)]
+
+
+def _worst_rel_err(checks: list[dict[str, Any]]) -> float:
+    """Largest relative error of a run's parity checks (NaN when it has none)."""
+    return max(c["rel_err"] for c in checks) if checks else float("nan")
 
 
 def _small_run_block(name: str) -> str:
@@ -324,17 +320,12 @@ def _small_run_block(name: str) -> str:
         return f"data/measurements/h200/{name}.json is not committed.\n"
     p, par, res = doc["provenance"], doc["parameters"], doc["results"]
     checks = res["checks"]
-    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
-    rows = []
-    for r in plots.small_path_rows(doc):
-        rows.append({k: (f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else v))
-                     for k, v in r.items() if not k.endswith(" ms")})
     return (f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, {p.get('date_utc')}; "
             f"`--small-compare {name} --reps {par['reps']} --small-paths {' '.join(par['paths'])}`, M = "
             f"{', '.join(map(str, par['m_values']))}): copy {res['copy_gb_per_s']:.0f} GB/s in the same run; grids "
             f"(CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}; parity "
-            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy per "
-            f"path; `dispatched` is today's dispatch.\n\n" + markdown_table(rows))
+            f"{len(checks)} checks, worst rel. error {_worst_rel_err(checks):.2e}, all ok = {res['all_checks_ok']}. "
+            f"% of copy per path; `dispatched` is today's dispatch.\n\n" + markdown_table(small_run_rows(doc)))
 
 
 def block_small_tma() -> str:
@@ -409,7 +400,7 @@ def block_small_splitk() -> str:
         return f"data/measurements/h200/{SMALL_SPLITK}.json is not committed.\n"
     p, par, res = doc["provenance"], doc["parameters"], doc["results"]
     checks = res["checks"]
-    worst = max(c["rel_err"] for c in checks) if checks else float("nan")
+    worst = _worst_rel_err(checks)
     pct, wrow = plots.dispatched_worst_pct(doc)
     at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in plots.small_path_rows(doc)
                      if r["dispatched % copy"] >= 80) or "none"
@@ -421,7 +412,7 @@ def block_small_splitk() -> str:
             f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy "
             f"bandwidth per path; `dispatched` is what `fused_moe_int4` runs today (`fused.SMALL_TABLE` "
             f"{SMALL_TABLE}, one-launch kernel `{SMALL_VARIANT['name']}`): worst {pct:.1f}% at "
-            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}.\n\n" + markdown_table(small_splitk_rows()))
+            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}.\n\n" + markdown_table(small_run_rows(doc)))
 
 
 _NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput", "Compute (SM) Throughput",
