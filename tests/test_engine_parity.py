@@ -62,6 +62,15 @@ def decode_logits(model, ids: torch.Tensor, prefill: int) -> torch.Tensor:
     return torch.cat(outs)
 
 
+def _loaded_matches_reference(path, ref, tokens: int, seed: int):
+    """Load ``path`` in float32 and compare its logits on ``tokens`` random ids [T] with ``ref``'s (<= 1e-4)."""
+    model = load_model(path, dtype=torch.float32)
+    ids = torch.randint(0, 80, (tokens,), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = ref(ids[None]).logits[0]
+    assert rel_err(model(ids), want) <= 1e-4
+
+
 @pytest.fixture(scope="module")
 def hf_ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
@@ -120,11 +129,7 @@ def test_rope_scaling_form_and_kimi_wrapper(hf_ckpt, tmp_path):
     save_file({k: tensors[k] for k in keys[half:]}, str(tmp_path / "b.safetensors"))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {**{k: "a.safetensors" for k in keys[:half]}, **{k: "b.safetensors" for k in keys[half:]}}}))
-    model = load_model(tmp_path, dtype=torch.float32)
-    ids = torch.randint(0, 80, (12,), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        want = ref(ids[None]).logits[0]
-    assert rel_err(model(ids), want) <= 1e-4
+    _loaded_matches_reference(tmp_path, ref, tokens=12, seed=5)
 
 
 def test_fused_experts_form(hf_ckpt, tmp_path):
@@ -140,11 +145,7 @@ def test_fused_experts_form(hf_ckpt, tmp_path):
                                                            t[f"{p}.{e}.up_proj.weight"]]) for e in range(8)])
         out[f"{p}.down_proj"] = torch.stack([t[f"{p}.{e}.down_proj.weight"] for e in range(8)])
     save_file(out, str(tmp_path / "model.safetensors"))
-    model = load_model(tmp_path, dtype=torch.float32)
-    ids = torch.randint(0, 80, (10,), generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        want = ref(ids[None]).logits[0]
-    assert rel_err(model(ids), want) <= 1e-4
+    _loaded_matches_reference(tmp_path, ref, tokens=10, seed=6)
 
 
 def test_int4_experts_load_and_match_dequantized_reference(hf_ckpt, tmp_path):
