@@ -313,13 +313,13 @@ def test_small_m_comparison_replaces_the_points_it_measured(tmp_path):
     """A bench --small-compare file beside moe_bandwidth: at its M values the dispatched path's uniform %
     of copy replaces the sweep's point; other M keep the sweep; alone it is not used (a note says so)."""
     from workbench.moe import fused
+    from workbench.moe.bench import compare_label
 
     rows = [{"routing": r, "m": m, "pct_of_copy": 60.0, "ms_median": 1.0, "bytes_moved": 1e9, "timing": "cuda_graph"}
             for r in ("uniform", "skewed") for m in (1, 9, 32)]
     big = {"name": "moe_bandwidth", "provenance": {"gpu": "NVIDIA H200"},
            "results": {"copy_gb_per_s": 4200.0, "rows": rows}}
-    label = fused.SMALL_VARIANT["name"]
-    label = "small_fused" if label == "v3" else label
+    label = compare_label(fused.SMALL_VARIANT["name"])
     small_rows = [{"routing": r, "m": m, "four_launch_variant": "nt1_rt2_l2",
                    "four_launch_pct_of_copy": 50.0, "four_launch_ms_median": 1.0,
                    f"{label}_pct_of_copy": 80.0 + m if r == "uniform" else 10.0, f"{label}_ms_median": 1.0}

@@ -689,13 +689,24 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SM
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max")
 
 
+def compare_label(variant: str) -> str:
+    """The --small-compare label of a one-launch kernel (a fused.SMALL_VARIANTS key): "small_fused" for
+    version 3 ("v3"), the variant's own name otherwise; :func:`label_variant` is the inverse."""
+    return "small_fused" if variant == "v3" else variant
+
+
+def label_variant(label: str) -> str:
+    """The fused.SMALL_VARIANTS key of a one-launch --small-compare label (inverse of :func:`compare_label`)."""
+    return "v3" if label == "small_fused" else label
+
+
 def _set_compare_path(label: str) -> None:
     """Dispatch every M * topk <= SMALL_MAX_PAIRS to the path ``label`` (a SMALL_COMPARE_PATHS entry)."""
     if label == "four_launch":
         set_small_table([(SMALL_MAX_PAIRS, False)])
         return
     set_small_table([(SMALL_MAX_PAIRS, True)])
-    set_small_variant("v3" if label == "small_fused" else label)
+    set_small_variant(label_variant(label))
 
 
 def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps: int = 20, seed: int = 0,
@@ -744,7 +755,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     one_launch = [p for p in paths if p != "four_launch"]
 
     def grids() -> dict[str, int | None]:
-        return {p: small_grid(SMALL_VARIANTS["v3" if p == "small_fused" else p][0]) for p in one_launch}
+        return {p: small_grid(SMALL_VARIANTS[label_variant(p)][0]) for p in one_launch}
 
     def save() -> Path:   # after every row, so a run cut short keeps what it measured
         wins = {p: [[r["routing"], r["m"]] for r in rows if r[f"{p}_ms_median"] < r["four_launch_ms_median"]]

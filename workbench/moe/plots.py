@@ -15,7 +15,7 @@ import torch
 from workbench import DATA_DIR
 from workbench.kernels import resolve_device
 from workbench.measure import load_measurement
-from workbench.moe.bench import make_routing, plateau_m, rel_error
+from workbench.moe.bench import compare_label, make_routing, plateau_m, rel_error
 from workbench.moe.fused import SMALL_VARIANT, fused_moe_int4, gpu_supported, uses_small_path, variant_name
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
@@ -163,8 +163,7 @@ def dispatched_label(m: int, topk: int) -> str:
     "small_fused" (version 3) or the split-K variant's name."""
     if not uses_small_path(m, topk):
         return "four_launch"
-    v = SMALL_VARIANT["name"]
-    return "small_fused" if v == "v3" else v
+    return compare_label(SMALL_VARIANT["name"])
 
 
 def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict[str, Any]]:
