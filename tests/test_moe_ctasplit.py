@@ -1,0 +1,80 @@
+"""CPU tests of the CTA-split one-launch kernel (moe_small_ctasplit; NOT YET RUN ON A GPU, not dispatched).
+
+The host's split rule and queue depth, the kernel source's constants against the model's, and the
+task / queue / ring / barrier / counter protocol replayed by :func:`workbench.moe.ctasplit.simulate_protocol`
+under random interleavings (and, as a check that the model can fail, with a queue or a partial-sum
+buffer too small for the protocol).
+"""
+import re
+
+import pytest
+
+from workbench.kernels import KERNEL_DIR
+from workbench.moe import ctasplit
+from workbench.moe.ctasplit import ctasplit_splits, lookahead, phase_split, simulate_protocol, task_counts
+from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, splitk_splits
+
+
+def test_variant_registered_not_dispatched():
+    assert SMALL_VARIANTS["ctasplit"] == ("moe_small_ctasplit", ("cta", "ring"))
+    assert SMALL_VARIANTS["ctasplit_max"] == ("moe_small_ctasplit", ("cta", "max"))
+    assert SMALL_VARIANT["name"] == "splitk_s4" and SMALL_TABLE == [(1, False), (16, True)]
+    with pytest.raises(ValueError, match="CTA-split"):
+        splitk_splits(8, 7168, 2048, "ctasplit", 660)
+
+
+def test_splits_kimi_and_small():
+    # Kimi: gate_up 28 stages -> 4 parts of 7; down 8 stages -> 2 parts of 4 (4 parts would leave 2 < 3)
+    assert ctasplit_splits(7168, 2048) == (4, 2)
+    assert lookahead(7168, 2048, (4, 2)) == 1
+    assert task_counts(8, 7168, 2048, (4, 2)) == (2048, 1792)       # M = 1: 8 items
+    assert ctasplit_splits(7168, 2048, "max") == (4, 4)
+    # the test shapes (H = I = 1024, 4 stages): "ring" -> whole K per warp, "max" -> 1 stage per warp, L = 3
+    assert ctasplit_splits(1024, 1024) == (1, 1) and lookahead(1024, 1024, (1, 1)) == 1
+    assert ctasplit_splits(1024, 1024, "max") == (4, 4) and lookahead(1024, 1024, (4, 4)) == 3
+    assert phase_split(2) == 1 and phase_split(6) == 2 and phase_split(7) == 1 and phase_split(12) == 4
+
+
+@pytest.mark.parametrize("bad", [(7000, 2048), (7168, 0), (7168, 2048, "fast")])
+def test_splits_reject_bad_input(bad):
+    with pytest.raises(ValueError):
+        ctasplit_splits(*bad)
+
+
+def test_kernel_constants_match_model():
+    src = (KERNEL_DIR / "moe_int4.cu").read_text()
+    assert int(re.search(r"#define CS_RS (\d+)", src).group(1)) == ctasplit.RING_STAGES
+    assert int(re.search(r"#define CS_Q (\d+)", src).group(1)) == ctasplit.QUEUE
+    assert 'extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(' in src
+    # the queue must hold the task being computed, L ahead, and the one being grabbed, with the overwrite
+    # distance the kernel's comment derives (QUEUE >= L + 2 for L <= 3)
+    assert ctasplit.QUEUE >= ctasplit.RING_AHEAD + 2
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(items=3, stages_gu=4, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(1, 1), ctas=3),
+    dict(items=2, stages_gu=4, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(4, 4), ctas=2),      # L = 3
+    dict(items=2, stages_gu=28, stages_dn=8, tiles_gu=4, tiles_dn=8, splits=(4, 2), ctas=3),     # Kimi-like
+    dict(items=3, stages_gu=4, stages_dn=2, tiles_gu=8, tiles_dn=8, splits=(4, 2), ctas=4, resident=2),
+    dict(items=5, stages_gu=2, stages_dn=2, tiles_gu=4, tiles_dn=4, splits=(2, 1), ctas=2),      # L = 3
+    dict(items=0, stages_gu=4, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(1, 1), ctas=2),      # every id invalid
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_protocol_clean(cfg, seed):
+    res = simulate_protocol(seed=seed, **cfg)
+    assert res.finished and res.errors == [], res.errors
+
+
+@pytest.mark.parametrize("kw,pattern", [({"queue": 4}, "queue entry|slot"), ({"part_buffers": 1}, "partial buffer")])
+def test_protocol_model_catches_races(kw, pattern):
+    """A queue of 4 (< L + 2 at L = 3) or a single partial-sum buffer must show up as violations."""
+    cfg = dict(items=2, stages_gu=4, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(4, 4), ctas=2)
+    seen = []
+    for seed in range(4):
+        seen += simulate_protocol(seed=seed, max_steps=100_000, **cfg, **kw).errors
+    assert any(re.search(pattern, e) for e in seen), seen[:3]
+
+
+def test_protocol_rejects_bad_split():
+    with pytest.raises(ValueError, match="split"):
+        simulate_protocol(items=1, stages_gu=6, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(4, 1), ctas=1)
