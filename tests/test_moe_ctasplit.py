@@ -78,3 +78,38 @@ def test_protocol_model_catches_races(kw, pattern):
 def test_protocol_rejects_bad_split():
     with pytest.raises(ValueError, match="split"):
         simulate_protocol(items=1, stages_gu=6, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(4, 1), ctas=1)
+
+
+def test_host_launch_matches_kernel_signature(monkeypatch):
+    """fused._fused_small's argument tuple for ctasplit against the kernel's parameter list (CPU: launch mocked)."""
+    import torch
+
+    from workbench.moe import fused
+    from workbench.moe.packing import random_int4_experts
+
+    src = (KERNEL_DIR / "moe_int4.cu").read_text()
+    sig = re.search(r"moe_small_ctasplit\((.*?)\)\s*\{", src, re.S).group(1)
+    params = [p.strip().split()[-1].lstrip("*") for p in sig.split(",")]
+    assert params[:4] == ["Fgu", "Fdn", "X", "ids"] and params[10:12] == ["sgu", "sdn"]
+    seen = {}
+    monkeypatch.setattr(fused, "_kernel", lambda name: name)
+    monkeypatch.setattr(fused, "_small_grid", lambda kern, dev, name: 660)
+    monkeypatch.setattr(fused, "_ctasplit_workspace", lambda dev, h: torch.zeros(2 + 128 + h // 16, dtype=torch.int32))
+    monkeypatch.setattr(fused, "launch", lambda k, grid, block, args: seen.update(k=k, grid=grid, block=block, args=args))
+    ex = random_int4_experts(4, 1024, 1024, seed=0)
+    saved = fused.SMALL_VARIANT["name"]
+    try:
+        for variant, splits in (("ctasplit", (1, 1)), ("ctasplit_max", (4, 4))):
+            fused.set_small_variant(variant)
+            ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]], dtype=torch.int32)
+            out = torch.empty(1, 1024, dtype=torch.bfloat16)
+            fused._fused_small(torch.randn(1, 1024).bfloat16(), ids, torch.full((1, 8), 0.125), ex, out)
+            assert seen["k"] == "moe_small_ctasplit" and seen["grid"] == (660,) and seen["block"] == (128,)
+            args = dict(zip(params, seen["args"]))
+            assert len(seen["args"]) == len(params)
+            assert (args["M"], args["topk"], args["E"], args["H"], args["I"]) == (1, 8, 4, 1024, 1024)
+            assert (args["sgu"], args["sdn"]) == splits
+            assert args["Y"].shape == (8 * 1024,) or args["Y"].numel() == 8 * 1024
+            assert args["ws"].numel() == 2 + 128 + 1024 // 16 and args["out"] is out
+    finally:
+        fused.set_small_variant(saved)
