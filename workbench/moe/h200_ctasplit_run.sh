@@ -6,7 +6,7 @@
 #   2. a smoke run of both CTA-split variants (bench --sanitize without the sanitizer, H = I = 1024: parity
 #      at M = 1, 2, 9, edge cases, a graph replay; a hang shows up here, cut at SMOKE_T seconds),
 #   3. bench --small-compare moe_small_ctasplit: the four-launch path, splitk_s4 (today's default one-launch
-#      kernel) and ctasplit timed in ONE process at M = 1, 2, 4, 8, 9, 16, uniform and skewed routing, each
+#      kernel), ctasplit and ctasplit_max (down split 4 too) timed in ONE process at M = 1, 2, 4, 8, 9, 16, uniform and skewed routing, each
 #      one-launch path parity-checked per row ($OUT/moe_small_ctasplit.json, with the prediction as notes;
 #      raw log $OUT/compare.txt),
 #   4. Nsight Compute (clocks not locked) of ctasplit at M in NCU_MS (default "1"; "" skips): duration, DRAM,
@@ -32,7 +32,7 @@ timeout "${SMOKE_T:-45}" python3 -u -m workbench.moe.bench --sanitize --variants
 echo "smoke rc=$? after $(( $(date +%s) - T0 )) s" >> "$OUT/smoke.txt"
 tail -2 "$OUT/smoke.txt"
 timeout "${CMP_T:-80}" python3 -u -m workbench.moe.bench --small-compare moe_small_ctasplit --out "$OUT" \
-  --reps "${REPS:-15}" --small-paths four_launch splitk_s4 ctasplit > "$OUT/compare.txt" 2>&1
+  --reps "${REPS:-15}" --small-paths four_launch splitk_s4 ctasplit ctasplit_max > "$OUT/compare.txt" 2>&1
 echo "compare rc=$? after $(( $(date +%s) - T0 )) s" >> "$OUT/compare.txt"
 for m in ${NCU_MS-1}; do
   timeout "${NCU_T:-45}" ncu --clock-control none -k regex:moe_small --section SpeedOfLight --section Occupancy \
@@ -66,5 +66,5 @@ for m in ${NCU_MS-1}; do
     "$OUT/ncu_ctasplit_m$m.txt" | head -12
 done
 echo "total $(( $(date +%s) - T0 )) s"
-tail -16 "$OUT/compare.txt"
+tail -16 "$OUT/compare.txt" | cut -c1-160
 exit 0
