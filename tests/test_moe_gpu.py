@@ -231,3 +231,16 @@ def test_ctasplit_matches_splitk_s4_kimi_shape(splitk_on):
             set_small_variant(splitk_on)
         assert torch.isfinite(a).all()
         assert float((a.double() - b.double()).norm() / b.double().norm()) < 5e-3
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit"], indirect=True)
+@pytest.mark.parametrize("m", [1, 3])
+def test_ctasplit_parity_split2(splitk_on, m):
+    """H = I = 1536 (6 stages): both phases split 2 (two tiles per CTA task, 3 stages per warp), the one split
+    the other shapes do not give gate_up."""
+    from workbench.moe.ctasplit import ctasplit_splits
+
+    assert ctasplit_splits(1536, 1536) == (2, 2)
+    ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=11 + m)
+    res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
