@@ -113,3 +113,80 @@ def test_host_launch_matches_kernel_signature(monkeypatch):
             assert args["ws"].numel() == 2 + 128 + 1024 // 16 and args["out"] is out
     finally:
         fused.set_small_variant(saved)
+
+
+def _warp_acc(stack, e: int, tile: int, tiles: int, nsup: int, s: int, part: int, x):
+    """What warp (tile, part) of a CTA task accumulates: the issuer's stages ((e * nsup + part * nper) * tiles + tile)
+    * FRAG_STAGE * FRAG_WORDS words on, stride tiles stages, against activations part * nper * 256 on."""
+    from workbench.moe.packing import FRAG_STAGE, FRAG_WORDS
+
+    try:
+        from tests.test_moe_fragments import emulate_tile
+    except ImportError:
+        from test_moe_fragments import emulate_tile
+    import torch
+
+    flat = stack.reshape(-1)
+    nper = nsup // s
+    blocks = []
+    for k in range(nper):
+        base = ((e * nsup + part * nper + k) * tiles + tile) * FRAG_STAGE * FRAG_WORDS
+        blocks += [flat[base + q * FRAG_WORDS: base + (q + 1) * FRAG_WORDS] for q in range(FRAG_STAGE)]
+    k0 = part * nper * 256
+    return emulate_tile(torch.stack(blocks), x[:, k0:k0 + nper * 256]).float()   # [16, 8]
+
+
+def _lane_frag(acc):
+    """The float4 a lane (g, t) stores to the partial-sum buffer: rows g, g + 8 x columns 2t, 2t + 1."""
+    return [(acc[g, 2 * t], acc[g, 2 * t + 1], acc[g + 8, 2 * t], acc[g + 8, 2 * t + 1])
+            for g in range(8) for t in range(4)]
+
+
+@pytest.mark.parametrize("s", [2, 4])   # s = 1 is the same indexing with one part (and 4 s of emulation)
+def test_epilogue_mapping_gate_up_and_down(s):
+    """The epilogue's reduction as moe_small_ctasplit indexes it: buffer entry (r * s + pp) * 32 + lane summed
+    over pp for tile grp * (4 / s) + r; gate_up writes h[slot, 8 * tile + g] = SiLU(gate) * up, down writes
+    Y[pair, 16 * tile + g (+ 8)] = w * y. Checked against the float64 reference for every tile of the task."""
+    import torch
+
+    from workbench.int4 import dequantize_int4
+    from workbench.moe.packing import random_int4_experts
+
+    ex = random_int4_experts(3, 1024, 1024, seed=5)
+    gu, dn = ex.fragments()
+    H = I = 1024
+    e, cnt, grp = 2, 3, 1
+    ntile = 4 // s
+    gen = torch.Generator().manual_seed(s)
+    x = torch.randn(8, H, generator=gen).to(torch.bfloat16).double()
+    x[cnt:] = x[0]
+    for phase, stack, tiles, nsup in (("gu", gu, I // 8, H // 256), ("dn", dn, H // 16, I // 256)):
+        buf = [None] * 128
+        for w in range(4):
+            tile, part = grp * ntile + w // s, w % s
+            for lane, v in enumerate(_lane_frag(_warp_acc(stack, e, tile, tiles, nsup, s, part, x))):
+                buf[w * 32 + lane] = v
+        if phase == "gu":
+            wt = dequantize_int4(ex.gate_up_packed[e], ex.gate_up_scale[e], group_size=32).double()
+            want = wt @ x[:cnt].T                                                   # [2I, cnt]
+        else:
+            wt = dequantize_int4(ex.down_packed[e], ex.down_scale[e], group_size=32).double()
+            want = wt @ x[:cnt].T                                                   # [H, cnt]
+        for r in range(ntile):
+            tile = grp * ntile + r
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                v = [0.0] * 4
+                for pp in range(s):
+                    v = [a + b for a, b in zip(v, buf[(r * s + pp) * 32 + lane])]
+                for cc in range(2):
+                    c = 2 * t + cc
+                    if c >= cnt:
+                        continue
+                    if phase == "gu":   # v[cc] = gate row 8 * tile + g, v[2 + cc] = up row I + 8 * tile + g
+                        assert abs(v[cc] - want[8 * tile + g, c]) < 1e-4 * (1 + abs(want[8 * tile + g, c]))
+                        assert abs(v[2 + cc] - want[I + 8 * tile + g, c]) < 1e-4 * (1 + abs(want[I + 8 * tile + g, c]))
+                    else:               # rows 16 * tile + g and + 8 of the output
+                        n0 = 16 * tile + g
+                        assert abs(v[cc] - want[n0, c]) < 1e-4 * (1 + abs(want[n0, c]))
+                        assert abs(v[2 + cc] - want[n0 + 8, c]) < 1e-4 * (1 + abs(want[n0 + 8, c]))
