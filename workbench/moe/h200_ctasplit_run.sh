@@ -4,7 +4,8 @@
 # NOT YET RUN ON A GPU when this script was written):
 #   1. (background, CPU) ptxas registers / spills / shared memory of moe_small_splitk_s4 and moe_small_ctasplit,
 #   2. a smoke run of both CTA-split variants (bench --sanitize without the sanitizer, H = I = 1024: parity
-#      at M = 1, 2, 9, edge cases, a graph replay; a hang shows up here, cut at SMOKE_T seconds),
+#      at M = 1, 2, 9, edge cases, a graph replay; a hang shows up here, cut at SMOKE_T seconds); if it fails
+#      or hangs, only memcheck of the same checks runs after it (no timing),
 #   3. bench --small-compare moe_small_ctasplit: the four-launch path, splitk_s4 (today's default one-launch
 #      kernel), ctasplit and ctasplit_max (down split 4 too) timed in ONE process at M = 1, 2, 4, 8, 9, 16, uniform and skewed routing, each
 #      one-launch path parity-checked per row ($OUT/moe_small_ctasplit.json, with the prediction as notes;
@@ -29,11 +30,27 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
   > "$OUT/ptxas.txt") &
 timeout "${SMOKE_T:-45}" python3 -u -m workbench.moe.bench --sanitize --variants none \
   --small-variants ctasplit ctasplit_max > "$OUT/smoke.txt" 2>&1
-echo "smoke rc=$? after $(( $(date +%s) - T0 )) s" >> "$OUT/smoke.txt"
+SMOKE=$?
+echo "smoke rc=$SMOKE after $(( $(date +%s) - T0 )) s" >> "$OUT/smoke.txt"
 tail -2 "$OUT/smoke.txt"
+if [ "$SMOKE" != 0 ]; then
+  # a hang (124) or a failed check: no timing; memcheck says where it goes wrong (a hang is cut again)
+  echo "smoke FAILED: skipping the comparison, ncu, tests and racecheck"
+  grep -E "'ok': False|Error|error" "$OUT/smoke.txt" | head -8
+  timeout "${SAN_T:-80}" compute-sanitizer --tool memcheck python3 -u -m workbench.moe.bench --sanitize \
+    --variants none --small-variants ctasplit ctasplit_max > "$OUT/memcheck.txt" 2>&1
+  echo "memcheck rc=$?" >> "$OUT/memcheck.txt"
+  grep -E "ERROR SUMMARY|Invalid|out of bounds|sanitize checks|rc=" "$OUT/memcheck.txt" | head -12
+  wait
+  cat "$OUT/ptxas.txt"
+  echo "total $(( $(date +%s) - T0 )) s"
+  exit 0
+fi
 timeout "${CMP_T:-80}" python3 -u -m workbench.moe.bench --small-compare moe_small_ctasplit --out "$OUT" \
   --reps "${REPS:-15}" --small-paths four_launch splitk_s4 ctasplit ctasplit_max > "$OUT/compare.txt" 2>&1
-echo "compare rc=$? after $(( $(date +%s) - T0 )) s" >> "$OUT/compare.txt"
+CMP=$?
+echo "compare rc=$CMP after $(( $(date +%s) - T0 )) s" >> "$OUT/compare.txt"
+[ "$CMP" = 124 ] && NCU_MS="" && echo "compare timed out (a hang at Kimi shapes?): no ncu"
 for m in ${NCU_MS-1}; do
   timeout "${NCU_T:-45}" ncu --clock-control none -k regex:moe_small --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
