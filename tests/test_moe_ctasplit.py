@@ -1,4 +1,4 @@
-"""CPU tests of the CTA-split one-launch kernel (moe_small_ctasplit; NOT YET RUN ON A GPU, not dispatched).
+"""CPU tests of the CTA-split one-launch kernel (moe_small_ctasplit; dispatched at M = 1 on the H200).
 
 The host's split rule and queue depth, the kernel source's constants against the model's, and the
 task / queue / ring / barrier / counter protocol replayed by :func:`workbench.moe.ctasplit.simulate_protocol`
@@ -15,12 +15,22 @@ from workbench.moe.ctasplit import ctasplit_splits, lookahead, phase_split, simu
 from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, splitk_splits
 
 
-def test_variant_registered_not_dispatched():
+def test_variant_registered_and_dispatched_at_m1():
+    """moe_small_ctasplit.json (H200, dda6540): the CTA-split kernel at M = 1, splitk_s4 at M = 2-16."""
     assert SMALL_VARIANTS["ctasplit"] == ("moe_small_ctasplit", ("cta", "ring"))
     assert SMALL_VARIANTS["ctasplit_max"] == ("moe_small_ctasplit", ("cta", "max"))
-    assert SMALL_VARIANT["name"] == "splitk_s4" and SMALL_TABLE == [(1, False), (16, True)]
+    assert SMALL_VARIANTS["ctasplit_g2d1"] == ("moe_small_ctasplit", ("cta", (2, 1)))
+    assert SMALL_VARIANT["name"] is None and SMALL_TABLE == [(1, "ctasplit"), (16, "splitk_s4")]
     with pytest.raises(ValueError, match="CTA-split"):
         splitk_splits(8, 7168, 2048, "ctasplit", 660)
+
+
+def test_fixed_splits_checked():
+    assert ctasplit_splits(7168, 2048, (2, 1)) == (2, 1)
+    with pytest.raises(ValueError, match="gate_up split must be 1, 2 or 4"):
+        ctasplit_splits(7168, 2048, (3, 1))
+    with pytest.raises(ValueError, match="down split must be 1, 2 or 4 and divide 2 stages"):
+        ctasplit_splits(7168, 512, (1, 4))
 
 
 def test_splits_kimi_and_small():

@@ -60,11 +60,13 @@ def test_small_path_edge_cases(small):
 
 @pytest.fixture
 def small_path_on():
-    """Force the one-launch kernel for M * topk <= 128 (SMALL_TABLE may have it off)."""
-    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, set_small_table
+    """Force the one-launch path for M * topk <= 128 (SMALL_TABLE may have it off), each M with the kernel
+    SMALL_TABLE names there (the default kernel where it names four launches)."""
+    from workbench.moe.fused import DEFAULT_SMALL_VARIANT, SMALL_MAX_PAIRS, SMALL_TABLE, set_small_table
 
     saved = list(SMALL_TABLE)
-    set_small_table([(SMALL_MAX_PAIRS, True)])
+    rows = [(mx, v or DEFAULT_SMALL_VARIANT) for mx, v in saved]
+    set_small_table(rows[:-1] + [(SMALL_MAX_PAIRS, rows[-1][1])])
     yield
     set_small_table(saved)
 
@@ -74,21 +76,24 @@ def test_small_path_graph_replays(small, m, small_path_on):
     from workbench.moe.bench import check_graph_replay
 
     res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
-    assert res["path"] == _default_small_path() and res["ok"], res
+    assert res["path"] == _small_path(m) and res["ok"], res
 
 
-def _default_small_path() -> str:
-    """bench's path label of the default one-launch kernel (fused.SMALL_VARIANT: "splitk_s4" today)."""
-    from workbench.moe.fused import SMALL_VARIANT
+def _small_path(m: int) -> str:
+    """bench's path label of the one-launch kernel dispatched for M tokens of top-8 (splitk_s4 at M >= 2 and
+    ctasplit at M = 1 today)."""
+    from workbench.moe.bench import path_name
 
-    return "small_fused" if SMALL_VARIANT["name"] == "v3" else f"small_{SMALL_VARIANT['name']}"
+    p = path_name(m, 8)
+    assert p.startswith("small_"), p
+    return p
 
 
 @pytest.mark.parametrize("m", [1, 9])
 def test_small_path_parity_kimi_shape(m, small_path_on):
     ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=m)
     res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
-    assert res["path"] == _default_small_path() and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    assert res["path"] == _small_path(m) and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
 def test_small_path_matches_four_launch(small, small_path_on):
@@ -107,7 +112,7 @@ def test_small_path_matches_four_launch(small, small_path_on):
     assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
 
 
-# ---- split-K form of the one-launch kernel (moe_small_splitk_*; selected with set_small_variant, not dispatched)
+# ---- split-K form of the one-launch kernel (moe_small_splitk_*; splitk_s4 dispatched at M = 2-16, others forced)
 
 SPLITK = ["splitk_s3", "splitk_s4", "splitk_s3_max"]
 
@@ -173,7 +178,7 @@ def test_splitk_matches_v3(small, splitk_on):
     assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
 
 
-# ---- CTA-split form of the one-launch kernel (moe_small_ctasplit; selected with set_small_variant, not dispatched)
+# ---- CTA-split form of the one-launch kernel (moe_small_ctasplit; dispatched at M = 1, forced here at every M)
 
 CTASPLIT = ["ctasplit", "ctasplit_max"]   # H = I = 1024: splits (1, 1) and (4, 4) (1 stage per warp, queue 3 ahead)
 

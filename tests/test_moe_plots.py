@@ -28,8 +28,8 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
     pct, row = plots.dispatched_worst_pct(small)
     rows = plots.small_path_rows(small)
     assert pct == min(r["dispatched % copy"] for r in rows) == row["dispatched % copy"]
-    # SMALL_TABLE / SMALL_VARIANT were set from this file: at every measured row the dispatched path is
-    # the fastest or within 1% of copy bandwidth of it (splitk_s3 and splitk_s4 tie at M = 16).
+    # SMALL_TABLE was set from this file: at every measured row the dispatched path is the fastest or
+    # within 1% of copy bandwidth of it.
     for r in rows:
         assert r["dispatched % copy"] >= r[f"{r['fastest']} % copy"] - 1.0, r
 
@@ -41,8 +41,16 @@ def test_dispatched_label_follows_the_variant():
         assert plots.dispatched_label(16, 8) == "small_fused"
         fused.set_small_variant("splitk_s3")
         assert plots.dispatched_label(16, 8) == "splitk_s3"
-        assert plots.dispatched_label(1, 8) == "four_launch"   # SMALL_TABLE: four launches at M = 1
+        assert plots.dispatched_label(1, 8) == "splitk_s3"     # a forced kernel wherever one launch runs
         assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
+        fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
+        assert plots.dispatched_label(1, 8) == "ctasplit" and plots.dispatched_label(2, 8) == "splitk_s4"
+        saved_table = list(fused.SMALL_TABLE)
+        try:
+            fused.set_small_table([(1, None), (16, True)])
+            assert plots.dispatched_label(1, 8) == "four_launch" and plots.dispatched_label(9, 8) == "splitk_s4"
+        finally:
+            fused.set_small_table(saved_table)
     finally:
         fused.set_small_variant(saved)
 

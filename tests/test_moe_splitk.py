@@ -1,5 +1,5 @@
 """CPU tests of the split-K one-launch kernel's layout and arithmetic (moe_small_splitk_s3 / _s4 in
-workbench/kernels/moe_int4.cu; not dispatched, selected with fused.set_small_variant).
+workbench/kernels/moe_int4.cu; splitk_s4 dispatched at M = 2-16, the others selected with fused.set_small_variant).
 
 They replay, with :func:`tests.test_moe_fragments.emulate_tile` (the warp's register arithmetic), what
 the split-K tasks do: the stage and activation offsets of K part ``q`` of a tile, the fp32 partial sums
@@ -16,7 +16,7 @@ try:
 except ImportError:   # pytest run from elsewhere: tests/ itself is on sys.path
     from test_moe_fragments import emulate_tile
 from workbench.int4 import dequantize_int4
-from workbench.moe.fused import (SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, set_small_variant, splitk_choice,
+from workbench.moe.fused import (SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, set_small_table, set_small_variant, small_variant_for, splitk_choice,
                                  splitk_splits, work_items)
 from workbench.moe.packing import FRAG_STAGE, FRAG_WORDS, random_int4_experts
 
@@ -24,11 +24,19 @@ KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs
 
 
 def test_default_variant_and_table_as_measured():
-    """moe_small_splitk.json (H200, 1e272c7): splitk_s4 at M = 2-16, four launches at M = 1."""
-    assert SMALL_VARIANT["name"] == "splitk_s4" and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(1, False), (16, True)]
+    """moe_small_ctasplit.json (H200, dda6540): splitk_s4 at M = 2-16, the CTA-split kernel at M = 1."""
+    assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
+    assert SMALL_TABLE == [(1, "ctasplit"), (16, "splitk_s4")]
+    assert [small_variant_for(m, 8) for m in (1, 2, 16, 17)] == ["ctasplit", "splitk_s4", "splitk_s4", None]
     with pytest.raises(ValueError, match="small variant"):
         set_small_variant("splitk_s9")
+    saved = list(SMALL_TABLE)
+    try:
+        with pytest.raises(ValueError, match="SMALL_TABLE kernel"):
+            set_small_table([(16, "splitk_s9")])
+        assert SMALL_TABLE == saved
+    finally:
+        set_small_table(saved)
 
 
 @pytest.mark.parametrize("items,want", [(8, (4, 2)), (16, (2, 1)), (15, (2, 1)), (31, (1, 1)), (109, (1, 1))])
@@ -171,7 +179,7 @@ def test_compare_path_switch_and_table_format():
         bench._set_compare_path("splitk_s4")
         assert uses_small_path(1, 8) and bench.path_name(1, 8) == "small_splitk_s4"
         bench._set_compare_path("small_fused")
-        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, True)]
+        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, "splitk_s4")]
     finally:
         set_small_table(saved)
         set_small_variant(saved_variant)

@@ -30,10 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.moe.fused import (KERNEL_TABLE, SMALL_MAX_PAIRS, SMALL_PATH, SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS,
-                                 VARIANTS, fused_moe_int4, kernel_config, set_kernel_table, set_small_path,
-                                 set_small_table, set_small_variant, small_grid, splitk_splits, uses_small_path,
+from workbench.moe.fused import (DEFAULT_SMALL_VARIANT, KERNEL_TABLE, SMALL_MAX_PAIRS, SMALL_PATH, SMALL_TABLE,
+                                 SMALL_VARIANT, SMALL_VARIANTS, VARIANTS, fused_moe_int4, kernel_config,
+                                 set_kernel_table, set_small_path, set_small_table, set_small_variant, small_grid,
+                                 small_variant_for, splitk_splits, table_small_kernel, uses_small_path,
                                  variant_name, work_items)
+from workbench.moe.ctasplit import ctasplit_splits
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -217,10 +219,11 @@ def check_case(experts: Int4Experts, m: int, routing: str, gen: torch.Generator,
 
 
 def path_name(m: int, topk: int) -> str:
-    """``small_fused`` (one launch, version 3), ``small_splitk_*`` (one launch, split-K form, when
-    :func:`set_small_variant` chose it) or the four-launch variant name used for M tokens."""
-    if uses_small_path(m, topk):
-        v = SMALL_VARIANT["name"]
+    """The path ``fused_moe_int4`` takes for M tokens: ``small_fused`` (one launch, version 3),
+    ``small_<variant>`` (another one-launch kernel, e.g. ``small_splitk_s4``, ``small_ctasplit``) or the
+    four-launch variant's name."""
+    v = small_variant_for(m, topk)
+    if v is not None:
         return "small_fused" if v == "v3" else f"small_{v}"
     return variant_name(kernel_config(m))
 
@@ -390,21 +393,24 @@ def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: in
     finally:
         set_kernel_table(saved)
         set_small_path(True)
+    # the one-launch path at each M with the kernel SMALL_TABLE names there (the default kernel where the
+    # table runs four launches)
     small_ms: dict[int, float] = {}
+    small_kernel = {m: table_small_kernel(m) or DEFAULT_SMALL_VARIANT for m in m_values
+                    if 0 < m * KIMI["topk"] <= SMALL_MAX_PAIRS}
     saved_small = list(SMALL_TABLE)
-    set_small_table([(SMALL_MAX_PAIRS, True)])
     try:
-        for m in m_values:
-            if uses_small_path(m, KIMI["topk"]):
-                small_ms[m] = statistics.median(time_ours(experts, m, "uniform", gen, reps, eager_reps=0)["ms"])
+        for m, kern in small_kernel.items():
+            set_small_table([(SMALL_MAX_PAIRS, kern)])
+            small_ms[m] = statistics.median(time_ours(experts, m, "uniform", gen, reps, eager_reps=0)["ms"])
     finally:
         set_small_table(saved_small)
     best = []
     for m in sorted(m_values):
         k = min(timings, key=lambda kk: timings[kk][m])
         best.append((m, by_name[k]))
-    small_use = [(m, small_ms[m] < timings[min(timings, key=lambda kk: timings[kk][m])][m])
-                 for m in sorted(small_ms)]
+    small_use = [(m, small_kernel[m] if small_ms[m] < timings[min(timings, key=lambda kk: timings[kk][m])][m]
+                  else None) for m in sorted(small_ms)]
     small_table = [((small_use[idx + 1][0] - 1) if idx + 1 < len(small_use) else SMALL_MAX_PAIRS, use)
                    for idx, (m, use) in enumerate(small_use)]
     # table: each swept M up to the next swept M uses the variant measured best at that M
@@ -415,6 +421,7 @@ def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: in
     return {"ms": {k: {str(m): v for m, v in d.items()} for k, d in timings.items()},
             "best": [[m, list(v)] for m, v in best], "table": [[u, list(v)] for u, v in table],
             "small_fused_ms": {str(m): v for m, v in small_ms.items()},
+            "small_kernel": {str(m): v for m, v in small_kernel.items()},
             "small_table": [[u, use] for u, use in small_table]}
 
 
@@ -816,8 +823,6 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 row["distinct_experts_median"] = statistics.median(t["distinct"])
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
                 if label.startswith("ctasplit"):
-                    from workbench.moe.ctasplit import ctasplit_splits
-
                     sp = ctasplit_splits(H, I, SMALL_VARIANTS[label][1][1])
                     row[f"{label}_splits"] = {f"{sp[0]},{sp[1]}": len(t["rep_idx"])}
                 if label.startswith("splitk"):
@@ -923,7 +928,7 @@ def main(argv: list[str] | None = None) -> int:
             for sv in args.small_variants:
                 set_small_variant(sv)
                 print(f"small {sv}: distinct experts {two_calls()}")
-            set_small_variant("v3")
+            set_small_variant(None)
         set_small_path(False)
         specs = args.variants or [",".join(map(str, kernel_config(args.single)))]
         for spec in [sp for sp in specs if sp != "none"]:

@@ -1,6 +1,6 @@
 """Host side and CPU model of the CTA-split one-launch kernel ``moe_small_ctasplit`` (moe_int4.cu).
 
-NOT YET RUN ON A GPU. A variant only (``fused.set_small_variant("ctasplit")``); not dispatched.
+Measured on the H200 (moe_small_ctasplit.json, code dda6540) and dispatched at M = 1 (``fused.SMALL_TABLE``).
 
 A task of the kernel belongs to a CTA: (phase, item, group of 4 / s tiles); warp w computes tile
 w // s of the group over K part w % s, and the s partial sums of a tile are added in shared memory

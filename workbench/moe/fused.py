@@ -2,8 +2,9 @@
 
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
-:data:`SMALL_TABLE` says so (M = 2-16 on the H200), it is one persistent
-launch, ``moe_small_splitk_s4`` by default (:data:`SMALL_VARIANTS`; grouping, gate/up with SiLU, down and the sum over
+:data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
+launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit`` at M = 1,
+``moe_small_splitk_s4`` at M = 2-16 on the H200; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels import gpu_available, launch, load_module
+from workbench.moe.ctasplit import ctasplit_splits
 from workbench.moe.packing import Int4Experts
 from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
 
@@ -28,24 +30,12 @@ MAX_EXPERTS = 1024
 THREADS = 128
 SMALL_MAX_PAIRS = 128   # moe_small_fused: one thread per (token, expert) pair in its prologue
 SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the four-launch path at small M
-# (largest M, use the one-launch kernel) in increasing M, for M * topk <= SMALL_MAX_PAIRS; beyond the last
-# entry the four-launch kernels run. The benchmark times the paths at every swept M and sets this.
-# Set from data/measurements/h200/moe_small_splitk.json (H200, code 1e272c7, every path in one run, uniform
-# and skewed routing): the split-K one-launch kernel with a 4-stage ring (splitk_s4, below) is the fastest
-# or within 0.2% of the fastest path at M = 2, 4, 8, 9 and 16 (69.8% of copy at uniform M = 2, 80.2-86.1% at
-# M = 4-16); at M = 1 the four-launch path is faster (53.6% against 49.1%). M = 3 was not measured: one
-# launch, as at M = 2 and 4, where it wins.
-# (Version 3 alone, moe_small_v3.json, code c5f9350, ran from M = 4; version 2, moe_bandwidth.json, commit
-# 24eab72, was slower at every M.)
-SMALL_TABLE: list[tuple[int, bool]] = [(1, False), (16, True)]
-
-# Kernels of the one-launch path, selected by set_small_variant: name -> (kernel, (max gate_up split, max
-# down split, tasks wanted per phase per resident warp)) or None for no split (moe_small_fused, version 3).
+# Kernels of the one-launch path: name -> (kernel, (max gate_up split, max down split, tasks wanted per phase
+# per resident warp)) or None for no split (moe_small_fused, version 3).
 # The split-K forms (moe_int4.cu, moe_small_splitk_s<RS>, RS ring stages) pick each phase's split on the
-# device (splitk_choice); "_max" always takes the largest split (a control at M >= 4). The default,
-# "splitk_s4", is what SMALL_TABLE was measured with (moe_small_splitk.json).
-# The CTA-split form (moe_small_ctasplit, "ctasplit" / "ctasplit_max"; NOT YET RUN ON A GPU) takes ("cta", rule):
-# the four warps of a CTA share each task's tiles and K range (workbench/moe/ctasplit.py: ctasplit_splits).
+# device (splitk_choice); "_max" always takes the largest split (a control at M >= 4).
+# The CTA-split form (moe_small_ctasplit) takes ("cta", rule): the four warps of a CTA share each task's tiles
+# and K range (workbench/moe/ctasplit.py: ctasplit_splits; rule "ring", "max" or a fixed (gate_up, down) pair).
 SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "v3": ("moe_small_fused", None),
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
@@ -56,7 +46,22 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
     **{f"ctasplit_g{a}d{b}": ("moe_small_ctasplit", ("cta", (a, b))) for a, b in ((4, 1), (2, 2), (2, 1), (1, 1))},
 }
-SMALL_VARIANT = {"name": "splitk_s4"}
+DEFAULT_SMALL_VARIANT = "splitk_s4"   # what ``True`` means in set_small_table
+
+# (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
+# key runs that kernel in one launch, None the four launches; beyond the last entry the four-launch kernels
+# run. Set from data/measurements/h200/moe_small_ctasplit.json (H200, code dda6540, the four-launch path,
+# splitk_s4 and the CTA-split form in one process, uniform and skewed routing): at M = 1 the CTA-split
+# kernel is the fastest path (faster than four launches, which splitk_s4 does not beat there); at
+# M = 2-16 splitk_s4 is. The split sweep of the CTA-split form (moe_small_ctasplit_splits.json, code
+# ceda11e) found no fixed split faster than its default (4, 2) at M = 1, nor one faster than splitk_s4
+# under both routings at M >= 2. M = 3 was not measured: splitk_s4, as at M = 2 and 4.
+# (Before: moe_small_splitk.json, code 1e272c7: four launches at M = 1, splitk_s4 at M = 2-16; version 3,
+# moe_small_v3.json, from M = 4; version 2, moe_bandwidth.json, slower at every M.)
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit"), (16, "splitk_s4")]
+# set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
+# None (the default) keeps each row's own kernel.
+SMALL_VARIANT: dict[str, str | None] = {"name": None}
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -104,22 +109,36 @@ def set_small_path(enabled: bool) -> None:
     SMALL_PATH["enabled"] = bool(enabled)
 
 
-def uses_small_path(m: int, topk: int) -> bool:
-    """True when ``fused_moe_int4`` runs the one-launch kernel (:data:`SMALL_VARIANT`) for M tokens of
-    ``topk`` experts each."""
+def small_variant_for(m: int, topk: int) -> str | None:
+    """The one-launch kernel (a :data:`SMALL_VARIANTS` key) ``fused_moe_int4`` runs for M tokens of ``topk``
+    experts each, or None for the four launches: :data:`SMALL_TABLE`'s row for M, unless
+    :func:`set_small_variant` forced a kernel."""
     if not (SMALL_PATH["enabled"] and 0 < m * topk <= SMALL_MAX_PAIRS):
-        return False
-    for max_m, use in SMALL_TABLE:
+        return None
+    variant = table_small_kernel(m)
+    return None if variant is None else SMALL_VARIANT["name"] or variant
+
+
+def table_small_kernel(m: int) -> str | None:
+    """:data:`SMALL_TABLE`'s kernel for M tokens (None: four launches), whatever forces or switches apply."""
+    for max_m, variant in SMALL_TABLE:
         if m <= max_m:
-            return use
-    return False
+            return variant
+    return None
 
 
-def set_small_variant(name: str) -> None:
-    """Kernel of the one-launch path: a key of :data:`SMALL_VARIANTS` ("splitk_s4", the default, "v3",
-    another split-K form, or the CTA-split form "ctasplit" / "ctasplit_max")."""
-    if name not in SMALL_VARIANTS:
-        raise ValueError(f"small variant must be one of {sorted(SMALL_VARIANTS)}, got {name!r}")
+def uses_small_path(m: int, topk: int) -> bool:
+    """True when ``fused_moe_int4`` runs a one-launch kernel (:func:`small_variant_for`) for M tokens of
+    ``topk`` experts each."""
+    return small_variant_for(m, topk) is not None
+
+
+def set_small_variant(name: str | None) -> None:
+    """Force one kernel of the one-launch path wherever :data:`SMALL_TABLE` runs that path: a key of
+    :data:`SMALL_VARIANTS` ("splitk_s4", "ctasplit", "v3", another split-K or CTA-split form); None goes
+    back to each table row's own kernel (the default)."""
+    if name is not None and name not in SMALL_VARIANTS:
+        raise ValueError(f"small variant must be None or one of {sorted(SMALL_VARIANTS)}, got {name!r}")
     SMALL_VARIANT["name"] = name
 
 
@@ -162,9 +181,16 @@ def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid
             splitk_choice(items, hidden // 16, intermediate // 256, sdn, want))
 
 
-def set_small_table(table: list[tuple[int, bool]]) -> None:
-    """Replace :data:`SMALL_TABLE` ((largest M, use the one-launch kernel) pairs; the benchmark's tuning)."""
-    SMALL_TABLE[:] = sorted((int(mx), bool(u)) for mx, u in table)
+def set_small_table(table: list[tuple[int, str | bool | None]]) -> None:
+    """Replace :data:`SMALL_TABLE`: (largest M, kernel) pairs, the kernel a :data:`SMALL_VARIANTS` key or
+    None for the four launches; True stands for :data:`DEFAULT_SMALL_VARIANT`, False for None."""
+    rows = []
+    for mx, v in table:
+        v = DEFAULT_SMALL_VARIANT if v is True else None if v is False else v
+        if v is not None and v not in SMALL_VARIANTS:
+            raise ValueError(f"SMALL_TABLE kernel must be None, a bool or one of {sorted(SMALL_VARIANTS)}, got {v!r}")
+        rows.append((int(mx), v))
+    SMALL_TABLE[:] = sorted(rows, key=lambda r: r[0])
 
 
 _WORKSPACE: dict[tuple, torch.Tensor] = {}
@@ -323,7 +349,7 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
 
 def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  experts: Int4Experts, out: torch.Tensor) -> torch.Tensor:
-    """One launch for M * topk <= SMALL_MAX_PAIRS: moe_small_fused, or the split-K form :data:`SMALL_VARIANT` names."""
+    """One launch for M * topk <= SMALL_MAX_PAIRS: the kernel :func:`small_variant_for` names."""
     m, k = topk_ids.shape
     h, i, e = experts.hidden, experts.intermediate, experts.num_experts
     dev = hidden.device
@@ -332,7 +358,10 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     wts = topk_weights.reshape(-1).to(torch.float32).contiguous()
     hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
-    kname, spec = SMALL_VARIANTS[SMALL_VARIANT["name"]]
+    variant = small_variant_for(m, k)
+    if variant is None:
+        raise RuntimeError(f"the one-launch path does not run M={m}, topk={k} (fused.SMALL_TABLE {SMALL_TABLE})")
+    kname, spec = SMALL_VARIANTS[variant]
     kern = _kernel(kname)
     grid = _small_grid(kern, dev, kname)
     if spec is None:
@@ -342,8 +371,6 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, hbuf, ybuf, ws, out))
         return out
     if spec[0] == "cta":
-        from workbench.moe.ctasplit import ctasplit_splits
-
         sgu, sdn = ctasplit_splits(h, i, spec[1])
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
         ws = _ctasplit_workspace(dev, h)

@@ -16,7 +16,7 @@ from workbench import DATA_DIR
 from workbench.kernels import resolve_device
 from workbench.measure import load_measurement
 from workbench.moe.bench import compare_label, make_routing, plateau_m, rel_error
-from workbench.moe.fused import SMALL_VARIANT, fused_moe_int4, gpu_supported, uses_small_path, variant_name
+from workbench.moe.fused import fused_moe_int4, gpu_supported, small_variant_for, variant_name
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -145,7 +145,7 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     return fig
 
 
-SMALL_COMPARE = "moe_small_splitk"   # the comparison fused.SMALL_TABLE / SMALL_VARIANT were set from
+SMALL_COMPARE = "moe_small_ctasplit"   # the comparison fused.SMALL_TABLE was set from
 
 
 def load_moe_small(gpu: str = "h200", name: str = SMALL_COMPARE) -> dict[str, Any] | None:
@@ -160,10 +160,9 @@ def one_launch_paths(small: dict[str, Any]) -> list[str]:
 
 def dispatched_label(m: int, topk: int) -> str:
     """The comparison-file label of the path ``fused_moe_int4`` runs today for M tokens: "four_launch",
-    "small_fused" (version 3) or the split-K variant's name."""
-    if not uses_small_path(m, topk):
-        return "four_launch"
-    return compare_label(SMALL_VARIANT["name"])
+    "small_fused" (version 3) or the one-launch variant's name (``fused.small_variant_for``)."""
+    v = small_variant_for(m, topk)
+    return "four_launch" if v is None else compare_label(v)
 
 
 def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from workbench import REPO_ROOT, papers
 from workbench.moe.bench import flops
 from workbench.moe import plots
-from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, variant_name
+from workbench.moe.fused import SMALL_TABLE, variant_name
 from workbench.moe.plots import PEERS, goal_rows, load_anchors, load_moe_bandwidth, summary_rows, tuning_rows
 from workbench.papers import markdown_table
 
@@ -44,9 +44,10 @@ SMALL_TMA = ("moe_small_tma", "moe_small_tma2")
 SMALL_S4F = "moe_small_s4f"
 # splitk_s4 with the mma fed q + 136 and each group's sum started from -136 * sum(x) (reverted code).
 SMALL_S4G = "moe_small_s4g"
-# The CTA-split one-launch kernel (moe_small_ctasplit) beside splitk_s4 and four launches; run 11, prepared
-# (device script workbench/moe/h200_ctasplit_run.sh), NOT YET RUN ON A GPU: the block says so until committed.
+# The CTA-split one-launch kernel (moe_small_ctasplit) beside splitk_s4 and four launches; run 11 (code dda6540,
+# device script workbench/moe/h200_ctasplit_run.sh): the run fused.SMALL_TABLE is set from.
 SMALL_CTASPLIT = "moe_small_ctasplit"
+SMALL_CTASPLIT_SPLITS = "moe_small_ctasplit_splits"   # its split sweep (code ceda11e)
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
 NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
@@ -349,8 +350,22 @@ def block_small_s4g() -> str:
 
 
 def block_small_ctasplit() -> str:
-    """The CTA-split kernel (a variant, not dispatched) beside splitk_s4 and four launches, once measured."""
-    return _small_run_block(SMALL_CTASPLIT)
+    """Run 11, the run today's dispatch (fused.SMALL_TABLE) was set from: the CTA-split kernel beside
+    splitk_s4 and four launches, the dispatched path's worst % of copy and the rows at >= 80%; then the
+    split sweep of the CTA-split kernel."""
+    doc = plots.load_moe_small(name=SMALL_CTASPLIT)
+    if not doc:
+        return f"data/measurements/h200/{SMALL_CTASPLIT}.json is not committed.\n"
+    pct, wrow = plots.dispatched_worst_pct(doc)
+    at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in plots.small_path_rows(doc)
+                     if r["dispatched % copy"] >= 80) or "none"
+    below = ", ".join(f"{r['routing']} M={r['M']} ({r['dispatched % copy']:.1f}%)" for r in plots.small_path_rows(doc)
+                      if r["dispatched % copy"] < 80) or "none"
+    return (_small_run_block(SMALL_CTASPLIT)
+            + f"\nDispatched today (`fused.SMALL_TABLE` {SMALL_TABLE}): worst {pct:.1f}% of copy at "
+            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}; below 80%: {below}.\n\n"
+            + "The split sweep (fixed (gate_up, down) splits of the CTA-split kernel, `ctasplit` = the rule's "
+            "(4, 2)):\n\n" + _small_run_block(SMALL_CTASPLIT_SPLITS))
 
 
 _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
@@ -403,26 +418,9 @@ def block_ncu_m1() -> str:
 
 
 def block_small_splitk() -> str:
-    """The run that chose today's dispatch: every path in one process, % of copy per path, the fastest and
-    the dispatched one (fused.SMALL_TABLE / SMALL_VARIANT as they are now)."""
-    doc = plots.load_moe_small(name=SMALL_SPLITK)
-    if not doc:
-        return f"data/measurements/h200/{SMALL_SPLITK}.json is not committed.\n"
-    p, par, res = doc["provenance"], doc["parameters"], doc["results"]
-    checks = res["checks"]
-    worst = _worst_rel_err(checks)
-    pct, wrow = plots.dispatched_worst_pct(doc)
-    at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in plots.small_path_rows(doc)
-                     if r["dispatched % copy"] >= 80) or "none"
-    return (f"From `data/measurements/h200/{SMALL_SPLITK}.json` (code {str(p.get('git_commit'))[:7]}, "
-            f"{p.get('date_utc')}; `python -m workbench.moe.bench --small-compare {SMALL_SPLITK} --reps "
-            f"{par['reps']} --small-paths {' '.join(par['paths'])}`): every path in one process, CUDA-graph "
-            f"replays with fresh routing per repeat, copy bandwidth {res['copy_gb_per_s']:.0f} GB/s measured in "
-            f"the same run; grids (CTAs): {', '.join(f'{k} {v}' for k, v in (par.get('grid_ctas') or {}).items())}. Parity of the one-launch kernels at every row: "
-            f"{len(checks)} checks, worst rel. error {worst:.2e}, all ok = {res['all_checks_ok']}. % of copy "
-            f"bandwidth per path; `dispatched` is what `fused_moe_int4` runs today (`fused.SMALL_TABLE` "
-            f"{SMALL_TABLE}, one-launch kernel `{SMALL_VARIANT['name']}`): worst {pct:.1f}% at "
-            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}.\n\n" + markdown_table(small_run_rows(doc)))
+    """Run 6 (the split-K forms): every path in one process, % of copy per path, the fastest and today's
+    dispatch where this run timed it."""
+    return _small_run_block(SMALL_SPLITK)
 
 
 _NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput", "Compute (SM) Throughput",
