@@ -1467,6 +1467,26 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
     acc[0] = a[0][0]; acc[1] = a[0][1]; acc[2] = a[0][2]; acc[3] = a[0][3];
 }
 
+#ifdef MOE_TRACE
+// Timeline of moe_small_ctasplit (diagnostic build only: -DMOE_TRACE; workbench/moe/trace.py reads it). Per CTA
+// MOE_TRACE_WORDS u64: [0] entry, [1] end of the prologue (queue filled), [2] exit, [3] tasks taken; then per
+// task j < MOE_TRACE_TASKS: task number, before warp 0's wait for h (down tasks), after it (stages begin), after
+// the task's block barrier. Times are %globaltimer (ns), written by thread 0 (warp 0's view of each task).
+#define MOE_TRACE_TASKS 64
+#define MOE_TRACE_WORDS (4 + 4 * MOE_TRACE_TASKS)
+#define MOE_TRACE_CTAS 2048
+__device__ unsigned long long moe_trace[MOE_TRACE_CTAS * MOE_TRACE_WORDS];
+__device__ __forceinline__ unsigned long long trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define TRACE_AT(word, value) \
+    do { if (tid == 0 && blockIdx.x < MOE_TRACE_CTAS) moe_trace[blockIdx.x * MOE_TRACE_WORDS + (word)] = (value); } while (0)
+#else
+#define TRACE_AT(word, value) do { } while (0)
+#endif
+
 template <int RS>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
@@ -1480,6 +1500,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
     __shared__ int s_cfg[4];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    TRACE_AT(0, trace_now());
     const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
 
@@ -1499,6 +1520,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         for (int q = 0; q <= L; ++q) s_q[q] = atomicAdd(ctr_task, 1);
     }
     __syncthreads();
+    TRACE_AT(1, trace_now());
     const volatile int* cfg = s_cfg;
     const volatile int* q = s_q;
 
@@ -1554,6 +1576,12 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const __nv_bfloat16* xp =
             gu ? X + (long long)(it.sorted[slot0 + col] / topk) * H + part * nper * 64 * FR_SUB
                : hbuf + (long long)(slot0 + col) * I + part * nper * 64 * FR_SUB;
+#ifdef MOE_TRACE
+        if (j < MOE_TRACE_TASKS) {
+            TRACE_AT(4 + 4 * j, (unsigned long long)tj);
+            TRACE_AT(5 + 4 * j, trace_now());
+        }
+#endif
         if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
             if (lane == 0) {
                 while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
@@ -1562,6 +1590,9 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
             __syncwarp();
             ready = item;
         }
+#ifdef MOE_TRACE
+        if (j < MOE_TRACE_TASKS) TRACE_AT(6 + 4 * j, trace_now());
+#endif
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (gu) cs_stages<false, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
         else cs_stages<true, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
@@ -1569,11 +1600,16 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
         __syncthreads();   // barrier j: every part of task j is in buf; task j + L + 1 is in the queue
+#ifdef MOE_TRACE
+        if (j < MOE_TRACE_TASKS) TRACE_AT(7 + 4 * j, trace_now());
+        TRACE_AT(3, (unsigned long long)(j + 1));
+#endif
         if (warp != (j & 3)) continue;
         // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
         cs_epilogue(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
                     topk_w, done_gu, done_dn, out);
     }
+    TRACE_AT(2, trace_now());
     cp_async_wait<0>();
     __syncwarp();
     if (lane == 0) {

@@ -268,8 +268,8 @@ def max_work_items(pairs: int, num_experts: int, chunk: int) -> int:
     return max(1, (pairs + active * (chunk - 1)) // chunk)
 
 
-def _kernel(name: str):
-    return load_module(FAMILY).get_function(name)
+def _kernel(name: str, options: tuple[str, ...] = ()):
+    return load_module(FAMILY, options=options).get_function(name)
 
 
 def gpu_supported(experts: Int4Experts) -> str | None:
@@ -348,8 +348,9 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
 
 
 def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 experts: Int4Experts, out: torch.Tensor) -> torch.Tensor:
-    """One launch for M * topk <= SMALL_MAX_PAIRS: the kernel :func:`small_variant_for` names."""
+                 experts: Int4Experts, out: torch.Tensor, options: tuple[str, ...] = ()) -> torch.Tensor:
+    """One launch for M * topk <= SMALL_MAX_PAIRS: the kernel :func:`small_variant_for` names, from the
+    module compiled with ``options`` (a diagnostic build such as workbench.moe.trace's ``-DMOE_TRACE``)."""
     m, k = topk_ids.shape
     h, i, e = experts.hidden, experts.intermediate, experts.num_experts
     dev = hidden.device
@@ -362,8 +363,8 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     if variant is None:
         raise RuntimeError(f"the one-launch path does not run M={m}, topk={k} (fused.SMALL_TABLE {SMALL_TABLE})")
     kname, spec = SMALL_VARIANTS[variant]
-    kern = _kernel(kname)
-    grid = _small_grid(kern, dev, kname)
+    kern = _kernel(kname, options)
+    grid = _small_grid(kern, dev, kname + "".join(options))
     if spec is None:
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
         ws = _small_workspace(dev, h)

@@ -1,0 +1,73 @@
+"""CPU tests of the MoE kernel timeline decoder (workbench/moe/trace.py) on synthetic trace words."""
+import numpy as np
+import pytest
+
+from workbench.moe import trace
+
+
+def _raw(ctas, tasks_per_cta, t_gu_tasks):
+    """Trace words as the kernel writes them: CTA c enters at 1000 + 100 c ns; each task lasts 2 us, down
+    tasks wait 500 ns for h; tasks are numbered in grab order, round-robin over the CTAs."""
+    w = np.zeros(ctas * trace.WORDS, dtype=np.uint64)
+    n = 0
+    for j in range(tasks_per_cta):
+        for c in range(ctas):
+            base = c * trace.WORDS
+            t = 1000 + 100 * c + 500 + j * 3000
+            wait = 500 if n >= t_gu_tasks else 0
+            w[base + 4 + 4 * j: base + 8 + 4 * j] = [n, t, t + wait, t + wait + 2000]
+            n += 1
+    for c in range(ctas):
+        base = c * trace.WORDS
+        w[base: base + 4] = [1000 + 100 * c, 1400 + 100 * c, 1000 + 100 * c + 500 + tasks_per_cta * 3000 + 100,
+                             tasks_per_cta]
+    return w
+
+
+def test_constants_match_the_kernel_source():
+    trace.check_constants()
+
+
+def test_decode_and_summarize_synthetic():
+    raw = _raw(ctas=4, tasks_per_cta=3, t_gu_tasks=8)
+    recs = trace.decode(raw, 4, gate_up_tasks=8)
+    assert [r["tasks_taken"] for r in recs] == [3, 3, 3, 3]
+    assert [t["phase"] for t in recs[0]["tasks"]] == ["gate_up", "gate_up", "down"]
+    s = trace.summarize(recs)
+    assert s["tasks"] == {"gate_up": 8, "down": 4}
+    assert s["entry_spread_us"] == pytest.approx(0.3)
+    assert s["prologue_us_median"] == pytest.approx(0.4)
+    assert s["task_us_median"]["gate_up"] == pytest.approx(2.0)
+    assert s["down_wait_us_total"] == pytest.approx(4 * 0.5)
+    assert s["span_us"] == pytest.approx(0.3 + 0.5 + 9.0 + 0.1)
+    assert s["tail_us"] == pytest.approx(s["span_us"] - (0.15 + 0.5 + 9.0 + 0.1))
+    busy = 12 * 2.0
+    assert s["busy_fraction"] == pytest.approx(busy / (4 * s["span_us"]))
+    assert max(s["busy_ctas"]) <= 4 and sum(s["busy_ctas"]) > 0
+
+
+def test_decode_rejects_unwritten_and_overflowing_traces():
+    raw = _raw(ctas=2, tasks_per_cta=2, t_gu_tasks=2)
+    raw[trace.WORDS + 2] = 0                       # CTA 1 never wrote its exit
+    with pytest.raises(ValueError, match="CTA 1: header words unwritten"):
+        trace.decode(raw, 2, 2)
+    raw = _raw(ctas=1, tasks_per_cta=1, t_gu_tasks=1)
+    raw[3] = trace.TASKS + 1
+    with pytest.raises(ValueError, match="raise MOE_TRACE_TASKS"):
+        trace.decode(raw, 1, 1)
+    with pytest.raises(ValueError, match="ctas must be in"):
+        trace.decode(raw, 0, 1)
+    with pytest.raises(ValueError, match="words"):
+        trace.decode(raw[:10], 1, 1)
+
+
+def test_trace_build_compiles_with_nvcc_where_present(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    src = trace.KERNEL_DIR / "moe_int4.cu"
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-DMOE_TRACE", "-c", str(src), "-o", str(tmp_path / "t.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
