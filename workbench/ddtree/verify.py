@@ -44,7 +44,12 @@ alone draw about 5 TB/s from L2 across the GPU. Tried and slower: a 32-key ring
 with three gathers in flight (967a0d4), the ping-pong kernels of version 7
 (1e272c7), warpgroup 1 alone gathering with the slot indices read ahead
 (f9c5bfa). With H = 8 the 264 query rows fill five 64-row blocks, the last with
-8 rows. The chunk partials are merged by a second launch (one block per query
+8 rows. ``impl="cluster"`` (NOT YET RUN ON A GPU; never chosen by ``auto``): the
+same kernel body in thread-block clusters of two CTAs (``__cluster_dims__(2, 1,
+1)``, a 1-D grid of (row block, chunk) pairs, :mod:`workbench.ddtree.verify_cluster`
+models the mapping); two CTAs holding the same chunk each gather half of every
+key tile from L2 and copy it into the partner's shared memory
+(``st.shared::cluster``), so a KV row is read from L2 once per cluster. The chunk partials are merged by a second launch (one block per query
 row, the chunks' lse values read once, in parallel). Batched requests first run
 one small launch for offsets, chunk starts and the ancestor masks; one request
 with T <= 128 does without it (the kernel takes the prefix length and builds
@@ -71,9 +76,10 @@ _MMA_SMEM = 230_400
 _WGMMA_SMEM = 232_448  # + 1 KB for the single-request form's in-kernel ancestor masks
 _NOPREP_MAX_T = 128   # single-request form without the prepare launch: (nodes of a block) x ceil(T/32) <= 256 words
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "mma", "simple")
+_IMPLS = ("auto", "wgmma", "cluster", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 _WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
+_CLUSTER_KERNEL = "ddtree_verify_wgmma_cluster_bf16"  # impl="cluster": 2-CTA clusters sharing each key tile
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -361,7 +367,10 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
-    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
+    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"cluster"`` (bf16,
+    the wgmma kernel in 2-CTA clusters that share each gathered key tile
+    through distributed shared memory; a tuning variant, never chosen by
+    ``auto``; see :mod:`workbench.ddtree.verify_cluster`), ``"mma"`` (bf16
     tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
     or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
@@ -444,18 +453,18 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else auto_impl(dtype)
-    if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
+    if kind in ("mma", "wgmma", "cluster") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind == "wgmma":
+    if kind in ("wgmma", "cluster"):
         why = wgmma_unavailable_reason()
         if why is not None:
             raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
-    rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
+    rows = _MMA_ROWS if kind in ("mma", "wgmma", "cluster") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
     # single request, wgmma kernel, T <= 128: no prepare launch (the kernel reads P and parents itself)
-    noprep = single and kind == "wgmma" and T <= _NOPREP_MAX_T and _prepare is not True
+    noprep = single and kind in ("wgmma", "cluster") and T <= _NOPREP_MAX_T and _prepare is not True
 
     i32 = dict(dtype=torch.int32, device=dev)
     if not noprep:
@@ -490,6 +499,12 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
             lse_part, B, T, H, W, clen, scale_log2)
     if kind == "wgmma":
         _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
+                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
+                shared_mem=_WGMMA_SMEM)
+    elif kind == "cluster":
+        from workbench.ddtree.verify_cluster import cluster_grid
+
+        _launch(_kernel(_CLUSTER_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), cluster_grid(rb, n_chunks), 256,
                 args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
                 shared_mem=_WGMMA_SMEM)
     elif kind == "mma":

@@ -1,0 +1,94 @@
+"""CPU checks of the cluster variant of the tree-verify kernel (impl="cluster"; its GPU parity tests are in
+test_ddtree_verify.py)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from workbench.ddtree import verify as V
+from workbench.ddtree import verify_bench as VB
+from workbench.ddtree import verify_probe as VPR
+from workbench.ddtree.verify_cluster import ROW_CHUNKS, cluster_grid, cluster_plan, half_gather_map
+
+
+@pytest.mark.parametrize("rb,chunks", [(1, 1), (1, 7), (2, 3), (5, 26), (5, 22), (33, 4), (32, 4), (3, 5), (7, 1)])
+def test_plan_covers_every_row_block_and_chunk_once(rb, chunks):
+    plan = cluster_plan(rb, chunks)
+    assert plan["grid"] % 2 == 0 and plan["grid"] - rb * chunks in (0, 1)
+    work = Counter((c["row_block"], c["chunk"]) for c in plan["ctas"] if c["mode"] != "idle")
+    assert work == Counter({(r, g): 1 for r in range(rb) for g in range(chunks)})
+    by_cluster: dict[int, list] = {}
+    for c in plan["ctas"]:
+        by_cluster.setdefault(c["cluster"], []).append(c)
+    for pair in by_cluster.values():
+        a, b = pair
+        assert {a["rank"], b["rank"]} == {0, 1}
+        # a cluster shares iff both CTAs hold the same chunk, and then both share (the kernel's decision is
+        # cluster-uniform: a cluster barrier with one side absent would hang)
+        assert (a["mode"] == "shared") == (b["mode"] == "shared") == (a["chunk"] == b["chunk"] < chunks)
+        if a["mode"] == "shared":
+            assert a["row_block"] != b["row_block"]
+    assert plan["l2_tile_reads"] == plan["shared_ctas"] / 2 + plan["solo_ctas"]
+
+
+def test_plan_at_the_benchmark_points():
+    # H = 8 (5 row blocks, 26 chunks at 128k): 104 CTAs share, 26 run solo, L2 reads 0.6x the default's;
+    # H = 64 (33 row blocks, 4 chunks): 128 share, 4 solo, 68 / 132 = 0.52x; T = 32, H = 64 (32 row blocks): all share
+    p8 = cluster_plan(5, 26)
+    assert (p8["shared_ctas"], p8["solo_ctas"], p8["idle_ctas"]) == (104, 26, 0)
+    assert p8["l2_ratio"] == pytest.approx(0.6)
+    p64 = cluster_plan(33, 4)
+    assert (p64["shared_ctas"], p64["solo_ctas"]) == (128, 4) and p64["l2_ratio"] == pytest.approx(68 / 132)
+    assert cluster_plan(32, 4)["solo_ctas"] == 0 and cluster_plan(32, 4)["l2_ratio"] == 0.5
+    assert cluster_grid(3, 5) == 16 and cluster_plan(3, 5)["idle_ctas"] == 1
+    with pytest.raises(ValueError, match="row_blocks"):
+        cluster_grid(0, 3)
+    with pytest.raises(ValueError, match="chunks"):
+        cluster_plan(2, 1.5)
+
+
+def test_half_gathers_cover_the_tile_once():
+    # the two CTAs of a sharing cluster gather disjoint halves that together are every 16-byte chunk of the
+    # 64-key tile exactly once; each thread copies to the partner exactly the chunks it gathered
+    both = half_gather_map(0) + half_gather_map(1)
+    assert Counter((k, c) for _, k, c in both) == Counter({(k, c): 1 for k in range(64) for c in range(ROW_CHUNKS)})
+    for rank in (0, 1):
+        m = half_gather_map(rank)
+        assert len(m) == 256 * 9 and {k for _, k, _ in m} == set(range(32 * rank, 32 * rank + 32))
+        # 8 consecutive threads read one 128-byte line (a column block) of one row per step
+        for tid0 in range(0, 256, 8):
+            for i in range(9):
+                chunks = {c for t, k, c in m if tid0 <= t < tid0 + 8 and c // 8 == i}
+                assert chunks == set(range(8 * i, 8 * i + 8))
+    with pytest.raises(ValueError, match="rank"):
+        half_gather_map(2)
+
+
+def test_cluster_impl_on_cpu_and_errors():
+    inp = V.random_verify_inputs(3, 2, 10, torch.float32, "cpu", seed=4)
+    ref, _ = V.verify_attention(**inp)
+    o, _ = V.verify_attention(**inp, impl="cluster")  # CPU tensors: the torch path, impl accepted
+    assert torch.equal(o, ref)
+    assert "cluster" in V._IMPLS and V.auto_impl("bfloat16") != "cluster"
+    with pytest.raises(ValueError, match="impl"):
+        V.verify_attention(**inp, impl="clusters")
+
+
+def test_cluster_variants_named_in_bench_and_probe():
+    named = VB._named_variants()
+    assert named["cluster"] == {"impl": "cluster"}
+    assert named["cluster_diag_gather"]["_options"] == ("-DVERIFY_WG_DIAG=1",)
+    assert "cluster" not in VB.WGMMA_VARIANTS  # the default benchmark run is unchanged
+    v = VPR._parse_variants(["default", "cluster", "cg=impl:cluster,-DVERIFY_WG_DIAG=1", "g=-DVERIFY_WG_DIAG=1"])
+    assert v == {"default": {}, "cluster": {"impl": "cluster"},
+                 "cg": {"_options": ("-DVERIFY_WG_DIAG=1",), "impl": "cluster"},
+                 "g": {"_options": ("-DVERIFY_WG_DIAG=1",)}}
+    with pytest.raises(SystemExit):
+        VPR._parse_variants(["x=impl:cluster,impl:wgmma"])
+    kernels = {c["kernel"] for c in VB.CLUSTER_PARITY_CASES}
+    assert kernels == {"verify_attention[cluster]", "verify_attention_batched[cluster]"}
+    rows = VB.verify_parity_rows([dict(kernel="verify_attention[cluster]", nodes=4, heads=2, prefix=9,
+                                      dtype="float32")], "cpu")
+    assert rows[0]["pass"]
