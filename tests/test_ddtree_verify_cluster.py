@@ -92,3 +92,39 @@ def test_cluster_variants_named_in_bench_and_probe():
     rows = VB.verify_parity_rows([dict(kernel="verify_attention[cluster]", nodes=4, heads=2, prefix=9,
                                       dtype="float32")], "cpu")
     assert rows[0]["pass"]
+
+
+def test_bench_and_probe_write_named_files_with_the_prediction(tmp_path, monkeypatch):
+    import json
+
+    from workbench.ddtree.verify_cluster import PREDICTION
+
+    assert "PREDICTION" in PREDICTION and "before any GPU run" in PREDICTION
+    res = dict(points=[], parameters={"heads": [8]}, samples={"kernels": {}}, complete=False)
+    path = VB._write(res, tmp_path, "ddtree_verify_cluster", PREDICTION)
+    doc = json.loads(open(path).read())
+    assert path.name == "ddtree_verify_cluster.json" and doc["notes"].endswith(PREDICTION)
+
+    # the probe's CLI on a CPU with its GPU parts replaced: the file is rewritten after every point, and
+    # points of the same H and P with different T keep their own samples
+    calls = []
+    monkeypatch.setattr("workbench.kernels.require_gpu", lambda what: None)
+    monkeypatch.setattr(VPR, "minimal_nodes", lambda reps=200: {"nodes_1_ms": 0.01, "nodes_3_ms": 0.01,
+                                                                "nodes_1_samples": [0.01]})
+
+    def fake_breakdown(H, P, nodes=33, variants=None, reps=40, seed=0):
+        calls.append((H, P, nodes, tuple(variants)))
+        pts = {n: dict(prepare=None, attention=0.1, merge=0.01, sum=0.11, call=0.1) for n in variants}
+        return {"heads": H, "prefix": P, "nodes": nodes, "kv_sets": 2, "points": pts,
+                "samples": {f"{n}.call": [0.1] for n in variants}}
+
+    monkeypatch.setattr(VPR, "launch_breakdown", fake_breakdown)
+    rc = VPR.main(["--out", str(tmp_path), "--name", "probe_x", "--points", "64:16384", "64:16384:32", "--sweep",
+                   "--variants", "default", "cluster", "--extra-notes", "PRED"])
+    assert rc == 0 and calls == [(64, 16384, 33, ("default", "cluster")), (64, 16384, 32, ("default", "cluster"))]
+    doc = json.loads((tmp_path / "probe_x.json").read_text())
+    assert doc["results"]["complete"] is True and doc["notes"].endswith("PRED")
+    assert set(doc["samples"]["breakdown"]) == {"H64_P16384", "H64_P16384_T32"}
+    assert all("samples" not in b for b in doc["results"]["breakdown"])
+    with pytest.raises(SystemExit):
+        VPR.main(["--points", "64"])

@@ -434,13 +434,13 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     return results
 
 
-def _write(results: dict[str, Any], out: Any):
+def _write(results: dict[str, Any], out: Any, name: str = "ddtree_verify", extra_notes: str = ""):
     from workbench.measure import write_measurement
 
     body = {k: v for k, v in results.items() if k not in ("samples", "parameters")}
-    return write_measurement("ddtree_verify", out_dir=out, parameters=results["parameters"], results=body,
+    return write_measurement(name, out_dir=out, parameters=results["parameters"], results=body,
                              samples=results["samples"],
-                             notes=VERIFY_NOTES)
+                             notes=VERIFY_NOTES + (" " + extra_notes if extra_notes else ""))
 
 
 VERIFY_NOTES = (
@@ -569,6 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smoke-only", default=None,
                     help="with --smoke: only the cases whose kernel name, -D options or variant hold this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
+    ap.add_argument("--name", default="ddtree_verify",
+                    help="measurement name: writes DIR/NAME.json (default ddtree_verify)")
+    ap.add_argument("--extra-notes", default="",
+                    help="text appended to the file's notes (e.g. the prediction written before the run)")
     ap.add_argument("--sanitizer-logs", default=None,
                     help="folder with memcheck.log / racecheck.log of SANITIZER_COMMAND runs made before this one, "
                          "recorded under results.sanitizer")
@@ -645,9 +649,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["sanitizer"] = read_sanitizer_logs(args.sanitizer_logs)
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
                            reps=args.reps, peer_reps=args.peer_reps, variants=variants, peers=tuple(args.peers),
-                           on_point=lambda r: _write(dict(r, **extra), args.out))
+                           on_point=lambda r: _write(dict(r, **extra), args.out, args.name, args.extra_notes))
     res.update(extra)
-    path = _write(res, args.out)
+    path = _write(res, args.out, args.name, args.extra_notes)
     print(f"wrote {path}")
     print(verify_table(res))
     return 0

@@ -73,3 +73,29 @@ def half_gather_map(rank: int) -> list[tuple[int, int, int]]:
     if rank not in (0, 1):
         raise ValueError(f"rank must be 0 or 1 (cluster of two CTAs), got {rank!r}")
     return [(tid, 32 * rank + (tid >> 3), (tid & 7) + 8 * i) for tid in range(THREADS) for i in range(9)]
+
+
+# Written before any run of the cluster kernel (this session had no device time). The figures it starts
+# from are committed: data/measurements/h200/ddtree_verify.json and ddtree_verify_probe.json (0929e2e) and
+# papers/ddtree_kernels.md section 3, block verify-tiles.
+PREDICTION = (
+    "PREDICTION for impl='cluster' (written before any GPU run, code as committed; the next session's first "
+    "device call measures it). Evidence (0929e2e, same-process probe): a 64-key tile costs 2.61 us (H=8) / 2.57 us "
+    "(H=64); the gathers alone 1.71 / 1.94 us, drawing 5.7 / 5.0 TB/s from L2 across the GPU (about what an "
+    "H100-class L2 delivers, so the gathers look bound by the aggregate L2 -> SM rate, not by one SM); the "
+    "compute alone 1.74 us. The cluster variant halves the L2 reads of a sharing CTA (73.7 -> 36.9 KB per tile) "
+    "and adds 36.9 KB per tile over the SM-to-SM network (9 x (ld.shared.v4 + mapa + st.shared::cluster.v4) per "
+    "thread, under the P.V) and a cluster barrier per tile instead of __syncthreads (about +0.1 us per tile). "
+    "The unknown is the distributed-shared-memory rate: if it is near shared-memory rates, the gathers-and-copies "
+    "alone (variant cluster_diag_gather) take 0.9-1.2 us per tile and a tile 2.0-2.2 us; if it is as low as "
+    "published H100 microbenchmarks suggest (about 3.3 TB/s for the whole GPU, 25 GB/s per SM: 1.5 us for 36.9 "
+    "KB), a tile stays at 2.4-2.6 us. Point predictions (cluster / default, same process): T=32 H=64 (32 row "
+    "blocks, every CTA shares) 16k 0.88x, 128k 0.85x (range 0.75-1.00); T=33 H=64 (33 row blocks: 4 of 132 CTAs "
+    "run solo and may set the end) 64k/128k 0.93x (0.85-1.02), 4k/16k 0.97x (0.90-1.03); T=33 H=8 (5 row blocks: "
+    "26 of 130 CTAs solo; L2 reads 0.6x) 64k/128k 0.93x (0.85-1.02), 4k/16k 1.00x (0.95-1.05: 3-10 tiles, the "
+    "fixed part dominates and the cluster adds a barrier and one copy before the first tile). Per tile "
+    "(probe, (128k - 16k) / tiles): cluster 2.1 us (1.9-2.6) where the default takes 2.6; cluster_diag_gather "
+    "1.1 us (0.8-1.6) where diag_gather takes 1.7-1.9. If the solo CTAs do not speed up with the lighter L2 "
+    "load, the T=33 points come out at 0.98-1.02x while T=32 shows the gain: that split is the test of the "
+    "straggler question. Correctness: bit-identical to the default (same bytes in shared memory, same wgmma "
+    "order), memcheck 0 errors.")

@@ -203,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      "64:4096:256,512,2112,4160"],
                     help="H:P:chunk,chunk,... (the planner's choice is always added)")
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--name", default="ddtree_verify_probe", help="measurement name (DIR/NAME.json)")
+    ap.add_argument("--extra-notes", default="", help="text appended to the file's notes")
     ap.add_argument("--ncu", action="store_true", help="one call per point and variant inside cudaProfilerStart/Stop")
     args = ap.parse_args(argv)
 
@@ -229,23 +231,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"ncu point H={H} P={P} variant={name}", flush=True)
         return 0
     results: dict[str, Any] = {"minimal_nodes": minimal_nodes(), "breakdown": [], "chunk_sweep": []}
+
+    def key(b):
+        return f"H{b['heads']}_P{b['prefix']}" + (f"_T{b['nodes']}" if b.get("nodes", 33) != 33 else "")
+
+    def write(complete: bool):
+        """The file as it stands (rewritten after every point: a run cut short keeps its points)."""
+        res = {k: v for k, v in results.items() if k not in ("breakdown", "chunk_sweep", "minimal_nodes")}
+        res["minimal_nodes"] = {k: v for k, v in results["minimal_nodes"].items() if not k.endswith("samples")}
+        res["breakdown"] = [{k: v for k, v in b.items() if k != "samples"} for b in results["breakdown"]]
+        res["chunk_sweep"] = [{k: v for k, v in r.items() if k != "samples"} for r in results["chunk_sweep"]]
+        res["complete"] = complete
+        samples = {"minimal_nodes": {k: v for k, v in results["minimal_nodes"].items() if k.endswith("samples")},
+                   "breakdown": {key(b): b["samples"] for b in results["breakdown"]},
+                   "chunk_sweep": [r["samples"] for r in results["chunk_sweep"]]}
+        return write_measurement(args.name, out_dir=args.out,
+                                 parameters=dict(points=args.points, variants=args.variants, sweep=args.sweep,
+                                                 reps=args.reps),
+                                 results=res, samples=samples,
+                                 notes=PROBE_NOTES + (" " + args.extra_notes if args.extra_notes else ""))
+
     for H, P, *nt in points:
         results["breakdown"].append(launch_breakdown(H, P, nodes=nt[0] if nt else 33, variants=variants,
                                                      reps=args.reps))
         print(probe_table({"breakdown": results["breakdown"][-1:]}), flush=True)
+        write(False)
     for spec in args.sweep:
         H, P, cl = spec.split(":")
         lens = [None] + [int(c) for c in cl.split(",") if c]
         results["chunk_sweep"] += chunk_sweep(int(H), int(P), lens, reps=args.reps)
-    samples = {"minimal_nodes": {k: v for k, v in results["minimal_nodes"].items() if k.endswith("samples")},
-               "breakdown": {f"H{b['heads']}_P{b['prefix']}": b.pop("samples") for b in results["breakdown"]},
-               "chunk_sweep": [r.pop("samples") for r in results["chunk_sweep"]]}
-    for k in [k for k in results["minimal_nodes"] if k.endswith("samples")]:
-        results["minimal_nodes"].pop(k)
-    path = write_measurement("ddtree_verify_probe", out_dir=args.out,
-                             parameters=dict(points=args.points, variants=args.variants, sweep=args.sweep,
-                                             reps=args.reps),
-                             results=results, samples=samples, notes=PROBE_NOTES)
+    path = write(True)
     print(f"wrote {path}")
     print(probe_table(results))
     return 0
