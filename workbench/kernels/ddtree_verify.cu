@@ -20,6 +20,9 @@
 //                             one request with the wgmma kernel and T <= 128: that kernel does without)
 //   ddtree_verify_wgmma_bf16  bf16 inputs, Hopper warpgroup MMA (wgmma, sm_90a builds only),
 //                             64 query rows x 64 keys per step, 2 warpgroups
+//   ddtree_verify_wgmma_cluster_bf16   the same body in 2-CTA thread-block clusters that share each gathered
+//                             key tile through distributed shared memory (impl="cluster", a variant;
+//                             NOT YET RUN ON A GPU when written)
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
 //                             64 query rows x 64 keys per step, 256 threads (any sm_90 build)
 //   ddtree_verify_simple_f32 / _bf16   CUDA-core path, 16 query rows per block
