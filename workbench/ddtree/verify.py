@@ -345,7 +345,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
                              out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
                              _single_prefix: int | None = None, _prepare: bool | None = None,
-                             _merge_options: tuple = ()):
+                             _merge_options: tuple = (), _cluster_solo_ratio: float = 1.0):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -363,7 +363,10 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     prefix length as an argument and builds the ancestor masks it needs in
     shared memory (``_prepare=True`` forces the prepare launch, a tuning
     variant). ``_options`` / ``_merge_options``: ``-D`` options of the
-    attention / merge kernel builds, tuning variants.)
+    attention / merge kernel builds, tuning variants. ``_cluster_solo_ratio``
+    (``impl="cluster"`` only): the expected cost of a solo tile over a shared
+    one, for :func:`workbench.ddtree.verify_cluster.cluster_launch_plan`; 1.0
+    keeps the default's chunking.)
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
@@ -465,14 +468,23 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     W = -(-T // 32)
     # single request, wgmma kernel, T <= 128: no prepare launch (the kernel reads P and parents itself)
     noprep = single and kind in ("wgmma", "cluster") and T <= _NOPREP_MAX_T and _prepare is not True
+    n_slots = n_chunks  # chunk partials per query row
+    if kind == "cluster":
+        from workbench.ddtree.verify_cluster import cluster_launch_plan
+
+        cplan = cluster_launch_plan(rb, int(slots.shape[0]) + B * T, clen, n_chunks, _num_sms(dev), single=noprep,
+                                    solo_ratio=_cluster_solo_ratio, fixed_chunk_len=chunk_len is not None)
+        n_slots = cplan["slots"]
+    elif _cluster_solo_ratio != 1.0:
+        raise ValueError("_cluster_solo_ratio applies to impl='cluster' only")
 
     i32 = dict(dtype=torch.int32, device=dev)
     if not noprep:
         chunk_start = torch.empty(B + 1, **i32)
         offs_ws = torch.empty(B + 1, dtype=torch.int64, device=dev)
         vis = torch.empty(B * T * W, dtype=torch.int32, device=dev)
-    o_part = torch.empty(n_chunks * M * D_LATENT, dtype=torch.float32, device=dev)
-    lse_part = torch.empty(n_chunks * M, dtype=torch.float32, device=dev)
+    o_part = torch.empty(n_slots * M * D_LATENT, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(n_slots * M, dtype=torch.float32, device=dev)
     if _poison_workspace:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
@@ -502,10 +514,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
                 args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
                 shared_mem=_WGMMA_SMEM)
     elif kind == "cluster":
-        from workbench.ddtree.verify_cluster import cluster_grid
-
-        _launch(_kernel(_CLUSTER_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), cluster_grid(rb, n_chunks), 256,
-                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
+        _launch(_kernel(_CLUSTER_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), cplan["grid"], 256,
+                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null,
+                        cplan["n_a"], cplan["clen_b"], cplan["n_b"]),
                 shared_mem=_WGMMA_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
@@ -515,13 +526,13 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
     _launch(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
-            (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
+            (o_part, lse_part, chunk_start, out, lse, B, M, n_slots if noprep else 0))
     return out, lse
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
                      impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = (),
-                     _prepare: bool | None = None, _merge_options: tuple = ()):
+                     _prepare: bool | None = None, _merge_options: tuple = (), _cluster_solo_ratio: float = 1.0):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -546,7 +557,7 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
                                     _options=_options, _single_prefix=P, _prepare=_prepare,
-                                    _merge_options=_merge_options)
+                                    _merge_options=_merge_options, _cluster_solo_ratio=_cluster_solo_ratio)
     return o[0], l[0]
 
 

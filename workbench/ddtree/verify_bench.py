@@ -89,7 +89,13 @@ CLUSTER_PARITY_CASES: list[dict[str, Any]] = (
                         (64, 8, 20000, None), (33, 8, 1000, 64), (17, 8, 0, None), (100, 1, 500, None),
                         (129, 2, 300, 128))]
     + [dict(kernel="verify_attention_batched[cluster]", nodes=n, heads=h, prefix=[0, 5000, 70, 20000],
-            dtype="bfloat16", repeats=1) for n, h in ((33, 8), (32, 64))])
+            dtype="bfloat16", repeats=1) for n, h in ((33, 8), (32, 64))]
+    # cluster_bal: the solo row block on its own chunking (H = 8: 5 row blocks; the merge sees more slots for
+    # the shared rows, left at weight 0)
+    + [dict(kernel="verify_attention[cluster]", nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=1,
+            variant="cluster_bal") for p in (100, 4096 + 37, 16384, 131072)]
+    + [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
+            variant="cluster_bal") for n, h, p in ((17, 8, 3000), (33, 5, 20000), (33, 64, 5000))])
 
 
 def _tolerances(dtype: str) -> tuple[float, float]:
@@ -134,8 +140,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
             extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
             if case.get("options"):  # -D options of the kernel build (tuning variants; CUDA only)
                 extra["_options"] = tuple(case["options"])
-            if case.get("variant"):  # a named variant of WGMMA_VARIANTS (CUDA only)
-                extra.update({k: v for k, v in WGMMA_VARIANTS[case["variant"]].items() if k != "impl"})
+            if case.get("variant"):  # a named variant (WGMMA_VARIANTS, CLUSTER_VARIANTS; CUDA only)
+                extra.update({k: v for k, v in _named_variants()[case["variant"]].items() if k != "impl"})
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
@@ -217,8 +223,11 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
 
 # impl="cluster" (NOT YET RUN ON A GPU): the variant, and its diagnostic build (timing only, wrong outputs):
 # the half-tile gathers and the copies to the partner alone
+# cluster_bal: one request with an odd row-block count gives the solo row block shorter, more numerous
+# chunks (verify_cluster.cluster_launch_plan, solo tiles expected 1.25x the cost of shared ones)
 CLUSTER_VARIANTS: dict[str, dict[str, Any]] = {
     "cluster": {"impl": "cluster"},
+    "cluster_bal": {"impl": "cluster", "_cluster_solo_ratio": 1.25},
     "cluster_diag_gather": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1",)},
 }
 
@@ -606,6 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                        (40, 3, 300, 64), (9, 8, 300, 128))]
         cases += [dict(kernel="verify_attention_batched[cluster]", nodes=n, heads=8, prefix=[0, 70, 130],
                        dtype="bfloat16", repeats=1) for n in (9, 17)]
+        cases += [dict(kernel="verify_attention[cluster]", nodes=17, heads=8, prefix=p, dtype="bfloat16", repeats=1,
+                       variant="cluster_bal") for p in (300, 3000)]
         # the variants timed beside the default
         for name in WGMMA_VARIANTS:
             cases += [dict(kernel="verify_attention[wgmma]", nodes=9, heads=8, prefix=p, dtype="bfloat16",

@@ -1,68 +1,147 @@
 """CPU model of the cluster variant of the tree-verify kernel (``impl="cluster"``; NOT YET RUN ON A GPU).
 
 ``ddtree_verify_wgmma_cluster_bf16`` (``workbench/kernels/ddtree_verify.cu``) runs the default wgmma
-kernel's body in thread-block clusters of two CTAs. Its grid is 1-D: CTA ``blk`` works on row block
-``blk % row_blocks`` of chunk ``blk // row_blocks`` (row block fastest), the count rounded up to an even
-number (``__cluster_dims__(2, 1, 1)`` needs that); a CTA past the last chunk returns at once. The
-two CTAs of a cluster (``blk`` and ``blk ^ 1``) *share* when they hold the same chunk: each then gathers
-32 of the 64 keys of every tile from L2 and copies them into the partner's shared memory. Otherwise
-(different chunks: with an odd number of row blocks one CTA per chunk pairs with a neighbouring chunk's)
-each runs the default's loop alone.
+kernel's body in thread-block clusters of two CTAs (``__cluster_dims__(2, 1, 1)``) on a 1-D grid of two
+regions:
 
-This module states that arithmetic in Python, so the kernel's mapping can be checked on a CPU:
+- A: row blocks ``[0, q)`` (``q`` = the row-block count rounded down to even) x ``n_a`` chunks, row block
+  fastest. The two CTAs of a cluster (``blk``, ``blk ^ 1``) hold adjacent row blocks of one chunk and
+  *share*: each gathers 32 of the 64 keys of every tile from L2 and copies them into the partner's
+  shared memory.
+- B (an odd row-block count only): the last row block x ``n_b`` chunks, each CTA *solo* (the default's
+  loop: whole tiles gathered by itself). For one request its chunks may be shorter and more numerous than
+  A's (``clen_b``), so that these CTAs, whose tiles cost more, end with the sharing ones
+  (``solo_ratio``); the merge then sees ``max(n_a, n_b)`` partial slots per row, and a region with fewer
+  chunks writes log-sum-exp -inf (weight 0) into the slots it leaves empty.
 
-- :func:`cluster_grid` - the launch grid (CTAs) for ``row_blocks`` x ``chunks``.
-- :func:`cluster_plan` - every CTA's (row block, chunk, mode) and the L2 tile reads per tile step.
+The grid is ``q * n_a + (rb odd) * n_b`` rounded up to even; CTAs past both regions return.
+
+- :func:`cluster_launch_plan` - the host's plan (chunk lengths and counts of both regions, grid, slots).
+- :func:`cluster_grid` - CTAs launched for a plan's region sizes.
+- :func:`cluster_plan` - every CTA's (row block, chunk, mode) as the kernel computes it, and the L2 tile
+  reads per tile step.
 - :func:`half_gather_map` - which (key, 16-byte chunk) of a tile each thread of a sharing CTA gathers.
+- :func:`simulate_cluster_call` - a CPU simulation of one call, CTA by CTA, with the merge.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["cluster_grid", "cluster_plan", "half_gather_map", "ROW_CHUNKS", "TILE_KEYS"]
+__all__ = ["cluster_launch_plan", "cluster_grid", "cluster_plan", "half_gather_map", "simulate_cluster_call",
+           "ROW_CHUNKS", "TILE_KEYS", "PREDICTION"]
 
 TILE_KEYS = 64    # keys per tile (MMA_KEYS)
 ROW_CHUNKS = 72   # 16-byte chunks of a 576-value bf16 KV row
 THREADS = 256
 
 
-def _check(name: str, v: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
+def _check(name: str, v: int, minimum: int = 1) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
     return v
 
 
-def cluster_grid(row_blocks: int, chunks: int) -> int:
-    """CTAs launched by ``impl="cluster"``: ``row_blocks * chunks`` rounded up to even (a multiple of the
-    cluster size 2). ``chunks`` may be an upper bound (batched requests): CTAs past the real count return."""
-    n = _check("row_blocks", row_blocks) * _check("chunks", chunks)
+def _regions(row_blocks: int) -> tuple[int, bool]:
+    """(q, has region B): q = row blocks of region A (even), B = the last row block when the count is odd."""
+    return row_blocks & ~1, bool(row_blocks & 1)
+
+
+def cluster_grid(row_blocks: int, n_a: int, n_b: int | None = None) -> int:
+    """CTAs launched: ``q * n_a`` (region A) + ``n_b`` (region B, odd ``row_blocks`` only; default ``n_a``),
+    rounded up to even (a multiple of the cluster size 2). Chunk counts may be upper bounds (batched
+    requests): CTAs past the real count return."""
+    _check("row_blocks", row_blocks)
+    _check("n_a", n_a, 0)
+    n_b = n_a if n_b is None else _check("n_b", n_b, 0)
+    q, has_b = _regions(row_blocks)
+    n = q * n_a + (n_b if has_b else 0)
+    if n < 1:
+        raise ValueError(f"no CTA to launch (row_blocks={row_blocks}, n_a={n_a}, n_b={n_b})")
     return n + (n & 1)
 
 
-def cluster_plan(row_blocks: int, chunks: int) -> dict[str, Any]:
+def _align(keys: int, align: int = TILE_KEYS) -> int:
+    return max(align, -(-keys // align) * align)
+
+
+def cluster_launch_plan(row_blocks: int, total_keys: int, chunk_len: int, n_chunks: int, sms: int,
+                        single: bool = True, solo_ratio: float = 1.0, fixed_chunk_len: bool = False
+                        ) -> dict[str, int]:
+    """The host's plan for ``impl="cluster"``, from the default's plan (``chunk_len``, ``n_chunks``: what
+    ``verify._plan`` gives for the same call) of ``total_keys`` keys (prefix + tail of one request, or all
+    requests with their tails for a batch).
+
+    ``solo_ratio`` (>= 1): the expected cost of a solo tile over a shared one. 1.0 keeps the default's
+    chunking in both regions (the outputs then equal the default's bit for bit). Above 1, for one request
+    with an odd row-block count > 1 and no ``fixed_chunk_len``, region A takes ``n_a`` chunks and region B the
+    ``sms - q * n_a`` SMs left, choosing ``n_a`` to minimise ``max(tiles_a, solo_ratio * tiles_b)``
+    (the default's split is kept when nothing beats it). Batched requests keep the default's global chunks.
+
+    Returns ``{"row_blocks", "q", "clen_a", "n_a", "clen_b", "n_b", "slots", "grid"}``: ``slots`` partials per
+    row for the merge (single request: ``max(n_a, n_b)``; batched: ``n_chunks``).
+    """
+    _check("row_blocks", row_blocks)
+    _check("total_keys", total_keys)
+    _check("chunk_len", chunk_len)
+    _check("n_chunks", n_chunks)
+    _check("sms", sms)
+    if not (isinstance(solo_ratio, (int, float)) and math.isfinite(solo_ratio) and solo_ratio >= 1.0):
+        raise ValueError(f"solo_ratio must be a finite number >= 1, got {solo_ratio!r}")
+    q, has_b = _regions(row_blocks)
+    n_a, clen_a, n_b, clen_b = n_chunks, chunk_len, (n_chunks if has_b else 0), chunk_len
+    if single and has_b and q > 0 and solo_ratio > 1.0 and not fixed_chunk_len:
+        tiles = -(-chunk_len // TILE_KEYS)
+        best = (solo_ratio * tiles, n_a, clen_a, n_b, clen_b)
+        for c in range(1, sms // q + 1):
+            left = sms - q * c
+            if left < 1:
+                break
+            ca = _align(-(-total_keys // c))
+            cb = _align(-(-total_keys // left))
+            cost = max(ca // TILE_KEYS, solo_ratio * (cb // TILE_KEYS))
+            if cost < best[0] - 1e-9:
+                best = (cost, -(-total_keys // ca), ca, -(-total_keys // cb), cb)
+        _, n_a, clen_a, n_b, clen_b = best
+    slots = max(n_a, n_b) if single else n_chunks
+    return dict(row_blocks=row_blocks, q=q, clen_a=clen_a, n_a=n_a, clen_b=clen_b, n_b=n_b, slots=slots,
+                grid=cluster_grid(row_blocks, n_a, n_b))
+
+
+def cluster_plan(row_blocks: int, n_a: int, n_b: int | None = None, valid_chunks: int | None = None
+                 ) -> dict[str, Any]:
     """The kernel's CTA -> work mapping, as the kernel computes it.
 
-    Returns ``{"grid", "ctas", "shared_ctas", "solo_ctas", "idle_ctas", "l2_tile_reads",
-    "default_l2_tile_reads", "l2_ratio"}``; ``ctas`` is a list of dicts ``{blk, cluster, rank, row_block,
-    chunk, mode}`` with mode ``"shared"`` (gathers half of each tile, copies it to the partner),
-    ``"solo"`` (gathers whole tiles, as the default) or ``"idle"`` (past the last chunk: returns).
-    ``l2_tile_reads``: whole-tile L2 reads per tile step over the grid (a sharing pair counts 1, a solo
-    CTA 1); the default kernel reads ``row_blocks * chunks``.
+    ``n_a``/``n_b``: chunks of regions A and B (``n_b`` defaults to ``n_a``); ``valid_chunks``: chunks that
+    exist (batched: ``chunk_start[B]``, at most ``n_a``; default all). Returns ``{"grid", "ctas",
+    "shared_ctas", "solo_ctas", "idle_ctas", "l2_tile_reads", "default_l2_tile_reads", "l2_ratio"}``;
+    ``ctas``: dicts ``{blk, cluster, rank, region, row_block, chunk, mode}``, mode ``"shared"`` (gathers half
+    of each tile and copies it to the partner), ``"solo"`` (whole tiles, as the default) or ``"idle"``
+    (returns at once). ``l2_tile_reads``: whole-tile L2 reads per tile step over the grid (a sharing pair
+    counts 1, a solo CTA 1); ``default_l2_tile_reads``: the default kernel's, ``row_blocks * n_a``.
     """
-    grid = cluster_grid(row_blocks, chunks)
+    n_b = n_a if n_b is None else n_b
+    grid = cluster_grid(row_blocks, n_a, n_b)
+    q, has_b = _regions(row_blocks)
     ctas = []
     for blk in range(grid):
-        g, r = divmod(blk, row_blocks)
-        valid = g < chunks
-        shared = valid and ((blk ^ 1) // row_blocks == g)
-        ctas.append(dict(blk=blk, cluster=blk >> 1, rank=blk & 1, row_block=r, chunk=g,
-                         mode="shared" if shared else ("solo" if valid else "idle")))
+        if blk < q * n_a:
+            region, g, r = "A", blk // q, blk % q
+            lim = n_a if valid_chunks is None else valid_chunks
+            mode = "shared" if g < lim else "idle"
+        elif has_b:
+            region, g, r = "B", blk - q * n_a, row_blocks - 1
+            lim = n_b if valid_chunks is None else valid_chunks
+            mode = "solo" if g < lim else "idle"
+        else:
+            region, g, r, mode = "-", -1, -1, "idle"
+        ctas.append(dict(blk=blk, cluster=blk >> 1, rank=blk & 1, region=region, row_block=r, chunk=g, mode=mode))
     n_shared = sum(c["mode"] == "shared" for c in ctas)
     n_solo = sum(c["mode"] == "solo" for c in ctas)
     reads = n_shared / 2 + n_solo
+    default = row_blocks * (n_a if valid_chunks is None else valid_chunks)
     return dict(grid=grid, ctas=ctas, shared_ctas=n_shared, solo_ctas=n_solo, idle_ctas=grid - n_shared - n_solo,
-                l2_tile_reads=reads, default_l2_tile_reads=row_blocks * chunks,
-                l2_ratio=reads / (row_blocks * chunks))
+                l2_tile_reads=reads, default_l2_tile_reads=default, l2_ratio=reads / default)
 
 
 def half_gather_map(rank: int) -> list[tuple[int, int, int]]:
@@ -73,6 +152,62 @@ def half_gather_map(rank: int) -> list[tuple[int, int, int]]:
     if rank not in (0, 1):
         raise ValueError(f"rank must be 0 or 1 (cluster of two CTAs), got {rank!r}")
     return [(tid, 32 * rank + (tid >> 3), (tid & 7) + 8 * i) for tid in range(THREADS) for i in range(9)]
+
+
+def simulate_cluster_call(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale,
+                          plan: dict[str, int], rows: int = 64) -> tuple[Any, Any]:
+    """CPU simulation (torch, float64) of one single-request call of the cluster kernel and its merge, CTA by
+    CTA as :func:`cluster_plan` maps them: each CTA's partial softmax over its region's key chunk for its 64
+    rows, the tile assembled from both halves (:func:`half_gather_map`) for sharing CTAs, the -inf slots a
+    region with fewer chunks leaves, and the log-sum-exp merge over ``plan["slots"]``. Checks the plan's
+    arithmetic against :func:`workbench.ddtree.verify.verify_attention_reference` on a CPU; shapes as
+    there (one request). Returns ``(out [T, H, 512], lse [T, H])`` float64 torch tensors."""
+    import torch
+
+    from workbench.ddtree.verify import _ancestor_visibility_np
+
+    T, H = int(q_latent.shape[0]), int(q_latent.shape[1])
+    M = T * H
+    P = int(prefix_slots.shape[0])
+    keys = torch.cat([torch.as_tensor(kv_cache, dtype=torch.float64)[torch.as_tensor(prefix_slots).long()],
+                      torch.as_tensor(tail_kv, dtype=torch.float64)], 0)  # [P + T, 576]
+    q = torch.cat([torch.as_tensor(q_latent, dtype=torch.float64), torch.as_tensor(q_rope, dtype=torch.float64)],
+                  -1).reshape(M, 576)
+    vis = torch.as_tensor(_ancestor_visibility_np(torch.as_tensor(parents).numpy()))
+    rb = -(-M // rows)
+    if rb != plan["row_blocks"]:
+        raise ValueError(f"plan is for {plan['row_blocks']} row blocks, the inputs have {rb}")
+    n_slots = plan["slots"]
+    o_part = torch.full((n_slots, M, 512), float("nan"), dtype=torch.float64)
+    lse_part = torch.full((n_slots, M), float("nan"), dtype=torch.float64)
+    tile_map = {rank: half_gather_map(rank) for rank in (0, 1)}
+    for c in cluster_plan(rb, plan["n_a"], plan["n_b"])["ctas"]:
+        if c["mode"] == "idle":
+            continue
+        clen, n_reg = (plan["clen_a"], plan["n_a"]) if c["region"] == "A" else (plan["clen_b"], plan["n_b"])
+        g, r0 = c["chunk"], c["row_block"] * rows
+        k0, k1 = g * clen, min(g * clen + clen, P + T)
+        if c["mode"] == "shared":  # every 16-byte chunk of every tile from exactly one CTA of the pair
+            for t0 in range(k0, k1, TILE_KEYS):
+                got = {(k, ch) for rank in (0, 1) for _, k, ch in tile_map[rank] if t0 + k < k1}
+                assert got == {(k, ch) for k in range(min(TILE_KEYS, k1 - t0)) for ch in range(ROW_CHUNKS)}
+        rr = torch.arange(r0, min(r0 + rows, M))
+        s = (q[rr] @ keys[k0:k1].T) * scale
+        kk = torch.arange(k0, k1)
+        tail = kk >= P
+        if tail.any():
+            node = rr // H
+            s[:, tail] = s[:, tail].masked_fill(~vis[node][:, kk[tail] - P], float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        w = torch.exp(s - lse[:, None]).nan_to_num(0.0)
+        o_part[g, rr] = w @ keys[k0:k1, :512]
+        lse_part[g, rr] = lse
+        if g == n_reg - 1:  # the slots this region leaves empty: weight 0 in the merge
+            lse_part[n_reg:n_slots, rr] = float("-inf")
+    lse = torch.logsumexp(lse_part, 0)  # [M]; NaN here means a slot nobody wrote
+    wts = torch.exp(lse_part - lse[None])
+    out = torch.einsum("sm,smd->md", wts, torch.where(wts[..., None] > 0, o_part, torch.zeros_like(o_part)))
+    return out.reshape(T, H, 512), lse.reshape(T, H)
 
 
 # Written before any run of the cluster kernel (this session had no device time). The figures it starts

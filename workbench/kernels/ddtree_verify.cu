@@ -664,7 +664,8 @@ __device__ __forceinline__ void st_cluster128(u32 addr, uint4 v) {
 }
 
 template <bool kCl>
-__device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
+__device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, const long long* __restrict__ parents,
+                                                  int n_a, int clen_b, int n_b) {
     extern __shared__ __align__(128) unsigned char wsmem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(wsmem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
@@ -676,34 +677,50 @@ __device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, c
     u32* svis = reinterpret_cast<u32*>(red + 256);
 
     const bool single = chunk_start == nullptr;
-    // default: grid (row blocks, chunks). kCl: a 1-D grid of (row block, chunk) pairs, row block fastest,
-    // rounded up to an even count; the two CTAs of a cluster share each key tile when they hold the same
-    // chunk (`shared`), else each gathers its own tiles as the default does (workbench/ddtree/verify_cluster.py
-    // models this mapping).
+    // default: grid (row blocks, chunks). kCl: a 1-D grid in two regions (workbench/ddtree/verify_cluster.py
+    // models it): A = row blocks [0, q) (q: the row-block count rounded down to even) x n_a chunks of chunk_len
+    // keys, row block fastest, so the two CTAs of a cluster hold adjacent row blocks of one chunk and share
+    // each key tile; B (odd row-block count only) = the last row block x n_b chunks, each CTA alone as the
+    // default runs (single request: chunks of clen_b keys, possibly more and shorter than A's, so that these
+    // CTAs, which gather whole tiles, end with the sharing ones; batched: chunk_len, the same global chunks).
+    // The grid is rounded up to an even count; CTAs past both regions return.
     int g = blockIdx.y;
     int rbi = blockIdx.x;
+    int clen = chunk_len;  // keys per chunk in this CTA's region
     bool shared = false;
     u32 crank = 0;
+    int n_reg = 0, n_slots = 0;  // kCl, single request: chunks of this CTA's region; partial slots per row
     if constexpr (kCl) {
         const int rb = (T * H + MMA_ROWS - 1) / MMA_ROWS;
-        const int n_valid = single ? (int)((p_single + T + chunk_len - 1) / chunk_len) : chunk_start[B];
+        const int q = rb & ~1;
         const int blk = blockIdx.x;
-        g = blk / rb;
-        rbi = blk - g * rb;
         crank = cluster_ctarank();
-        shared = ((blk ^ 1) / rb == g) && g < n_valid;  // cluster-uniform: both CTAs compute the same
+        if (blk < q * n_a) {
+            g = blk / q;
+            rbi = blk - g * q;
+            n_reg = n_a;
+            shared = single ? true : g < chunk_start[B];  // both CTAs of the cluster: the same g
+        } else {
+            if (!(rb & 1)) return;  // no region B: spare CTA of the even rounding
+            g = blk - q * n_a;
+            rbi = rb - 1;
+            if (single) clen = clen_b;
+            n_reg = n_b;
+        }
+        if (single && g >= n_reg) return;  // (n_reg = ceil((p_single + T) / clen), from the host)
+        n_slots = max(n_a, n_b);
         if (shared) cluster_arrive_relaxed();  // waited before the first write to the partner's memory
     }
     ChunkWork cw;
     if (single) {
-        if (g >= (int)((p_single + T + chunk_len - 1) / chunk_len)) return;
+        if (g >= (int)((p_single + T + clen - 1) / clen)) return;
         cw.b = 0;
         cw.off_b = 0;
         cw.P = (int)p_single;
         cw.M = T * H;
         cw.row0 = rbi * MMA_ROWS;
-        cw.key_begin = g * chunk_len;
-        cw.key_end = min(cw.key_begin + chunk_len, cw.P + T);
+        cw.key_begin = g * clen;
+        cw.key_end = min(cw.key_begin + clen, cw.P + T);
     } else {
         if (g >= chunk_start[B]) return;
         cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
@@ -1126,8 +1143,13 @@ __device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, c
 #pragma unroll
         for (int j = 0; j < 32; ++j)
             *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-        if (wg == 0 && tq == 0)
+        if (wg == 0 && tq == 0) {
             lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
+            if constexpr (kCl) {  // single request, regions of different chunk counts: the slots this row's
+                if (single && g == n_reg - 1)  // region does not fill hold weight 0 for the merge
+                    for (int sl = n_reg; sl < n_slots; ++sl) lse_part[(long long)sl * M + row0 + r] = NEG_INF;
+            }
+        }
     }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -1138,7 +1160,7 @@ __device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, c
 extern "C" __global__ void __launch_bounds__(256, 1)
 ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    verify_wgmma_body<false>(TC_NAMES, p_single, parents);
+    verify_wgmma_body<false>(TC_NAMES, p_single, parents, 0, 0, 0);
 #else
     asm volatile("trap;");
 #endif
@@ -1157,9 +1179,10 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 // .multicast::cluster cannot write this layout: the 128-byte swizzle permutes the 16-byte chunks of each
 // 128-byte segment by row, and wgmma needs that or another core-matrix layout.)
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1)
-ddtree_verify_wgmma_cluster_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
+ddtree_verify_wgmma_cluster_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents, int n_a,
+                                 int clen_b, int n_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    verify_wgmma_body<true>(TC_NAMES, p_single, parents);
+    verify_wgmma_body<true>(TC_NAMES, p_single, parents, n_a, clen_b, n_b);
 #else
     asm volatile("trap;");
 #endif
