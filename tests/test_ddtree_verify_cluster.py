@@ -203,3 +203,23 @@ def test_simulated_call_matches_the_reference(T, H, P, rho, sms, uneven):
     ref_o, ref_l = V.verify_attention_reference(**inp)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert torch.allclose(out, ref_o, rtol=1e-9, atol=1e-9) and torch.allclose(lse, ref_l, rtol=1e-9, atol=1e-9)
+
+
+def test_cluster_kernel_arguments():
+    # the host passes region A's chunk length in the chunk_len slot, then p_single, parents, n_a, clen_b, n_b:
+    # the order of ddtree_verify_wgmma_cluster_bf16's parameters
+    import re
+
+    from workbench.kernels import KERNEL_DIR
+
+    args = tuple(f"a{i}" for i in range(15)) + (640, 1.5)  # ... W, chunk_len, scale_log2
+    plan = dict(clen_a=704, n_a=24, clen_b=512, n_b=33)
+    got = V._cluster_args(args, plan, 16384, "par")
+    assert got == tuple(f"a{i}" for i in range(15)) + (704, 1.5, 16384, "par", 24, 512, 33)
+    src = (KERNEL_DIR / "ddtree_verify.cu").read_text()
+    sig = re.search(r"ddtree_verify_wgmma_cluster_bf16\((.*?)\)\s*\{", src, re.S).group(1)
+    assert re.sub(r"\s+", " ", sig) == ("TC_ARGS, long long p_single, const long long* __restrict__ parents, int n_a, "
+                                        "int clen_b, int n_b")
+    tc = re.search(r"#define TC_ARGS(.*?)\n\n", src, re.S).group(1)
+    assert re.sub(r"[\s\\\\]+", " ", tc).strip().endswith("int chunk_len, float scale_log2")
+    assert re.sub(r"[\s\\\\]+", " ", tc).count(",") + 1 == len(args)  # 17 shared parameters

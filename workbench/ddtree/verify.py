@@ -341,6 +341,13 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
         raise ValueError(f"prefix_offsets must start at 0, end at len(prefix_slots) = {n} and never decrease")
 
 
+def _cluster_args(args: tuple, cplan: dict[str, int], p_single: Any, parents: Any) -> tuple:
+    """Arguments of ``ddtree_verify_wgmma_cluster_bf16`` from the shared ones (``args``: TC_ARGS, ending in
+    ``chunk_len, scale_log2``): chunk_len becomes region A's (the default's unless one request is
+    rebalanced), then ``p_single, parents`` and the regions ``n_a, clen_b, n_b``."""
+    return args[:-2] + (cplan["clen_a"], args[-1], p_single, parents, cplan["n_a"], cplan["clen_b"], cplan["n_b"])
+
+
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
                              out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
@@ -515,9 +522,8 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
                 shared_mem=_WGMMA_SMEM)
     elif kind == "cluster":
         _launch(_kernel(_CLUSTER_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), cplan["grid"], 256,
-                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null,
-                        cplan["n_a"], cplan["clen_b"], cplan["n_b"]),
-                shared_mem=_WGMMA_SMEM)
+                _cluster_args(args, cplan, np.int64(slots.shape[0]) if noprep else np.int64(0),
+                              par if noprep else null), shared_mem=_WGMMA_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)

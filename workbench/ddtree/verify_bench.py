@@ -229,6 +229,8 @@ CLUSTER_VARIANTS: dict[str, dict[str, Any]] = {
     "cluster": {"impl": "cluster"},
     "cluster_bal": {"impl": "cluster", "_cluster_solo_ratio": 1.25},
     "cluster_diag_gather": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1",)},
+    # the half-tile gathers alone, no copy to the partner (timing only, wrong outputs)
+    "cluster_diag_half": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1", "-DVERIFY_CL_NOPUSH=1")},
 }
 
 

@@ -532,6 +532,9 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_DIAG
 #define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
 #endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
+#ifndef VERIFY_CL_NOPUSH
+#define VERIFY_CL_NOPUSH 0  // cluster variant, diagnostics for timing only (wrong outputs): 1 = no copy to the
+#endif                      // partner (each CTA holds only its own half of every tile)
 #ifndef VERIFY_V_LBO
 #define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
@@ -792,6 +795,7 @@ __device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, c
     };
     auto push_half = [&](int stage) {
         cp_async_wait_all();  // this thread's own chunks of the half have landed
+#if !VERIFY_CL_NOPUSH
         const u32 base = sK_a + stage * SK_BYTES;
 #pragma unroll
         for (int i = 0; i < 9; ++i) {
@@ -799,6 +803,7 @@ __device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, c
             st_cluster128(cluster_map(a, crank ^ 1u), lds128(a));
         }
         fence_async_smem_cluster();  // generic-proxy writes, read by the partner's wgmma (async proxy)
+#endif
     };
     const bf16_t* next_src[KPT];
     if (kCl && shared) {
