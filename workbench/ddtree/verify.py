@@ -46,10 +46,12 @@ with three gathers in flight (967a0d4), the ping-pong kernels of version 7
 (f9c5bfa). With H = 8 the 264 query rows fill five 64-row blocks, the last with
 8 rows. ``impl="cluster"`` (NOT YET RUN ON A GPU; never chosen by ``auto``): the
 same kernel body in thread-block clusters of two CTAs (``__cluster_dims__(2, 1,
-1)``, a 1-D grid of (row block, chunk) pairs, :mod:`workbench.ddtree.verify_cluster`
-models the mapping); two CTAs holding the same chunk each gather half of every
-key tile from L2 and copy it into the partner's shared memory
-(``st.shared::cluster``), so a KV row is read from L2 once per cluster. The chunk partials are merged by a second launch (one block per query
+1)``; :mod:`workbench.ddtree.verify_cluster` plans and models the grid); two CTAs
+holding adjacent row blocks of one chunk each gather half of every key tile from
+L2 and copy it into the partner's shared memory (``st.shared::cluster``), so a
+KV row is read from L2 once per cluster; the last row block of an odd count runs
+alone, on shorter chunks when ``_cluster_solo_ratio`` > 1 rebalances one request.
+The chunk partials are merged by a second launch (one block per query
 row, the chunks' lse values read once, in parallel). Batched requests first run
 one small launch for offsets, chunk starts and the ancestor masks; one request
 with T <= 128 does without it (the kernel takes the prefix length and builds

@@ -1172,17 +1172,20 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 }
 
 // Cluster variant (impl="cluster", not chosen by "auto"; NOT YET RUN ON A GPU). Same per-tile schedule as
-// the default, but thread-block clusters of 2 CTAs (__cluster_dims__(2, 1, 1), 1-D grid of (row block, chunk)
-// pairs, row block fastest, rounded up to an even count). When both CTAs of a cluster hold the same chunk
-// (the same keys for two different 64-row blocks), each gathers half of every 64-key tile (32 keys, cp.async
+// the default, but thread-block clusters of 2 CTAs (__cluster_dims__(2, 1, 1)) on a 1-D grid of two regions
+// (see verify_wgmma_body). Region A, the row blocks rounded down to even: the two CTAs of a cluster hold
+// adjacent row blocks of one chunk (the same keys), each gathers half of every 64-key tile (32 keys, cp.async
 // from L2 into its own stage) and, under the P.V of the current tile, copies those 36,864 bytes into the
 // partner's stage through distributed shared memory (ld.shared + st.shared::cluster, same swizzled offsets);
 // the per-tile block barrier (X) becomes a cluster barrier (arrive.release / wait.acquire). L2 -> SM traffic
-// per tile and CTA halves (73.7 KB -> 36.9 KB) and 36.9 KB cross the SM-to-SM network instead. A cluster
-// whose CTAs hold different chunks (an odd row-block count leaves one per chunk: H = 8 has 5 row blocks,
-// H = 64 has 33) runs exactly the default's loop in each CTA. (A 1-D cp.async.bulk per 1152-byte row with
-// .multicast::cluster cannot write this layout: the 128-byte swizzle permutes the 16-byte chunks of each
-// 128-byte segment by row, and wgmma needs that or another core-matrix layout.)
+// per tile and CTA halves (73.7 KB -> 36.9 KB) and 36.9 KB cross the SM-to-SM network instead. Region B, the
+// last row block of an odd count (H = 8 has 5 row blocks, H = 64 has 33): each CTA runs the default's loop
+// alone, on chunks of clen_b keys for one request (the host may make them shorter and more numerous than
+// region A's, so that these slower CTAs end with the others; a region with fewer chunks writes lse -inf into
+// the partial slots its rows leave empty). Extra parameters: n_a (region A's chunks; chunk_len is its chunk
+// length), clen_b and n_b (region B's). (A 1-D cp.async.bulk per 1152-byte row with .multicast::cluster
+// cannot write this layout: the 128-byte swizzle permutes the 16-byte chunks of each 128-byte segment by
+// row, and wgmma needs that or another core-matrix layout.)
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1)
 ddtree_verify_wgmma_cluster_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents, int n_a,
                                  int clen_b, int n_b) {
