@@ -223,3 +223,21 @@ def test_cluster_kernel_arguments():
     tc = re.search(r"#define TC_ARGS(.*?)\n\n", src, re.S).group(1)
     assert re.sub(r"[\s\\\\]+", " ", tc).strip().endswith("int chunk_len, float scale_log2")
     assert re.sub(r"[\s\\\\]+", " ", tc).count(",") + 1 == len(args)  # 17 shared parameters
+
+
+def test_tables_show_a_failed_variant():
+    # a variant that fails on the device is recorded (status, reason) and shown, the run goes on
+    pt = dict(heads=8, nodes=33, prefix=4096, median_ms=0.03, pipelined_ms=0.029, eager_median_ms=0.2, floor_ms=0.003,
+              floor_bound="compute", percent_of_floor=10.0, achieved_tflops=80.0, peers={},
+              speedup_vs_best_peer=None, faster_than_all_peers=True,
+              variants={"cluster": {"status": "failed", "reason": "CUDADriverError: launch failed"},
+                        "cluster_bal": {"median_ms": 0.028, "mode": "cuda_graph", "pipelined_ms": 0.027}})
+    text = VB.verify_table({"points": [pt]})
+    assert "failed" in text and "0.0280" in text
+    rows = VB.verify_benchmark_rows({"points": [pt]})
+    assert rows[0]["cluster_ms"] is None and rows[0]["cluster_bal_ms"] == 0.028
+    res = {"breakdown": [{"heads": 64, "prefix": 16384, "nodes": 32, "points": {
+        "default": dict(prepare=None, attention=0.1, merge=0.01, sum=0.11, call=0.1),
+        "cluster": dict(prepare=None, attention=None, merge=None, sum=None, call=None, failed="RuntimeError: x")}}]}
+    text = VPR.probe_table(res)
+    assert "cluster T=32" in text and "FAILED: RuntimeError: x" in text

@@ -51,7 +51,7 @@ timeout "${BENCH32_T:-30}" python3 -m workbench.ddtree.verify_bench --out "$OUT"
   --extra-notes "$PRED" > "$OUT/bench_t32.txt" 2>&1
 echo "bench rc=$?" >> "$OUT/bench_t32.txt"
 timeout "${PROBE_T:-70}" python3 -m workbench.ddtree.verify_probe --out "$OUT" --name ddtree_verify_cluster_probe \
-  --points 8:16384 8:131072 64:16384 64:131072 64:16384:32 64:131072:32 --sweep --reps 20 \
+  --points 64:16384:32 64:131072:32 64:16384 64:131072 8:16384 8:131072 --sweep --reps 20 \
   --variants default cluster diag_gather=-DVERIFY_WG_DIAG=1 cluster_diag_gather cluster_diag_half \
   --extra-notes "$PRED" \
   > "$OUT/probe.txt" 2>&1

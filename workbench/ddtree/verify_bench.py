@@ -392,9 +392,15 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             samples[key]["verify_attention_eager"] = eager
             var_res = {}
             for vname, kw in (variants or {}).items():
-                vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                try:
+                    vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                    vp = _time_pipelined(fns_for(kw), reps)
+                except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the run goes on
+                    torch.cuda.synchronize()
+                    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                    var_res[vname] = {"status": "failed", "reason": f"{type(e).__name__}: {msg}"}
+                    continue
                 samples[key][f"verify_attention[{vname}]"] = vs
-                vp = _time_pipelined(fns_for(kw), reps)
                 samples[key][f"verify_attention[{vname}]_pipelined"] = vp
                 var_res[vname] = {"median_ms": median(vs), "mode": vmode, "pipelined_ms": median(vp)}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
@@ -483,7 +489,7 @@ def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                    floor_bound=p["floor_bound"],
                    percent_of_floor=p["percent_of_floor"], achieved_tflops=p["achieved_tflops"])
         for name, v in p.get("variants", {}).items():
-            row[f"{name}_ms"] = v["median_ms"]
+            row[f"{name}_ms"] = v.get("median_ms")  # None: the variant failed (v["reason"])
         for name, v in p["peers"].items():
             row[f"{name}_ms"] = v["median_ms"] if v["status"] == "ok" else None
             if v["status"] != "ok":
@@ -508,8 +514,8 @@ def verify_table(results: dict[str, Any]) -> str:
                 return "-"
             return f"{r['median_ms']:.3f}" if r["status"] == "ok" else r["status"]
         sp = p["speedup_vs_best_peer"]
-        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if v in p.get("variants", {}) else f"{'-':>11}"
-                       for v in variants)
+        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if "median_ms" in p.get("variants", {}).get(v, {})
+                       else f"{('failed' if v in p.get('variants', {}) else '-'):>11}" for v in variants)
         lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('pipelined_ms') or 0:>8.4f} "
                      f"{p.get('eager_median_ms') or 0:>9.4f} "
                      f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "

@@ -89,7 +89,15 @@ def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[st
     res: dict[str, Any] = {}
     samples: dict[str, Any] = {}
     for name, kw in variants.items():
-        recs = [record_launches(st, **kw) for st in sets]
+        try:
+            recs = [record_launches(st, **kw) for st in sets]
+        except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the probe goes on
+            import torch
+
+            torch.cuda.synchronize()
+            res[name] = {k: None for k in (*_STAGES, "call", "sum")}
+            res[name]["failed"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            continue
         per: dict[str, float | None] = {}
         for stage in _STAGES:
             if stage not in recs[0]:
@@ -153,6 +161,8 @@ def probe_table(results: dict[str, Any]) -> str:
         for name, v in b["points"].items():
             cells = " ".join(f"{v[k]:>8.4f}" if v[k] is not None else f"{'-':>8}"
                              for k in ("prepare", "attention", "merge", "sum", "call"))
+            if v.get("failed"):
+                cells += f"  FAILED: {v['failed'][:80]}"
             label = name if b.get("nodes", 33) == 33 else f"{name} T={b['nodes']}"
             lines.append(f"{b['heads']:>3} {b['prefix']:>7} {label:<18} {cells}")
     mn = results.get("minimal_nodes")
