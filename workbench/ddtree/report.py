@@ -577,16 +577,18 @@ def block_verify_cluster() -> str:
             pred = CLUSTER_PREDICTED.get((p["heads"], p["nodes"], p["prefix"]), (None, None))
             rows.append({"H": p["heads"], "T": p["nodes"], "prefix": p["prefix"], "default ms": _ms(p["median_ms"], 4),
                          "cluster ms": _ms(cl, 4), "cluster_bal ms": _ms(bal, 4),
-                         "cluster / default predicted": _ms(pred[0], 2), "cluster / default": _ratio(cl, p["median_ms"]),
+                         "cluster / default predicted": _ms(pred[0], 2),
+                         "cluster / default": _ratio(cl, p["median_ms"]),
                          "cluster_bal / default predicted": _ms(pred[1], 2),
                          "cluster_bal / default": _ratio(bal, p["median_ms"]),
                          "cluster / default, pipelined": _ratio(v.get("cluster", {}).get("pipelined_ms"),
                                                                 p.get("pipelined_ms"))})
     san = docs[0]["results"].get("sanitizer", {})
-    return (f"Code {docs[0]['provenance']['git_commit'][:7]} ({', '.join(f'{n}.json' for n in CLUSTER_FILES)}; "
-            "each variant timed in one process with the default; medians of graph replays, `pipelined`: ten back "
-            f"to back). Cluster smoke cases: memcheck {san.get('memcheck', {}).get('errors')} errors, racecheck "
-            f"{san.get('racecheck', {}).get('errors')} hazards. Predicted ratios: written before the run.\n\n"
+    return (f"Code {docs[0]['provenance']['git_commit'][:7]} (reverted since; in git history at {CLUSTER_CODE}), "
+            f"{' and '.join(f'{n}.json' for n in CLUSTER_FILES)}: each variant timed in one process with the "
+            "default; medians of graph replays, `pipelined`: ten back to back. Cluster smoke cases: memcheck "
+            f"{san.get('memcheck', {}).get('errors')} errors, racecheck {san.get('racecheck', {}).get('errors')} "
+            "hazards. Predicted ratios: written before the run.\n\n"
             + markdown_table(rows))
 
 

@@ -62,10 +62,6 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         cases += [dict(kernel="verify_attention[wgmma]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=2,
                        chunk_len=c) for n, h, p, c in ((100, 1, 500, None), (70, 3, 1000, 64), (33, 8, 1000, 64),
                                                        (128, 2, 300, None), (129, 2, 300, 128), (17, 64, 0, None))]
-        # impl="cluster" (2-CTA clusters sharing each key tile): odd row-block counts (H = 8: 5, H = 64: 33: one
-        # solo CTA per chunk), even ones (T = 32, H = 64: 32; T = 64, H = 8: 8: every CTA shares), batched
-        # (pairs across requests run solo), one tile per chunk, the prepare launch (T = 129)
-        cases += CLUSTER_PARITY_CASES
         for name in WGMMA_VARIANTS:  # the variants timed beside the default
             cases += [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=4096 + 37, dtype="bfloat16",
                            repeats=1, variant=name) for h in (8, 64)]
@@ -79,23 +75,6 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         dict(kernel="verify_attention_sdpa", nodes=33, heads=8, prefix=4096, dtype="bfloat16", repeats=1),
     ]
     return cases
-
-
-CLUSTER_PARITY_CASES: list[dict[str, Any]] = (
-    [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=2 if p < 100000 else 1,
-          chunk_len=c)
-     for n, h, p, c in ((33, 8, 100, None), (33, 8, 4096 + 37, None), (33, 8, 131072, None), (33, 64, 100, None),
-                        (33, 64, 4096 + 37, None), (33, 64, 131072, None), (32, 64, 4096 + 37, None),
-                        (64, 8, 20000, None), (33, 8, 1000, 64), (17, 8, 0, None), (100, 1, 500, None),
-                        (129, 2, 300, 128))]
-    + [dict(kernel="verify_attention_batched[cluster]", nodes=n, heads=h, prefix=[0, 5000, 70, 20000],
-            dtype="bfloat16", repeats=1) for n, h in ((33, 8), (32, 64))]
-    # cluster_bal: the solo row block on its own chunking (H = 8: 5 row blocks; the merge sees more slots for
-    # the shared rows, left at weight 0)
-    + [dict(kernel="verify_attention[cluster]", nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=1,
-            variant="cluster_bal") for p in (100, 4096 + 37, 16384, 131072)]
-    + [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
-            variant="cluster_bal") for n, h, p in ((17, 8, 3000), (33, 5, 20000), (33, 64, 5000))])
 
 
 def _tolerances(dtype: str) -> tuple[float, float]:
@@ -140,7 +119,7 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
             extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
             if case.get("options"):  # -D options of the kernel build (tuning variants; CUDA only)
                 extra["_options"] = tuple(case["options"])
-            if case.get("variant"):  # a named variant (WGMMA_VARIANTS, CLUSTER_VARIANTS; CUDA only)
+            if case.get("variant"):  # a named variant (_named_variants(); CUDA only)
                 extra.update({k: v for k, v in _named_variants()[case["variant"]].items() if k != "impl"})
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
@@ -218,19 +197,6 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
     "s1_prepare_merge1": {"impl": "wgmma", "_prepare": True, "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
     # + no prepare launch for one request (T <= 128); the default adds the one-pass merge
     "s1_merge1": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
-}
-
-
-# impl="cluster" (NOT YET RUN ON A GPU): the variant, and its diagnostic build (timing only, wrong outputs):
-# the half-tile gathers and the copies to the partner alone
-# cluster_bal: one request with an odd row-block count gives the solo row block shorter, more numerous
-# chunks (verify_cluster.cluster_launch_plan, solo tiles expected 1.25x the cost of shared ones)
-CLUSTER_VARIANTS: dict[str, dict[str, Any]] = {
-    "cluster": {"impl": "cluster"},
-    "cluster_bal": {"impl": "cluster", "_cluster_solo_ratio": 1.25},
-    "cluster_diag_gather": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1",)},
-    # the half-tile gathers alone, no copy to the partner (timing only, wrong outputs)
-    "cluster_diag_half": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1", "-DVERIFY_CL_NOPUSH=1")},
 }
 
 
@@ -556,7 +522,7 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
 
 def _named_variants() -> dict[str, dict[str, Any]]:
     """Variants ``--variants`` may name (name -> keyword arguments of :func:`verify_attention`)."""
-    return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS, **CLUSTER_VARIANTS,
+    return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}}
 
@@ -616,15 +582,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # across blocks, the tail split across chunks
         cases += [dict(kernel="verify_attention[wgmma]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
                        chunk_len=c) for n, h, p, c in ((70, 1, 200, None), (40, 3, 300, 64), (9, 8, 300, 128))]
-        # impl="cluster": 2 row blocks (every CTA shares), 3 row blocks (solo CTAs too), one tile per chunk,
-        # batched requests
-        cases += [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
-                       chunk_len=c) for n, h, p, c in ((9, 8, 0, None), (9, 8, 150, None), (17, 8, 300, None),
-                                                       (40, 3, 300, 64), (9, 8, 300, 128))]
-        cases += [dict(kernel="verify_attention_batched[cluster]", nodes=n, heads=8, prefix=[0, 70, 130],
-                       dtype="bfloat16", repeats=1) for n in (9, 17)]
-        cases += [dict(kernel="verify_attention[cluster]", nodes=17, heads=8, prefix=p, dtype="bfloat16", repeats=1,
-                       variant="cluster_bal") for p in (300, 3000)]
         # the variants timed beside the default
         for name in WGMMA_VARIANTS:
             cases += [dict(kernel="verify_attention[wgmma]", nodes=9, heads=8, prefix=p, dtype="bfloat16",

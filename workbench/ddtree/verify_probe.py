@@ -13,9 +13,10 @@ how much of a call each launch takes and how much is the graph itself:
 - :func:`chunk_sweep` - whole-call times over chunk lengths (keys per thread block): more chunks
   mean more fp32 partials written and merged, fewer mean more tiles per block.
 
-``python -m workbench.ddtree.verify_probe --out DIR`` writes ``DIR/ddtree_verify_probe.json`` and
-prints a table last; ``--ncu`` instead runs each point's call once between ``cudaProfilerStart`` /
-``Stop`` (for ``ncu --profile-from-start off``: per-kernel ``gpu__time_duration``).
+``python -m workbench.ddtree.verify_probe --out DIR`` writes ``DIR/ddtree_verify_probe.json`` (``--name``
+another name; rewritten after every point, so a run cut short keeps its points) and prints a table
+last; ``--ncu`` instead runs each point's call once between ``cudaProfilerStart`` / ``Stop`` (for
+``ncu --profile-from-start off``: per-kernel ``gpu__time_duration``).
 """
 from __future__ import annotations
 
@@ -179,9 +180,9 @@ def probe_table(results: dict[str, Any]) -> str:
 
 def _parse_variants(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``name=-DX=1,-DY=0`` -> {name: {"_options": (...)}}; a token ``impl:KIND`` among the options picks
-    the kernel (``cl=impl:cluster,-DVERIFY_WG_DIAG=1``); a bare name of the benchmark's named variants
-    (``verify_bench._named_variants()``: ``WGMMA_VARIANTS``, ``cluster``, ``mma``...) -> its keywords; any
-    other bare name (``default``) -> {}."""
+    the kernel (``m=impl:mma,-DX=1``); a bare name of the benchmark's named variants
+    (``verify_bench._named_variants()``: ``WGMMA_VARIANTS``, ``mma``...) -> its keywords; any other bare
+    name (``default``) -> {}."""
     out: dict[str, dict[str, Any]] = {}
     named = VB._named_variants()
     for spec in specs:
@@ -208,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--points", nargs="+", default=["8:4096", "8:131072", "64:4096", "64:131072"],
                     help="H:P (or H:P:T, T tree nodes; default 33) points of the breakdown")
     ap.add_argument("--variants", nargs="+", default=["default"],
-                    help="NAME=-DX=1,-DY=2 (kernel -D options), a name of verify.WGMMA_VARIANTS, or default")
+                    help="NAME=-DX=1,-DY=2 (kernel -D options; a token impl:KIND picks the kernel), a named "
+                         "variant of verify_bench (WGMMA_VARIANTS, mma, ...), or default")
     ap.add_argument("--sweep", nargs="*", default=["8:4096:128,256,384,512,1024", "8:16384:384,1024,2048",
                                                      "64:4096:256,512,2112,4160"],
                     help="H:P:chunk,chunk,... (the planner's choice is always added)")
