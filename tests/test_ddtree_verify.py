@@ -265,6 +265,67 @@ def test_probe_helpers():
                                 tiles_per_block=3, median_ms=0.031)]}
     text = VP.probe_table(res)
     assert "0.0300" in text and "0.0250" in text and "(planner)" in text and "minimal node 0.0105" in text
+    # a token impl:KIND picks the kernel; a bare name of the benchmark's named variants gives its keywords
+    v = VP._parse_variants(["mma", "m=impl:mma,-DA=1", "wgmma_5de266b"])
+    assert v["mma"] == {"impl": "mma"} and v["m"] == {"_options": ("-DA=1",), "impl": "mma"}
+    assert v["wgmma_5de266b"] == VB.WGMMA_VARIANTS["wgmma_5de266b"]
+    with pytest.raises(SystemExit):
+        VP._parse_variants(["x=impl:mma,impl:wgmma"])
+
+
+def test_tables_show_a_failed_variant():
+    # a variant that fails on the device is recorded (status, reason) and shown, the run goes on
+    from workbench.ddtree import verify_probe as VP
+
+    pt = dict(heads=8, nodes=33, prefix=4096, median_ms=0.03, pipelined_ms=0.029, eager_median_ms=0.2, floor_ms=0.003,
+              floor_bound="compute", percent_of_floor=10.0, achieved_tflops=80.0, peers={},
+              speedup_vs_best_peer=None, faster_than_all_peers=True,
+              variants={"mma": {"status": "failed", "reason": "CUDADriverError: launch failed"},
+                        "wgmma_prefetch": {"median_ms": 0.028, "mode": "cuda_graph", "pipelined_ms": 0.027}})
+    text = VB.verify_table({"points": [pt]})
+    assert "failed" in text and "0.0280" in text
+    rows = VB.verify_benchmark_rows({"points": [pt]})
+    assert rows[0]["mma_ms"] is None and rows[0]["wgmma_prefetch_ms"] == 0.028
+    res = {"breakdown": [{"heads": 64, "prefix": 16384, "nodes": 32, "points": {
+        "default": dict(prepare=None, attention=0.1, merge=0.01, sum=0.11, call=0.1),
+        "mma": dict(prepare=None, attention=None, merge=None, sum=None, call=None, failed="RuntimeError: x")}}]}
+    text = VP.probe_table(res)
+    assert "mma T=32" in text and "FAILED: RuntimeError: x" in text
+
+
+def test_bench_and_probe_write_named_files_with_extra_notes(tmp_path, monkeypatch):
+    import json
+
+    from workbench.ddtree import verify_probe as VP
+
+    res = dict(points=[], parameters={"heads": [8]}, samples={"kernels": {}}, complete=False)
+    path = VB._write(res, tmp_path, "verify_x", "PRED")
+    doc = json.loads(path.read_text())
+    assert path.name == "verify_x.json" and doc["notes"] == VB.VERIFY_NOTES + " PRED"
+
+    # the probe's CLI on a CPU with its GPU parts replaced: the file is rewritten after every point, and
+    # points of the same H and P with different T keep their own samples
+    calls = []
+    monkeypatch.setattr("workbench.kernels.require_gpu", lambda what: None)
+    monkeypatch.setattr(VP, "minimal_nodes", lambda reps=200: {"nodes_1_ms": 0.01, "nodes_3_ms": 0.01,
+                                                               "nodes_1_samples": [0.01]})
+
+    def fake_breakdown(H, P, nodes=33, variants=None, reps=40, seed=0):
+        calls.append((H, P, nodes, tuple(variants)))
+        pts = {n: dict(prepare=None, attention=0.1, merge=0.01, sum=0.11, call=0.1) for n in variants}
+        return {"heads": H, "prefix": P, "nodes": nodes, "kv_sets": 2, "points": pts,
+                "samples": {f"{n}.call": [0.1] for n in variants}}
+
+    monkeypatch.setattr(VP, "launch_breakdown", fake_breakdown)
+    rc = VP.main(["--out", str(tmp_path), "--name", "probe_x", "--points", "64:16384", "64:16384:32", "--sweep",
+                  "--variants", "default", "mma", "--extra-notes", "PRED"])
+    assert rc == 0 and calls == [(64, 16384, 33, ("default", "mma")), (64, 16384, 32, ("default", "mma"))]
+    doc = json.loads((tmp_path / "probe_x.json").read_text())
+    assert doc["results"]["complete"] is True and doc["notes"].endswith("PRED")
+    assert set(doc["samples"]["breakdown"]) == {"H64_P16384", "H64_P16384_T32"}
+    assert all("samples" not in b for b in doc["results"]["breakdown"])
+    with pytest.raises(SystemExit):
+        VP.main(["--points", "64"])
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -453,12 +453,14 @@ def _tiles_per_block(heads: int, prefix: int, nodes: int, sms: int) -> int:
     return -(-min(clen, prefix + nodes) // 64)
 
 
-def _per_tile(doc: dict[str, Any]) -> dict[tuple[int, str], float]:
-    """us per 64-key tile of the attention launch alone: (t(longest) - t(shortest above 4k)) / tile difference."""
+def _per_tile(doc: dict[str, Any], nodes: int = 33) -> dict[tuple[int, str], float]:
+    """us per 64-key tile of the attention launch alone: (t(longest) - t(shortest above 4k)) / tile difference,
+    from the probe's breakdowns of ``nodes`` tree nodes."""
     sms = doc["provenance"].get("gpu_sm_count", 132)
     by: dict[int, dict[int, dict[str, Any]]] = {}
     for b in doc["results"]["breakdown"]:
-        by.setdefault(b["heads"], {})[b["prefix"]] = b
+        if b.get("nodes", 33) == nodes:
+            by.setdefault(b["heads"], {})[b["prefix"]] = b
     out = {}
     for h, pts in by.items():
         ps = sorted(p for p in pts if p > 4096)
@@ -546,6 +548,94 @@ def block_verify_g1() -> str:
             + markdown_table(rows))
 
 
+# Version 12 (impl="cluster", reverted): the run of h200_verify_cluster.sh at ceda11e, whose verify code is
+# next/verify-cluster's; that code is in git history at CLUSTER_CODE (the merge into vc-outcome).
+CLUSTER_FILES = ("ddtree_verify_cluster", "ddtree_verify_cluster_t32")
+CLUSTER_PROBE = "ddtree_verify_cluster_probe"
+CLUSTER_CODE = "a87f500"
+# Written before that run (verify_cluster.PREDICTION, commit 4981061; also in the files' notes): predicted
+# variant / default per (H, T, prefix), (cluster, cluster_bal); at H = 64 cluster_bal runs cluster's plan.
+CLUSTER_PREDICTED = {(8, 33, 4096): (1.00, 1.00), (8, 33, 16384): (1.00, 0.94), (8, 33, 65536): (0.93, 0.88),
+                     (8, 33, 131072): (0.93, 0.87), (64, 33, 4096): (0.97, 0.97), (64, 33, 16384): (0.97, 0.97),
+                     (64, 33, 65536): (0.93, 0.93), (64, 33, 131072): (0.93, 0.93), (64, 32, 16384): (0.88, None),
+                     (64, 32, 131072): (0.85, None)}
+CLUSTER_BUILDS = ("default", "cluster", "diag_gather", "cluster_diag_gather", "cluster_diag_half")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}"
+
+
+def block_verify_cluster() -> str:
+    """Version 12's whole calls: the default and the cluster variants in one process, with the predictions."""
+    docs = [_need_file(name) for name in CLUSTER_FILES]
+    rows = []
+    for doc in docs:
+        for p in doc["results"]["points"]:
+            v = p["variants"]
+            cl, bal = (v.get(k, {}).get("median_ms") for k in ("cluster", "cluster_bal"))
+            pred = CLUSTER_PREDICTED.get((p["heads"], p["nodes"], p["prefix"]), (None, None))
+            rows.append({"H": p["heads"], "T": p["nodes"], "prefix": p["prefix"], "default ms": _ms(p["median_ms"], 4),
+                         "cluster ms": _ms(cl, 4), "cluster_bal ms": _ms(bal, 4),
+                         "cluster / default predicted": _ms(pred[0], 2),
+                         "cluster / default": _ratio(cl, p["median_ms"]),
+                         "cluster_bal / default predicted": _ms(pred[1], 2),
+                         "cluster_bal / default": _ratio(bal, p["median_ms"]),
+                         "cluster / default, pipelined": _ratio(v.get("cluster", {}).get("pipelined_ms"),
+                                                                p.get("pipelined_ms"))})
+    san = docs[0]["results"].get("sanitizer", {})
+    return (f"Code {docs[0]['provenance']['git_commit'][:7]} (reverted since; in git history at {CLUSTER_CODE}), "
+            f"{' and '.join(f'{n}.json' for n in CLUSTER_FILES)}: each variant timed in one process with the "
+            "default; medians of graph replays, `pipelined`: ten back to back. Cluster smoke cases: memcheck "
+            f"{san.get('memcheck', {}).get('errors')} errors, racecheck {san.get('racecheck', {}).get('errors')} "
+            "hazards. Predicted ratios: written before the run.\n\n"
+            + markdown_table(rows))
+
+
+def _cluster_l2_bytes(heads: int, prefix: int, nodes: int, sms: int, half: bool) -> float:
+    """Bytes gathered from L2 per tile step across the grid: every CTA a whole tile, or (``half``) the CTAs of
+    region A (row blocks rounded down to even) half a tile and the odd last row block's CTAs a whole one."""
+    rb, _, n = _plan(prefix, 1, nodes, nodes * heads, 64, sms, None)
+    if not half:
+        return rb * n * TILE_BYTES
+    return (rb & ~1) * n * TILE_BYTES / 2 + (rb & 1) * n * TILE_BYTES
+
+
+def block_verify_cluster_probe() -> str:
+    """Version 12's probe: the attention launch of each build per point, and per 64-key tile."""
+    doc = _need_file(CLUSTER_PROBE)
+    sms = doc["provenance"].get("gpu_sm_count", 132)
+    rows = []
+    for b in doc["results"]["breakdown"]:
+        a = {k: b["points"][k]["attention"] for k in CLUSTER_BUILDS}
+        rows.append({"H": b["heads"], "T": b["nodes"], "prefix": b["prefix"], **{f"{k} ms": _ms(a[k], 4) for k in a},
+                     "half / whole gathers": _ratio(a["cluster_diag_half"], a["diag_gather"]),
+                     "saved by halving us": f"{(a['diag_gather'] - a['cluster_diag_half']) * 1e3:.1f}",
+                     "copies us": f"{(a['cluster_diag_gather'] - a['cluster_diag_half']) * 1e3:.1f}",
+                     "cluster / default": _ratio(a["cluster"], a["default"])})
+    tiles = []
+    for nodes in sorted({b["nodes"] for b in doc["results"]["breakdown"]}):
+        pt = _per_tile(doc, nodes)
+        for h in sorted({h for h, _ in pt}):
+            us = {k: pt[(h, k)] for k in CLUSTER_BUILDS}
+            tb = {k: _cluster_l2_bytes(h, 131072, nodes, sms, k == "cluster_diag_half") / (us[k] * 1e-6) / 1e12
+                  for k in ("diag_gather", "cluster_diag_half")}
+            tiles.append({"H": h, "T": nodes, **{f"{k} us": f"{us[k]:.2f}" for k in CLUSTER_BUILDS},
+                          "half / whole gathers": _ratio(us["cluster_diag_half"], us["diag_gather"]),
+                          "saved by halving us": f"{us['diag_gather'] - us['cluster_diag_half']:.2f}",
+                          "copies us": f"{us['cluster_diag_gather'] - us['cluster_diag_half']:.2f}",
+                          "L2 to SMs TB/s, diag_gather": f"{tb['diag_gather']:.1f}",
+                          "L2 to SMs TB/s, cluster_diag_half": f"{tb['cluster_diag_half']:.1f}"})
+    return (f"Code {doc['provenance']['git_commit'][:7]} ({CLUSTER_PROBE}.json, one process): the attention launch "
+            "alone, replayed in a graph. diag_gather = `-DVERIFY_WG_DIAG=1` (the default's whole-tile gathers "
+            "alone), cluster_diag_gather = the cluster build with the same option (half tiles gathered and copied "
+            "to the partner, no compute), cluster_diag_half = that without the copies (`-DVERIFY_CL_NOPUSH=1`). "
+            "`saved by halving` = diag_gather - cluster_diag_half, `copies` = cluster_diag_gather - "
+            "cluster_diag_half.\n\n" + markdown_table(rows)
+            + "\nPer 64-key tile ((time at 128k - time at 16k) / tiles per block between them; L2 to SMs: the "
+            "bytes every CTA gathers per tile step over that time):\n\n" + markdown_table(tiles))
+
+
 def block_engine_share() -> str:
     doc = load_measurement("engine_step")
     if not doc or "ddtree" not in doc["results"]:
@@ -580,6 +670,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-tiles": block_verify_tiles,
     "verify-ncu": block_verify_ncu,
     "verify-g1": block_verify_g1,
+    "verify-cluster": block_verify_cluster,
+    "verify-cluster-probe": block_verify_cluster_probe,
     "engine-share": block_engine_share,
 }
 

@@ -43,9 +43,12 @@ gathers alone 1.7-1.9 us, the compute alone 1.74 us (diagnostic builds
 alone draw about 5 TB/s from L2 across the GPU. Tried and slower: a 32-key ring
 with three gathers in flight (967a0d4), the ping-pong kernels of version 7
 (1e272c7), warpgroup 1 alone gathering with the slot indices read ahead
-(f9c5bfa). With H = 8 the 264 query rows fill five 64-row blocks, the last with
-8 rows. The chunk partials are merged by a second launch (one block per query
-row, the chunks' lse values read once, in parallel). Batched requests first run
+(f9c5bfa), two row blocks as a 2-CTA cluster that each gather half of every
+tile and copy it to the other through distributed shared memory (a87f500:
+halving the bytes a CTA gathers saved far less than half the gather time, and
+the copies cost more than that). With H = 8 the 264 query rows fill five
+64-row blocks, the last with 8 rows. The chunk partials are merged by a second
+launch (one block per query row, the chunks' lse values read once, in parallel). Batched requests first run
 one small launch for offsets, chunk starts and the ancestor masks; one request
 with T <= 128 does without it (the kernel takes the prefix length and builds
 the masks its tail blocks need in shared memory).

@@ -119,8 +119,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
             extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
             if case.get("options"):  # -D options of the kernel build (tuning variants; CUDA only)
                 extra["_options"] = tuple(case["options"])
-            if case.get("variant"):  # a named variant of WGMMA_VARIANTS (CUDA only)
-                extra.update({k: v for k, v in WGMMA_VARIANTS[case["variant"]].items() if k != "impl"})
+            if case.get("variant"):  # a named variant (_named_variants(); CUDA only)
+                extra.update({k: v for k, v in _named_variants()[case["variant"]].items() if k != "impl"})
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
@@ -358,9 +358,15 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             samples[key]["verify_attention_eager"] = eager
             var_res = {}
             for vname, kw in (variants or {}).items():
-                vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                try:
+                    vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                    vp = _time_pipelined(fns_for(kw), reps)
+                except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the run goes on
+                    torch.cuda.synchronize()
+                    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                    var_res[vname] = {"status": "failed", "reason": f"{type(e).__name__}: {msg}"}
+                    continue
                 samples[key][f"verify_attention[{vname}]"] = vs
-                vp = _time_pipelined(fns_for(kw), reps)
                 samples[key][f"verify_attention[{vname}]_pipelined"] = vp
                 var_res[vname] = {"median_ms": median(vs), "mode": vmode, "pipelined_ms": median(vp)}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
@@ -411,13 +417,13 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     return results
 
 
-def _write(results: dict[str, Any], out: Any):
+def _write(results: dict[str, Any], out: Any, name: str = "ddtree_verify", extra_notes: str = ""):
     from workbench.measure import write_measurement
 
     body = {k: v for k, v in results.items() if k not in ("samples", "parameters")}
-    return write_measurement("ddtree_verify", out_dir=out, parameters=results["parameters"], results=body,
+    return write_measurement(name, out_dir=out, parameters=results["parameters"], results=body,
                              samples=results["samples"],
-                             notes=VERIFY_NOTES)
+                             notes=VERIFY_NOTES + (" " + extra_notes if extra_notes else ""))
 
 
 VERIFY_NOTES = (
@@ -449,7 +455,7 @@ def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                    floor_bound=p["floor_bound"],
                    percent_of_floor=p["percent_of_floor"], achieved_tflops=p["achieved_tflops"])
         for name, v in p.get("variants", {}).items():
-            row[f"{name}_ms"] = v["median_ms"]
+            row[f"{name}_ms"] = v.get("median_ms")  # None: the variant failed (v["reason"])
         for name, v in p["peers"].items():
             row[f"{name}_ms"] = v["median_ms"] if v["status"] == "ok" else None
             if v["status"] != "ok":
@@ -474,8 +480,8 @@ def verify_table(results: dict[str, Any]) -> str:
                 return "-"
             return f"{r['median_ms']:.3f}" if r["status"] == "ok" else r["status"]
         sp = p["speedup_vs_best_peer"]
-        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if v in p.get("variants", {}) else f"{'-':>11}"
-                       for v in variants)
+        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if "median_ms" in p.get("variants", {}).get(v, {})
+                       else f"{('failed' if v in p.get('variants', {}) else '-'):>11}" for v in variants)
         lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('pipelined_ms') or 0:>8.4f} "
                      f"{p.get('eager_median_ms') or 0:>9.4f} "
                      f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "
@@ -546,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smoke-only", default=None,
                     help="with --smoke: only the cases whose kernel name, -D options or variant hold this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
+    ap.add_argument("--name", default="ddtree_verify",
+                    help="measurement name: writes DIR/NAME.json (default ddtree_verify)")
+    ap.add_argument("--extra-notes", default="",
+                    help="text appended to the file's notes (e.g. the prediction written before the run)")
     ap.add_argument("--sanitizer-logs", default=None,
                     help="folder with memcheck.log / racecheck.log of SANITIZER_COMMAND runs made before this one, "
                          "recorded under results.sanitizer")
@@ -615,9 +625,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["sanitizer"] = read_sanitizer_logs(args.sanitizer_logs)
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
                            reps=args.reps, peer_reps=args.peer_reps, variants=variants, peers=tuple(args.peers),
-                           on_point=lambda r: _write(dict(r, **extra), args.out))
+                           on_point=lambda r: _write(dict(r, **extra), args.out, args.name, args.extra_notes))
     res.update(extra)
-    path = _write(res, args.out)
+    path = _write(res, args.out, args.name, args.extra_notes)
     print(f"wrote {path}")
     print(verify_table(res))
     return 0
