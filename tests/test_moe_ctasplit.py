@@ -102,7 +102,7 @@ def test_host_launch_matches_kernel_signature(monkeypatch):
     params = [p.strip().split()[-1].lstrip("*") for p in sig.split(",")]
     assert params[:4] == ["Fgu", "Fdn", "X", "ids"] and params[10:12] == ["sgu", "sdn"]
     seen = {}
-    monkeypatch.setattr(fused, "_kernel", lambda name: name)
+    monkeypatch.setattr(fused, "_kernel", lambda name, options=(): name)
     monkeypatch.setattr(fused, "_small_grid", lambda kern, dev, name: 660)
     monkeypatch.setattr(fused, "_ctasplit_workspace", lambda dev, h: torch.zeros(2 + 128 + h // 16, dtype=torch.int32))
     monkeypatch.setattr(fused, "launch", lambda k, grid, block, args: seen.update(k=k, grid=grid, block=block, args=args))
