@@ -7,15 +7,20 @@ from workbench.moe import trace
 
 def _raw(ctas, tasks_per_cta, t_gu_tasks):
     """Trace words as the kernel writes them: CTA c enters at 1000 + 100 c ns; each task lasts 2 us, down
-    tasks wait 500 ns for h; tasks are numbered in grab order, round-robin over the CTAs."""
+    tasks wait 500 ns for h; warps arrive at a task's barrier 0, 100, 200, 300 ns apart, the previous task's
+    epilogue warp last; epilogues take 400 ns of which the fence 250; tasks are numbered in grab order,
+    round-robin over the CTAs."""
     w = np.zeros(ctas * trace.WORDS, dtype=np.uint64)
     n = 0
     for j in range(tasks_per_cta):
         for c in range(ctas):
-            base = c * trace.WORDS
+            base = c * trace.WORDS + 4 + trace.TW * j
             t = 1000 + 100 * c + 500 + j * 3000
             wait = 500 if n >= t_gu_tasks else 0
-            w[base + 4 + 4 * j: base + 8 + 4 * j] = [n, t, t + wait, t + wait + 2000]
+            end = t + wait + 2000
+            last = (j - 1) % 4
+            arrive = [end - 300 + 100 * ((wp - last - 1) % 4) for wp in range(4)]
+            w[base: base + trace.TW] = [n, t, t + wait, end + 10, *arrive, end + 20, end + 100, end + 350, end + 420]
             n += 1
     for c in range(ctas):
         base = c * trace.WORDS
@@ -37,12 +42,16 @@ def test_decode_and_summarize_synthetic():
     assert s["tasks"] == {"gate_up": 8, "down": 4}
     assert s["entry_spread_us"] == pytest.approx(0.3)
     assert s["prologue_us_median"] == pytest.approx(0.4)
-    assert s["task_us_median"]["gate_up"] == pytest.approx(2.0)
+    assert s["task_us_median"]["gate_up"] == pytest.approx(2.01)
     assert s["down_wait_us_total"] == pytest.approx(4 * 0.5)
     assert s["span_us"] == pytest.approx(0.3 + 0.5 + 9.0 + 0.1)
     assert s["tail_us"] == pytest.approx(s["span_us"] - (0.15 + 0.5 + 9.0 + 0.1))
-    busy = 12 * 2.0
+    busy = 8 * 2.01 + 4 * 2.01   # stages begin to barrier release
     assert s["busy_fraction"] == pytest.approx(busy / (4 * s["span_us"]))
+    assert s["arrive_spread_us_median"] == {"gate_up": pytest.approx(0.3), "down": pytest.approx(0.3)}
+    assert s["last_is_prev_epilogue"] == {"gate_up": 1.0, "down": 1.0}
+    assert s["epilogue_us_median"]["gate_up"] == pytest.approx(0.4)
+    assert s["fence_us_median"]["down"] == pytest.approx(0.25)
     assert max(s["busy_ctas"]) <= 4 and sum(s["busy_ctas"]) > 0
 
 

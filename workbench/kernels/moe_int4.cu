@@ -1323,6 +1323,34 @@ MOE_SPLITK_INSTANCE(4, 5)
 //   read by the epilogue warp after it and before that warp reaches barrier j + 1, which every writer
 //   of task j + 2 has passed.
 // ws: int32 [2 + 128 + H/16], zero before the first launch; left zero by every launch.
+#ifdef MOE_TRACE
+// Timeline of moe_small_ctasplit (diagnostic build only: -DMOE_TRACE; workbench/moe/trace.py reads it). Per CTA
+// MOE_TRACE_WORDS u64: [0] entry, [1] end of the prologue (queue filled), [2] exit, [3] tasks taken; then per
+// task j < MOE_TRACE_TASKS, MOE_TRACE_TW words: task number; warp 0: before its wait for h (down tasks), after it
+// (stages begin), after the task's block barrier; each warp w's arrival at that barrier (4 words); the epilogue
+// warp: epilogue begin, fence begin, counter published (after the fence and the atomic), epilogue end.
+// Times are %globaltimer (ns).
+#define MOE_TRACE_TASKS 64
+#define MOE_TRACE_TW 12
+#define MOE_TRACE_WORDS (4 + MOE_TRACE_TW * MOE_TRACE_TASKS)
+#define MOE_TRACE_CTAS 2048
+__device__ unsigned long long moe_trace[MOE_TRACE_CTAS * MOE_TRACE_WORDS];
+__shared__ int s_trace_j;   // the task the epilogue warp is finishing (set by its lane 0)
+__device__ __forceinline__ unsigned long long trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define TRACE_W(word, value) \
+    do { if (blockIdx.x < MOE_TRACE_CTAS) moe_trace[blockIdx.x * MOE_TRACE_WORDS + (word)] = (value); } while (0)
+#define TRACE_AT(word, value) do { if (threadIdx.x == 0) TRACE_W(word, value); } while (0)
+#define TRACE_TASK(j, k, value) \
+    do { if ((j) < MOE_TRACE_TASKS) TRACE_W(4 + MOE_TRACE_TW * (j) + (k), value); } while (0)
+#else
+#define TRACE_AT(word, value) do { } while (0)
+#define TRACE_TASK(j, k, value) do { } while (0)
+#endif
+
 #define CS_RS 4     // ring stages per warp (3 in flight), as splitk_s4
 #define CS_Q 8      // task queue entries
 
@@ -1372,11 +1400,17 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                         __float2bfloat16(gv[cc] / (1.f + __expf(-gv[cc])) * uv[cc]);
             }
         }
+#ifdef MOE_TRACE
+        if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
+#endif
         fence_acq_rel_gpu();
         __syncwarp();
         if (lane == 0) {
             fence_acq_rel_gpu();
             atomicAdd(done_gu + item, ntile);
+#ifdef MOE_TRACE
+            TRACE_TASK(s_trace_j, 10, trace_now());
+#endif
         }
     } else {
         for (int r = 0; r < ntile; ++r) {
@@ -1398,6 +1432,9 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                 }
             }
         }
+#ifdef MOE_TRACE
+        if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
+#endif
         fence_acq_rel_gpu();
         __syncwarp();
         int last = 0;
@@ -1405,6 +1442,9 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
             fence_acq_rel_gpu();
             last = atomicAdd(done_dn + grp, 1) == nitems - 1;
             if (last) fence_acq_rel_gpu();
+#ifdef MOE_TRACE
+            TRACE_TASK(s_trace_j, 10, trace_now());
+#endif
         }
         last = __shfl_sync(0xffffffffu, last, 0);
         if (last) {
@@ -1467,25 +1507,6 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
     acc[0] = a[0][0]; acc[1] = a[0][1]; acc[2] = a[0][2]; acc[3] = a[0][3];
 }
 
-#ifdef MOE_TRACE
-// Timeline of moe_small_ctasplit (diagnostic build only: -DMOE_TRACE; workbench/moe/trace.py reads it). Per CTA
-// MOE_TRACE_WORDS u64: [0] entry, [1] end of the prologue (queue filled), [2] exit, [3] tasks taken; then per
-// task j < MOE_TRACE_TASKS: task number, before warp 0's wait for h (down tasks), after it (stages begin), after
-// the task's block barrier. Times are %globaltimer (ns), written by thread 0 (warp 0's view of each task).
-#define MOE_TRACE_TASKS 64
-#define MOE_TRACE_WORDS (4 + 4 * MOE_TRACE_TASKS)
-#define MOE_TRACE_CTAS 2048
-__device__ unsigned long long moe_trace[MOE_TRACE_CTAS * MOE_TRACE_WORDS];
-__device__ __forceinline__ unsigned long long trace_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define TRACE_AT(word, value) \
-    do { if (tid == 0 && blockIdx.x < MOE_TRACE_CTAS) moe_trace[blockIdx.x * MOE_TRACE_WORDS + (word)] = (value); } while (0)
-#else
-#define TRACE_AT(word, value) do { } while (0)
-#endif
 
 template <int RS>
 __device__ __forceinline__ void moe_small_ctasplit_body(
@@ -1577,9 +1598,9 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
             gu ? X + (long long)(it.sorted[slot0 + col] / topk) * H + part * nper * 64 * FR_SUB
                : hbuf + (long long)(slot0 + col) * I + part * nper * 64 * FR_SUB;
 #ifdef MOE_TRACE
-        if (j < MOE_TRACE_TASKS) {
-            TRACE_AT(4 + 4 * j, (unsigned long long)tj);
-            TRACE_AT(5 + 4 * j, trace_now());
+        if (tid == 0) {
+            TRACE_TASK(j, 0, (unsigned long long)tj);
+            TRACE_TASK(j, 1, trace_now());
         }
 #endif
         if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
@@ -1591,7 +1612,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
             ready = item;
         }
 #ifdef MOE_TRACE
-        if (j < MOE_TRACE_TASKS) TRACE_AT(6 + 4 * j, trace_now());
+        if (tid == 0) TRACE_TASK(j, 2, trace_now());
 #endif
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (gu) cs_stages<false, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
@@ -1599,15 +1620,28 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
+#ifdef MOE_TRACE
+        if (lane == 0) TRACE_TASK(j, 4 + warp, trace_now());
+#endif
         __syncthreads();   // barrier j: every part of task j is in buf; task j + L + 1 is in the queue
 #ifdef MOE_TRACE
-        if (j < MOE_TRACE_TASKS) TRACE_AT(7 + 4 * j, trace_now());
+        if (tid == 0) TRACE_TASK(j, 3, trace_now());
         TRACE_AT(3, (unsigned long long)(j + 1));
 #endif
         if (warp != (j & 3)) continue;
+#ifdef MOE_TRACE
+        if (lane == 0) {
+            s_trace_j = j;
+            TRACE_TASK(j, 8, trace_now());
+        }
+        __syncwarp();
+#endif
         // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
         cs_epilogue(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
                     topk_w, done_gu, done_dn, out);
+#ifdef MOE_TRACE
+        if (lane == 0) TRACE_TASK(j, 11, trace_now());
+#endif
     }
     TRACE_AT(2, trace_now());
     cp_async_wait<0>();

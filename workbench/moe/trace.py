@@ -1,12 +1,14 @@
 """Timeline of the CTA-split one-launch MoE kernel (``moe_small_ctasplit``, dispatched at M = 1).
 
 A diagnostic build of workbench/kernels/moe_int4.cu (``-DMOE_TRACE``; the default build's SASS is unchanged)
-has thread 0 of every CTA write ``%globaltimer`` (ns) into the module global ``moe_trace``: kernel entry, end
-of the prologue, exit, and per task (up to :data:`TASKS`) the task number, the time before warp 0's wait for h
-(down tasks), the time its stages begin and the time after the task's block barrier. :func:`decode` turns
-the raw words into per-CTA records and :func:`summarize` into the numbers that say where a call's time goes:
-how long until every CTA has started, the prologue, the task durations per phase, the waits of down tasks
-for their item's h, when the last gate/up task ended, and the tail after the median CTA finished.
+writes ``%globaltimer`` (ns) into the module global ``moe_trace``: per CTA (thread 0) kernel entry, end of the
+prologue, exit; per task (up to :data:`TASKS`) the task number, warp 0's wait for h (down tasks), when its
+stages begin and when the task's block barrier releases, each warp's arrival at that barrier, and the epilogue
+warp's epilogue begin, fence begin, counter published (fence + atomic done) and epilogue end. :func:`decode`
+turns the raw words into per-CTA records and :func:`summarize` into the numbers that say where a call's time
+goes: how long until every CTA has started, the prologue, task durations per phase, how far apart the warps
+arrive at each barrier and whether the last one is the previous task's epilogue warp, the epilogue and fence
+durations, the waits of down tasks for their item's h, when the last gate/up task ended, and the tail.
 
 Run on the device (writes ``moe_ctasplit_trace.json``)::
 
@@ -28,8 +30,9 @@ from workbench.kernels import KERNEL_DIR
 
 TRACE_OPTIONS = ("-DMOE_TRACE",)
 TASKS = 64            # MOE_TRACE_TASKS in moe_int4.cu
+TW = 12               # MOE_TRACE_TW: words per task
 HEADER = 4
-WORDS = HEADER + 4 * TASKS
+WORDS = HEADER + TW * TASKS
 MAX_CTAS = 2048       # MOE_TRACE_CTAS
 BIN_US = 1.0          # width of the busy-CTA histogram bins
 
@@ -37,13 +40,13 @@ BIN_US = 1.0          # width of the busy-CTA histogram bins
 def check_constants(source: Path = KERNEL_DIR / "moe_int4.cu") -> None:
     """Fail loudly if the kernel's trace layout differs from this module's (TASKS, WORDS, MAX_CTAS)."""
     text = source.read_text()
-    want = {"MOE_TRACE_TASKS": TASKS, "MOE_TRACE_CTAS": MAX_CTAS}
+    want = {"MOE_TRACE_TASKS": TASKS, "MOE_TRACE_TW": TW, "MOE_TRACE_CTAS": MAX_CTAS}
     for name, value in want.items():
         line = f"#define {name} {value}"
         if line not in text:
             raise RuntimeError(f"{source.name} does not define '{line}': workbench/moe/trace.py is out of date")
-    if "#define MOE_TRACE_WORDS (4 + 4 * MOE_TRACE_TASKS)" not in text:
-        raise RuntimeError(f"{source.name}: MOE_TRACE_WORDS is no longer 4 + 4 * MOE_TRACE_TASKS")
+    if "#define MOE_TRACE_WORDS (4 + MOE_TRACE_TW * MOE_TRACE_TASKS)" not in text:
+        raise RuntimeError(f"{source.name}: MOE_TRACE_WORDS is no longer 4 + MOE_TRACE_TW * MOE_TRACE_TASKS")
 
 
 def decode(raw: np.ndarray, ctas: int, gate_up_tasks: int) -> list[dict[str, Any]]:
@@ -52,8 +55,9 @@ def decode(raw: np.ndarray, ctas: int, gate_up_tasks: int) -> list[dict[str, Any
     raw: uint64 [>= ctas * WORDS] (the module global after one launch, zeroed before it); ctas: the launch's
     grid; gate_up_tasks: task numbers below it are gate/up tasks (the kernel's ``t_gu``). Returns, per CTA,
     ``entry``, ``prologue_end``, ``exit`` (ns), ``tasks_taken`` and ``tasks``: dicts with ``task``, ``phase``
-    ("gate_up" / "down"), ``wait_begin``, ``stages_begin``, ``barrier`` (ns). Raises if a CTA left a word
-    unwritten (a launch that did not run, or more tasks than the trace holds).
+    ("gate_up" / "down"), ``wait_begin``, ``stages_begin``, ``barrier``, ``arrive`` (4 warps), ``epi_begin``,
+    ``fence_begin``, ``published``, ``epi_end`` (ns). Raises if a CTA left a word unwritten (a launch that did
+    not run, or more tasks than the trace holds).
     """
     if not 0 < ctas <= MAX_CTAS:
         raise ValueError(f"ctas must be in 1..{MAX_CTAS}, got {ctas}")
@@ -70,11 +74,12 @@ def decode(raw: np.ndarray, ctas: int, gate_up_tasks: int) -> list[dict[str, Any
             raise ValueError(f"CTA {c} took {taken} tasks; the trace holds {TASKS} (raise MOE_TRACE_TASKS)")
         tasks = []
         for j in range(taken):
-            tn, wb, sb, bar = (int(v) for v in w[c, HEADER + 4 * j: HEADER + 4 * j + 4])
-            if min(wb, sb, bar) <= 0:
+            v = [int(x) for x in w[c, HEADER + TW * j: HEADER + TW * (j + 1)]]
+            if min(v[1:]) <= 0:
                 raise ValueError(f"CTA {c} task slot {j}: times unwritten")
-            tasks.append({"task": tn, "phase": "gate_up" if tn < gate_up_tasks else "down",
-                          "wait_begin": wb, "stages_begin": sb, "barrier": bar})
+            tasks.append({"task": v[0], "phase": "gate_up" if v[0] < gate_up_tasks else "down",
+                          "wait_begin": v[1], "stages_begin": v[2], "barrier": v[3], "arrive": v[4:8],
+                          "epi_begin": v[8], "fence_begin": v[9], "published": v[10], "epi_end": v[11]})
         out.append({"entry": entry, "prologue_end": pro, "exit": ex, "tasks_taken": taken, "tasks": tasks})
     return out
 
@@ -90,7 +95,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     of the prologue; first_stages_median: when CTAs begin their first task's stages; task_us_median per
     phase (stages begin to barrier, warp 0's view); down_wait_us: total and per-CTA-max time warp 0 waited
     for an item's h; last_gate_up_barrier / first_down_stages; exit_median and tail (last exit - median exit);
-    busy_fraction: CTA-time inside a task's stages / (CTAs x span); busy_ctas: CTAs inside a task per BIN_US bin.
+    busy_fraction: CTA-time inside a task's stages / (CTAs x span); busy_ctas: CTAs inside a task per BIN_US bin;
+    per phase: arrive_spread_us_median (last minus first warp at a task's barrier), last_is_prev_epilogue
+    (fraction of tasks j >= 1 whose last warp to arrive did task j - 1's epilogue), epilogue_us_median and
+    fence_us_median (fence begin to counter published).
     """
     if not records:
         raise ValueError("no CTA records")
@@ -115,6 +123,18 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             lo, hi = int(a // BIN_US), int(b // BIN_US)
             busy_ctas[lo:hi + 1] += 1
         waits_per_cta.append(wsum)
+    spread: dict[str, list[float]] = {"gate_up": [], "down": []}
+    epi: dict[str, list[float]] = {"gate_up": [], "down": []}
+    fence: dict[str, list[float]] = {"gate_up": [], "down": []}
+    lastprev: dict[str, list[bool]] = {"gate_up": [], "down": []}
+    for r in records:
+        for j, t in enumerate(r["tasks"]):
+            ph = t["phase"]
+            spread[ph].append((max(t["arrive"]) - min(t["arrive"])) / 1e3)
+            epi[ph].append((t["epi_end"] - t["epi_begin"]) / 1e3)
+            fence[ph].append((t["published"] - t["fence_begin"]) / 1e3)
+            if j >= 1:
+                lastprev[ph].append(int(np.argmax(t["arrive"])) == (j - 1) % 4)
     gu_bar = [us(t["barrier"]) for r in records for t in r["tasks"] if t["phase"] == "gate_up"]
     dn_start = [us(t["stages_begin"]) for r in records for t in r["tasks"] if t["phase"] == "down"]
     exits = [us(r["exit"]) for r in records]
@@ -134,6 +154,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "first_down_stages_us": min(dn_start) if dn_start else None,
         "exit_us_median": _med(exits), "tail_us": span - statistics.median(exits),
         "busy_fraction": busy / (len(records) * span) if span > 0 else None,
+        "arrive_spread_us_median": {ph: _med(v) for ph, v in spread.items()},
+        "last_is_prev_epilogue": {ph: (sum(v) / len(v) if v else None) for ph, v in lastprev.items()},
+        "epilogue_us_median": {ph: _med(v) for ph, v in epi.items()},
+        "fence_us_median": {ph: _med(v) for ph, v in fence.items()},
         "bin_us": BIN_US, "busy_ctas": busy_ctas.tolist(),
     }
 
@@ -183,31 +207,41 @@ def trace_call(experts, m: int, routing: str, gen, topk: int = 8) -> tuple[list[
     return recs, facts
 
 
-def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], reps: int) -> list[float]:
-    """CUDA-event ms per call of the CTA-split kernel alone (eager launches, fresh routing each)."""
+def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], reps: int,
+                 per_graph: int = 10) -> list[float]:
+    """ms per call of the CTA-split kernel alone: a CUDA graph of ``per_graph`` calls back to back (one routing),
+    replayed ``reps`` times with CUDA events; each sample is a replay's time / ``per_graph``."""
     import torch
 
     from workbench.moe import fused
     from workbench.moe.bench import make_routing
 
-    rts = [make_routing(m, experts.num_experts, 8, routing, gen) for _ in range(reps + 3)]
+    ids, w = make_routing(m, experts.num_experts, 8, routing, gen)
+    ids, w = ids.cuda(), w.cuda()
     x = torch.randn(m, experts.hidden, generator=gen).to(torch.bfloat16).cuda()
     out = torch.empty(m, experts.hidden, dtype=torch.bfloat16, device="cuda")
     saved_table, saved_variant = list(fused.SMALL_TABLE), fused.SMALL_VARIANT["name"]
     fused.set_small_table([(fused.SMALL_MAX_PAIRS, "ctasplit")])
     fused.set_small_variant("ctasplit")
-    ms = []
     try:
-        for j, (ids, w) in enumerate(rts):
-            ids, w = ids.cuda(), w.cuda()
-            torch.cuda.synchronize()
+        fused._fused_small(x, ids, w, experts, out, options=options)   # warm: compile, grid, workspace
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side), torch.cuda.graph(g, stream=side):
+            for _ in range(per_graph):
+                fused._fused_small(x, ids, w, experts, out, options=options)
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        ms = []
+        for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fused._fused_small(x, ids, w, experts, out, options=options)
+            g.replay()
             b.record()
             b.synchronize()
-            if j >= 3:
-                ms.append(a.elapsed_time(b))
+            ms.append(a.elapsed_time(b) / per_graph)
     finally:
         fused.set_small_table(saved_table)
         fused.set_small_variant(saved_variant)
@@ -244,6 +278,10 @@ def run(out_dir: str | Path | None, m_values=(1, 2), routings=("uniform", "skewe
                    **{k: statistics.median([s[k] for s in sums if s[k] is not None]) for k in keys},
                    "gate_up_task_us_median": statistics.median([s["task_us_median"]["gate_up"] for s in sums]),
                    "down_task_us_median": statistics.median([s["task_us_median"]["down"] for s in sums]),
+                   **{f"{ph}_{k}": statistics.median([s[k][ph] for s in sums if s[k][ph] is not None])
+                      for ph in ("gate_up", "down")
+                      for k in ("arrive_spread_us_median", "last_is_prev_epilogue", "epilogue_us_median",
+                                "fence_us_median")},
                    "tasks_per_cta_max": max(s["tasks_per_cta_max"] for s in sums),
                    "ctas": facts[0]["ctas"], "splits": facts[0]["splits"],
                    "gate_up_tasks_median": statistics.median([f["gate_up_tasks"] for f in facts]),
@@ -253,14 +291,19 @@ def run(out_dir: str | Path | None, m_values=(1, 2), routings=("uniform", "skewe
                    "kernel_ms_median_traced_build": statistics.median(traced)}
             rows.append(row)
             samples[f"{routing}/m{m}"] = {"summaries": sums, "facts": facts, "default_ms": plain, "traced_ms": traced}
-            print(f"{routing:8s} M={m:2d} span {row['span_us']:.1f} us (eager default {1e3 * row['kernel_ms_median_default_build']:.1f}, "
+            print(f"{routing:8s} M={m:2d} span {row['span_us']:.1f} us (graph, per call: default {1e3 * row['kernel_ms_median_default_build']:.1f}, "
                   f"traced {1e3 * row['kernel_ms_median_traced_build']:.1f}); first stages {row['first_stages_us_median']:.1f}; "
                   f"last gate_up {row['last_gate_up_barrier_us']:.1f}; exit median {row['exit_us_median']:.1f}, "
-                  f"tail {row['tail_us']:.1f}; busy {row['busy_fraction']:.2f}", flush=True)
+                  f"tail {row['tail_us']:.1f}; busy {row['busy_fraction']:.2f}; arrive spread gu/dn "
+                  f"{row['gate_up_arrive_spread_us_median']:.2f}/{row['down_arrive_spread_us_median']:.2f}; last is prev "
+                  f"epilogue {row['gate_up_last_is_prev_epilogue']:.2f}/{row['down_last_is_prev_epilogue']:.2f}; epilogue "
+                  f"{row['gate_up_epilogue_us_median']:.2f}/{row['down_epilogue_us_median']:.2f}; fence "
+                  f"{row['gate_up_fence_us_median']:.2f}/{row['down_fence_us_median']:.2f}", flush=True)
     params = {**KIMI, "m_values": list(m_values), "routings": list(routings), "calls": calls, "reps": reps,
               "seed": seed, "kernel": "moe_small_ctasplit", "build": " ".join(TRACE_OPTIONS),
               "clock": "%globaltimer (ns), thread 0 of each CTA (warp 0's view of each task)",
-              "timing": "eager launches of the kernel alone, CUDA events, fresh routing per call"}
+              "timing": "kernel_ms_*: a CUDA graph of 10 calls back to back (one routing), replays timed with CUDA "
+                        "events, per call = replay / 10; spans are %globaltimer, first CTA entry to last CTA exit"}
     return write_measurement("moe_ctasplit_trace", parameters=params, results={"rows": rows}, samples=samples,
                              notes=None, out_dir=out_dir)
 
