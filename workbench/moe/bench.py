@@ -719,8 +719,25 @@ SMALL_CTASPLIT_PREDICTION = (
     "then the ncu profile of ctasplit at M = 1 in the same device call says whether the block barrier (stall "
     "'barrier'), the fences (membar) or the activation loads (long scoreboard) took the place of the ring "
     "restarts.")
+SMALL_CTASPLIT_SB_PREDICTION = (
+    "PREDICTION, written before any run (code NOT YET RUN ON A GPU). Split-barrier form of the CTA-split kernel "
+    "(moe_small_ctasplit_sb): no block barrier in the task loop; the three non-epilogue warps bar.arrive a "
+    "named FULL barrier per partial-sum buffer and stream on, the epilogue warp of task j does its epilogue one "
+    "task later (after its part of task j + 1; earlier if it must wait for an item's h), freeing the buffer "
+    "through a FREE named barrier before its fence; queue entries carry sequence numbers. Evidence "
+    "(moe_ctasplit_trace.json, code febc44b, -DMOE_TRACE build): at M = 1-4 the last warp to reach a task's "
+    "barrier is the previous task's epilogue warp in 95-100% of tasks, the warps arrive 2.5-3.1 us apart, "
+    "and the epilogue takes 2.5-3.1 us (fence 1.3-2.0 us) against tasks of ~11 us (gate_up) / ~7.4 us (down): "
+    "every task's critical path carries one epilogue. With the split, each warp carries one epilogue per "
+    "four tasks. Predicted, same process, % of copy: M = 1 0.062-0.070 ms (68-76%; ctasplit ~0.079), "
+    "1.1-1.25x over ctasplit; M = 2 1.1-1.25x over ctasplit, i.e. at or above splitk_s4 (72-80%); M >= 4 "
+    "within 5% of splitk_s4 (ctasplit was 9-15% slower), the stage loop's DRAM rate bounding M >= 8. The goal "
+    "(>= 80% at every M <= 16) is still not expected at M = 1. Refuted if ctasplit_sb is not faster than "
+    "ctasplit at M = 1; a hang or a wrong result means a barrier generation or a queue entry raced "
+    "(compute-sanitizer synccheck and racecheck run on it in the same call).")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
-                     "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION}
+                     "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
+                     "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

@@ -164,8 +164,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- on the device
 
-def trace_call(experts, m: int, routing: str, gen, topk: int = 8) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One traced call of the CTA-split kernel at M tokens (fresh routing); (records, call facts)."""
+def trace_call(experts, m: int, routing: str, gen, topk: int = 8,
+               variant: str = "ctasplit") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One traced call of a CTA-split kernel (a fused.SMALL_VARIANTS key of that form) at M tokens, fresh
+    routing; (records, call facts)."""
     import cupy
     import torch
 
@@ -180,8 +182,8 @@ def trace_call(experts, m: int, routing: str, gen, topk: int = 8) -> tuple[list[
     mod = load_module(fused.FAMILY, options=TRACE_OPTIONS)
     buf = cupy.ndarray((MAX_CTAS * WORDS,), dtype=cupy.uint64, memptr=mod.get_global("moe_trace"))
     saved_table, saved_variant = list(fused.SMALL_TABLE), fused.SMALL_VARIANT["name"]
-    fused.set_small_table([(fused.SMALL_MAX_PAIRS, "ctasplit")])
-    fused.set_small_variant("ctasplit")
+    fused.set_small_table([(fused.SMALL_MAX_PAIRS, variant)])
+    fused.set_small_variant(variant)
     try:
         torch.cuda.synchronize()
         buf.fill(0)
@@ -193,9 +195,10 @@ def trace_call(experts, m: int, routing: str, gen, topk: int = 8) -> tuple[list[
     finally:
         fused.set_small_table(saved_table)
         fused.set_small_variant(saved_variant)
-    ctas = fused.small_grid("moe_small_ctasplit" + "".join(TRACE_OPTIONS))
+    kname, spec = fused.SMALL_VARIANTS[variant]
+    ctas = fused.small_grid(kname + "".join(TRACE_OPTIONS))
     items = fused.work_items(ids, experts.num_experts)
-    sgu, sdn = ctasplit_splits(experts.hidden, experts.intermediate)
+    sgu, sdn = ctasplit_splits(experts.hidden, experts.intermediate, spec[1])
     t_gu = items * (experts.intermediate // 8) * sgu // 4
     t_dn = items * (experts.hidden // 16) * sdn // 4
     recs = decode(raw, ctas, t_gu)
@@ -208,8 +211,8 @@ def trace_call(experts, m: int, routing: str, gen, topk: int = 8) -> tuple[list[
 
 
 def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], reps: int,
-                 per_graph: int = 10) -> list[float]:
-    """ms per call of the CTA-split kernel alone: a CUDA graph of ``per_graph`` calls back to back (one routing),
+                 per_graph: int = 10, variant: str = "ctasplit") -> list[float]:
+    """ms per call of a CTA-split kernel alone: a CUDA graph of ``per_graph`` calls back to back (one routing),
     replayed ``reps`` times with CUDA events; each sample is a replay's time / ``per_graph``."""
     import torch
 
@@ -221,8 +224,8 @@ def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], r
     x = torch.randn(m, experts.hidden, generator=gen).to(torch.bfloat16).cuda()
     out = torch.empty(m, experts.hidden, dtype=torch.bfloat16, device="cuda")
     saved_table, saved_variant = list(fused.SMALL_TABLE), fused.SMALL_VARIANT["name"]
-    fused.set_small_table([(fused.SMALL_MAX_PAIRS, "ctasplit")])
-    fused.set_small_variant("ctasplit")
+    fused.set_small_table([(fused.SMALL_MAX_PAIRS, variant)])
+    fused.set_small_variant(variant)
     try:
         fused._fused_small(x, ids, w, experts, out, options=options)   # warm: compile, grid, workspace
         torch.cuda.synchronize()
@@ -249,7 +252,7 @@ def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], r
 
 
 def run(out_dir: str | Path | None, m_values=(1, 2), routings=("uniform", "skewed"), calls: int = 5,
-        reps: int = 20, seed: int = 0) -> Path:
+        reps: int = 20, seed: int = 0, variants=("ctasplit",), name: str = "moe_ctasplit_trace") -> Path:
     """Trace ``calls`` calls per (routing, M) at Kimi shapes; time the traced and the default build beside them."""
     import torch
 
@@ -260,52 +263,58 @@ def run(out_dir: str | Path | None, m_values=(1, 2), routings=("uniform", "skewe
     ex = random_int4_experts(KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], device="cuda", seed=seed)
     gen = torch.Generator().manual_seed(seed)
     rows, samples = [], {}
-    for routing in routings:
-        for m in m_values:
-            trace_call(ex, m, routing, gen)   # warm: compile, grid, fragments
-            sums, facts = [], []
-            for _ in range(calls):
-                recs, f = trace_call(ex, m, routing, gen)
-                s = summarize(recs)
-                sums.append(s)
-                facts.append(f)
-            plain = _time_kernel(ex, m, routing, gen, (), reps)
-            traced = _time_kernel(ex, m, routing, gen, TRACE_OPTIONS, reps)
-            keys = ("span_us", "entry_spread_us", "prologue_us_median", "first_stages_us_median",
-                    "down_wait_us_cta_max", "last_gate_up_barrier_us", "first_down_stages_us", "exit_us_median",
-                    "tail_us", "busy_fraction")
-            row = {"routing": routing, "m": m, "calls": calls,
-                   **{k: statistics.median([s[k] for s in sums if s[k] is not None]) for k in keys},
-                   "gate_up_task_us_median": statistics.median([s["task_us_median"]["gate_up"] for s in sums]),
-                   "down_task_us_median": statistics.median([s["task_us_median"]["down"] for s in sums]),
-                   **{f"{ph}_{k}": statistics.median([s[k][ph] for s in sums if s[k][ph] is not None])
-                      for ph in ("gate_up", "down")
-                      for k in ("arrive_spread_us_median", "last_is_prev_epilogue", "epilogue_us_median",
-                                "fence_us_median")},
-                   "tasks_per_cta_max": max(s["tasks_per_cta_max"] for s in sums),
-                   "ctas": facts[0]["ctas"], "splits": facts[0]["splits"],
-                   "gate_up_tasks_median": statistics.median([f["gate_up_tasks"] for f in facts]),
-                   "down_tasks_median": statistics.median([f["down_tasks"] for f in facts]),
-                   "outputs_finite": all(f["output_finite"] for f in facts),
-                   "kernel_ms_median_default_build": statistics.median(plain),
-                   "kernel_ms_median_traced_build": statistics.median(traced)}
-            rows.append(row)
-            samples[f"{routing}/m{m}"] = {"summaries": sums, "facts": facts, "default_ms": plain, "traced_ms": traced}
-            print(f"{routing:8s} M={m:2d} span {row['span_us']:.1f} us (graph, per call: default {1e3 * row['kernel_ms_median_default_build']:.1f}, "
-                  f"traced {1e3 * row['kernel_ms_median_traced_build']:.1f}); first stages {row['first_stages_us_median']:.1f}; "
-                  f"last gate_up {row['last_gate_up_barrier_us']:.1f}; exit median {row['exit_us_median']:.1f}, "
-                  f"tail {row['tail_us']:.1f}; busy {row['busy_fraction']:.2f}; arrive spread gu/dn "
-                  f"{row['gate_up_arrive_spread_us_median']:.2f}/{row['down_arrive_spread_us_median']:.2f}; last is prev "
-                  f"epilogue {row['gate_up_last_is_prev_epilogue']:.2f}/{row['down_last_is_prev_epilogue']:.2f}; epilogue "
-                  f"{row['gate_up_epilogue_us_median']:.2f}/{row['down_epilogue_us_median']:.2f}; fence "
-                  f"{row['gate_up_fence_us_median']:.2f}/{row['down_fence_us_median']:.2f}", flush=True)
+    for variant, routing, m in ((v, r, m) for v in variants for r in routings for m in m_values):
+        trace_call(ex, m, routing, gen, variant=variant)   # warm: compile, grid, fragments
+        sums, facts = [], []
+        for _ in range(calls):
+            recs, f = trace_call(ex, m, routing, gen, variant=variant)
+            s = summarize(recs)
+            sums.append(s)
+            facts.append(f)
+        plain = _time_kernel(ex, m, routing, gen, (), reps, variant=variant)
+        traced = _time_kernel(ex, m, routing, gen, TRACE_OPTIONS, reps, variant=variant)
+        keys = ("span_us", "entry_spread_us", "prologue_us_median", "first_stages_us_median",
+                "down_wait_us_cta_max", "last_gate_up_barrier_us", "first_down_stages_us", "exit_us_median",
+                "tail_us", "busy_fraction")
+        row = {"variant": variant, "routing": routing, "m": m, "calls": calls,
+               **{k: statistics.median([s[k] for s in sums if s[k] is not None]) for k in keys},
+               "gate_up_task_us_median": statistics.median([s["task_us_median"]["gate_up"] for s in sums]),
+               "down_task_us_median": statistics.median([s["task_us_median"]["down"] for s in sums]),
+               **{f"{ph}_{k}": statistics.median([s[k][ph] for s in sums if s[k][ph] is not None])
+                  for ph in ("gate_up", "down")
+                  for k in ("arrive_spread_us_median", "last_is_prev_epilogue", "epilogue_us_median",
+                            "fence_us_median")},
+               "tasks_per_cta_max": max(s["tasks_per_cta_max"] for s in sums),
+               "ctas": facts[0]["ctas"], "splits": facts[0]["splits"],
+               "gate_up_tasks_median": statistics.median([f["gate_up_tasks"] for f in facts]),
+               "down_tasks_median": statistics.median([f["down_tasks"] for f in facts]),
+               "outputs_finite": all(f["output_finite"] for f in facts),
+               "kernel_ms_median_default_build": statistics.median(plain),
+               "kernel_ms_median_traced_build": statistics.median(traced)}
+        rows.append(row)
+        samples[f"{variant}/{routing}/m{m}"] = {"summaries": sums, "facts": facts, "default_ms": plain, "traced_ms": traced}
+        print(f"{variant:12s} {routing:8s} M={m:2d} span {row['span_us']:.1f} us (graph, per call: default {1e3 * row['kernel_ms_median_default_build']:.1f}, "
+              f"traced {1e3 * row['kernel_ms_median_traced_build']:.1f}); first stages {row['first_stages_us_median']:.1f}; "
+              f"last gate_up {row['last_gate_up_barrier_us']:.1f}; exit median {row['exit_us_median']:.1f}, "
+              f"tail {row['tail_us']:.1f}; busy {row['busy_fraction']:.2f}; arrive spread gu/dn "
+              f"{row['gate_up_arrive_spread_us_median']:.2f}/{row['down_arrive_spread_us_median']:.2f}; last is prev "
+              f"epilogue {row['gate_up_last_is_prev_epilogue']:.2f}/{row['down_last_is_prev_epilogue']:.2f}; epilogue "
+              f"{row['gate_up_epilogue_us_median']:.2f}/{row['down_epilogue_us_median']:.2f}; fence "
+              f"{row['gate_up_fence_us_median']:.2f}/{row['down_fence_us_median']:.2f}", flush=True)
     params = {**KIMI, "m_values": list(m_values), "routings": list(routings), "calls": calls, "reps": reps,
-              "seed": seed, "kernel": "moe_small_ctasplit", "build": " ".join(TRACE_OPTIONS),
+              "seed": seed, "variants": {v: fused_kernel(v) for v in variants}, "build": " ".join(TRACE_OPTIONS),
               "clock": "%globaltimer (ns), thread 0 of each CTA (warp 0's view of each task)",
               "timing": "kernel_ms_*: a CUDA graph of 10 calls back to back (one routing), replays timed with CUDA "
                         "events, per call = replay / 10; spans are %globaltimer, first CTA entry to last CTA exit"}
-    return write_measurement("moe_ctasplit_trace", parameters=params, results={"rows": rows}, samples=samples,
+    return write_measurement(name, parameters=params, results={"rows": rows}, samples=samples,
                              notes=None, out_dir=out_dir)
+
+
+def fused_kernel(variant: str) -> str:
+    """Kernel name of a one-launch variant."""
+    from workbench.moe.fused import SMALL_VARIANTS
+
+    return SMALL_VARIANTS[variant][0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--variants", nargs="+", default=["ctasplit"], help="CTA-split kernels (fused.SMALL_VARIANTS keys)")
+    ap.add_argument("--name", default="moe_ctasplit_trace", help="measurement name (file NAME.json)")
     ap.add_argument("--out", default=None, help="folder for moe_ctasplit_trace.json (default data/measurements/<gpu>)")
     args = ap.parse_args(argv)
     import torch
@@ -324,7 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 < m * 8 <= 128:
             print(f"--m {m}: the one-launch kernel takes M * 8 <= 128", file=sys.stderr)
             return 2
-    print(f"wrote {run(args.out, tuple(args.m), calls=args.calls, reps=args.reps)}")
+    from workbench.moe.fused import SMALL_VARIANTS
+
+    for v in args.variants:
+        if v not in SMALL_VARIANTS or SMALL_VARIANTS[v][1] is None or SMALL_VARIANTS[v][1][0] != "cta":
+            print(f"--variants {v}: not a CTA-split kernel; choose from "
+                  f"{sorted(k for k, s in SMALL_VARIANTS.items() if s[1] and s[1][0] == 'cta')}", file=sys.stderr)
+            return 2
+    print(f"wrote {run(args.out, tuple(args.m), calls=args.calls, reps=args.reps, variants=tuple(args.variants), name=args.name)}")
     return 0
 
 
