@@ -654,16 +654,6 @@ __device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
 
 // Release / acquire at GPU scope (lighter than __threadfence, which is sequentially consistent).
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-// Named CTA barriers (ids 1-15; 0 is __syncthreads), whole warps: n threads in all arrive or sync.
-__device__ __forceinline__ void nbar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void nbar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory"); }
-// Constant ids (so ptxas reserves only the barriers used): barrier base + (j & 1).
-template <int BASE> __device__ __forceinline__ void nbar_sync2(int j, int n) {
-    if (j & 1) nbar_sync(BASE + 1, n); else nbar_sync(BASE, n);
-}
-template <int BASE> __device__ __forceinline__ void nbar_arrive2(int j, int n) {
-    if (j & 1) nbar_arrive(BASE + 1, n); else nbar_arrive(BASE, n);
-}
 
 // 16 activations (bf16) of this lane's column: global, through L1 (gate_up: X is read-only) or L2 (down: h is
 // written by other warps of this launch, so not through the incoherent L1).
@@ -1345,7 +1335,7 @@ MOE_SPLITK_INSTANCE(4, 5)
 #define MOE_TRACE_WORDS (4 + MOE_TRACE_TW * MOE_TRACE_TASKS)
 #define MOE_TRACE_CTAS 2048
 __device__ unsigned long long moe_trace[MOE_TRACE_CTAS * MOE_TRACE_WORDS];
-__shared__ int s_trace_j[4];   // per warp: the task whose epilogue it is doing (set by its lane 0)
+__shared__ int s_trace_j;   // the task the epilogue warp is finishing (set by its lane 0)
 __device__ __forceinline__ unsigned long long trace_now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -1384,13 +1374,10 @@ __device__ __forceinline__ CsTask cs_decode(int tn, int t_gu, int sgu, int sdn, 
 
 // Epilogue of one CTA task, by one warp, after the block barrier: buf holds each warp's fp32 fragment
 // (float4 per lane: rows g, g + 8 x columns 2t, 2t + 1); tile r of the task sums warps r * s ... r * s + s - 1.
-// read_done(): called by the whole warp once it has read every part from buf (before its first fence): the
-// split-barrier form frees buf there.
-template <typename ReadDone>
 __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& it, const float4* buf, int M, int topk,
                                             int H, int I, int nitems, __nv_bfloat16* hbuf, float* Y,
                                             const float* __restrict__ topk_w, int* done_gu, int* done_dn,
-                                            __nv_bfloat16* __restrict__ out, ReadDone read_done) {
+                                            __nv_bfloat16* __restrict__ out) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool gu = tk.gu;
     const int s = tk.s, item = tk.item, grp = tk.grp;
@@ -1413,9 +1400,8 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                         __float2bfloat16(gv[cc] / (1.f + __expf(-gv[cc])) * uv[cc]);
             }
         }
-        read_done();
 #ifdef MOE_TRACE
-        if (lane == 0) TRACE_TASK(s_trace_j[threadIdx.x >> 5], 9, trace_now());
+        if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
 #endif
         fence_acq_rel_gpu();
         __syncwarp();
@@ -1423,7 +1409,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
             fence_acq_rel_gpu();
             atomicAdd(done_gu + item, ntile);
 #ifdef MOE_TRACE
-            TRACE_TASK(s_trace_j[threadIdx.x >> 5], 10, trace_now());
+            TRACE_TASK(s_trace_j, 10, trace_now());
 #endif
         }
     } else {
@@ -1446,9 +1432,8 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                 }
             }
         }
-        read_done();
 #ifdef MOE_TRACE
-        if (lane == 0) TRACE_TASK(s_trace_j[threadIdx.x >> 5], 9, trace_now());
+        if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
 #endif
         fence_acq_rel_gpu();
         __syncwarp();
@@ -1458,7 +1443,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
             last = atomicAdd(done_dn + grp, 1) == nitems - 1;
             if (last) fence_acq_rel_gpu();
 #ifdef MOE_TRACE
-            TRACE_TASK(s_trace_j[threadIdx.x >> 5], 10, trace_now());
+            TRACE_TASK(s_trace_j, 10, trace_now());
 #endif
         }
         last = __shfl_sync(0xffffffffu, last, 0);
@@ -1523,16 +1508,7 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 }
 
 
-// SB = false: one block barrier ends every task and the task's epilogue warp sums the parts right after it.
-// SB = true (split barriers, moe_small_ctasplit_sb): no block barrier in the task loop. Parts go to buf[j & 1];
-// the three other warps bar.arrive FULL[j & 1] (ids 1, 2) and stream on; the epilogue warp E_j = j & 3 does
-// task j's epilogue one task later (after writing its part of task j + 1, or before it waits for an item's h,
-// or after the loop): bar.sync FULL[j & 1], read the parts, bar.arrive FREE[j & 1] (ids 3, 4), then the h / Y
-// stores, fence and counter. A warp other than E_{j-2} bar.syncs FREE[j & 1] before it writes its part of task
-// j (buf reuse); after the loop every warp completes the FREE generations of the last two tasks. The queue
-// entries carry their sequence number (s_qseq), which readers wait for, since no barrier publishes them; thread 0
-// grabs one task further ahead (L + 1).
-template <int RS, bool SB>
+template <int RS>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1542,7 +1518,6 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
     __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
     __shared__ int s_wcnt[4];
     __shared__ int s_q[CS_Q];
-    __shared__ int s_qseq[CS_Q];
     __shared__ int s_cfg[4];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
@@ -1561,26 +1536,14 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         s_cfg[0] = t_gu;
         s_cfg[1] = t_gu + nitems * (tiles_dn * sdn / 4);
         const int spt = min(nsup_gu / sgu, nsup_dn / sdn);
-        const int L = (RS - 1 + spt - 1) / spt + (SB ? 1 : 0);
+        const int L = (RS - 1 + spt - 1) / spt;
         s_cfg[2] = L;
-        for (int q = 0; q < CS_Q; ++q) s_qseq[q] = -1;
-        for (int q = 0; q <= L; ++q) {
-            s_q[q] = atomicAdd(ctr_task, 1);
-            s_qseq[q] = q;
-        }
+        for (int q = 0; q <= L; ++q) s_q[q] = atomicAdd(ctr_task, 1);
     }
     __syncthreads();
     TRACE_AT(1, trace_now());
     const volatile int* cfg = s_cfg;
     const volatile int* q = s_q;
-    auto qget = [&](int n) -> int {   // task of the CTA's n-th queue entry
-        if constexpr (SB) {
-            const volatile int* qs = s_qseq;
-            while (qs[n & (CS_Q - 1)] != n) { }
-            __threadfence_block();
-        }
-        return q[n & (CS_Q - 1)];
-    };
 
     // ---- issuer: this warp's part of every task of the CTA's sequence, RS - 1 stages ahead
     const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
@@ -1591,7 +1554,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
     auto issue = [&]() {
         if (ileft == 0) {   // this warp's part of the issuer's task is issued: move to the CTA's next task
             ++iq;
-            const int tn = qget(iq);
+            const int tn = q[iq & (CS_Q - 1)];
             ileft = -1;     // no more tasks: issue nothing more
             if (tn < cfg[1]) {
                 const CsTask tk = cs_decode(tn, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
@@ -1621,25 +1584,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
 
     int ready = -1;          // last item whose gate_up tiles this warp saw complete
     unsigned int rslot = 0;
-    int pend = -1, pend_tj = 0;   // SB: the task whose epilogue this warp owes, and its number
-    auto epilogue = [&](int p, int ptj) {   // SB: the deferred epilogue of task p (this warp is E_p)
-        nbar_sync2<1>(p, 128);          // FULL: every part of task p is in buf
-#ifdef MOE_TRACE
-        if (lane == 0) {
-            s_trace_j[warp] = p;
-            TRACE_TASK(p, 8, trace_now());
-        }
-        __syncwarp();
-#endif
-        cs_epilogue(cs_decode(ptj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, s_part + (p & 1) * 128, M, topk, H, I,
-                    nitems, hbuf, Y, topk_w, done_gu, done_dn, out, [&]() { nbar_arrive2<3>(p, 128); });
-#ifdef MOE_TRACE
-        if (lane == 0) TRACE_TASK(p, 11, trace_now());
-#endif
-    };
-    int j = 0;
-    for (;; ++j) {
-        const int tj = qget(j);
+    for (int j = 0;; ++j) {
+        const int tj = q[j & (CS_Q - 1)];
         if (tj >= cfg[1]) break;
         int grab = 0;
         if (tid == 0) grab = atomicAdd(ctr_task, 1);   // task j + L + 1; used only before the barrier
@@ -1658,12 +1604,6 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         }
 #endif
         if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
-            if constexpr (SB) {       // what this warp owes first: the item's h may wait for it
-                if (pend >= 0) {
-                    epilogue(pend, pend_tj);
-                    pend = -1;
-                }
-            }
             if (lane == 0) {
                 while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
                 fence_acq_rel_gpu();
@@ -1678,26 +1618,6 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         if (gu) cs_stages<false, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
         else cs_stages<true, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
-        if constexpr (SB) {
-            if (j >= 2 && warp != ((j - 2) & 3)) nbar_sync2<3>(j, 128);   // FREE: task j - 2's parts read
-            buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            if (tid == 0) {
-                const int n = j + cfg[2] + 1;
-                s_q[n & (CS_Q - 1)] = grab;
-                __threadfence_block();
-                ((volatile int*)s_qseq)[n & (CS_Q - 1)] = n;
-            }
-#ifdef MOE_TRACE
-            if (lane == 0) TRACE_TASK(j, 4 + warp, trace_now());
-            if (tid == 0) TRACE_TASK(j, 3, trace_now());
-            TRACE_AT(3, (unsigned long long)(j + 1));
-#endif
-            if (warp != (j & 3)) nbar_arrive2<1>(j, 128);   // FULL (producer)
-            if (pend >= 0) epilogue(pend, pend_tj);
-            pend = warp == (j & 3) ? j : -1;
-            pend_tj = tj;
-            continue;
-        }
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
 #ifdef MOE_TRACE
@@ -1711,22 +1631,17 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         if (warp != (j & 3)) continue;
 #ifdef MOE_TRACE
         if (lane == 0) {
-            s_trace_j[warp] = j;
+            s_trace_j = j;
             TRACE_TASK(j, 8, trace_now());
         }
         __syncwarp();
 #endif
         // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
         cs_epilogue(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
-                    topk_w, done_gu, done_dn, out, []() {});
+                    topk_w, done_gu, done_dn, out);
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 11, trace_now());
 #endif
-    }
-    if constexpr (SB) {
-        if (pend >= 0) epilogue(pend, pend_tj);   // the last task's
-        for (int u = j; u < j + 2; ++u)           // complete FREE of tasks j - 2, j - 1 (as if writing u)
-            if (u >= 2 && warp != ((u - 2) & 3)) nbar_sync2<3>(u, 128);
     }
     TRACE_AT(2, trace_now());
     cp_async_wait<0>();
@@ -1751,17 +1666,6 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
     int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
     __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
     __shared__ float4 s_part[2 * 128];
-    moe_small_ctasplit_body<CS_RS, false>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out,
-                                          s_ring, s_part);
-}
-
-// The split-barrier form (SB, see moe_small_ctasplit_body): same arguments, workspace and outputs.
-extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_sb(
-    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
-    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
-    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
-    __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
-    __shared__ float4 s_part[2 * 128];
-    moe_small_ctasplit_body<CS_RS, true>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out,
-                                         s_ring, s_part);
+    moe_small_ctasplit_body<CS_RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
+                                   s_part);
 }

@@ -48,6 +48,11 @@ SMALL_S4G = "moe_small_s4g"
 # device script workbench/moe/h200_ctasplit_run.sh): the run fused.SMALL_TABLE is set from.
 SMALL_CTASPLIT = "moe_small_ctasplit"
 SMALL_CTASPLIT_SPLITS = "moe_small_ctasplit_splits"   # its split sweep (code ceda11e)
+# Run 12: the split-barrier form (moe_small_ctasplit_sb, reverted) beside ctasplit, splitk_s4 and four launches,
+# and the timelines of the -DMOE_TRACE build (workbench/moe/trace.py): ctasplit alone (code febc44b), then
+# ctasplit and ctasplit_sb (code d2c515f).
+SMALL_CTASPLIT_SB = "moe_small_ctasplit_sb"
+TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
 NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
@@ -368,6 +373,50 @@ def block_small_ctasplit() -> str:
             "(4, 2)):\n\n" + _small_run_block(SMALL_CTASPLIT_SPLITS))
 
 
+def block_small_ctasplit_sb() -> str:
+    """Run 12: the split-barrier CTA-split kernel (reverted code) beside ctasplit, splitk_s4 and four launches."""
+    return _small_run_block(SMALL_CTASPLIT_SB)
+
+
+def trace_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (variant, routing, M) of a ``workbench.moe.trace`` run: where the call's time went (us,
+    medians over the traced calls; gate_up / down pairs)."""
+    def pair(r: dict[str, Any], key: str, spec: str = ".2f") -> str:
+        return f"{r[f'gate_up_{key}']:{spec}} / {r[f'down_{key}']:{spec}}"
+
+    out = []
+    for r in doc["results"]["rows"]:
+        out.append({"variant": r.get("variant", "ctasplit"), "routing": r["routing"], "M": r["m"],
+                    "per call us (default / traced build)": f"{1e3 * r['kernel_ms_median_default_build']:.1f} / "
+                                                            f"{1e3 * r['kernel_ms_median_traced_build']:.1f}",
+                    "span": f"{r['span_us']:.1f}", "first stages": f"{r['first_stages_us_median']:.1f}",
+                    "last gate_up": f"{r['last_gate_up_barrier_us']:.1f}", "tail": f"{r['tail_us']:.1f}",
+                    "busy": f"{r['busy_fraction']:.2f}",
+                    "task": f"{r['gate_up_task_us_median']:.1f} / {r['down_task_us_median']:.1f}",
+                    "arrive spread": pair(r, "arrive_spread_us_median"),
+                    "last = prev. epilogue warp": pair(r, "last_is_prev_epilogue"),
+                    "epilogue": pair(r, "epilogue_us_median"), "fence": pair(r, "fence_us_median")})
+    return out
+
+
+def block_ctasplit_trace() -> str:
+    """Timelines of the CTA-split kernels from the -DMOE_TRACE build, one table per committed run."""
+    parts = []
+    for name in TRACE_FILES:
+        doc = plots.load_moe_small(name=name)
+        if not doc:
+            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
+            continue
+        p, par = doc["provenance"], doc["parameters"]
+        parts.append(f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, "
+                     f"{p.get('date_utc')}; `python -m workbench.moe.trace --m {' '.join(map(str, par['m_values']))}"
+                     + (f" --variants {' '.join(par['variants'])}" if "variants" in par else "")
+                     + f"`, {par['calls']} traced calls per row, medians): times in us from the first CTA's "
+                     "entry; `task`, `arrive spread`, `last = prev. epilogue warp`, `epilogue`, `fence` as "
+                     "gate_up / down.\n\n" + markdown_table(trace_rows(doc)))
+    return "\n".join(parts)
+
+
 _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
                 "Issued Warp Per Scheduler": "issue / scheduler-cycle", "No Eligible": "no eligible %",
                 "Achieved Occupancy": "achieved occupancy %"}
@@ -476,6 +525,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_s4f": block_small_s4f,
     "small_s4g": block_small_s4g,
     "small_ctasplit": block_small_ctasplit,
+    "small_ctasplit_sb": block_small_ctasplit_sb,
+    "ctasplit_trace": block_ctasplit_trace,
     "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
     "families": block_families,
