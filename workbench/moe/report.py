@@ -59,6 +59,10 @@ NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
                 "data/measurements/h200/moe_small_tma_logs/ncu_tma_m1.txt",
                 "data/measurements/h200/moe_small_tma2_logs/ncu_tma2_m1.txt",
                 "data/measurements/h200/moe_small_ctasplit_logs/ncu_ctasplit_m1.txt")
+# Nsight Compute at M = 16 (clocks not locked; code f73ff6b): splitk_s4 and the four-launch kernels, and the source
+# counters of splitk_s4 alone.
+NCU_M16_FILE = "data/measurements/h200/moe_small_ncu_m16_f73ff6b.txt"
+NCU_M16_SOURCE = "data/measurements/h200/moe_small_ncu_m16_source_f73ff6b.txt"
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -423,13 +427,14 @@ _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_
 _STALLS = ("long_scoreboard", "membar", "wait", "barrier", "math_pipe_throttle", "not_selected")
 
 
-def ncu_m1_rows() -> list[dict[str, Any]]:
-    """Per kernel (the last launch of each name) of every M = 1 Nsight Compute file: duration, DRAM, instructions,
-    issue rate, occupancy and the main stall reasons (cycles per issued instruction)."""
+def ncu_m1_rows(files: tuple[str, ...] = NCU_M1_FILES) -> list[dict[str, Any]]:
+    """Per kernel (the last launch of each name) of every Nsight Compute file in ``files`` (the M = 1 ones by
+    default): duration, DRAM, instructions, issue rate, occupancy and the main stall reasons (cycles per issued
+    instruction)."""
     import re
 
     out = []
-    for path in NCU_M1_FILES:
+    for path in files:
         f = REPO_ROOT / path
         if not f.exists():
             continue
@@ -454,6 +459,24 @@ def ncu_m1_rows() -> list[dict[str, Any]]:
         out += [{k: r.get(k, "-") for k in order} for r in by_kernel.values()
                 if r["kernel"] not in ("moe_align", "moe_combine")]
     return out
+
+
+def block_ncu_m16() -> str:
+    """splitk_s4 and the four-launch kernels at M = 16 (Nsight Compute), and the source counters' findings."""
+    import re
+
+    f = REPO_ROOT / NCU_M16_FILE
+    if not f.exists():
+        return f"{NCU_M16_FILE} is not committed.\n"
+    src = (REPO_ROOT / NCU_M16_SOURCE).read_text() if (REPO_ROOT / NCU_M16_SOURCE).exists() else ""
+    found = [" ".join(m.group(1).split()) for m in
+             re.finditer(r"(This kernel has uncoalesced (?:global|shared) accesses resulting in a total of [\d,]+ "
+                         r"excessive \w+ \(\d+% of the\s+total [\d,]+ \w+\))", src)]
+    return (f"Nsight Compute at M = 16 (uniform; `--clock-control none`; `OUT=DIR MS=16 RACE=0 bash "
+            f"workbench/moe/h200_ncu_m1.sh`): `{NCU_M16_FILE}`. Stalls in cycles per issued instruction.\n\n"
+            + markdown_table(ncu_m1_rows((NCU_M16_FILE,)))
+            + ("\n\nSource counters of `moe_small_splitk_s4` at M = 16 (`" + NCU_M16_SOURCE + "`): "
+               + "; ".join(f'"{x}"' for x in found) + ".\n" if found else "\n"))
 
 
 def block_ncu_m1() -> str:
@@ -526,6 +549,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_s4g": block_small_s4g,
     "small_ctasplit": block_small_ctasplit,
     "small_ctasplit_sb": block_small_ctasplit_sb,
+    "ncu_m16": block_ncu_m16,
     "ctasplit_trace": block_ctasplit_trace,
     "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
