@@ -63,6 +63,8 @@ NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
 # counters of splitk_s4 alone.
 NCU_M16_FILE = "data/measurements/h200/moe_small_ncu_m16_f73ff6b.txt"
 NCU_M16_SOURCE = "data/measurements/h200/moe_small_ncu_m16_source_f73ff6b.txt"
+# The same kernel's per-SASS-instruction counters (ncu --page source --print-source sass --csv, code f73ff6b).
+NCU_M16_SASS = "data/measurements/h200/moe_small_ncu_m16_sass_f73ff6b.csv"
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -479,6 +481,52 @@ def block_ncu_m16() -> str:
                + "; ".join(f'"{x}"' for x in found) + ".\n" if found else "\n"))
 
 
+def ncu_sass_rows(path: str = NCU_M16_SASS, top: int = 8) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """From an ncu ``--page source --print-source sass --csv`` report: the ``top`` instructions by warp-stall
+    samples (share of all samples, the stall reasons with the most samples there) and every instruction with
+    excessive shared-memory wavefronts (executions, wavefronts, ideal, N-way conflicts)."""
+    import csv
+    import io
+
+    lines = (REPO_ROOT / path).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
+    table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    hdr, data = table[0], [r for r in table[1:] if len(r) == len(table[0])]
+    col = {h: i for i, h in enumerate(hdr)}
+
+    def num(r: list[str], key: str) -> float:
+        try:
+            return float(r[col[key]].replace(",", ""))
+        except (KeyError, ValueError):
+            return 0.0
+
+    samples = "Warp Stall Sampling (All Samples)"
+    total = sum(num(r, samples) for r in data) or 1.0
+    stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+    hot = []
+    for r in sorted(data, key=lambda r: -num(r, samples))[:top]:
+        reasons = sorted(stalls, key=lambda h: -num(r, h))[:2]
+        hot.append({"instruction": f"`{r[col['Source']].strip()}`", "% of stall samples": f"{100 * num(r, samples) / total:.1f}",
+                    "main stalls": ", ".join(f"{h[6:]} {100 * num(r, h) / max(num(r, samples), 1):.0f}%" for h in reasons)})
+    conflicts = [{"instruction": f"`{r[col['Source']].strip()}`", "executed": f"{num(r, 'Instructions Executed'):.0f}",
+                  "wavefronts": f"{num(r, 'L1 Wavefronts Shared'):.0f}", "ideal": f"{num(r, 'L1 Wavefronts Shared Ideal'):.0f}",
+                  "N-way": r[col["L1 Conflicts Shared N-Way"]]}
+                 for r in sorted(data, key=lambda r: -num(r, "L1 Wavefronts Shared Excessive"))
+                 if num(r, "L1 Wavefronts Shared Excessive") > 0.01 * num(r, "L1 Wavefronts Shared") + 1e4]
+    return hot, conflicts
+
+
+def block_ncu_m16_sass() -> str:
+    """Where splitk_s4 waits at M = 16, instruction by instruction, and which instruction has the bank conflicts."""
+    if not (REPO_ROOT / NCU_M16_SASS).exists():
+        return f"{NCU_M16_SASS} is not committed.\n"
+    hot, conflicts = ncu_sass_rows()
+    return (f"Per SASS instruction (`{NCU_M16_SASS}`; the kernel as NVRTC built it on the device), the instructions "
+            "with the most warp-stall samples:\n\n" + markdown_table(hot)
+            + "\n\nInstructions with excessive shared-memory wavefronts (more than 1% of their own and 10^4):\n\n"
+            + markdown_table(conflicts))
+
+
 def block_ncu_m1() -> str:
     rows = ncu_m1_rows()
     if not rows:
@@ -550,6 +598,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_ctasplit": block_small_ctasplit,
     "small_ctasplit_sb": block_small_ctasplit_sb,
     "ncu_m16": block_ncu_m16,
+    "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
     "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
