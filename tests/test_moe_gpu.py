@@ -249,3 +249,32 @@ def test_ctasplit_parity_split2(splitk_on, m):
     ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=11 + m)
     res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+@pytest.mark.parametrize("variant", ["splitk_s4x3", "splitk_s4x4", "splitk_s4x4_b4", "splitk_s4x2_b4", "ctasplit_x4"])
+@pytest.mark.parametrize("m", [1, 2, 9, 16])
+def test_xprefetch_variants_parity_kimi_shape(variant, m):
+    """The activation-prefetch variants (same arithmetic as splitk_s4 / ctasplit): parity at Kimi shapes, and
+    bit-identical to their base kernel on the same grid."""
+    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, SMALL_VARIANT, set_small_table, set_small_variant
+
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=m)
+    saved, saved_v = list(SMALL_TABLE), SMALL_VARIANT["name"]
+    set_small_table([(SMALL_MAX_PAIRS, True)])
+    try:
+        set_small_variant(variant)
+        res = check_case(ex, m, "skewed", torch.Generator().manual_seed(m), topk=8)
+        assert res["path"] == f"small_{variant}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+        g = torch.Generator().manual_seed(60 + m)
+        ids, w = make_routing(m, 24, 8, "uniform", g)
+        x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
+        a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+        set_small_variant("ctasplit" if variant.startswith("ctasplit") else "splitk_s4")
+        b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    finally:
+        set_small_table(saved)
+        set_small_variant(saved_v)
+    if variant.endswith("_b4"):   # another grid: the device may pick other splits (another summation order)
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < 5e-3
+    else:
+        assert torch.equal(a, b)

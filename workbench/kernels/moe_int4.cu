@@ -727,7 +727,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // read at constant offsets from one pointer per column (every column points at a valid row: columns
 // past the item's count repeat its first row, and their results are not stored).
 // wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
-template <int NT, bool COHERENT, int RS = FR_S>
+template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -767,7 +767,8 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     const __nv_bfloat16* xp[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) xp[n] = xr[n] + 8 * t;
-    constexpr int XD = NT == 1 ? 2 : 1;   // activation prefetch distance in 64-K steps (registers: NT = 2 has 1)
+    // activation prefetch distance in 64-K steps (registers: NT = 2 has 1); XDP > 0 overrides (splitk_s4x*)
+    constexpr int XD = XDP > 0 ? XDP : (NT == 1 ? 2 : 1);
     uint4 xb[XD][NT][2];
 #pragma unroll
     for (int d = 0; d < XD; ++d)
@@ -1059,7 +1060,7 @@ __device__ __forceinline__ int splitk_pick(int items, int tiles, int nsup, int s
     return best;
 }
 
-template <int NT, int RS>
+template <int NT, int RS, int XD = 0>
 __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, int part, int tile, int sgu,
                                                const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                int P, int topk, int H, int I, __nv_bfloat16* __restrict__ hbuf,
@@ -1075,7 +1076,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
         xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    frag_gemm<NT, false, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+    frag_gemm<NT, false, RS, XD>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
     if (sgu > 1) {
         // partial sums of this part: gpart[((part * P + slot) * tiles + tile) * 16 + row], row g (gate), g + 8 (up)
 #pragma unroll
@@ -1143,7 +1144,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
     }
 }
 
-template <int NT, int RS>
+template <int NT, int RS, int XD = 0>
 __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int part, int tile, int sdn, int nitems,
                                             const uint4* __restrict__ Fdn, const __nv_bfloat16* hbuf,
                                             const float* __restrict__ topk_w, int M, int topk, int H, int I,
@@ -1161,7 +1162,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
         xr[n] = hbuf + (long long)(slot0 + (col < cnt ? col : 0)) * I + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    frag_gemm<NT, true, RS>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
+    frag_gemm<NT, true, RS, XD>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
     const int n0 = 16 * tile + g;
     float* yp = ypart + (long long)part * P * H;
 #pragma unroll
@@ -1204,7 +1205,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
     if (lane == 0) done_dn[tile] = 0;
 }
 
-template <int RS>
+template <int RS, int XD = 0>
 __device__ __forceinline__ void moe_small_splitk_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1248,14 +1249,14 @@ __device__ __forceinline__ void moe_small_splitk_body(
             const int sgu = cfg[0], per_gu = sgu * tiles_gu;
             const int item = task / per_gu, r = task - item * per_gu;
             const int part = r / tiles_gu, tile = r - part * tiles_gu;
-            splitk_gate_up<1, RS>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
+            splitk_gate_up<1, RS, XD>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
                                   ring);
         } else {
             const int sdn = cfg[1], per_dn = sdn * tiles_dn;
             const int u = task - t_gu;
             const int item = u / per_dn, r = u - item * per_dn;
             const int part = r / tiles_dn, tile = r - part * tiles_dn;
-            splitk_down<1, RS>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
+            splitk_down<1, RS, XD>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
                                done_dn, out, ring);
         }
         task = __shfl_sync(0xffffffffu, next, 0);
@@ -1288,6 +1289,24 @@ __device__ __forceinline__ void moe_small_splitk_body(
 
 MOE_SPLITK_INSTANCE(3, 6)
 MOE_SPLITK_INSTANCE(4, 5)
+
+// splitk_s4 with the activations XD 64-K steps ahead instead of 2 (NOT YET RUN ON A GPU; Nsight Compute at
+// M = 16 put a quarter of the stall samples on the HMMAs waiting for them), MINB CTAs per SM.
+#define MOE_SPLITK_X_INSTANCE(XD, MINB)                                                                      \
+    extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s4x##XD##_b##MINB(              \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
+        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
+        int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
+        __nv_bfloat16* __restrict__ out) {                                                                     \
+        __shared__ __align__(16) unsigned char s_ring[4 * 4 * FR_STAGE_U4 * 16];                              \
+        moe_small_splitk_body<4, XD>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf, \
+                                     gpart, ypart, ws, out, s_ring);                                           \
+    }
+
+MOE_SPLITK_X_INSTANCE(3, 5)
+MOE_SPLITK_X_INSTANCE(4, 5)
+MOE_SPLITK_X_INSTANCE(4, 4)
+MOE_SPLITK_X_INSTANCE(2, 4)
 
 
 // ===================================================================================================
@@ -1471,13 +1490,13 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 // The stage loop of one CTA task for this warp (splitk_s4's, frag_gemm's loop body): nper ring stages, the
 // activations two 64-K steps ahead in registers (COHERENT: h of this launch, through L2), the issuer called
 // once per stage (RS - 1 stages ahead, crossing into the CTA's next tasks).
-template <bool COHERENT, int RS, typename Issue>
+template <bool COHERENT, int RS, int XD, typename Issue>
 __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* xp, int nper, const unsigned char* ring,
                                           unsigned int& rslot, Issue& issue) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
-    uint4 xb[2][1][2];
+    uint4 xb[XD][1][2];
 #pragma unroll
-    for (int d = 0; d < 2; ++d) {
+    for (int d = 0; d < XD; ++d) {
         xb[d][0][0] = ld_x16<COHERENT>(xp + 64 * d);
         xb[d][0][1] = ld_x16<COHERENT>(xp + 64 * d + 32);
     }
@@ -1494,11 +1513,11 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
             const uint4 w = *reinterpret_cast<const uint4*>(st + qq * (FR_U4 * 16) + lane * 16);
             const uint2 sc = *reinterpret_cast<const uint2*>(st + qq * (FR_U4 * 16) + 512 + g * 8);
             uint4 xc[1][2];
-            xc[0][0] = xb[qq % 2][0][0];
-            xc[0][1] = xb[qq % 2][0][1];
-            const __nv_bfloat16* p = qq + 2 < FR_SUB ? xp + 64 * (qq + 2) : xn + 64 * (qq + 2 - FR_SUB);
-            xb[qq % 2][0][0] = ld_x16<COHERENT>(p);
-            xb[qq % 2][0][1] = ld_x16<COHERENT>(p + 32);
+            xc[0][0] = xb[qq % XD][0][0];
+            xc[0][1] = xb[qq % XD][0][1];
+            const __nv_bfloat16* p = qq + XD < FR_SUB ? xp + 64 * (qq + XD) : xn + 64 * (qq + XD - FR_SUB);
+            xb[qq % XD][0][0] = ld_x16<COHERENT>(p);
+            xb[qq % XD][0][1] = ld_x16<COHERENT>(p + 32);
             frag_step<1>(a, w, sc, xc);
         }
         xp = xn;
@@ -1508,7 +1527,7 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 }
 
 
-template <int RS>
+template <int RS, int XD = 2>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1615,8 +1634,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         if (tid == 0) TRACE_TASK(j, 2, trace_now());
 #endif
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (gu) cs_stages<false, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
-        else cs_stages<true, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        if (gu) cs_stages<false, RS, XD>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS, XD>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
@@ -1668,4 +1687,15 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
     __shared__ float4 s_part[2 * 128];
     moe_small_ctasplit_body<CS_RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
                                    s_part);
+}
+
+// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (NOT YET RUN ON A GPU).
+extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_x4(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
+    __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
+    __shared__ float4 s_part[2 * 128];
+    moe_small_ctasplit_body<CS_RS, 4>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
+                                      s_part);
 }

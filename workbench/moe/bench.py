@@ -735,9 +735,21 @@ SMALL_CTASPLIT_SB_PREDICTION = (
     "(>= 80% at every M <= 16) is still not expected at M = 1. Refuted if ctasplit_sb is not faster than "
     "ctasplit at M = 1; a hang or a wrong result means a barrier generation or a queue entry raced "
     "(compute-sanitizer synccheck and racecheck run on it in the same call).")
+SMALL_XPREFETCH_PREDICTION = (
+    "PREDICTION, written before any run (code NOT YET RUN ON A GPU). The activations loaded further ahead of "
+    "the HMMAs that consume them: splitk_s4x3 / splitk_s4x4 (3 / 4 steps of 64 K ahead instead of 2, still 96 "
+    "registers, 0 spills, 5 CTAs per SM), splitk_s4x4_b4 and the control splitk_s4x2_b4 (4 CTAs per SM, 124-128 "
+    "registers), ctasplit_x4 (the M = 1 kernel, 4 steps ahead, 96 registers). Evidence: Nsight Compute per SASS "
+    "instruction of splitk_s4 at M = 16 (moe_small_ncu_m16_sass_f73ff6b.csv): ~26% of the warp-stall samples sit "
+    "on two HMMAs waiting (long scoreboard) for the activation fragment loaded two steps earlier. Predicted, same "
+    "process: splitk_s4x4 3-10% faster than splitk_s4 at M = 2-16 (M = 16 bounded by DRAM near 88-90% of copy), "
+    "splitk_s4x3 between the two; ctasplit_x4 3-10% faster than ctasplit at M = 1; splitk_s4x2_b4 5-15% slower "
+    "than splitk_s4 (fewer warps, same prefetch) and splitk_s4x4_b4 between it and splitk_s4x4. Refuted if "
+    "splitk_s4x4 is not faster than splitk_s4 at M >= 4.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
-                     "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION}
+                     "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
+                     "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))
