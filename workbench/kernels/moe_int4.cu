@@ -769,6 +769,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     for (int n = 0; n < NT; ++n) xp[n] = xr[n] + 8 * t;
     // activation prefetch distance in 64-K steps (registers: NT = 2 has 1); XDP > 0 overrides (splitk_s4x*)
     constexpr int XD = XDP > 0 ? XDP : (NT == 1 ? 2 : 1);
+    static_assert(FR_SUB % XD == 0, "the activation buffers cycle per 64-K step: XD must divide FR_SUB");
     uint4 xb[XD][NT][2];
 #pragma unroll
     for (int d = 0; d < XD; ++d)
@@ -1290,8 +1291,9 @@ __device__ __forceinline__ void moe_small_splitk_body(
 MOE_SPLITK_INSTANCE(3, 6)
 MOE_SPLITK_INSTANCE(4, 5)
 
-// splitk_s4 with the activations XD 64-K steps ahead instead of 2 (NOT YET RUN ON A GPU; Nsight Compute at
-// M = 16 put a quarter of the stall samples on the HMMAs waiting for them), MINB CTAs per SM.
+// splitk_s4 with the activations XD 64-K steps ahead instead of 2 (Nsight Compute at M = 16 put a quarter of
+// the stall samples on the HMMAs waiting for them), MINB CTAs per SM. XD must divide FR_SUB (XD = 3 computed
+// wrong results in moe_small_xprefetch.json and was removed).
 #define MOE_SPLITK_X_INSTANCE(XD, MINB)                                                                      \
     extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s4x##XD##_b##MINB(              \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
@@ -1303,15 +1305,14 @@ MOE_SPLITK_INSTANCE(4, 5)
                                      gpart, ypart, ws, out, s_ring);                                           \
     }
 
-MOE_SPLITK_X_INSTANCE(3, 5)
 MOE_SPLITK_X_INSTANCE(4, 5)
 MOE_SPLITK_X_INSTANCE(4, 4)
 MOE_SPLITK_X_INSTANCE(2, 4)
 
 
 // ===================================================================================================
-// CTA-split form of the one-launch kernel (moe_small_ctasplit; NOT dispatched: selected with
-// workbench.moe.fused.set_small_variant("ctasplit" | "ctasplit_max"), for benchmarking). Aimed at M = 1-2.
+// CTA-split form of the one-launch kernel (moe_small_ctasplit, _max and _x4: activations 4 steps ahead;
+// workbench.moe.fused.SMALL_TABLE dispatches one of them at M = 1). Aimed at M = 1-2.
 //
 // Why (Nsight Compute of splitk_s4 at M = 1, NOTES.md): 0.43 issues per scheduler-cycle, stalls long
 // scoreboard 3.8 + membar 2.1-2.3 + wait 1.3 cycles per issue: every split-K task (~6 per warp at M = 1)
@@ -1493,6 +1494,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 template <bool COHERENT, int RS, int XD, typename Issue>
 __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* xp, int nper, const unsigned char* ring,
                                           unsigned int& rslot, Issue& issue) {
+    static_assert(FR_SUB % XD == 0, "the activation buffers cycle per 64-K step: XD must divide FR_SUB");
     const int lane = threadIdx.x & 31, g = lane >> 2;
     uint4 xb[XD][1][2];
 #pragma unroll
@@ -1689,7 +1691,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
                                    s_part);
 }
 
-// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (NOT YET RUN ON A GPU).
+// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2.
 extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_x4(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,

@@ -41,8 +41,7 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
-    # activations 3-4 steps of 64 K ahead instead of 2 (_b4: 4 CTAs per SM, 128 registers): NOT YET RUN ON A GPU
-    "splitk_s4x3": ("moe_small_splitk_s4x3_b5", (4, 2, 2)),
+    # activations 4 steps of 64 K ahead instead of 2 (_b4: 4 CTAs per SM, 124-128 registers; moe_small_xprefetch)
     "splitk_s4x4": ("moe_small_splitk_s4x4_b5", (4, 2, 2)),
     "splitk_s4x4_b4": ("moe_small_splitk_s4x4_b4", (4, 2, 2)),
     "splitk_s4x2_b4": ("moe_small_splitk_s4x2_b4", (4, 2, 2)),
@@ -52,7 +51,7 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
     **{f"ctasplit_g{a}d{b}": ("moe_small_ctasplit", ("cta", (a, b))) for a, b in ((4, 1), (2, 2), (2, 1), (1, 1))},
 }
-DEFAULT_SMALL_VARIANT = "splitk_s4"   # what ``True`` means in set_small_table
+DEFAULT_SMALL_VARIANT = "splitk_s4x4"   # what ``True`` means in set_small_table
 
 # (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
 # key runs that kernel in one launch, None the four launches; beyond the last entry the four-launch kernels
@@ -64,7 +63,7 @@ DEFAULT_SMALL_VARIANT = "splitk_s4"   # what ``True`` means in set_small_table
 # under both routings at M >= 2. M = 3 was not measured: splitk_s4, as at M = 2 and 4.
 # (Before: moe_small_splitk.json, code 1e272c7: four launches at M = 1, splitk_s4 at M = 2-16; version 3,
 # moe_small_v3.json, from M = 4; version 2, moe_bandwidth.json, slower at every M.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit"), (16, "splitk_s4")]
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4"), (16, "splitk_s4x4")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}
