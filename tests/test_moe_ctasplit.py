@@ -16,11 +16,12 @@ from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, spli
 
 
 def test_variant_registered_and_dispatched_at_m1():
-    """moe_small_ctasplit.json (H200, dda6540): the CTA-split kernel at M = 1, splitk_s4 at M = 2-16."""
+    """moe_small_xprefetch*.json (H200): the CTA-split kernel (activations 4 steps ahead) at M = 1."""
     assert SMALL_VARIANTS["ctasplit"] == ("moe_small_ctasplit", ("cta", "ring"))
     assert SMALL_VARIANTS["ctasplit_max"] == ("moe_small_ctasplit", ("cta", "max"))
     assert SMALL_VARIANTS["ctasplit_g2d1"] == ("moe_small_ctasplit", ("cta", (2, 1)))
-    assert SMALL_VARIANT["name"] is None and SMALL_TABLE == [(1, "ctasplit"), (16, "splitk_s4")]
+    assert SMALL_VARIANTS["ctasplit_x4"] == ("moe_small_ctasplit_x4", ("cta", "ring"))
+    assert SMALL_VARIANT["name"] is None and SMALL_TABLE[0] == (1, "ctasplit_x4")
     with pytest.raises(ValueError, match="CTA-split"):
         splitk_splits(8, 7168, 2048, "ctasplit", 660)
 

@@ -44,11 +44,11 @@ def test_dispatched_label_follows_the_variant():
         assert plots.dispatched_label(1, 8) == "splitk_s3"     # a forced kernel wherever one launch runs
         assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
         fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
-        assert plots.dispatched_label(1, 8) == "ctasplit" and plots.dispatched_label(2, 8) == "splitk_s4"
+        assert [plots.dispatched_label(m, 8) for m in (1, 2, 9)] == ["ctasplit_x4", "splitk_s4", "splitk_s4x4"]
         saved_table = list(fused.SMALL_TABLE)
         try:
             fused.set_small_table([(1, None), (16, True)])
-            assert plots.dispatched_label(1, 8) == "four_launch" and plots.dispatched_label(9, 8) == "splitk_s4"
+            assert plots.dispatched_label(1, 8) == "four_launch" and plots.dispatched_label(9, 8) == "splitk_s4x4"
         finally:
             fused.set_small_table(saved_table)
     finally:

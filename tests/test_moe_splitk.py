@@ -24,10 +24,12 @@ KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs
 
 
 def test_default_variant_and_table_as_measured():
-    """moe_small_ctasplit.json (H200, dda6540): splitk_s4 at M = 2-16, the CTA-split kernel at M = 1."""
+    """moe_small_xprefetch.json / _xprefetch2.json (H200, 21b6b07 / 0910f69): ctasplit_x4 at M = 1, splitk_s4 at
+    M = 2, splitk_s4x4 at M = 3-16."""
     assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(1, "ctasplit"), (16, "splitk_s4")]
-    assert [small_variant_for(m, 8) for m in (1, 2, 16, 17)] == ["ctasplit", "splitk_s4", "splitk_s4", None]
+    assert SMALL_TABLE == [(1, "ctasplit_x4"), (2, "splitk_s4"), (16, "splitk_s4x4")]
+    assert [small_variant_for(m, 8) for m in (1, 2, 3, 16, 17)] == ["ctasplit_x4", "splitk_s4", "splitk_s4x4",
+                                                                     "splitk_s4x4", None]
     with pytest.raises(ValueError, match="small variant"):
         set_small_variant("splitk_s9")
     saved = list(SMALL_TABLE)
@@ -179,7 +181,7 @@ def test_compare_path_switch_and_table_format():
         bench._set_compare_path("splitk_s4")
         assert uses_small_path(1, 8) and bench.path_name(1, 8) == "small_splitk_s4"
         bench._set_compare_path("small_fused")
-        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, "splitk_s4")]
+        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, "splitk_s4x4")]
     finally:
         set_small_table(saved)
         set_small_variant(saved_variant)

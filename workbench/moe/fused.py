@@ -3,8 +3,8 @@
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
-launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit`` at M = 1,
-``moe_small_splitk_s4`` at M = 2-16 on the H200; grouping, gate/up with SiLU, down and the sum over
+launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4`` at M = 1,
+``moe_small_splitk_s4`` at M = 2 and ``moe_small_splitk_s4x4_b5`` at M = 3-16 on the H200; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -55,15 +55,15 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4"   # what ``True`` means in set_small_table
 
 # (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
 # key runs that kernel in one launch, None the four launches; beyond the last entry the four-launch kernels
-# run. Set from data/measurements/h200/moe_small_ctasplit.json (H200, code dda6540, the four-launch path,
-# splitk_s4 and the CTA-split form in one process, uniform and skewed routing): at M = 1 the CTA-split
-# kernel is the fastest path (faster than four launches, which splitk_s4 does not beat there); at
-# M = 2-16 splitk_s4 is. The split sweep of the CTA-split form (moe_small_ctasplit_splits.json, code
-# ceda11e) found no fixed split faster than its default (4, 2) at M = 1, nor one faster than splitk_s4
-# under both routings at M >= 2. M = 3 was not measured: splitk_s4, as at M = 2 and 4.
-# (Before: moe_small_splitk.json, code 1e272c7: four launches at M = 1, splitk_s4 at M = 2-16; version 3,
-# moe_small_v3.json, from M = 4; version 2, moe_bandwidth.json, slower at every M.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4"), (16, "splitk_s4x4")]
+# run. Set from two runs of the same comparison on the H200 (moe_small_xprefetch.json, code 21b6b07, and
+# moe_small_xprefetch2.json, code 0910f69; the four-launch path, splitk_s4, splitk_s4x4, ctasplit and ctasplit_x4
+# in one process each, uniform and skewed routing): at M = 1 ctasplit_x4 (the CTA-split kernel with the
+# activations 4 steps of 64 K ahead) is the fastest path in both runs; at M = 2 splitk_s4 leads splitk_s4x4 under
+# skewed routing in both runs (uniform: one each); at M = 4-16 splitk_s4x4 leads in all but one of the eight
+# (routing, M) rows of each run, by 1-2% of copy. M = 3 was not measured: splitk_s4x4, as at M = 4.
+# (Before: moe_small_ctasplit.json, code dda6540: ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json,
+# code 1e272c7: four launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4"), (2, "splitk_s4"), (16, "splitk_s4x4")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

@@ -52,6 +52,8 @@ SMALL_CTASPLIT_SPLITS = "moe_small_ctasplit_splits"   # its split sweep (code ce
 # and the timelines of the -DMOE_TRACE build (workbench/moe/trace.py): ctasplit alone (code febc44b), then
 # ctasplit and ctasplit_sb (code d2c515f).
 SMALL_CTASPLIT_SB = "moe_small_ctasplit_sb"
+# Run 13: the activations 4 steps of 64 K ahead (splitk_s4x4, ctasplit_x4, ...): two runs (codes 21b6b07, 0910f69).
+SMALL_XPREFETCH = ("moe_small_xprefetch", "moe_small_xprefetch2")
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -361,22 +363,33 @@ def block_small_s4g() -> str:
 
 
 def block_small_ctasplit() -> str:
-    """Run 11, the run today's dispatch (fused.SMALL_TABLE) was set from: the CTA-split kernel beside
-    splitk_s4 and four launches, the dispatched path's worst % of copy and the rows at >= 80%; then the
-    split sweep of the CTA-split kernel."""
-    doc = plots.load_moe_small(name=SMALL_CTASPLIT)
-    if not doc:
-        return f"data/measurements/h200/{SMALL_CTASPLIT}.json is not committed.\n"
-    pct, wrow = plots.dispatched_worst_pct(doc)
-    at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in plots.small_path_rows(doc)
-                     if r["dispatched % copy"] >= 80) or "none"
-    below = ", ".join(f"{r['routing']} M={r['M']} ({r['dispatched % copy']:.1f}%)" for r in plots.small_path_rows(doc)
-                      if r["dispatched % copy"] < 80) or "none"
+    """Run 11: the CTA-split kernel beside splitk_s4 and four launches (the dispatch of M = 1 until run 13); then
+    the split sweep of the CTA-split kernel."""
     return (_small_run_block(SMALL_CTASPLIT)
-            + f"\nDispatched today (`fused.SMALL_TABLE` {SMALL_TABLE}): worst {pct:.1f}% of copy at "
-            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}; below 80%: {below}.\n\n"
-            + "The split sweep (fixed (gate_up, down) splits of the CTA-split kernel, `ctasplit` = the rule's "
+            + "\nThe split sweep (fixed (gate_up, down) splits of the CTA-split kernel, `ctasplit` = the rule's "
             "(4, 2)):\n\n" + _small_run_block(SMALL_CTASPLIT_SPLITS))
+
+
+def dispatch_summary(name: str = plots.SMALL_COMPARE) -> str:
+    """One sentence on the run ``fused.SMALL_TABLE`` was set from: the dispatched path's worst % of copy and the
+    rows at and below 80%."""
+    doc = plots.load_moe_small(name=name)
+    if not doc:
+        return f"data/measurements/h200/{name}.json is not committed.\n"
+    pct, wrow = plots.dispatched_worst_pct(doc)
+    rows = plots.small_path_rows(doc)
+    at80 = ", ".join(f"{r['routing']} M={r['M']}" for r in rows if r["dispatched % copy"] >= 80) or "none"
+    below = ", ".join(f"{r['routing']} M={r['M']} ({r['dispatched % copy']:.1f}%)" for r in rows
+                      if r["dispatched % copy"] < 80) or "none"
+    return (f"Dispatched today (`fused.SMALL_TABLE` {SMALL_TABLE}), in `{name}.json`: worst {pct:.1f}% of copy at "
+            f"{wrow['routing']} M={wrow['M']}; rows at >= 80%: {at80}; below 80%: {below}.\n")
+
+
+def block_small_xprefetch() -> str:
+    """Run 13: the activation-prefetch variants, two runs (the first with the wrong-result XD = 3 build), and the
+    dispatch they set."""
+    return (_small_run_block(SMALL_XPREFETCH[0]) + "\nThe confirming run (the paths that could be dispatched):\n\n"
+            + _small_run_block(SMALL_XPREFETCH[1]) + "\n" + dispatch_summary())
 
 
 def block_small_ctasplit_sb() -> str:
@@ -598,6 +611,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_ctasplit": block_small_ctasplit,
     "small_ctasplit_sb": block_small_ctasplit_sb,
     "ncu_m16": block_ncu_m16,
+    "small_xprefetch": block_small_xprefetch,
     "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
     "ncu_m1": block_ncu_m1,
