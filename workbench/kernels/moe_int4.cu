@@ -1293,7 +1293,8 @@ MOE_SPLITK_INSTANCE(4, 5)
 
 // splitk_s4 with the activations XD 64-K steps ahead instead of 2 (Nsight Compute at M = 16 put a quarter of
 // the stall samples on the HMMAs waiting for them), MINB CTAs per SM. XD must divide FR_SUB (XD = 3 computed
-// wrong results in moe_small_xprefetch.json and was removed).
+// wrong results in moe_small_xprefetch.json and was removed). The 4-CTA forms (XD 4 and 2 at MINB 4) were slower
+// than XD 4 at MINB 5 in the same run and were removed (history: eb8e061).
 #define MOE_SPLITK_X_INSTANCE(XD, MINB)                                                                      \
     extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s4x##XD##_b##MINB(              \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
@@ -1306,8 +1307,6 @@ MOE_SPLITK_INSTANCE(4, 5)
     }
 
 MOE_SPLITK_X_INSTANCE(4, 5)
-MOE_SPLITK_X_INSTANCE(4, 4)
-MOE_SPLITK_X_INSTANCE(2, 4)
 
 
 // ===================================================================================================

@@ -41,10 +41,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
-    # activations 4 steps of 64 K ahead instead of 2 (_b4: 4 CTAs per SM, 124-128 registers; moe_small_xprefetch)
+    # activations 4 steps of 64 K ahead instead of 2 (moe_small_xprefetch*.json; the 4-CTA-per-SM forms timed
+    # there, splitk_s4x4_b4 and splitk_s4x2_b4, were slower and are removed)
     "splitk_s4x4": ("moe_small_splitk_s4x4_b5", (4, 2, 2)),
-    "splitk_s4x4_b4": ("moe_small_splitk_s4x4_b4", (4, 2, 2)),
-    "splitk_s4x2_b4": ("moe_small_splitk_s4x2_b4", (4, 2, 2)),
     "ctasplit_x4": ("moe_small_ctasplit_x4", ("cta", "ring")),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
