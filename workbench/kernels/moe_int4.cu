@@ -1022,8 +1022,8 @@ extern "C" __global__ void __launch_bounds__(128, 6) moe_small_fused(
 
 
 // ===================================================================================================
-// Split-K form of the one-launch kernel (moe_small_splitk_s3 / _s4; NOT dispatched by fused_moe_int4's
-// SMALL_TABLE: selected with workbench.moe.fused.set_small_variant, for benchmarking).
+// Split-K form of the one-launch kernel (moe_small_splitk_s3 / _s4 / _s4x4_b5; fused.SMALL_TABLE dispatches
+// _s4 at M = 2 and _s4x4_b5 at M = 3-16 on the H200; the others are selected with set_small_variant).
 //
 // Why: at M = 1-2, version 3 has fewer gate_up tasks (2048 at M = 1) than resident warps (3168), and each
 // streams a whole tile's K (28 ring stages at H = 7168, 2 in flight) before the down phase can start; the
