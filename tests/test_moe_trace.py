@@ -80,3 +80,18 @@ def test_trace_build_compiles_with_nvcc_where_present(tmp_path):
     r = subprocess.run(["nvcc", "-arch=sm_90", "-DMOE_TRACE", "-c", str(src), "-o", str(tmp_path / "t.o")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_committed_trace_tables_and_figure():
+    """The notebook's timeline cell: the committed run gives a row per (variant, routing, M) and one line per
+    variant at M = 1 (skipped if the file is not committed)."""
+    from workbench.moe import plots
+
+    doc = plots.load_moe_trace()
+    if doc is None:
+        pytest.skip("moe_ctasplit_trace.json not committed")
+    rows = plots.trace_rows(doc)
+    assert len(rows) == len(doc["results"]["rows"]) and {"span", "fence", "last = prev. epilogue warp"} <= set(rows[0])
+    fig = plots.trace_busy_figure(doc, m=1)
+    variants = {r["variant"] for r in doc["results"]["rows"]}
+    assert len(fig.data) == len(variants) and all(max(t.y) <= 2048 for t in fig.data)

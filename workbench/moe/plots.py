@@ -251,3 +251,48 @@ def tuning_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     ms_keys = list(next(iter(tun["ms"].values())).keys())
     return [{"variant (NT, RT, D)": k, **{f"M={m}": v[m] for m in ms_keys}} for k, v in tun["ms"].items()]
+
+
+TRACE = "moe_ctasplit_trace"   # the timelines of the CTA-split kernels (workbench.moe.trace, -DMOE_TRACE build)
+
+
+def load_moe_trace(gpu: str = "h200", name: str = TRACE) -> dict[str, Any] | None:
+    """A committed ``python -m workbench.moe.trace`` run, or None."""
+    return load_measurement(name, gpu)
+
+
+def trace_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (variant, routing, M) of a trace run: where the call's time went (us from the first CTA's
+    entry, medians over the traced calls; "a / b" pairs are gate_up / down)."""
+    def pair(r: dict[str, Any], key: str, spec: str = ".2f") -> str:
+        return f"{r[f'gate_up_{key}']:{spec}} / {r[f'down_{key}']:{spec}}"
+
+    return [{"variant": r.get("variant", "ctasplit"), "routing": r["routing"], "M": r["m"],
+             "per call us (default / traced build)": f"{1e3 * r['kernel_ms_median_default_build']:.1f} / "
+                                                     f"{1e3 * r['kernel_ms_median_traced_build']:.1f}",
+             "span": f"{r['span_us']:.1f}", "first stages": f"{r['first_stages_us_median']:.1f}",
+             "last gate_up": f"{r['last_gate_up_barrier_us']:.1f}", "tail": f"{r['tail_us']:.1f}",
+             "busy": f"{r['busy_fraction']:.2f}",
+             "task": f"{r['gate_up_task_us_median']:.1f} / {r['down_task_us_median']:.1f}",
+             "arrive spread": pair(r, "arrive_spread_us_median"),
+             "last = prev. epilogue warp": pair(r, "last_is_prev_epilogue"),
+             "epilogue": pair(r, "epilogue_us_median"), "fence": pair(r, "fence_us_median")}
+            for r in doc["results"]["rows"]]
+
+
+def trace_busy_figure(doc: dict[str, Any], m: int = 1, routing: str = "uniform"):
+    """CTAs inside a task (warp 0's view) per microsecond of one traced call at M tokens, one line per variant."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for key, sample in doc["samples"].items():
+        parts = key.split("/")
+        variant, rt, mm = (parts if len(parts) == 3 else ["ctasplit", *parts])
+        if rt != routing or mm != f"m{m}":
+            continue
+        s = sample["summaries"][0]
+        fig.add_trace(go.Scatter(x=[i * s["bin_us"] for i in range(len(s["busy_ctas"]))], y=s["busy_ctas"],
+                                 mode="lines", name=f"{variant} ({s['ctas']} CTAs)"))
+    fig.update_layout(title=f"CTAs inside a task, {routing} routing, M = {m} (first traced call)",
+                      xaxis={"title": "us from the first CTA's entry"}, yaxis={"title": "CTAs"})
+    return fig

@@ -397,32 +397,11 @@ def block_small_ctasplit_sb() -> str:
     return _small_run_block(SMALL_CTASPLIT_SB)
 
 
-def trace_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (variant, routing, M) of a ``workbench.moe.trace`` run: where the call's time went (us,
-    medians over the traced calls; gate_up / down pairs)."""
-    def pair(r: dict[str, Any], key: str, spec: str = ".2f") -> str:
-        return f"{r[f'gate_up_{key}']:{spec}} / {r[f'down_{key}']:{spec}}"
-
-    out = []
-    for r in doc["results"]["rows"]:
-        out.append({"variant": r.get("variant", "ctasplit"), "routing": r["routing"], "M": r["m"],
-                    "per call us (default / traced build)": f"{1e3 * r['kernel_ms_median_default_build']:.1f} / "
-                                                            f"{1e3 * r['kernel_ms_median_traced_build']:.1f}",
-                    "span": f"{r['span_us']:.1f}", "first stages": f"{r['first_stages_us_median']:.1f}",
-                    "last gate_up": f"{r['last_gate_up_barrier_us']:.1f}", "tail": f"{r['tail_us']:.1f}",
-                    "busy": f"{r['busy_fraction']:.2f}",
-                    "task": f"{r['gate_up_task_us_median']:.1f} / {r['down_task_us_median']:.1f}",
-                    "arrive spread": pair(r, "arrive_spread_us_median"),
-                    "last = prev. epilogue warp": pair(r, "last_is_prev_epilogue"),
-                    "epilogue": pair(r, "epilogue_us_median"), "fence": pair(r, "fence_us_median")})
-    return out
-
-
 def block_ctasplit_trace() -> str:
     """Timelines of the CTA-split kernels from the -DMOE_TRACE build, one table per committed run."""
     parts = []
     for name in TRACE_FILES:
-        doc = plots.load_moe_small(name=name)
+        doc = plots.load_moe_trace(name=name)
         if not doc:
             parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
             continue
@@ -432,7 +411,7 @@ def block_ctasplit_trace() -> str:
                      + (f" --variants {' '.join(par['variants'])}" if "variants" in par else "")
                      + f"`, {par['calls']} traced calls per row, medians): times in us from the first CTA's "
                      "entry; `task`, `arrive spread`, `last = prev. epilogue warp`, `epilogue`, `fence` as "
-                     "gate_up / down.\n\n" + markdown_table(trace_rows(doc)))
+                     "gate_up / down.\n\n" + markdown_table(plots.trace_rows(doc)))
     return "\n".join(parts)
 
 
