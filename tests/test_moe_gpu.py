@@ -171,3 +171,76 @@ def test_splitk_matches_v3(small, splitk_on):
     b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
     set_small_variant(splitk_on)
     assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
+
+
+# ---- CTA-split form of the one-launch kernel (moe_small_ctasplit; selected with set_small_variant, not dispatched)
+
+CTASPLIT = ["ctasplit", "ctasplit_max"]   # H = I = 1024: splits (1, 1) and (4, 4) (1 stage per warp, queue 3 ahead)
+
+
+@pytest.mark.parametrize("splitk_on", CTASPLIT, indirect=True)
+@pytest.mark.parametrize("m,routing", [(1, "uniform"), (2, "uniform"), (5, "skewed"), (16, "uniform")])
+def test_ctasplit_parity_small(small, splitk_on, m, routing):
+    res = check_case(small, m, routing, torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+@pytest.mark.parametrize("splitk_on", CTASPLIT, indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 9, 16])
+def test_ctasplit_parity_kimi_shape(splitk_on, m):
+    """Kimi shapes: ctasplit (4, 2) and ctasplit_max (4, 4: down tasks of 2 stages per warp, 2 tasks ahead)."""
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=m)
+    res = check_case(ex, m, "uniform" if m < 16 else "skewed", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+@pytest.mark.parametrize("splitk_on", CTASPLIT, indirect=True)
+def test_ctasplit_edge_cases_graph_replays_and_determinism(small, splitk_on):
+    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
+        assert res["ok"], res
+    for m in (1, 4, 16):   # the counters (task, done_gu, done_dn, fin) must be left zero for the next replay
+        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+        assert res["ok"], res
+    for m in (2, 16):
+        g = torch.Generator().manual_seed(4 + m)
+        ids, w = make_routing(m, 16, 8, "skewed", g)
+        x = torch.randn(m, 1024, generator=g).bfloat16().cuda()
+        a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+        b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit"], indirect=True)
+def test_ctasplit_matches_splitk_s4_kimi_shape(splitk_on):
+    """Same fragments, same gate_up split and part order at M = 1 (4 parts): only down's summation order
+    differs (parts before the routing weight here, after it in splitk_s4)."""
+    from workbench.moe.fused import set_small_variant
+
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=3)
+    g = torch.Generator().manual_seed(13)
+    for m in (1, 2):
+        ids, w = make_routing(m, 24, 8, "uniform", g)
+        x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
+        a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+        set_small_variant("splitk_s4")
+        try:
+            b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+        finally:
+            set_small_variant(splitk_on)
+        assert torch.isfinite(a).all()
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < 5e-3
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit"], indirect=True)
+@pytest.mark.parametrize("m", [1, 3])
+def test_ctasplit_parity_split2(splitk_on, m):
+    """H = I = 1536 (6 stages): both phases split 2 (two tiles per CTA task, 3 stages per warp), the one split
+    the other shapes do not give gate_up."""
+    from workbench.moe.ctasplit import ctasplit_splits
+
+    assert ctasplit_splits(1536, 1536) == (2, 2)
+    ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=11 + m)
+    res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res

@@ -1288,3 +1288,314 @@ __device__ __forceinline__ void moe_small_splitk_body(
 
 MOE_SPLITK_INSTANCE(3, 6)
 MOE_SPLITK_INSTANCE(4, 5)
+
+
+// ===================================================================================================
+// CTA-split form of the one-launch kernel (moe_small_ctasplit; NOT dispatched: selected with
+// workbench.moe.fused.set_small_variant("ctasplit" | "ctasplit_max"), for benchmarking). Aimed at M = 1-2.
+//
+// Why (Nsight Compute of splitk_s4 at M = 1, NOTES.md): 0.43 issues per scheduler-cycle, stalls long
+// scoreboard 3.8 + membar 2.1-2.3 + wait 1.3 cycles per issue: every split-K task (~6 per warp at M = 1)
+// restarts its warp's ring (a DRAM round trip before its first stage), drains it at its end and fences
+// its partial sums through L2. Here:
+// - a task belongs to a CTA: (phase, item, group of 4/s tiles); warp w takes tile w / s of the group and
+//   K part w % s (s = 4: one tile, its K cut in 4; s = 1: four tiles, whole K). The s partial sums of a
+//   tile are added in shared memory after ONE block barrier (fixed part order: deterministic), by one
+//   warp (the epilogue warp, warp j % 4 for the CTA's j-th task, so the extra work rotates), which
+//   then does what the task's last warp did in splitk: SiLU(gate) x up -> h and done_gu[item] += 4/s
+//   (one fence for the CTA task, not one per warp), or w x y -> Y, done_dn[group] += 1 and, if last,
+//   the sum over k of the group's 64 / s rows. No L2 partial sums, no reduction counters.
+// - each warp's ring runs continuously over the CTA's task sequence: thread 0 grabs tasks from the
+//   global counter L + 1 ahead of the task being computed (queue s_q of 8 in shared memory, published
+//   by the task's block barrier), so the ring's issuer, RS - 1 = 3 stages ahead, moves to the next
+//   task's weights while the current task is computed, and the ring never drains until the end.
+//   L = ceil((RS - 1) / fewest stages per warp of a task), 1 at Kimi shapes (7 and 4 stages).
+// - down tasks wait for their item's gate_up tiles (done_gu) before loading h, only when the item
+//   differs from the last one this warp saw complete (items are grabbed in increasing order).
+// Deadlock: every task grabbed is held by a running CTA; gate_up tasks never wait; a CTA holding
+// grabbed-but-not-started tasks is either computing a gate_up task (never waits) or a down task, and
+// then every task it holds is a down task too (grabs increase), so the gate_up tasks a down task waits
+// for are held by CTAs that finish them. The stage loop is splitk_s4's (frag_step; the issuer's task
+// switch is a branch taken once per task).
+// Safety of the shared queue and the partial-sum buffers (CPU model: workbench/moe/ctasplit.py):
+//   s_q[(j + L + 1) & 7] is written by thread 0 after barrier j - 1 (read of the old value: before
+//   barrier j + L - 7 <= j - 4); partial sums of task j go to buffer j & 1, written before barrier j,
+//   read by the epilogue warp after it and before that warp reaches barrier j + 1, which every writer
+//   of task j + 2 has passed.
+// ws: int32 [2 + 128 + H/16], zero before the first launch; left zero by every launch.
+#define CS_RS 4     // ring stages per warp (3 in flight), as splitk_s4
+#define CS_Q 8      // task queue entries
+
+struct CsTask {
+    bool gu;    // gate_up (else down)
+    int s;      // K parts per tile (4 / s tiles per task)
+    int item;
+    int grp;    // tile group: tiles grp * 4 / s ... + 4 / s - 1
+};
+
+// Task index -> (phase, split, item, tile group): gate_up tasks first (item-major, then group), then down.
+__device__ __forceinline__ CsTask cs_decode(int tn, int t_gu, int sgu, int sdn, int tiles_gu, int tiles_dn) {
+    CsTask r;
+    r.gu = tn < t_gu;
+    r.s = r.gu ? sgu : sdn;
+    const int groups = (r.gu ? tiles_gu : tiles_dn) * r.s / 4, u = r.gu ? tn : tn - t_gu;
+    r.item = u / groups;
+    r.grp = u - r.item * groups;
+    return r;
+}
+
+// Epilogue of one CTA task, by one warp, after the block barrier: buf holds each warp's fp32 fragment
+// (float4 per lane: rows g, g + 8 x columns 2t, 2t + 1); tile r of the task sums warps r * s ... r * s + s - 1.
+__device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& it, const float4* buf, int M, int topk,
+                                            int H, int I, int nitems, __nv_bfloat16* hbuf, float* Y,
+                                            const float* __restrict__ topk_w, int* done_gu, int* done_dn,
+                                            __nv_bfloat16* __restrict__ out) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool gu = tk.gu;
+    const int s = tk.s, item = tk.item, grp = tk.grp;
+    const int slot0 = it.islot[item], cnt = it.icnt[item];
+    const int ntile = 4 / s;
+    if (gu) {
+        for (int r = 0; r < ntile; ++r) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int pp = 0; pp < s; ++pp) {
+                const float4 a = buf[(r * s + pp) * 32 + lane];
+                v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
+            }
+            const int tile = grp * ntile + r;
+            const float gv[2] = {v.x, v.y}, uv[2] = {v.z, v.w};
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int c = 2 * t + cc;
+                if (c < cnt)
+                    hbuf[(long long)(slot0 + c) * I + 8 * tile + g] =
+                        __float2bfloat16(gv[cc] / (1.f + __expf(-gv[cc])) * uv[cc]);
+            }
+        }
+        fence_acq_rel_gpu();
+        __syncwarp();
+        if (lane == 0) {
+            fence_acq_rel_gpu();
+            atomicAdd(done_gu + item, ntile);
+        }
+    } else {
+        for (int r = 0; r < ntile; ++r) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int pp = 0; pp < s; ++pp) {
+                const float4 a = buf[(r * s + pp) * 32 + lane];
+                v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
+            }
+            const int n0 = 16 * (grp * ntile + r) + g;
+            const float lo[2] = {v.x, v.y}, hi[2] = {v.z, v.w};
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int c = 2 * t + cc;
+                if (c < cnt) {
+                    const int pair = it.sorted[slot0 + c];
+                    const float wgt = __ldg(topk_w + pair);
+                    Y[(long long)pair * H + n0] = wgt * lo[cc];
+                    Y[(long long)pair * H + n0 + 8] = wgt * hi[cc];
+                }
+            }
+        }
+        fence_acq_rel_gpu();
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            fence_acq_rel_gpu();
+            last = atomicAdd(done_dn + grp, 1) == nitems - 1;
+            if (last) fence_acq_rel_gpu();
+        }
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (last) {
+            fence_acq_rel_gpu();
+            // every item has written the group's rows: out[m, rows] = sum over k ascending of Y
+            const int rows = 16 * ntile;
+            for (int idx = lane; idx < M * rows; idx += 32) {
+                const int m = idx / rows, n = rows * grp + (idx - m * rows);
+                bool ok = true;
+                for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
+                float sum = __int_as_float(0x7fc00000);
+                if (ok) {
+                    sum = 0.f;
+                    for (int k = 0; k < topk; ++k) sum += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
+                }
+                out[(long long)m * H + n] = __float2bfloat16(sum);
+            }
+            __syncwarp();
+            if (lane == 0) done_dn[grp] = 0;
+        }
+    }
+}
+
+// The stage loop of one CTA task for this warp (splitk_s4's, frag_gemm's loop body): nper ring stages, the
+// activations two 64-K steps ahead in registers (COHERENT: h of this launch, through L2), the issuer called
+// once per stage (RS - 1 stages ahead, crossing into the CTA's next tasks).
+template <bool COHERENT, int RS, typename Issue>
+__device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* xp, int nper, const unsigned char* ring,
+                                          unsigned int& rslot, Issue& issue) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    uint4 xb[2][1][2];
+#pragma unroll
+    for (int d = 0; d < 2; ++d) {
+        xb[d][0][0] = ld_x16<COHERENT>(xp + 64 * d);
+        xb[d][0][1] = ld_x16<COHERENT>(xp + 64 * d + 32);
+    }
+    float a[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
+#pragma unroll 1
+    for (int k = 0; k < nper; ++k) {
+        cp_async_wait<RS - 2>();   // this stage has landed (this lane's copies)
+        __syncwarp();              // ... and every lane's; every lane is done with the previous stage
+        issue();                   // RS - 1 stages ahead, into the previous stage's slot
+        const unsigned char* st = ring + rslot;
+        const __nv_bfloat16* xn = xp + (k + 1 < nper ? 256 : 0);   // the last stage re-reads its own steps
+#pragma unroll
+        for (int qq = 0; qq < FR_SUB; ++qq) {
+            const uint4 w = *reinterpret_cast<const uint4*>(st + qq * (FR_U4 * 16) + lane * 16);
+            const uint2 sc = *reinterpret_cast<const uint2*>(st + qq * (FR_U4 * 16) + 512 + g * 8);
+            uint4 xc[1][2];
+            xc[0][0] = xb[qq % 2][0][0];
+            xc[0][1] = xb[qq % 2][0][1];
+            const __nv_bfloat16* p = qq + 2 < FR_SUB ? xp + 64 * (qq + 2) : xn + 64 * (qq + 2 - FR_SUB);
+            xb[qq % 2][0][0] = ld_x16<COHERENT>(p);
+            xb[qq % 2][0][1] = ld_x16<COHERENT>(p + 32);
+            frag_step<1>(a, w, sc, xc);
+        }
+        xp = xn;
+        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+    }
+    acc[0] = a[0][0]; acc[1] = a[0][1]; acc[2] = a[0][2]; acc[3] = a[0][3];
+}
+
+template <int RS>
+__device__ __forceinline__ void moe_small_ctasplit_body(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out,
+    unsigned char* s_ring, float4* s_part) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    __shared__ int s_q[CS_Q];
+    __shared__ int s_cfg[4];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+
+    int* ctr_task = ws;
+    int* ctr_fin = ws + 1;
+    int* done_gu = ws + 2;
+    int* done_dn = ws + 2 + FR_MAX_PAIRS;
+    const int tiles_gu = I / 8, tiles_dn = H / 16;
+    const int nsup_gu = H / (64 * FR_SUB), nsup_dn = I / (64 * FR_SUB);
+    if (tid == 0) {
+        const int t_gu = nitems * (tiles_gu * sgu / 4);
+        s_cfg[0] = t_gu;
+        s_cfg[1] = t_gu + nitems * (tiles_dn * sdn / 4);
+        const int spt = min(nsup_gu / sgu, nsup_dn / sdn);
+        const int L = (RS - 1 + spt - 1) / spt;
+        s_cfg[2] = L;
+        for (int q = 0; q <= L; ++q) s_q[q] = atomicAdd(ctr_task, 1);
+    }
+    __syncthreads();
+    const volatile int* cfg = s_cfg;
+    const volatile int* q = s_q;
+
+    // ---- issuer: this warp's part of every task of the CTA's sequence, RS - 1 stages ahead
+    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
+    const bool scale_lane = lane < 16;
+    int iq = -1, ileft = 0, istride = 0;
+    const uint4* isrc = nullptr;
+    unsigned int wslot = 0;
+    auto issue = [&]() {
+        if (ileft == 0) {   // this warp's part of the issuer's task is issued: move to the CTA's next task
+            ++iq;
+            const int tn = q[iq & (CS_Q - 1)];
+            ileft = -1;     // no more tasks: issue nothing more
+            if (tn < cfg[1]) {
+                const CsTask tk = cs_decode(tn, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
+                const int nsup = tk.gu ? nsup_gu : nsup_dn, tiles = tk.gu ? tiles_gu : tiles_dn;
+                const int tile = tk.grp * (4 / tk.s) + warp / tk.s, part = warp % tk.s, nper = nsup / tk.s;
+                isrc = (tk.gu ? Fgu : Fdn) + ((long long)(it.ie[tk.item] * nsup + part * nper) * tiles + tile) * FR_STAGE_U4
+                       + lane;
+                istride = tiles * FR_STAGE_U4;
+                ileft = nper;
+            }
+        }
+        if (ileft > 0) {
+            const unsigned int d = dst0 + wslot;
+            cp_async16_s(d, isrc);
+            cp_async16_s(d + 512, isrc + 32);
+            cp_async16_s(d + 1024, isrc + 64);
+            cp_async16_s(d + 1536, isrc + 96);
+            if (scale_lane) cp_async16_s(d + 2048, isrc + 128);
+            isrc += istride;
+            --ileft;
+        }
+        cp_async_commit();
+        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+    };
+#pragma unroll
+    for (int s = 0; s < RS - 1; ++s) issue();
+
+    int ready = -1;          // last item whose gate_up tiles this warp saw complete
+    unsigned int rslot = 0;
+    for (int j = 0;; ++j) {
+        const int tj = q[j & (CS_Q - 1)];
+        if (tj >= cfg[1]) break;
+        int grab = 0;
+        if (tid == 0) grab = atomicAdd(ctr_task, 1);   // task j + L + 1; used only before the barrier
+        const CsTask tk = cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
+        const bool gu = tk.gu;
+        const int item = tk.item, part = warp % tk.s, nper = (gu ? nsup_gu : nsup_dn) / tk.s;
+        const int slot0 = it.islot[item], cnt = it.icnt[item];
+        const int col = g < cnt ? g : 0;   // columns past the item's count repeat its first row (not stored)
+        const __nv_bfloat16* xp =
+            gu ? X + (long long)(it.sorted[slot0 + col] / topk) * H + part * nper * 64 * FR_SUB
+               : hbuf + (long long)(slot0 + col) * I + part * nper * 64 * FR_SUB;
+        if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
+            if (lane == 0) {
+                while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
+                fence_acq_rel_gpu();
+            }
+            __syncwarp();
+            ready = item;
+        }
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (gu) cs_stages<false, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        float4* buf = s_part + (j & 1) * 128;
+        buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
+        __syncthreads();   // barrier j: every part of task j is in buf; task j + L + 1 is in the queue
+        if (warp != (j & 3)) continue;
+        // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
+        cs_epilogue(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
+                    topk_w, done_gu, done_dn, out);
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(ctr_fin, 1) == (int)(gridDim.x * (blockDim.x / 32)) - 1) {
+            // last warp of the launch: every other warp has finished with the counters
+            ws[0] = 0;
+            ws[1] = 0;
+            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
+        }
+    }
+}
+
+// grid: at most the CTAs that fit on the device at once; block 128 (4 warps). sgu / sdn in {1, 2, 4}: K parts
+// per tile of each phase (4 / s tiles per CTA task), s dividing H/256 (gate_up) and I/256 (down); the host
+// chooses them (fused.ctasplit_splits). Y: f32 [P, H]. Shared: 4 rings of 4 x 2304 B + 2 x 2 KB partial sums.
+extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
+    __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
+    __shared__ float4 s_part[2 * 128];
+    moe_small_ctasplit_body<CS_RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
+                                   s_part);
+}

@@ -683,10 +683,41 @@ SMALL_SPLITK_PREDICTION = (
     "(>= 80% of copy at every M <= 16) is NOT expected at M = 1-2 even if this holds: at M = 1, 80% leaves "
     "~2 us over streaming at 3.4 TB/s. If splitk_s3 is not faster than the four-launch path at M = 1, the "
     "chain hypothesis is refuted: profile version 3 at M = 1 (ncu) before building more.")
-SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION}
+SMALL_CTASPLIT_PREDICTION = (
+    "PREDICTION, written before any run (code NOT YET RUN ON A GPU). CTA-split form of the one-launch kernel "
+    "(moe_small_ctasplit, workbench/kernels/moe_int4.cu, host side workbench/moe/ctasplit.py; a variant, NOT "
+    "dispatched): a task is a CTA's (phase, item, group of 4/s tiles); its 4 warps take the tiles' K parts "
+    "(Kimi: gate_up s = 4, one tile per task, 7 stages per warp; down s = 2, two tiles, 4 stages per warp), "
+    "the partial sums are added in shared memory after one block barrier by a rotating epilogue warp, which "
+    "alone fences and counts (done_gu / done_dn): no L2 partial sums, no reduction counters, one fence per CTA "
+    "task instead of one per warp task; thread 0 grabs tasks one ahead (queue in shared memory, published by "
+    "the task's barrier), so each warp's 4-stage ring (3 in flight, as splitk_s4) runs on into the next task "
+    "and never drains until the end. SASS (nvcc 13.0 sm_90, cuobjdump): 96 registers, 0 spills, 44096 B static "
+    "shared (5 CTAs per SM, as splitk_s4); stage loop 312 instructions per 2304-byte stage on the path taken "
+    "(436 with the issuer's once-per-task switch block) against splitk_s4's 320 (gate_up) / 316 (down). "
+    "Evidence it rests on (Nsight Compute, moe_small_ncu_m1_b8e1a33.txt): splitk_s4 at M = 1 is 88-90 us, "
+    "46-47% DRAM, 0.43 issues per scheduler-cycle, stalls long scoreboard 3.8 + membar 2.1-2.3 + wait 1.3 "
+    "cycles per issue, ~6 ring restarts, drains and fences per warp; at M >= 4 (28-stage tasks, few "
+    "restarts) the same stage loop reaches 79-86% of copy. Predicted, same process, % of copy: M = 1 "
+    "0.061-0.068 ms (69-77%; 198 MB at the M >= 4 streaming rate ~3.5 TB/s is ~57 us, plus ~6-10 us of launch, "
+    "prologue, first DRAM round trip, the down tail and the last combines), i.e. 1.3-1.5x faster than "
+    "splitk_s4 and the four-launch path; M = 2 ~0.115-0.125 ms (75-82%, ~7-17% faster than splitk_s4); "
+    "M = 4 0-8% faster than splitk_s4; M = 8-16 from 6% slower to 4% faster than splitk_s4 (four barriers per "
+    "28 gate_up stages instead of none; a continuous ring instead of a restart per 28 stages). ctasplit_max "
+    "(down split 4 as well: 2 stages per warp, the queue 2 tasks ahead): M = 1-2 within +-5% of ctasplit, "
+    "M >= 4 0-5% slower than ctasplit. Risk: 44096 B of static shared memory per CTA (splitk_s4: 39968; run 10's "
+    "slower splitk_s4g had 44 KB too): 5 x (44096 + 1024 reserved) B fit in 228 KB, so 5 CTAs per SM are "
+    "expected; the ncu Occupancy section of the same call checks it. The goal (>= 80% at every "
+    "M <= 16) is NOT expected at M = 1. Refuted if ctasplit at M = 1 is not faster than the four-launch path; "
+    "then the ncu profile of ctasplit at M = 1 in the same device call says whether the block barrier (stall "
+    "'barrier'), the fences (membar) or the activation loads (long scoreboard) took the place of the ring "
+    "restarts.")
+SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+                     "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
-SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max")
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "ctasplit",
+                       "ctasplit_max")
 
 
 def compare_label(variant: str) -> str:
@@ -715,7 +746,8 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     """One-launch small-M kernels against the four-launch path at Kimi shapes, in one process.
 
     ``paths``: labels from :data:`SMALL_COMPARE_PATHS` ("small_fused" = version 3, "four_launch", and the
-    split-K forms "splitk_s3", "splitk_s4", "splitk_s3_max"). For each routing and M (M * topk <=
+    split-K forms "splitk_s3", "splitk_s4", "splitk_s3_max", the CTA-split forms "ctasplit", "ctasplit_max").
+    For each routing and M (M * topk <=
     SMALL_MAX_PAIRS): a parity check of every one-launch path (fresh inputs, poisoned buffers), then
     every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
     in the same run. Split-K rows also record the splits the kernel takes for each timed routing
@@ -784,6 +816,11 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 row[f"{label}_pct_of_copy"] = 100 * statistics.median(gb) / copy_gbps
                 row["distinct_experts_median"] = statistics.median(t["distinct"])
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
+                if label.startswith("ctasplit"):
+                    from workbench.moe.ctasplit import ctasplit_splits
+
+                    sp = ctasplit_splits(H, I, SMALL_VARIANTS[label][1][1])
+                    row[f"{label}_splits"] = {f"{sp[0]},{sp[1]}": len(t["rep_idx"])}
                 if label.startswith("splitk"):
                     kname = SMALL_VARIANTS[label][0]
                     ids_cpu = t["ids_all"].cpu()

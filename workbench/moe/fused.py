@@ -44,11 +44,15 @@ SMALL_TABLE: list[tuple[int, bool]] = [(1, False), (16, True)]
 # The split-K forms (moe_int4.cu, moe_small_splitk_s<RS>, RS ring stages) pick each phase's split on the
 # device (splitk_choice); "_max" always takes the largest split (a control at M >= 4). The default,
 # "splitk_s4", is what SMALL_TABLE was measured with (moe_small_splitk.json).
-SMALL_VARIANTS: dict[str, tuple[str, tuple[int, int, int] | None]] = {
+# The CTA-split form (moe_small_ctasplit, "ctasplit" / "ctasplit_max"; NOT YET RUN ON A GPU) takes ("cta", rule):
+# the four warps of a CTA share each task's tiles and K range (workbench/moe/ctasplit.py: ctasplit_splits).
+SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "v3": ("moe_small_fused", None),
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
     "splitk_s4": ("moe_small_splitk_s4", (4, 2, 2)),
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
+    "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
+    "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
 }
 SMALL_VARIANT = {"name": "splitk_s4"}
 
@@ -110,8 +114,8 @@ def uses_small_path(m: int, topk: int) -> bool:
 
 
 def set_small_variant(name: str) -> None:
-    """Kernel of the one-launch path: a key of :data:`SMALL_VARIANTS` ("splitk_s4", the default, "v3" or
-    another split-K form)."""
+    """Kernel of the one-launch path: a key of :data:`SMALL_VARIANTS` ("splitk_s4", the default, "v3",
+    another split-K form, or the CTA-split form "ctasplit" / "ctasplit_max")."""
     if name not in SMALL_VARIANTS:
         raise ValueError(f"small variant must be one of {sorted(SMALL_VARIANTS)}, got {name!r}")
     SMALL_VARIANT["name"] = name
@@ -148,6 +152,8 @@ def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid
     spec = SMALL_VARIANTS[variant][1]
     if spec is None:
         return (1, 1)
+    if spec[0] == "cta":
+        raise ValueError(f"{variant} is the CTA-split form: its splits are workbench.moe.ctasplit.ctasplit_splits")
     sgu, sdn, per_warp = spec
     want = min(per_warp * grid_ctas * (THREADS // 32), 1 << 30)
     return (splitk_choice(items, intermediate // 8, hidden // 256, sgu, want),
@@ -189,6 +195,17 @@ def _splitk_workspace(device: torch.device, hidden: int, intermediate: int) -> t
     if ws is None:
         ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16 + SMALL_MAX_PAIRS * (intermediate // 8),
                          dtype=torch.int32, device=device)
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def _ctasplit_workspace(device: torch.device, hidden: int) -> torch.Tensor:
+    """Zeroed int32 counters of moe_small_ctasplit [2 + 128 + H/16] (as :func:`_small_workspace`, its own copy)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = ("ctasplit", idx, hidden)
+    ws = _WORKSPACE.get(key)
+    if ws is None:
+        ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16, dtype=torch.int32, device=device)
         _WORKSPACE[key] = ws
     return ws
 
@@ -321,6 +338,15 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         ws = _small_workspace(dev, h)
         launch(kern, (grid,), (THREADS,),
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, hbuf, ybuf, ws, out))
+        return out
+    if spec[0] == "cta":
+        from workbench.moe.ctasplit import ctasplit_splits
+
+        sgu, sdn = ctasplit_splits(h, i, spec[1])
+        ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
+        ws = _ctasplit_workspace(dev, h)
+        launch(kern, (grid,), (THREADS,),
+               (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
         return out
     sgu, sdn, per_warp = spec
     want = min(per_warp * grid * (THREADS // 32), 1 << 30)

@@ -7,7 +7,8 @@ history, :func:`workbench.papers.committed_json`), ``moe_small_v3.json``
 ``moe_small_splitk.json`` (version 3, the split-K forms and the four-launch path, M <= 16: the run
 today's dispatch was set from), ``moe_small_tma.json`` / ``moe_small_tma2.json`` (the producer / consumer
 one-launch kernels beside the dispatched paths), ``moe_small_s4f.json`` (the -136 offset on the tensor
-core), ``moe_small_s4g.json`` (the group-sum correction) and the Nsight Compute text reports,
+core), ``moe_small_s4g.json`` (the group-sum correction), ``moe_small_ctasplit.json`` (the CTA-split
+kernel, once run) and the Nsight Compute text reports,
 the Nsight Compute text report and the source's anchor points
 (``data/anchors/rtx_pro_6000_moe.json``):
 
@@ -43,11 +44,15 @@ SMALL_TMA = ("moe_small_tma", "moe_small_tma2")
 SMALL_S4F = "moe_small_s4f"
 # splitk_s4 with the mma fed q + 136 and each group's sum started from -136 * sum(x) (reverted code).
 SMALL_S4G = "moe_small_s4g"
+# The CTA-split one-launch kernel (moe_small_ctasplit) beside splitk_s4 and four launches; run 11, prepared
+# (device script workbench/moe/h200_ctasplit_run.sh), NOT YET RUN ON A GPU: the block says so until committed.
+SMALL_CTASPLIT = "moe_small_ctasplit"
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
 NCU_M1_FILES = ("data/measurements/h200/moe_small_ncu_m1_b8e1a33.txt",
                 "data/measurements/h200/moe_small_tma_logs/ncu_tma_m1.txt",
-                "data/measurements/h200/moe_small_tma2_logs/ncu_tma2_m1.txt")
+                "data/measurements/h200/moe_small_tma2_logs/ncu_tma2_m1.txt",
+                "data/measurements/h200/moe_small_ctasplit_logs/ncu_ctasplit_m1.txt")
 __all__ = ["BLOCKS", "PAPER", "main", "render", "run_rows"]
 
 
@@ -343,6 +348,11 @@ def block_small_s4g() -> str:
     return _small_run_block(SMALL_S4G)
 
 
+def block_small_ctasplit() -> str:
+    """The CTA-split kernel (a variant, not dispatched) beside splitk_s4 and four launches, once measured."""
+    return _small_run_block(SMALL_CTASPLIT)
+
+
 _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
                 "Issued Warp Per Scheduler": "issue / scheduler-cycle", "No Eligible": "no eligible %",
                 "Achieved Occupancy": "achieved occupancy %"}
@@ -467,6 +477,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_tma": block_small_tma,
     "small_s4f": block_small_s4f,
     "small_s4g": block_small_s4g,
+    "small_ctasplit": block_small_ctasplit,
     "ncu_m1": block_ncu_m1,
     "ncu": block_ncu,
     "families": block_families,
