@@ -223,7 +223,7 @@ def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
     # the target workbench.kernels.load_module(..., target="sm_90a") builds; no spills in either
     # warpgroup-MMA kernel
     err = _sm90a_report()
-    for name in ("ddtree_verify_wgmma_bf16",):
+    for name in ("ddtree_verify_wgmma_bf16", "ddtree_verify_wgmma_cluster_bf16"):
         report = _entry_report(err, name)
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (name, report)
 
@@ -315,7 +315,32 @@ def test_gpu_parity_single_request_without_prepare_and_variants():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["auto", "mma"])
+def test_gpu_parity_cluster():
+    # impl="cluster" (2-CTA clusters sharing each key tile): odd and even row-block counts, long prefixes,
+    # one tile per chunk, prefix 0, many nodes per block, the prepare launch (T = 129), batched requests
+    if V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
+    rows = VB.verify_parity_rows(VB.CLUSTER_PARITY_CASES, "cuda", seed=5)
+    assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_bitwise_equal_to_default():
+    # same chunking and the same bytes in each CTA's shared memory (solo CTAs gather as the default does;
+    # sharing CTAs get the partner's half copied to the same offsets): the same wgmma inputs in the same
+    # order, so the outputs must be bit-identical. T * H = 64 (one row block: every cluster solo), 264 (5
+    # row blocks: shared and solo), 2048 (32 row blocks: every CTA shares)
+    if V.wgmma_unavailable_reason() is not None:
+        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
+    for n, h, p in ((8, 8, 3000), (33, 8, 3000), (32, 64, 5000)):
+        inp = V.random_verify_inputs(n, h, p, "bfloat16", "cuda", seed=n + h)
+        a, la = V.verify_attention(**inp, impl="wgmma")
+        b, lb = V.verify_attention(**inp, impl="cluster")
+        assert torch.equal(a, b) and torch.equal(la, lb), (n, h, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["auto", "mma", "cluster"])
 def test_gpu_no_host_sync_and_cuda_graph(impl):
     if impl != "auto" and V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")

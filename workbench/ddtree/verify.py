@@ -44,7 +44,14 @@ alone draw about 5 TB/s from L2 across the GPU. Tried and slower: a 32-key ring
 with three gathers in flight (967a0d4), the ping-pong kernels of version 7
 (1e272c7), warpgroup 1 alone gathering with the slot indices read ahead
 (f9c5bfa). With H = 8 the 264 query rows fill five 64-row blocks, the last with
-8 rows. The chunk partials are merged by a second launch (one block per query
+8 rows. ``impl="cluster"`` (NOT YET RUN ON A GPU; never chosen by ``auto``): the
+same kernel body in thread-block clusters of two CTAs (``__cluster_dims__(2, 1,
+1)``; :mod:`workbench.ddtree.verify_cluster` plans and models the grid); two CTAs
+holding adjacent row blocks of one chunk each gather half of every key tile from
+L2 and copy it into the partner's shared memory (``st.shared::cluster``), so a
+KV row is read from L2 once per cluster; the last row block of an odd count runs
+alone, on shorter chunks when ``_cluster_solo_ratio`` > 1 rebalances one request.
+The chunk partials are merged by a second launch (one block per query
 row, the chunks' lse values read once, in parallel). Batched requests first run
 one small launch for offsets, chunk starts and the ancestor masks; one request
 with T <= 128 does without it (the kernel takes the prefix length and builds
@@ -71,9 +78,10 @@ _MMA_SMEM = 230_400
 _WGMMA_SMEM = 232_448  # + 1 KB for the single-request form's in-kernel ancestor masks
 _NOPREP_MAX_T = 128   # single-request form without the prepare launch: (nodes of a block) x ceil(T/32) <= 256 words
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "mma", "simple")
+_IMPLS = ("auto", "wgmma", "cluster", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 _WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
+_CLUSTER_KERNEL = "ddtree_verify_wgmma_cluster_bf16"  # impl="cluster": 2-CTA clusters sharing each key tile
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -335,11 +343,18 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
         raise ValueError(f"prefix_offsets must start at 0, end at len(prefix_slots) = {n} and never decrease")
 
 
+def _cluster_args(args: tuple, cplan: dict[str, int], p_single: Any, parents: Any) -> tuple:
+    """Arguments of ``ddtree_verify_wgmma_cluster_bf16`` from the shared ones (``args``: TC_ARGS, ending in
+    ``chunk_len, scale_log2``): chunk_len becomes region A's (the default's unless one request is
+    rebalanced), then ``p_single, parents`` and the regions ``n_a, clen_b, n_b``."""
+    return args[:-2] + (cplan["clen_a"], args[-1], p_single, parents, cplan["n_a"], cplan["clen_b"], cplan["n_b"])
+
+
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
                              out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
                              _single_prefix: int | None = None, _prepare: bool | None = None,
-                             _merge_options: tuple = ()):
+                             _merge_options: tuple = (), _cluster_solo_ratio: float = 1.0):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -357,11 +372,17 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     prefix length as an argument and builds the ancestor masks it needs in
     shared memory (``_prepare=True`` forces the prepare launch, a tuning
     variant). ``_options`` / ``_merge_options``: ``-D`` options of the
-    attention / merge kernel builds, tuning variants.)
+    attention / merge kernel builds, tuning variants. ``_cluster_solo_ratio``
+    (``impl="cluster"`` only): the expected cost of a solo tile over a shared
+    one, for :func:`workbench.ddtree.verify_cluster.cluster_launch_plan`; 1.0
+    keeps the default's chunking.)
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
-    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
+    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"cluster"`` (bf16,
+    the wgmma kernel in 2-CTA clusters that share each gathered key tile
+    through distributed shared memory; a tuning variant, never chosen by
+    ``auto``; see :mod:`workbench.ddtree.verify_cluster`), ``"mma"`` (bf16
     tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
     or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
@@ -444,26 +465,35 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else auto_impl(dtype)
-    if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
+    if kind in ("mma", "wgmma", "cluster") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind == "wgmma":
+    if kind in ("wgmma", "cluster"):
         why = wgmma_unavailable_reason()
         if why is not None:
             raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
-    rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
+    rows = _MMA_ROWS if kind in ("mma", "wgmma", "cluster") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
     # single request, wgmma kernel, T <= 128: no prepare launch (the kernel reads P and parents itself)
-    noprep = single and kind == "wgmma" and T <= _NOPREP_MAX_T and _prepare is not True
+    noprep = single and kind in ("wgmma", "cluster") and T <= _NOPREP_MAX_T and _prepare is not True
+    n_slots = n_chunks  # chunk partials per query row
+    if kind == "cluster":
+        from workbench.ddtree.verify_cluster import cluster_launch_plan
+
+        cplan = cluster_launch_plan(rb, int(slots.shape[0]) + B * T, clen, n_chunks, _num_sms(dev), single=noprep,
+                                    solo_ratio=_cluster_solo_ratio, fixed_chunk_len=chunk_len is not None)
+        n_slots = cplan["slots"]
+    elif _cluster_solo_ratio != 1.0:
+        raise ValueError("_cluster_solo_ratio applies to impl='cluster' only")
 
     i32 = dict(dtype=torch.int32, device=dev)
     if not noprep:
         chunk_start = torch.empty(B + 1, **i32)
         offs_ws = torch.empty(B + 1, dtype=torch.int64, device=dev)
         vis = torch.empty(B * T * W, dtype=torch.int32, device=dev)
-    o_part = torch.empty(n_chunks * M * D_LATENT, dtype=torch.float32, device=dev)
-    lse_part = torch.empty(n_chunks * M, dtype=torch.float32, device=dev)
+    o_part = torch.empty(n_slots * M * D_LATENT, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(n_slots * M, dtype=torch.float32, device=dev)
     if _poison_workspace:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
@@ -492,6 +522,10 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
                 shared_mem=_WGMMA_SMEM)
+    elif kind == "cluster":
+        _launch(_kernel(_CLUSTER_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), cplan["grid"], 256,
+                _cluster_args(args, cplan, np.int64(slots.shape[0]) if noprep else np.int64(0),
+                              par if noprep else null), shared_mem=_WGMMA_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)
@@ -500,13 +534,13 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
     _launch(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
-            (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
+            (o_part, lse_part, chunk_start, out, lse, B, M, n_slots if noprep else 0))
     return out, lse
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
                      impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = (),
-                     _prepare: bool | None = None, _merge_options: tuple = ()):
+                     _prepare: bool | None = None, _merge_options: tuple = (), _cluster_solo_ratio: float = 1.0):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -531,7 +565,7 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
                                     _options=_options, _single_prefix=P, _prepare=_prepare,
-                                    _merge_options=_merge_options)
+                                    _merge_options=_merge_options, _cluster_solo_ratio=_cluster_solo_ratio)
     return o[0], l[0]
 
 

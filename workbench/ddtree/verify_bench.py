@@ -62,6 +62,10 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         cases += [dict(kernel="verify_attention[wgmma]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=2,
                        chunk_len=c) for n, h, p, c in ((100, 1, 500, None), (70, 3, 1000, 64), (33, 8, 1000, 64),
                                                        (128, 2, 300, None), (129, 2, 300, 128), (17, 64, 0, None))]
+        # impl="cluster" (2-CTA clusters sharing each key tile): odd row-block counts (H = 8: 5, H = 64: 33: one
+        # solo CTA per chunk), even ones (T = 32, H = 64: 32; T = 64, H = 8: 8: every CTA shares), batched
+        # (pairs across requests run solo), one tile per chunk, the prepare launch (T = 129)
+        cases += CLUSTER_PARITY_CASES
         for name in WGMMA_VARIANTS:  # the variants timed beside the default
             cases += [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=4096 + 37, dtype="bfloat16",
                            repeats=1, variant=name) for h in (8, 64)]
@@ -75,6 +79,23 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
         dict(kernel="verify_attention_sdpa", nodes=33, heads=8, prefix=4096, dtype="bfloat16", repeats=1),
     ]
     return cases
+
+
+CLUSTER_PARITY_CASES: list[dict[str, Any]] = (
+    [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=2 if p < 100000 else 1,
+          chunk_len=c)
+     for n, h, p, c in ((33, 8, 100, None), (33, 8, 4096 + 37, None), (33, 8, 131072, None), (33, 64, 100, None),
+                        (33, 64, 4096 + 37, None), (33, 64, 131072, None), (32, 64, 4096 + 37, None),
+                        (64, 8, 20000, None), (33, 8, 1000, 64), (17, 8, 0, None), (100, 1, 500, None),
+                        (129, 2, 300, 128))]
+    + [dict(kernel="verify_attention_batched[cluster]", nodes=n, heads=h, prefix=[0, 5000, 70, 20000],
+            dtype="bfloat16", repeats=1) for n, h in ((33, 8), (32, 64))]
+    # cluster_bal: the solo row block on its own chunking (H = 8: 5 row blocks; the merge sees more slots for
+    # the shared rows, left at weight 0)
+    + [dict(kernel="verify_attention[cluster]", nodes=33, heads=8, prefix=p, dtype="bfloat16", repeats=1,
+            variant="cluster_bal") for p in (100, 4096 + 37, 16384, 131072)]
+    + [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
+            variant="cluster_bal") for n, h, p in ((17, 8, 3000), (33, 5, 20000), (33, 64, 5000))])
 
 
 def _tolerances(dtype: str) -> tuple[float, float]:
@@ -119,8 +140,8 @@ def verify_parity_rows(cases: Iterable[dict[str, Any]] | None = None, device: An
             extra = {"chunk_len": int(case["chunk_len"])} if case.get("chunk_len") else {}
             if case.get("options"):  # -D options of the kernel build (tuning variants; CUDA only)
                 extra["_options"] = tuple(case["options"])
-            if case.get("variant"):  # a named variant of WGMMA_VARIANTS (CUDA only)
-                extra.update({k: v for k, v in WGMMA_VARIANTS[case["variant"]].items() if k != "impl"})
+            if case.get("variant"):  # a named variant (WGMMA_VARIANTS, CLUSTER_VARIANTS; CUDA only)
+                extra.update({k: v for k, v in _named_variants()[case["variant"]].items() if k != "impl"})
             if base == "verify_attention_batched":
                 out = torch.full(inp["q_latent"].shape, float("nan"), dtype=inp["q_latent"].dtype, device=dev)
                 lse = torch.full(inp["q_latent"].shape[:-1], float("nan"), dtype=torch.float32, device=dev)
@@ -197,6 +218,19 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
     "s1_prepare_merge1": {"impl": "wgmma", "_prepare": True, "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
     # + no prepare launch for one request (T <= 128); the default adds the one-pass merge
     "s1_merge1": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
+}
+
+
+# impl="cluster" (NOT YET RUN ON A GPU): the variant, and its diagnostic build (timing only, wrong outputs):
+# the half-tile gathers and the copies to the partner alone
+# cluster_bal: one request with an odd row-block count gives the solo row block shorter, more numerous
+# chunks (verify_cluster.cluster_launch_plan, solo tiles expected 1.25x the cost of shared ones)
+CLUSTER_VARIANTS: dict[str, dict[str, Any]] = {
+    "cluster": {"impl": "cluster"},
+    "cluster_bal": {"impl": "cluster", "_cluster_solo_ratio": 1.25},
+    "cluster_diag_gather": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1",)},
+    # the half-tile gathers alone, no copy to the partner (timing only, wrong outputs)
+    "cluster_diag_half": {"impl": "cluster", "_options": ("-DVERIFY_WG_DIAG=1", "-DVERIFY_CL_NOPUSH=1")},
 }
 
 
@@ -358,9 +392,15 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             samples[key]["verify_attention_eager"] = eager
             var_res = {}
             for vname, kw in (variants or {}).items():
-                vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                try:
+                    vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
+                    vp = _time_pipelined(fns_for(kw), reps)
+                except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the run goes on
+                    torch.cuda.synchronize()
+                    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                    var_res[vname] = {"status": "failed", "reason": f"{type(e).__name__}: {msg}"}
+                    continue
                 samples[key][f"verify_attention[{vname}]"] = vs
-                vp = _time_pipelined(fns_for(kw), reps)
                 samples[key][f"verify_attention[{vname}]_pipelined"] = vp
                 var_res[vname] = {"median_ms": median(vs), "mode": vmode, "pipelined_ms": median(vp)}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
@@ -411,13 +451,13 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     return results
 
 
-def _write(results: dict[str, Any], out: Any):
+def _write(results: dict[str, Any], out: Any, name: str = "ddtree_verify", extra_notes: str = ""):
     from workbench.measure import write_measurement
 
     body = {k: v for k, v in results.items() if k not in ("samples", "parameters")}
-    return write_measurement("ddtree_verify", out_dir=out, parameters=results["parameters"], results=body,
+    return write_measurement(name, out_dir=out, parameters=results["parameters"], results=body,
                              samples=results["samples"],
-                             notes=VERIFY_NOTES)
+                             notes=VERIFY_NOTES + (" " + extra_notes if extra_notes else ""))
 
 
 VERIFY_NOTES = (
@@ -449,7 +489,7 @@ def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                    floor_bound=p["floor_bound"],
                    percent_of_floor=p["percent_of_floor"], achieved_tflops=p["achieved_tflops"])
         for name, v in p.get("variants", {}).items():
-            row[f"{name}_ms"] = v["median_ms"]
+            row[f"{name}_ms"] = v.get("median_ms")  # None: the variant failed (v["reason"])
         for name, v in p["peers"].items():
             row[f"{name}_ms"] = v["median_ms"] if v["status"] == "ok" else None
             if v["status"] != "ok":
@@ -474,8 +514,8 @@ def verify_table(results: dict[str, Any]) -> str:
                 return "-"
             return f"{r['median_ms']:.3f}" if r["status"] == "ok" else r["status"]
         sp = p["speedup_vs_best_peer"]
-        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if v in p.get("variants", {}) else f"{'-':>11}"
-                       for v in variants)
+        var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if "median_ms" in p.get("variants", {}).get(v, {})
+                       else f"{('failed' if v in p.get('variants', {}) else '-'):>11}" for v in variants)
         lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('pipelined_ms') or 0:>8.4f} "
                      f"{p.get('eager_median_ms') or 0:>9.4f} "
                      f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "
@@ -516,7 +556,7 @@ def read_sanitizer_logs(folder: Any, tools: Sequence[str] = ("memcheck", "racech
 
 def _named_variants() -> dict[str, dict[str, Any]]:
     """Variants ``--variants`` may name (name -> keyword arguments of :func:`verify_attention`)."""
-    return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
+    return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS, **CLUSTER_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}}
 
@@ -546,6 +586,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smoke-only", default=None,
                     help="with --smoke: only the cases whose kernel name, -D options or variant hold this")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity grid")
+    ap.add_argument("--name", default="ddtree_verify",
+                    help="measurement name: writes DIR/NAME.json (default ddtree_verify)")
+    ap.add_argument("--extra-notes", default="",
+                    help="text appended to the file's notes (e.g. the prediction written before the run)")
     ap.add_argument("--sanitizer-logs", default=None,
                     help="folder with memcheck.log / racecheck.log of SANITIZER_COMMAND runs made before this one, "
                          "recorded under results.sanitizer")
@@ -572,6 +616,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # across blocks, the tail split across chunks
         cases += [dict(kernel="verify_attention[wgmma]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
                        chunk_len=c) for n, h, p, c in ((70, 1, 200, None), (40, 3, 300, 64), (9, 8, 300, 128))]
+        # impl="cluster": 2 row blocks (every CTA shares), 3 row blocks (solo CTAs too), one tile per chunk,
+        # batched requests
+        cases += [dict(kernel="verify_attention[cluster]", nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=1,
+                       chunk_len=c) for n, h, p, c in ((9, 8, 0, None), (9, 8, 150, None), (17, 8, 300, None),
+                                                       (40, 3, 300, 64), (9, 8, 300, 128))]
+        cases += [dict(kernel="verify_attention_batched[cluster]", nodes=n, heads=8, prefix=[0, 70, 130],
+                       dtype="bfloat16", repeats=1) for n in (9, 17)]
+        cases += [dict(kernel="verify_attention[cluster]", nodes=17, heads=8, prefix=p, dtype="bfloat16", repeats=1,
+                       variant="cluster_bal") for p in (300, 3000)]
         # the variants timed beside the default
         for name in WGMMA_VARIANTS:
             cases += [dict(kernel="verify_attention[wgmma]", nodes=9, heads=8, prefix=p, dtype="bfloat16",
@@ -615,9 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["sanitizer"] = read_sanitizer_logs(args.sanitizer_logs)
     res = benchmark_verify(heads=tuple(args.heads), nodes=args.nodes, prefixes=tuple(args.prefixes),
                            reps=args.reps, peer_reps=args.peer_reps, variants=variants, peers=tuple(args.peers),
-                           on_point=lambda r: _write(dict(r, **extra), args.out))
+                           on_point=lambda r: _write(dict(r, **extra), args.out, args.name, args.extra_notes))
     res.update(extra)
-    path = _write(res, args.out)
+    path = _write(res, args.out, args.name, args.extra_notes)
     print(f"wrote {path}")
     print(verify_table(res))
     return 0

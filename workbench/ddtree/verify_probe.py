@@ -89,7 +89,15 @@ def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[st
     res: dict[str, Any] = {}
     samples: dict[str, Any] = {}
     for name, kw in variants.items():
-        recs = [record_launches(st, **kw) for st in sets]
+        try:
+            recs = [record_launches(st, **kw) for st in sets]
+        except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the probe goes on
+            import torch
+
+            torch.cuda.synchronize()
+            res[name] = {k: None for k in (*_STAGES, "call", "sum")}
+            res[name]["failed"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            continue
         per: dict[str, float | None] = {}
         for stage in _STAGES:
             if stage not in recs[0]:
@@ -153,7 +161,10 @@ def probe_table(results: dict[str, Any]) -> str:
         for name, v in b["points"].items():
             cells = " ".join(f"{v[k]:>8.4f}" if v[k] is not None else f"{'-':>8}"
                              for k in ("prepare", "attention", "merge", "sum", "call"))
-            lines.append(f"{b['heads']:>3} {b['prefix']:>7} {name:<18} {cells}")
+            if v.get("failed"):
+                cells += f"  FAILED: {v['failed'][:80]}"
+            label = name if b.get("nodes", 33) == 33 else f"{name} T={b['nodes']}"
+            lines.append(f"{b['heads']:>3} {b['prefix']:>7} {label:<18} {cells}")
     mn = results.get("minimal_nodes")
     if mn:
         lines.append(f"graph of 1 minimal node {mn['nodes_1_ms']:.4f} ms, of 3 nodes {mn['nodes_3_ms']:.4f} ms")
@@ -167,17 +178,27 @@ def probe_table(results: dict[str, Any]) -> str:
 
 
 def _parse_variants(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``name=-DX=1,-DY=0`` -> {name: {"_options": (...)}}; a bare name of ``verify.WGMMA_VARIANTS`` -> its
-    keywords; any other bare name (``default``) -> {}."""
+    """``name=-DX=1,-DY=0`` -> {name: {"_options": (...)}}; a token ``impl:KIND`` among the options picks
+    the kernel (``cl=impl:cluster,-DVERIFY_WG_DIAG=1``); a bare name of the benchmark's named variants
+    (``verify_bench._named_variants()``: ``WGMMA_VARIANTS``, ``cluster``, ``mma``...) -> its keywords; any
+    other bare name (``default``) -> {}."""
     out: dict[str, dict[str, Any]] = {}
+    named = VB._named_variants()
     for spec in specs:
         name, _, opts = spec.partition("=")
         if not name:
             raise SystemExit(f"bad variant {spec!r}: want NAME or NAME=-DX=1,-DY=2")
         if opts:
-            out[name] = {"_options": tuple(o for o in opts.split(",") if o)}
+            toks = [o for o in opts.split(",") if o]
+            kw: dict[str, Any] = {"_options": tuple(o for o in toks if not o.startswith("impl:"))}
+            impls = [o[len("impl:"):] for o in toks if o.startswith("impl:")]
+            if len(impls) > 1:
+                raise SystemExit(f"bad variant {spec!r}: at most one impl:KIND")
+            if impls:
+                kw["impl"] = impls[0]
+            out[name] = kw
         else:
-            out[name] = dict(VB.WGMMA_VARIANTS.get(name, {}))
+            out[name] = dict(named.get(name, {}))
     return out
 
 
@@ -185,13 +206,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.ddtree.verify_probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for ddtree_verify_probe.json (default: data/measurements/<gpu>)")
     ap.add_argument("--points", nargs="+", default=["8:4096", "8:131072", "64:4096", "64:131072"],
-                    help="H:P points of the breakdown")
+                    help="H:P (or H:P:T, T tree nodes; default 33) points of the breakdown")
     ap.add_argument("--variants", nargs="+", default=["default"],
                     help="NAME=-DX=1,-DY=2 (kernel -D options), a name of verify.WGMMA_VARIANTS, or default")
     ap.add_argument("--sweep", nargs="*", default=["8:4096:128,256,384,512,1024", "8:16384:384,1024,2048",
                                                      "64:4096:256,512,2112,4160"],
                     help="H:P:chunk,chunk,... (the planner's choice is always added)")
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--name", default="ddtree_verify_probe", help="measurement name (DIR/NAME.json)")
+    ap.add_argument("--extra-notes", default="", help="text appended to the file's notes")
     ap.add_argument("--ncu", action="store_true", help="one call per point and variant inside cudaProfilerStart/Stop")
     args = ap.parse_args(argv)
 
@@ -202,11 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     require_gpu("verify_probe")
     variants = _parse_variants(args.variants)
-    points = [tuple(int(x) for x in p.split(":")) for p in args.points]
+    points = [tuple(int(x) for x in p.split(":")) for p in args.points]  # H:P or H:P:T (T tree nodes, default 33)
+    if any(len(p) not in (2, 3) for p in points):
+        raise SystemExit(f"--points are H:P or H:P:T, got {args.points}")
     if args.ncu:
-        for H, P in points:
+        for H, P, *nt in points:
             for name, kw in variants.items():
-                st = _input_sets(H, P, 33, 0, n_sets=1)[0]
+                st = _input_sets(H, P, nt[0] if nt else 33, 0, n_sets=1)[0]
                 V.verify_attention(**st, check=False, **kw)  # compile, warm
                 torch.cuda.synchronize()
                 torch.cuda.profiler.start()
@@ -216,22 +241,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"ncu point H={H} P={P} variant={name}", flush=True)
         return 0
     results: dict[str, Any] = {"minimal_nodes": minimal_nodes(), "breakdown": [], "chunk_sweep": []}
-    for H, P in points:
-        results["breakdown"].append(launch_breakdown(H, P, variants=variants, reps=args.reps))
+
+    def key(b):
+        return f"H{b['heads']}_P{b['prefix']}" + (f"_T{b['nodes']}" if b.get("nodes", 33) != 33 else "")
+
+    def write(complete: bool):
+        """The file as it stands (rewritten after every point: a run cut short keeps its points)."""
+        res = {k: v for k, v in results.items() if k not in ("breakdown", "chunk_sweep", "minimal_nodes")}
+        res["minimal_nodes"] = {k: v for k, v in results["minimal_nodes"].items() if not k.endswith("samples")}
+        res["breakdown"] = [{k: v for k, v in b.items() if k != "samples"} for b in results["breakdown"]]
+        res["chunk_sweep"] = [{k: v for k, v in r.items() if k != "samples"} for r in results["chunk_sweep"]]
+        res["complete"] = complete
+        samples = {"minimal_nodes": {k: v for k, v in results["minimal_nodes"].items() if k.endswith("samples")},
+                   "breakdown": {key(b): b["samples"] for b in results["breakdown"]},
+                   "chunk_sweep": [r["samples"] for r in results["chunk_sweep"]]}
+        return write_measurement(args.name, out_dir=args.out,
+                                 parameters=dict(points=args.points, variants=args.variants, sweep=args.sweep,
+                                                 reps=args.reps),
+                                 results=res, samples=samples,
+                                 notes=PROBE_NOTES + (" " + args.extra_notes if args.extra_notes else ""))
+
+    for H, P, *nt in points:
+        results["breakdown"].append(launch_breakdown(H, P, nodes=nt[0] if nt else 33, variants=variants,
+                                                     reps=args.reps))
         print(probe_table({"breakdown": results["breakdown"][-1:]}), flush=True)
+        write(False)
     for spec in args.sweep:
         H, P, cl = spec.split(":")
         lens = [None] + [int(c) for c in cl.split(",") if c]
         results["chunk_sweep"] += chunk_sweep(int(H), int(P), lens, reps=args.reps)
-    samples = {"minimal_nodes": {k: v for k, v in results["minimal_nodes"].items() if k.endswith("samples")},
-               "breakdown": {f"H{b['heads']}_P{b['prefix']}": b.pop("samples") for b in results["breakdown"]},
-               "chunk_sweep": [r.pop("samples") for r in results["chunk_sweep"]]}
-    for k in [k for k in results["minimal_nodes"] if k.endswith("samples")]:
-        results["minimal_nodes"].pop(k)
-    path = write_measurement("ddtree_verify_probe", out_dir=args.out,
-                             parameters=dict(points=args.points, variants=args.variants, sweep=args.sweep,
-                                             reps=args.reps),
-                             results=results, samples=samples, notes=PROBE_NOTES)
+    path = write(True)
     print(f"wrote {path}")
     print(probe_table(results))
     return 0

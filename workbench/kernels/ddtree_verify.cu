@@ -20,6 +20,9 @@
 //                             one request with the wgmma kernel and T <= 128: that kernel does without)
 //   ddtree_verify_wgmma_bf16  bf16 inputs, Hopper warpgroup MMA (wgmma, sm_90a builds only),
 //                             64 query rows x 64 keys per step, 2 warpgroups
+//   ddtree_verify_wgmma_cluster_bf16   the same body in 2-CTA thread-block clusters that share each gathered
+//                             key tile through distributed shared memory (impl="cluster", a variant;
+//                             NOT YET RUN ON A GPU when written)
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
 //                             64 query rows x 64 keys per step, 256 threads (any sm_90 build)
 //   ddtree_verify_simple_f32 / _bf16   CUDA-core path, 16 query rows per block
@@ -529,6 +532,9 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_DIAG
 #define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
 #endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
+#ifndef VERIFY_CL_NOPUSH
+#define VERIFY_CL_NOPUSH 0  // cluster variant, diagnostics for timing only (wrong outputs): 1 = no copy to the
+#endif                      // partner (each CTA holds only its own half of every tile)
 #ifndef VERIFY_V_LBO
 #define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
 #endif
@@ -622,34 +628,106 @@ __device__ __forceinline__ void wgmma_m64n256_ss_tb(float* d, unsigned long long
 // [g * chunk_len, ...), and a block whose chunk reaches the tree tail builds the ancestor masks of its
 // own nodes from `parents` [T] in shared memory (the caller keeps (nodes of a block) x W <= 256 words:
 // T <= 128). Otherwise p_single and parents are unused.
-extern "C" __global__ void __launch_bounds__(256, 1)
-ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
+//
+// kCl = true: the cluster variant (ddtree_verify_wgmma_cluster_bf16, NOT YET RUN ON A GPU): see the comment
+// above that entry point. kCl = false is the default kernel, unchanged (same PTX as before the template).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
-    const u32 raw_a = smem_u32(smem);
+__device__ __forceinline__ u32 cluster_ctarank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// shared::cta address in this CTA -> the shared::cluster address of the same offset in CTA `rank`
+__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_async_smem_cluster() {
+    asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_cluster128(u32 addr, uint4 v) {
+    asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+template <bool kCl>
+__device__ __forceinline__ void verify_wgmma_body(TC_ARGS, long long p_single, const long long* __restrict__ parents,
+                                                  int n_a, int clen_b, int n_b) {
+    extern __shared__ __align__(128) unsigned char wsmem[];  // realigned to 1024 below
+    const u32 raw_a = smem_u32(wsmem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
     const u32 sQ_a = raw_a + pad;
     const u32 sK_a = sQ_a + SQ_BYTES;
     const u32 sP_a = sK_a + 2 * SK_BYTES;
-    unsigned char* sP = smem + pad + SQ_BYTES + 2 * SK_BYTES;
+    unsigned char* sP = wsmem + pad + SQ_BYTES + 2 * SK_BYTES;
     float* red = reinterpret_cast<float*>(sP + SP_BYTES);
     u32* svis = reinterpret_cast<u32*>(red + 256);
 
-    const int g = blockIdx.y;
     const bool single = chunk_start == nullptr;
+    // default: grid (row blocks, chunks). kCl: a 1-D grid in two regions (workbench/ddtree/verify_cluster.py
+    // models it): A = row blocks [0, q) (q: the row-block count rounded down to even) x n_a chunks of chunk_len
+    // keys, row block fastest, so the two CTAs of a cluster hold adjacent row blocks of one chunk and share
+    // each key tile; B (odd row-block count only) = the last row block x n_b chunks, each CTA alone as the
+    // default runs (single request: chunks of clen_b keys, possibly more and shorter than A's, so that these
+    // CTAs, which gather whole tiles, end with the sharing ones; batched: chunk_len, the same global chunks).
+    // The grid is rounded up to an even count; CTAs past both regions return.
+    int g = blockIdx.y;
+    int rbi = blockIdx.x;
+    int clen = chunk_len;  // keys per chunk in this CTA's region
+    bool shared = false;
+    u32 crank = 0;
+    int n_reg = 0, n_slots = 0;  // kCl, single request: chunks of this CTA's region; partial slots per row
+    if constexpr (kCl) {
+        const int rb = (T * H + MMA_ROWS - 1) / MMA_ROWS;
+        const int q = rb & ~1;
+        const int blk = blockIdx.x;
+        crank = cluster_ctarank();
+        if (blk < q * n_a) {
+            g = blk / q;
+            rbi = blk - g * q;
+            n_reg = n_a;
+            shared = single ? true : g < chunk_start[B];  // both CTAs of the cluster: the same g
+        } else {
+            if (!(rb & 1)) return;  // no region B: spare CTA of the even rounding
+            g = blk - q * n_a;
+            rbi = rb - 1;
+            if (single) clen = clen_b;
+            n_reg = n_b;
+        }
+        if (single && g >= n_reg) return;  // (n_reg = ceil((p_single + T) / clen), from the host)
+        n_slots = max(n_a, n_b);
+        if (shared) cluster_arrive_relaxed();  // waited before the first write to the partner's memory
+    }
     ChunkWork cw;
     if (single) {
-        if (g >= (int)((p_single + T + chunk_len - 1) / chunk_len)) return;
+        if (g >= (int)((p_single + T + clen - 1) / clen)) return;
         cw.b = 0;
         cw.off_b = 0;
         cw.P = (int)p_single;
         cw.M = T * H;
-        cw.row0 = blockIdx.x * MMA_ROWS;
-        cw.key_begin = g * chunk_len;
-        cw.key_end = min(cw.key_begin + chunk_len, cw.P + T);
+        cw.row0 = rbi * MMA_ROWS;
+        cw.key_begin = g * clen;
+        cw.key_end = min(cw.key_begin + clen, cw.P + T);
     } else {
         if (g >= chunk_start[B]) return;
         cw = chunk_work(chunk_start, offsets, B, T, H, chunk_len, g, MMA_ROWS);
+        if constexpr (kCl) cw.row0 = rbi * MMA_ROWS;
     }
     const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
     const long long off_b = cw.off_b;
@@ -698,10 +776,43 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
             }
         }
     };
-    const bf16_t* next_src[KPT];
+    // kCl, shared: this CTA gathers keys 32 * crank .. +32 of every tile (8 threads per key, chunks (tid & 7) + 8i:
+    // a 128-byte line of a row per 8 threads and step) into its own stage, and once they have landed copies the
+    // same 16-byte chunks into the same place of the partner CTA's stage (st.shared::cluster): each KV row is then
+    // read from L2 once per cluster instead of once per CTA.
+    const int hkey = 32 * (int)crank + (tid >> 3);
+    auto gather_half = [&](int tile, int stage) {
+        const int key = key_begin + tile * MMA_KEYS + hkey;
+        const bf16_t* src = nullptr;
+        if (key < key_end)
+            src = key < P ? kv + slots[off_b + key] * kv_stride : tail + ((long long)b * T + (key - P)) * DK;
+        const u32 base = sK_a + stage * SK_BYTES;
 #pragma unroll
-    for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
-    load_tile(next_src, 0);
+        for (int i = 0; i < 9; ++i) {
+            const int c = (tid & 7) + 8 * i;
+            cp_async16(base + sw128(hkey, c), src ? src + c * 8 : tail, src ? 16 : 0);
+        }
+    };
+    auto push_half = [&](int stage) {
+        cp_async_wait_all();  // this thread's own chunks of the half have landed
+#if !VERIFY_CL_NOPUSH
+        const u32 base = sK_a + stage * SK_BYTES;
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const u32 a = base + sw128(hkey, (tid & 7) + 8 * i);
+            st_cluster128(cluster_map(a, crank ^ 1u), lds128(a));
+        }
+        fence_async_smem_cluster();  // generic-proxy writes, read by the partner's wgmma (async proxy)
+#endif
+    };
+    const bf16_t* next_src[KPT];
+    if (kCl && shared) {
+        gather_half(0, 0);
+    } else {
+#pragma unroll
+        for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
+        load_tile(next_src, 0);
+    }
     cp_async_commit();
     // single-request form: ancestor masks of this block's nodes (node_lo..) when its chunk reaches the
     // tail; parents staged in sP (free until the first softmax) and walked there, under the loads above
@@ -740,6 +851,13 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     // earlier and tile it+2's are read now); issued before or after S(it) by VERIFY_WG_LOAD_FIRST.
     auto gather_next = [&](int it) {
         if (it + 1 < ntiles && VERIFY_WG_DIAG != 2) {
+            if constexpr (kCl) {
+                if (shared) {
+                    gather_half(it + 1, (it + 1) & 1);
+                    cp_async_commit();
+                    return;
+                }
+            }
 #if VERIFY_WG_PREFETCH
             load_tile(next_src, (it + 1) & 1);
             cp_async_commit();
@@ -753,6 +871,13 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #endif
         }
     };
+
+    if constexpr (kCl) {
+        if (shared) {  // the partner has started (its arrive at entry): tile 0's half may go to it
+            cluster_wait_acquire();
+            push_half(0);
+        }
+    }
 
     float m_run[2] = {NEG_INF, NEG_INF};
     float l_run[2] = {0.f, 0.f};
@@ -770,10 +895,23 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     for (int it = 0; it < ntiles; ++it) {
         cp_async_wait_all();
         fence_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        __syncthreads();     // (X)
+        if constexpr (kCl) {
+            if (shared) {  // (X) for the cluster: both halves of tile `it` in both CTAs, tile it-1 consumed by both
+                cluster_arrive_release();
+                cluster_wait_acquire();
+                fence_async_smem();
+            } else {
+                __syncthreads();
+            }
+        } else {
+            __syncthreads();  // (X)
+        }
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
 #if VERIFY_WG_DIAG == 1
         gather_next(it);
+        if constexpr (kCl) {
+            if (shared && it + 1 < ntiles) push_half((it + 1) & 1);
+        }
         continue;
 #endif
 
@@ -982,6 +1120,9 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
             wgmma_m64n256_ss_tb(acc, wg_desc(sP_a + kk * 32, 16, 1024),
                                 wg_desc(kb + wg * 4 * 8192 + kk * 2048, VERIFY_V_LBO, VERIFY_V_SBO), 1);
         wg_commit();
+        if constexpr (kCl) {  // under P.V: the next tile's half to the partner (gathered since S was issued)
+            if (shared && it + 1 < ntiles && VERIFY_WG_DIAG != 2) push_half((it + 1) & 1);
+        }
         wg_wait0();
 #pragma unroll
         for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
@@ -1007,9 +1148,49 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #pragma unroll
         for (int j = 0; j < 32; ++j)
             *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-        if (wg == 0 && tq == 0)
+        if (wg == 0 && tq == 0) {
             lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
+            if constexpr (kCl) {  // single request, regions of different chunk counts: the slots this row's
+                if (single && g == n_reg - 1)  // region does not fill hold weight 0 for the merge
+                    for (int sl = n_reg; sl < n_slots; ++sl) lse_part[(long long)sl * M + row0 + r] = NEG_INF;
+            }
+        }
     }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+#define TC_NAMES q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part, B, T, H, W, \
+                 chunk_len, scale_log2
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    verify_wgmma_body<false>(TC_NAMES, p_single, parents, 0, 0, 0);
+#else
+    asm volatile("trap;");
+#endif
+}
+
+// Cluster variant (impl="cluster", not chosen by "auto"; NOT YET RUN ON A GPU). Same per-tile schedule as
+// the default, but thread-block clusters of 2 CTAs (__cluster_dims__(2, 1, 1)) on a 1-D grid of two regions
+// (see verify_wgmma_body). Region A, the row blocks rounded down to even: the two CTAs of a cluster hold
+// adjacent row blocks of one chunk (the same keys), each gathers half of every 64-key tile (32 keys, cp.async
+// from L2 into its own stage) and, under the P.V of the current tile, copies those 36,864 bytes into the
+// partner's stage through distributed shared memory (ld.shared + st.shared::cluster, same swizzled offsets);
+// the per-tile block barrier (X) becomes a cluster barrier (arrive.release / wait.acquire). L2 -> SM traffic
+// per tile and CTA halves (73.7 KB -> 36.9 KB) and 36.9 KB cross the SM-to-SM network instead. Region B, the
+// last row block of an odd count (H = 8 has 5 row blocks, H = 64 has 33): each CTA runs the default's loop
+// alone, on chunks of clen_b keys for one request (the host may make them shorter and more numerous than
+// region A's, so that these slower CTAs end with the others; a region with fewer chunks writes lse -inf into
+// the partial slots its rows leave empty). Extra parameters: n_a (region A's chunks; chunk_len is its chunk
+// length), clen_b and n_b (region B's). (A 1-D cp.async.bulk per 1152-byte row with .multicast::cluster
+// cannot write this layout: the 128-byte swizzle permutes the 16-byte chunks of each 128-byte segment by
+// row, and wgmma needs that or another core-matrix layout.)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(256, 1)
+ddtree_verify_wgmma_cluster_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents, int n_a,
+                                 int clen_b, int n_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    verify_wgmma_body<true>(TC_NAMES, p_single, parents, n_a, clen_b, n_b);
 #else
     asm volatile("trap;");
 #endif
