@@ -716,8 +716,7 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SM
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
-SMALL_COMPARE_PATHS = ("small_fused", "four_launch", "splitk_s3", "splitk_s4", "splitk_s3_max", "ctasplit",
-                       "ctasplit_max")
+SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))
 
 
 def compare_label(variant: str) -> str:

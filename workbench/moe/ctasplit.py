@@ -46,15 +46,20 @@ def phase_split(stages: int, rule: str = "ring") -> int:
     return 1
 
 
-def ctasplit_splits(hidden: int, intermediate: int, rule: str = "ring") -> tuple[int, int]:
+def ctasplit_splits(hidden: int, intermediate: int, rule: str | tuple[int, int] = "ring") -> tuple[int, int]:
     """(gate_up split, down split) of moe_small_ctasplit: gate_up streams K = hidden, down K = intermediate.
 
     Kimi K2.6 (7168, 2048): (4, 2), i.e. gate_up tasks of one tile with 7 stages per warp, down tasks of
-    two tiles with 4 stages per warp.
+    two tiles with 4 stages per warp. ``rule`` is "ring", "max" (:func:`phase_split`) or a fixed pair.
     """
     for name, v in (("hidden", hidden), ("intermediate", intermediate)):
         if v <= 0 or v % 512:
             raise ValueError(f"{name} must be a positive multiple of 512, got {v}")
+    if isinstance(rule, tuple):   # fixed (gate_up split, down split), a tuning point
+        for name, s, k in (("gate_up", rule[0], hidden), ("down", rule[1], intermediate)):
+            if s not in (1, 2, 4) or (k // STAGE_K) % s:
+                raise ValueError(f"{name} split must be 1, 2 or 4 and divide {k // STAGE_K} stages, got {s}")
+        return int(rule[0]), int(rule[1])
     return phase_split(hidden // STAGE_K, rule), phase_split(intermediate // STAGE_K, rule)
 
 

@@ -53,6 +53,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "splitk_s3_max": ("moe_small_splitk_s3", (4, 4, 1 << 20)),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
+    # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
+    **{f"ctasplit_g{a}d{b}": ("moe_small_ctasplit", ("cta", (a, b))) for a, b in ((4, 1), (2, 2), (2, 1), (1, 1))},
 }
 SMALL_VARIANT = {"name": "splitk_s4"}
 
