@@ -278,3 +278,22 @@ def test_xprefetch_variants_parity_kimi_shape(variant, m):
         assert float((a.double() - b.double()).norm() / b.double().norm()) < 5e-3
     else:
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("variant", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1"])
+@pytest.mark.parametrize("m", [1, 2, 9, 16])
+def test_ctasplit_x4_fixed_splits_parity_kimi_shape(variant, m):
+    """ctasplit_x4 at fixed splits (2, 1) and (1, 1): parity at Kimi shapes, uniform and skewed routing."""
+    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, SMALL_VARIANT, set_small_table, set_small_variant
+
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=30 + m)
+    saved, saved_v = list(SMALL_TABLE), SMALL_VARIANT["name"]
+    set_small_table([(SMALL_MAX_PAIRS, True)])
+    try:
+        set_small_variant(variant)
+        for routing in ("uniform", "skewed"):
+            res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
+            assert res["path"] == f"small_{variant}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    finally:
+        set_small_table(saved)
+        set_small_variant(saved_v)

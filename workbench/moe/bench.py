@@ -746,10 +746,20 @@ SMALL_XPREFETCH_PREDICTION = (
     "splitk_s4x3 between the two; ctasplit_x4 3-10% faster than ctasplit at M = 1; splitk_s4x2_b4 5-15% slower "
     "than splitk_s4 (fewer warps, same prefetch) and splitk_s4x4_b4 between it and splitk_s4x4. Refuted if "
     "splitk_s4x4 is not faster than splitk_s4 at M >= 4.")
+SMALL_CTASPLIT_X4_SPLITS_PREDICTION = (
+    "PREDICTION, written before any run (host-side variants of a kernel already run on the H200). ctasplit_x4 "
+    "(the CTA-split kernel with the activations 4 steps ahead) at the fixed splits that were the CTA-split "
+    "kernel's best in the split sweep (moe_small_ctasplit_splits.json, XD 2): (2, 1) at M = 2 (69.8 / 67.2% of "
+    "copy uniform / skewed, against the rule's (4, 2) 64.2 / 64.1) and (1, 1) at M >= 4 (77.6-84.7 / 74.7-79.4). "
+    "Run 13 measured +7-8% for XD 4 over XD 2 at M = 1 (moe_small_xprefetch*.json). Predicted, same process: "
+    "ctasplit_x4_g2d1 at M = 2 3-8% faster than ctasplit_g2d1 would be, i.e. 71-75% of copy, at or above "
+    "splitk_s4 (~69%); ctasplit_x4_g1d1 at M = 4-16 within 2% of splitk_s4x4 (its barrier per 28-stage task "
+    "costs little there). Refuted for M = 2 if ctasplit_x4_g2d1 is not faster than splitk_s4 there.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
-                     "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION}
+                     "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
+                     "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

@@ -45,6 +45,10 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # there, splitk_s4x4_b4 and splitk_s4x2_b4, were slower and are removed)
     "splitk_s4x4": ("moe_small_splitk_s4x4_b5", (4, 2, 2)),
     "ctasplit_x4": ("moe_small_ctasplit_x4", ("cta", "ring")),
+    # the x4 kernel at the fixed splits that were best for the CTA-split kernel at M = 2 and M >= 4 in the split
+    # sweep (moe_small_ctasplit_splits.json); NOT YET TIMED (bench.SMALL_CTASPLIT_X4_SPLITS_PREDICTION)
+    "ctasplit_x4_g2d1": ("moe_small_ctasplit_x4", ("cta", (2, 1))),
+    "ctasplit_x4_g1d1": ("moe_small_ctasplit_x4", ("cta", (1, 1))),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
