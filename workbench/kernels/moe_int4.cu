@@ -1277,36 +1277,26 @@ __device__ __forceinline__ void moe_small_splitk_body(
 // grid: at most the CTAs that fit on the device at once; block 128. sgu_max / sdn_max in {1, 2, 4};
 // want: tasks wanted per phase (split chosen per phase on the device, see splitk_pick).
 // gpart: f32 [sgu_max, P, I/8, 16] (unused when sgu_max == 1), ypart: f32 [sdn_max, P, H].
-#define MOE_SPLITK_INSTANCE(RS, MINB)                                                                         \
-    extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s##RS(                        \
+// NAME: the kernel; RS ring stages; MINB CTAs per SM (launch bound); XD activation prefetch distance in 64-K
+// steps (0: frag_gemm's default, 2).
+#define MOE_SPLITK_KERNEL(NAME, RS, MINB, XD)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                              \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
         int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
         __nv_bfloat16* __restrict__ out) {                                                                     \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                             \
-        moe_small_splitk_body<RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf,   \
-                                  gpart, ypart, ws, out, s_ring);                                              \
+        moe_small_splitk_body<RS, XD>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf, \
+                                      gpart, ypart, ws, out, s_ring);                                          \
     }
 
-MOE_SPLITK_INSTANCE(3, 6)
-MOE_SPLITK_INSTANCE(4, 5)
-
-// splitk_s4 with the activations XD 64-K steps ahead instead of 2 (Nsight Compute at M = 16 put a quarter of
-// the stall samples on the HMMAs waiting for them), MINB CTAs per SM. XD must divide FR_SUB (XD = 3 computed
-// wrong results in moe_small_xprefetch.json and was removed). The 4-CTA forms (XD 4 and 2 at MINB 4) were slower
-// than XD 4 at MINB 5 in the same run and were removed (history: eb8e061).
-#define MOE_SPLITK_X_INSTANCE(XD, MINB)                                                                      \
-    extern "C" __global__ void __launch_bounds__(128, MINB) moe_small_splitk_s4x##XD##_b##MINB(              \
-        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
-        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
-        int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
-        __nv_bfloat16* __restrict__ out) {                                                                     \
-        __shared__ __align__(16) unsigned char s_ring[4 * 4 * FR_STAGE_U4 * 16];                              \
-        moe_small_splitk_body<4, XD>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf, \
-                                     gpart, ypart, ws, out, s_ring);                                           \
-    }
-
-MOE_SPLITK_X_INSTANCE(4, 5)
+MOE_SPLITK_KERNEL(moe_small_splitk_s3, 3, 6, 0)
+MOE_SPLITK_KERNEL(moe_small_splitk_s4, 4, 5, 0)
+// splitk_s4 with the activations 4 steps of 64 K ahead instead of 2 (Nsight Compute at M = 16 put a quarter of
+// the stall samples on the HMMAs waiting for them). XD must divide FR_SUB (XD = 3 computed wrong results in
+// moe_small_xprefetch.json and was removed). The 4-CTA forms (XD 4 and 2 at MINB 4) were slower than XD 4 at
+// MINB 5 in the same run and were removed (history: eb8e061).
+MOE_SPLITK_KERNEL(moe_small_splitk_s4x4_b5, 4, 5, 4)
 
 
 // ===================================================================================================
