@@ -119,24 +119,11 @@ SPLITK = ["splitk_s3", "splitk_s4", "splitk_s3_max"]
 
 @pytest.fixture
 def splitk_on(request):
-    """The one-launch path for M * topk <= 128, with the split-K kernel named by the test's parameter."""
-    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, set_small_table, set_small_variant
+    """The one-launch path for M * topk <= 128, with the one-launch kernel named by the test's parameter."""
+    from workbench.moe.fused import forced_small_variant
 
-    from workbench.moe.fused import SMALL_VARIANT
-
-    saved, saved_variant = list(SMALL_TABLE), SMALL_VARIANT["name"]
-    set_small_table([(SMALL_MAX_PAIRS, True)])
-    set_small_variant(request.param)
-    yield request.param
-    set_small_variant(saved_variant)
-    set_small_table(saved)
-
-
-@pytest.mark.parametrize("splitk_on", SPLITK, indirect=True)
-@pytest.mark.parametrize("m,routing", [(1, "uniform"), (2, "uniform"), (5, "skewed"), (16, "uniform")])
-def test_splitk_parity_small(small, splitk_on, m, routing):
-    res = check_case(small, m, routing, torch.Generator().manual_seed(m), topk=8)
-    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    with forced_small_variant(request.param) as name:
+        yield name
 
 
 @pytest.mark.parametrize("splitk_on", SPLITK, indirect=True)
@@ -183,9 +170,10 @@ def test_splitk_matches_v3(small, splitk_on):
 CTASPLIT = ["ctasplit", "ctasplit_max"]   # H = I = 1024: splits (1, 1) and (4, 4) (1 stage per warp, queue 3 ahead)
 
 
-@pytest.mark.parametrize("splitk_on", CTASPLIT, indirect=True)
+@pytest.mark.parametrize("splitk_on", SPLITK + CTASPLIT, indirect=True)
 @pytest.mark.parametrize("m,routing", [(1, "uniform"), (2, "uniform"), (5, "skewed"), (16, "uniform")])
-def test_ctasplit_parity_small(small, splitk_on, m, routing):
+def test_one_launch_parity_small(small, splitk_on, m, routing):
+    """Split-K and CTA-split kernels at the small shapes (H = I = 1024, 16 experts)."""
     res = check_case(small, m, routing, torch.Generator().manual_seed(m), topk=8)
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
@@ -251,49 +239,30 @@ def test_ctasplit_parity_split2(splitk_on, m):
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-@pytest.mark.parametrize("variant", ["splitk_s4x4", "ctasplit_x4"])
+@pytest.mark.parametrize("splitk_on", ["splitk_s4x4", "ctasplit_x4"], indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 9, 16])
-def test_xprefetch_variants_parity_kimi_shape(variant, m):
+def test_xprefetch_variants_parity_kimi_shape(splitk_on, m):
     """The activation-prefetch variants (same arithmetic as splitk_s4 / ctasplit): parity at Kimi shapes, and
     bit-identical to their base kernel on the same grid."""
-    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, SMALL_VARIANT, set_small_table, set_small_variant
+    from workbench.moe.fused import set_small_variant
 
     ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=m)
-    saved, saved_v = list(SMALL_TABLE), SMALL_VARIANT["name"]
-    set_small_table([(SMALL_MAX_PAIRS, True)])
-    try:
-        set_small_variant(variant)
-        res = check_case(ex, m, "skewed", torch.Generator().manual_seed(m), topk=8)
-        assert res["path"] == f"small_{variant}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
-        g = torch.Generator().manual_seed(60 + m)
-        ids, w = make_routing(m, 24, 8, "uniform", g)
-        x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
-        a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-        set_small_variant("ctasplit" if variant.startswith("ctasplit") else "splitk_s4")
-        b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-    finally:
-        set_small_table(saved)
-        set_small_variant(saved_v)
-    if variant.endswith("_b4"):   # another grid: the device may pick other splits (another summation order)
-        assert float((a.double() - b.double()).norm() / b.double().norm()) < 5e-3
-    else:
-        assert torch.equal(a, b)
+    res = check_case(ex, m, "skewed", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    g = torch.Generator().manual_seed(60 + m)
+    ids, w = make_routing(m, 24, 8, "uniform", g)
+    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    set_small_variant("ctasplit" if splitk_on.startswith("ctasplit") else "splitk_s4")   # restored by the fixture
+    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("variant", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1"])
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1"], indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 9, 16])
-def test_ctasplit_x4_fixed_splits_parity_kimi_shape(variant, m):
+def test_ctasplit_x4_fixed_splits_parity_kimi_shape(splitk_on, m):
     """ctasplit_x4 at fixed splits (2, 1) and (1, 1): parity at Kimi shapes, uniform and skewed routing."""
-    from workbench.moe.fused import SMALL_MAX_PAIRS, SMALL_TABLE, SMALL_VARIANT, set_small_table, set_small_variant
-
     ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=30 + m)
-    saved, saved_v = list(SMALL_TABLE), SMALL_VARIANT["name"]
-    set_small_table([(SMALL_MAX_PAIRS, True)])
-    try:
-        set_small_variant(variant)
-        for routing in ("uniform", "skewed"):
-            res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
-            assert res["path"] == f"small_{variant}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
-    finally:
-        set_small_table(saved)
-        set_small_variant(saved_v)
+    for routing in ("uniform", "skewed"):
+        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
+        assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res

@@ -283,3 +283,20 @@ def test_splitk_task_protocol_simulation(sgu, sdn, warps):
         ws, done_gu, done_dn, red_gu, out, hbuf = _simulate_splitk(nitems, tiles_gu, tiles_dn, sgu, sdn, warps, seed)
         assert ws == {"task": 0, "fin": 0} and not any(done_gu) and not any(done_dn) and not any(red_gu)
         assert sorted(out) == list(range(tiles_dn)) and len(hbuf) == nitems * tiles_gu
+
+
+def test_forced_small_variant_restores_table_and_variant():
+    from workbench.moe.fused import forced_small_variant
+
+    saved, saved_variant = list(SMALL_TABLE), SMALL_VARIANT["name"]
+    with forced_small_variant("ctasplit"):
+        assert [small_variant_for(m, 8) for m in (1, 9, 16, 17)] == ["ctasplit", "ctasplit", "ctasplit", None]
+    assert SMALL_TABLE == saved and SMALL_VARIANT["name"] == saved_variant
+    with pytest.raises(ValueError, match="small variant"):
+        with forced_small_variant("splitk_s9"):
+            pass
+    assert SMALL_TABLE == saved and SMALL_VARIANT["name"] == saved_variant
+    with pytest.raises(RuntimeError, match="inside"):
+        with forced_small_variant("v3"):
+            raise RuntimeError("inside")
+    assert SMALL_TABLE == saved and SMALL_VARIANT["name"] == saved_variant

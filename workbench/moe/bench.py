@@ -31,7 +31,8 @@ from typing import Any, Callable
 import torch
 
 from workbench.moe.fused import (DEFAULT_SMALL_VARIANT, KERNEL_TABLE, SMALL_MAX_PAIRS, SMALL_PATH, SMALL_TABLE,
-                                 SMALL_VARIANT, SMALL_VARIANTS, VARIANTS, fused_moe_int4, kernel_config,
+                                 SMALL_VARIANT, SMALL_VARIANTS, VARIANTS, forced_small_variant, fused_moe_int4,
+                                 kernel_config,
                                  set_kernel_table, set_small_path, set_small_table, set_small_variant, small_grid,
                                  small_variant_for, splitk_splits, table_small_kernel, uses_small_path,
                                  variant_name, work_items)
@@ -300,20 +301,13 @@ def run_sanitize_checks(seed: int = 1, variants=VARIANTS, small_variants=("v3",)
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator().manual_seed(seed)
     ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=seed)
-    saved_small = list(SMALL_TABLE)
-    saved_variant = SMALL_VARIANT["name"]
-    set_small_table([(SMALL_MAX_PAIRS, True)])   # the one-launch kernel whatever SMALL_TABLE says
     res = []
-    try:
-        for sv in small_variants:
-            set_small_variant(sv)
+    for sv in small_variants:
+        with forced_small_variant(sv):   # the one-launch kernel whatever SMALL_TABLE says
             res += [check_case(ex, m, r, gen, topk=8, ref_on_cpu=True)
                     for m, r in ((1, "uniform"), (2, "uniform"), (9, "skewed"))]
             res += small_path_edge_checks(ex, gen, 8)
             res.append(check_graph_replay(ex, 4, gen, 8))
-    finally:
-        set_small_table(saved_small)
-        set_small_variant(saved_variant)
     saved = list(KERNEL_TABLE)
     set_small_path(False)
     try:

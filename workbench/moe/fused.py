@@ -18,6 +18,9 @@ and rounds to bf16.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from workbench.kernels import gpu_available, launch, load_module
@@ -148,6 +151,21 @@ def set_small_variant(name: str | None) -> None:
     if name is not None and name not in SMALL_VARIANTS:
         raise ValueError(f"small variant must be None or one of {sorted(SMALL_VARIANTS)}, got {name!r}")
     SMALL_VARIANT["name"] = name
+
+
+@contextlib.contextmanager
+def forced_small_variant(name: str) -> Iterator[str]:
+    """Within the block, every M * topk <= SMALL_MAX_PAIRS runs the one-launch kernel ``name`` (a
+    :data:`SMALL_VARIANTS` key), whatever :data:`SMALL_TABLE` says; the table and :data:`SMALL_VARIANT` are
+    restored afterwards (benchmarks, tests, workbench.moe.trace)."""
+    saved_table, saved_variant = list(SMALL_TABLE), SMALL_VARIANT["name"]
+    try:
+        set_small_variant(name)
+        set_small_table([(SMALL_MAX_PAIRS, True)])
+        yield name
+    finally:
+        set_small_table(saved_table)
+        set_small_variant(saved_variant)
 
 
 def splitk_choice(items: int, tiles: int, stages: int, max_split: int, want: int) -> int:

@@ -181,10 +181,7 @@ def trace_call(experts, m: int, routing: str, gen, topk: int = 8,
     x = torch.randn(m, experts.hidden, generator=gen).to(torch.bfloat16).cuda()
     mod = load_module(fused.FAMILY, options=TRACE_OPTIONS)
     buf = cupy.ndarray((MAX_CTAS * WORDS,), dtype=cupy.uint64, memptr=mod.get_global("moe_trace"))
-    saved_table, saved_variant = list(fused.SMALL_TABLE), fused.SMALL_VARIANT["name"]
-    fused.set_small_table([(fused.SMALL_MAX_PAIRS, variant)])
-    fused.set_small_variant(variant)
-    try:
+    with fused.forced_small_variant(variant):
         torch.cuda.synchronize()
         buf.fill(0)
         cupy.cuda.Device().synchronize()
@@ -192,9 +189,6 @@ def trace_call(experts, m: int, routing: str, gen, topk: int = 8,
         fused._fused_small(x, ids.cuda(), w.cuda(), experts, out, options=TRACE_OPTIONS)
         torch.cuda.synchronize()
         raw = cupy.asnumpy(buf)
-    finally:
-        fused.set_small_table(saved_table)
-        fused.set_small_variant(saved_variant)
     kname, spec = fused.SMALL_VARIANTS[variant]
     ctas = fused.small_grid(kname + "".join(TRACE_OPTIONS))
     items = fused.work_items(ids, experts.num_experts)
@@ -223,10 +217,7 @@ def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], r
     ids, w = ids.cuda(), w.cuda()
     x = torch.randn(m, experts.hidden, generator=gen).to(torch.bfloat16).cuda()
     out = torch.empty(m, experts.hidden, dtype=torch.bfloat16, device="cuda")
-    saved_table, saved_variant = list(fused.SMALL_TABLE), fused.SMALL_VARIANT["name"]
-    fused.set_small_table([(fused.SMALL_MAX_PAIRS, variant)])
-    fused.set_small_variant(variant)
-    try:
+    with fused.forced_small_variant(variant):
         fused._fused_small(x, ids, w, experts, out, options=options)   # warm: compile, grid, workspace
         torch.cuda.synchronize()
         side = torch.cuda.Stream()
@@ -245,9 +236,6 @@ def _time_kernel(experts, m: int, routing: str, gen, options: tuple[str, ...], r
             b.record()
             b.synchronize()
             ms.append(a.elapsed_time(b) / per_graph)
-    finally:
-        fused.set_small_table(saved_table)
-        fused.set_small_variant(saved_variant)
     return ms
 
 
