@@ -269,6 +269,32 @@ def _time_pipelined(fns: Sequence[Any], reps: int, per_sample: int = 10) -> list
     return out
 
 
+def _time_batched(fns: Sequence[Any], reps: int, min_calls: int = 16) -> tuple[list[float], int]:
+    """CUDA-event samples (ms per call) of ONE CUDA graph holding ``fns`` (rotated) called back to back,
+    at least ``min_calls`` calls: the device time of a call as it runs inside a longer captured step (an
+    engine's decode graph), with no host launch latency in it; each call still pays its kernels' launch
+    gaps inside the graph. Returns (samples, calls per replay)."""
+    import torch
+
+    from workbench.measure import time_cuda
+
+    calls = max(min_calls, len(fns))
+    calls = len(fns) * math.ceil(calls / len(fns))   # every input set equally often
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    samples = time_cuda(g.replay, warmup=3, reps=reps)
+    return [t / calls for t in samples], calls
+
+
 def graph_launch_floor(reps: int = 200) -> dict[str, Any]:
     """Replay time (ms, median; samples) of a CUDA graph holding one minimal kernel node (a one-element
     add), timed as the benchmark times a verify call: what any one-graph call costs at least."""
@@ -278,7 +304,9 @@ def graph_launch_floor(reps: int = 200) -> dict[str, Any]:
 
     x = torch.zeros(1, device="cuda")
     s, mode = _time_rotating([lambda: x.add_(1.0)], reps, 5, graph=True)
-    return {"median_ms": median(s), "mode": mode, "samples_ms": s}
+    b, calls = _time_batched([lambda: x.add_(1.0)], max(10, reps // 4), min_calls=64)
+    return {"median_ms": median(s), "mode": mode, "samples_ms": s,
+            "node_ms": median(b), "node_samples_ms": b, "nodes_per_graph": calls}
 
 
 def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
@@ -329,12 +357,17 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                     goal="faster than every peer at every point and >= 50% of floor",
                     all_faster_than_peers=all(p["faster_than_all_peers"] for p in pts),
                     min_percent_of_floor=min(p["percent_of_floor"] for p in pts) if pts else None,
+                    min_percent_of_floor_batched=(min(p["percent_of_floor_batched"] for p in pts)
+                                                  if pts and all("percent_of_floor_batched" in p for p in pts)
+                                                  else None),
+                    graph_node_ms=floor_graph["node_ms"],
                     parameters=dict(heads=list(heads), nodes=nodes, prefixes=list(prefixes), dtype=dname,
                                     reps=reps, peer_reps=peer_reps, peers=list(peers),
                                     variants={k: {a: list(b) if isinstance(b, tuple) else b for a, b in v.items()}
                                               for k, v in (variants or {}).items()}),
                     samples=dict(kernels=samples, copy_ms=bw["samples_ms"], matmul_ms=mm["samples_ms"],
-                                 graph_launch_floor_ms=floor_graph["samples_ms"]))
+                                 graph_launch_floor_ms=floor_graph["samples_ms"],
+                                 graph_node_ms=floor_graph["node_samples_ms"]))
 
     for H in heads:
         for P in prefixes:
@@ -352,6 +385,8 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             samples[key]["verify_attention"] = ks
             kp = _time_pipelined(fns_for({}), reps)
             samples[key]["verify_attention_pipelined"] = kp
+            kb, kcalls = _time_batched(fns_for({}), max(10, reps // 2))
+            samples[key]["verify_attention_batched"] = kb
             cur = {"i": 0}
             eager = time_cuda(lambda: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
                               setup=lambda i: cur.__setitem__("i", i % n_sets))
@@ -361,6 +396,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                 try:
                     vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
                     vp = _time_pipelined(fns_for(kw), reps)
+                    vb, _ = _time_batched(fns_for(kw), max(10, reps // 2))
                 except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the run goes on
                     torch.cuda.synchronize()
                     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
@@ -368,7 +404,9 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                     continue
                 samples[key][f"verify_attention[{vname}]"] = vs
                 samples[key][f"verify_attention[{vname}]_pipelined"] = vp
-                var_res[vname] = {"median_ms": median(vs), "mode": vmode, "pipelined_ms": median(vp)}
+                samples[key][f"verify_attention[{vname}]_batched"] = vb
+                var_res[vname] = {"median_ms": median(vs), "mode": vmode, "pipelined_ms": median(vp),
+                                  "batched_ms": median(vb)}
             fl = verify_floor(nodes, H, P, sets[0]["kv_cache"].element_size(), bw["gb_per_s"], mm["tflops"])
             kmed = median(ks)
             peer_res = {}
@@ -387,6 +425,10 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                     samples[key][name] = ps
                     peer_res[name] = {"status": "ok", "median_ms": median(ps), "mode": pmode,
                                       "first_call_s": first_s}
+                    if pmode == "cuda_graph":   # the same in-graph timing as the kernel's batched_ms
+                        pb, _ = _time_batched(pfns, peer_reps)
+                        samples[key][f"{name}_batched"] = pb
+                        peer_res[name]["batched_ms"] = median(pb)
                 except Exception as e:  # noqa: BLE001 - recorded, not hidden
                     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
                     reason = f"{type(e).__name__}: {msg}"
@@ -398,9 +440,14 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                 torch.cuda.empty_cache()
             ok = [v["median_ms"] for v in peer_res.values() if v["status"] == "ok"]
             best = min(ok) if ok else None
+            okb = [v["batched_ms"] for v in peer_res.values() if v.get("batched_ms")]
+            kbmed = median(kb)
             points.append(dict(heads=H, nodes=nodes, prefix=P, dtype=dname, kv_sets=n_sets, mode=kmode,
                                impl=auto_impl(dt),
                                median_ms=kmed, eager_median_ms=median(eager), pipelined_ms=median(kp),
+                               batched_ms=kbmed, batched_calls=kcalls,
+                               percent_of_floor_batched=100.0 * fl["floor_ms"] / kbmed,
+                               faster_than_all_peers_batched=all(kbmed < v for v in okb) if okb else None,
                                variants=var_res,
                                floor_ms=fl["floor_ms"], floor_bound=fl["bound"],
                                percent_of_floor=100.0 * fl["floor_ms"] / kmed, bytes=fl["bytes"], flops=fl["flops"],
@@ -437,8 +484,11 @@ VERIFY_NOTES = (
     "launch, -DVERIFY_MERGE_V1=1 merge); 's1_prepare_merge1' = + S1; 's1_merge1' = + no prepare launch; the "
     "default = + one-pass merge; 'mma' = the mma.sync kernel (62fb1b2's design). (Predictions and outcomes of each "
     "step: papers/ddtree_kernels.md section 3 and the notes of the committed runs.) pipelined_ms: graph replays "
-    "back to back (ten per sample); graph_launch_floor_ms: a graph of one minimal kernel node timed as the kernel "
-    "is. Peers: naive torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs "
+    "back to back (ten per sample); batched_ms: the calls captured back to back in ONE graph (batched_calls "
+    "of them over the rotated KV sets), per call: device time with no host launch latency, as inside an engine's "
+    "captured decode step (percent_of_floor_batched from it; peers that capture timed the same way); "
+    "graph_launch_floor_ms: a graph of one minimal kernel node timed as the kernel is; graph_node_ms: per node "
+    "of a graph of 64 such nodes. Peers: naive torch, SDPA with a dense mask, FlexAttention attempt. All timed as replayed CUDA graphs "
     "(eager_median_ms: the default with Python launch overhead); floor = max(bytes / measured copy bandwidth, "
     "flops / measured bf16 matmul rate); results.parity: rows against the float64 reference; results.sanitizer: "
     "compute-sanitizer logs of the smoke cases; results.complete: false while the run was cut short.")
@@ -451,7 +501,9 @@ def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for p in res["points"]:
         row = dict(heads=p["heads"], nodes=p["nodes"], prefix=p["prefix"], kernel_ms=p["median_ms"],
-                   eager_ms=p.get("eager_median_ms"), pipelined_ms=p.get("pipelined_ms"), floor_ms=p["floor_ms"],
+                   eager_ms=p.get("eager_median_ms"), pipelined_ms=p.get("pipelined_ms"),
+                   batched_ms=p.get("batched_ms"), percent_of_floor_batched=p.get("percent_of_floor_batched"),
+                   floor_ms=p["floor_ms"],
                    floor_bound=p["floor_bound"],
                    percent_of_floor=p["percent_of_floor"], achieved_tflops=p["achieved_tflops"])
         for name, v in p.get("variants", {}).items():
@@ -470,7 +522,8 @@ def verify_table(results: dict[str, Any]) -> str:
     """Plain-text table of :func:`benchmark_verify` results (or of the committed measurement)."""
     res = results.get("results", results)
     variants = sorted({v for p in res["points"] for v in p.get("variants", {})})
-    lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'pipe ms':>8} {'eager ms':>9} {'floor ms':>9} {'%floor':>7} "
+    lines = [f"{'H':>3} {'P':>7} {'kernel ms':>10} {'pipe ms':>8} {'batch ms':>9} {'eager ms':>9} {'floor ms':>9} "
+             f"{'%floor':>7} {'%fl bat':>7} "
              + " ".join(f"{v + ' ms':>11}" for v in variants)
              + f" {'naive ms':>9} {'sdpa ms':>9} {'flex':>12} {'xbest':>6}"]
     for p in res["points"]:
@@ -483,8 +536,8 @@ def verify_table(results: dict[str, Any]) -> str:
         var = " ".join(f"{p['variants'][v]['median_ms']:>11.4f}" if "median_ms" in p.get("variants", {}).get(v, {})
                        else f"{('failed' if v in p.get('variants', {}) else '-'):>11}" for v in variants)
         lines.append(f"{p['heads']:>3} {p['prefix']:>7} {p['median_ms']:>10.4f} {p.get('pipelined_ms') or 0:>8.4f} "
-                     f"{p.get('eager_median_ms') or 0:>9.4f} "
-                     f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {var} {pm('naive_torch'):>9} "
+                     f"{p.get('batched_ms') or 0:>9.4f} {p.get('eager_median_ms') or 0:>9.4f} "
+                     f"{p['floor_ms']:>9.4f} {p['percent_of_floor']:>6.1f}% {p.get('percent_of_floor_batched') or 0:>6.1f}% {var} {pm('naive_torch'):>9} "
                      f"{pm('sdpa_dense_mask'):>9} {pm('flex_attention'):>12} {(f'{sp:.1f}x' if sp else '-'):>6}")
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (repository root, carry .whl; about 1.5 minutes): per-SASS-instruction Nsight Compute counters
 # of the one-launch kernels dispatched today (fused.SMALL_TABLE): ctasplit_x4 at M = 1, splitk_s4 at M = 2,
-# splitk_s4x4 at M = 16 (one launch each, clocks not locked), as
+# splitk_s4x4 at M = 16 (one launch each, clocks not locked; SPECS="variant:M ..." overrides), as
 #   $OUT/sass_<variant>_m<M>.csv   (ncu --page source --print-source sass --csv: stall samples, shared-memory
 #                                   wavefronts, per instruction; read by workbench.moe.report.ncu_sass_rows)
 #   $OUT/summary_<variant>_m<M>.txt (SpeedOfLight, Occupancy, WarpStateStats, SchedulerStats, SourceCounters)
@@ -16,10 +16,12 @@ trap 'tar czf "$OUT/profile.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-for spec in ctasplit_x4:1 splitk_s4:2 splitk_s4x4:16; do
+for spec in ${SPECS:-ctasplit_x4:1 splitk_s4:2 splitk_s4x4:16}; do
   v=${spec%%:*}; m=${spec##*:}
   kname=$(python3 -c "from workbench.moe.fused import SMALL_VARIANTS as S; print(S['$v'][0])")
-  timeout "${NCU_T:-60}" ncu --clock-control none -k "regex:^${kname}\$" -c 1 --page source --print-source sass --csv \
+  # the sections that collect the per-instruction counters (without them the source page lists only the SASS)
+  timeout "${NCU_T:-60}" ncu --clock-control none -k "regex:^${kname}\$" -c 1 --section SourceCounters \
+    --section WarpStateStats --page source --print-source sass --csv \
     python3 -m workbench.moe.bench --single "$m" --small --small-variants "$v" --variants none \
     > "$R/sass_${v}_m${m}.csv" 2> "$R/sass_${v}_m${m}.err"
   echo "sass $v M=$m rc=$?"
