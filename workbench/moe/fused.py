@@ -4,7 +4,8 @@ On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
 launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4`` at M = 1,
-``moe_small_splitk_s4`` at M = 2 and ``moe_small_splitk_s4x4_b5`` at M = 3-16 on the H200; grouping, gate/up with SiLU, down and the sum over
+``moe_small_splitk_s4`` at M = 2, ``moe_small_splitk_s4x4_b5`` at M = 3-4 and ``moe_small_ctasplit_x4`` at the
+fixed split (1, 1) at M = 5-16 on the H200; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -49,7 +50,7 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "splitk_s4x4": ("moe_small_splitk_s4x4_b5", (4, 2, 2)),
     "ctasplit_x4": ("moe_small_ctasplit_x4", ("cta", "ring")),
     # the x4 kernel at the fixed splits that were best for the CTA-split kernel at M = 2 and M >= 4 in the split
-    # sweep (moe_small_ctasplit_splits.json); NOT YET TIMED (bench.SMALL_CTASPLIT_X4_SPLITS_PREDICTION)
+    # sweep (moe_small_ctasplit_splits.json); timed in moe_small_x4_splits*.json (g1d1 dispatched at M = 5-16)
     "ctasplit_x4_g2d1": ("moe_small_ctasplit_x4", ("cta", (2, 1))),
     "ctasplit_x4_g1d1": ("moe_small_ctasplit_x4", ("cta", (1, 1))),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
@@ -61,15 +62,19 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4"   # what ``True`` means in set_small_table
 
 # (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
 # key runs that kernel in one launch, None the four launches; beyond the last entry the four-launch kernels
-# run. Set from two runs of the same comparison on the H200 (moe_small_xprefetch.json, code 21b6b07, and
-# moe_small_xprefetch2.json, code 0910f69; the four-launch path, splitk_s4, splitk_s4x4, ctasplit and ctasplit_x4
-# in one process each, uniform and skewed routing): at M = 1 ctasplit_x4 (the CTA-split kernel with the
-# activations 4 steps of 64 K ahead) is the fastest path in both runs; at M = 2 splitk_s4 leads splitk_s4x4 under
-# skewed routing in both runs (uniform: one each); at M = 4-16 splitk_s4x4 leads in all but one of the eight
-# (routing, M) rows of each run, by 1-2% of copy. M = 3 was not measured: splitk_s4x4, as at M = 4.
-# (Before: moe_small_ctasplit.json, code dda6540: ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json,
-# code 1e272c7: four launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4"), (2, "splitk_s4"), (16, "splitk_s4x4")]
+# run. Set from two runs of the same comparison on the H200 (moe_small_x4_splits.json and
+# moe_small_x4_splits2.json, code 0c55f60 / 8c7598f: the four-launch path, splitk_s4, splitk_s4x4, ctasplit_x4 and
+# ctasplit_x4 at the fixed splits (1, 1) and (2, 1) in one process each, uniform and skewed routing): at M = 1
+# ctasplit_x4 is the fastest path in both runs; at M = 2 splitk_s4 leads or ties (ctasplit_x4_g2d1 0.4 points
+# ahead once under uniform routing, behind otherwise); at M = 4 splitk_s4x4 and ctasplit_x4_g2d1 swap places
+# between the runs within ~1 point of copy (the incumbent splitk_s4x4 stays); at M = 8, 9 and 16
+# ctasplit_x4_g1d1 leads in every row of both runs, by 1.4-3.9 points of copy. M = 3 and 5-7 were not measured:
+# M = 3 runs M = 4's kernel, M = 5-7 M = 8's. (Before: moe_small_xprefetch*.json, codes 21b6b07 / 0910f69:
+# ctasplit_x4 at M = 1, splitk_s4 at M = 2, splitk_s4x4 at M = 3-16; moe_small_ctasplit.json, code dda6540:
+# ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json, code 1e272c7: four launches at M = 1,
+# splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4"), (2, "splitk_s4"), (4, "splitk_s4x4"),
+                                             (16, "ctasplit_x4_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

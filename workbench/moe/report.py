@@ -54,6 +54,8 @@ SMALL_CTASPLIT_SPLITS = "moe_small_ctasplit_splits"   # its split sweep (code ce
 SMALL_CTASPLIT_SB = "moe_small_ctasplit_sb"
 # Run 13: the activations 4 steps of 64 K ahead (splitk_s4x4, ctasplit_x4, ...): two runs (codes 21b6b07, 0910f69).
 SMALL_XPREFETCH = ("moe_small_xprefetch", "moe_small_xprefetch2")
+# the x4 kernel at fixed splits, two runs (the second also the file SMALL_TABLE was set from)
+SMALL_X4_SPLITS = ("moe_small_x4_splits", "moe_small_x4_splits2")
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -389,7 +391,13 @@ def block_small_xprefetch() -> str:
     """Run 13: the activation-prefetch variants, two runs (the first with the wrong-result XD = 3 build), and the
     dispatch they set."""
     return (_small_run_block(SMALL_XPREFETCH[0]) + "\nThe confirming run (the paths that could be dispatched):\n\n"
-            + _small_run_block(SMALL_XPREFETCH[1]) + "\n" + dispatch_summary())
+            + _small_run_block(SMALL_XPREFETCH[1]))
+
+
+def block_small_x4_splits() -> str:
+    """Run 14: the x4 CTA-split kernel at fixed splits, two runs in separate processes, and the dispatch they set."""
+    return (_small_run_block(SMALL_X4_SPLITS[0]) + "\nThe confirming run (same paths, a second process):\n\n"
+            + _small_run_block(SMALL_X4_SPLITS[1]) + "\n" + dispatch_summary())
 
 
 def block_small_ctasplit_sb() -> str:
@@ -508,6 +516,40 @@ def ncu_sass_rows(path: str = NCU_M16_SASS, top: int = 8) -> tuple[list[dict[str
     return hot, conflicts
 
 
+PROFILE_DISPATCHED = "data/measurements/h200/moe_profile_8c7598f"
+PROFILE_SPECS = (("ctasplit_x4", 1), ("splitk_s4", 2), ("ctasplit_x4_g1d1", 16))
+
+
+def _ncu_summary_value(text: str, metric: str) -> str:
+    """The value of one metric line ('Duration', 'DRAM Throughput', ...) of an ncu section printout, or '-'."""
+    for line in text.splitlines():
+        parts = line.split()
+        if line.strip().startswith(metric) and parts:
+            return parts[-1]
+    return "-"
+
+
+def block_profile_dispatched() -> str:
+    """Per-instruction stall samples of the dispatched one-launch kernels (h200_profile_dispatched.sh)."""
+    folder = REPO_ROOT / PROFILE_DISPATCHED
+    if not folder.exists():
+        return f"{PROFILE_DISPATCHED}/ is not committed.\n"
+    parts, summary = [], []
+    for variant, m in PROFILE_SPECS:
+        csv_path = f"{PROFILE_DISPATCHED}/sass_{variant}_m{m}.csv"
+        text = (folder / f"summary_{variant}_m{m}.txt").read_text()
+        summary.append({"kernel": f"`{variant}`", "M": m, "duration us": _ncu_summary_value(text, "Duration"),
+                        "DRAM % of peak": _ncu_summary_value(text, "DRAM Throughput"),
+                        "issued per scheduler-cycle": _ncu_summary_value(text, "Issued Warp Per Scheduler"),
+                        "achieved occupancy %": _ncu_summary_value(text, "Achieved Occupancy")})
+        hot, conflicts = ncu_sass_rows(csv_path, top=6)
+        parts.append(f"`{variant}` at M = {m} (`{csv_path.split('/')[-1]}`), the instructions with the most "
+                     "warp-stall samples:\n\n" + markdown_table(hot)
+                     + ("\nExcess shared-memory wavefronts:\n\n" + markdown_table(conflicts) if conflicts else ""))
+    return ("Summary sections (`summary_<kernel>_m<M>.txt`, a second profiled launch):\n\n" + markdown_table(summary)
+            + "\n" + "\n".join(parts))
+
+
 def block_ncu_m16_sass() -> str:
     """Where splitk_s4 waits at M = 16, instruction by instruction, and which instruction has the bank conflicts."""
     if not (REPO_ROOT / NCU_M16_SASS).exists():
@@ -591,6 +633,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_ctasplit_sb": block_small_ctasplit_sb,
     "ncu_m16": block_ncu_m16,
     "small_xprefetch": block_small_xprefetch,
+    "small_x4_splits": block_small_x4_splits,
+    "profile_dispatched": block_profile_dispatched,
     "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
     "ncu_m1": block_ncu_m1,
