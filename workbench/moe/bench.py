@@ -749,11 +749,23 @@ SMALL_CTASPLIT_X4_SPLITS_PREDICTION = (
     "ctasplit_x4_g2d1 at M = 2 3-8% faster than ctasplit_g2d1 would be, i.e. 71-75% of copy, at or above "
     "splitk_s4 (~69%); ctasplit_x4_g1d1 at M = 4-16 within 2% of splitk_s4x4 (its barrier per 28-stage task "
     "costs little there). Refuted for M = 2 if ctasplit_x4_g2d1 is not faster than splitk_s4 there.")
+SMALL_X4_B4_PREDICTION = (
+    "PREDICTION, written before any run (code change: one kernel entry, moe_small_ctasplit_x4_b4, the x4 CTA-split "
+    "kernel at __launch_bounds__(128, 4), 122 registers, 0 spills; every other kernel's SASS unchanged). Evidence "
+    "(moe_profile_8c7598f, SASS): at 96 registers the x4 kernels issue a stage's 8 activation loads at its end and "
+    "wait on them in register moves (ctasplit_x4 M = 1: 8.5% of stall samples on two MOVs, 3.4% on the first HMMA; "
+    "ctasplit_x4_g1d1 M = 16: 15.5% on the MOVs); at 128 registers the loads sit before the stage's first HMMA, a "
+    "full stage ahead, at the price of 32 register moves per stage and 16 instead of 20 warps per SM. The split-K "
+    "analogue (splitk_s4x4_b4 against splitk_s4x4, moe_small_xprefetch.json) was +1.4-2.7 points of copy at M = "
+    "1-2 and -0.4 to -2.2 at M >= 4. Predicted, same process: ctasplit_x4_b4 at M = 1 0-5% faster than ctasplit_x4 "
+    "(61-63% -> 62-66% of copy); ctasplit_x4_b4_g1d1 at M = 8-16 0-4% slower than ctasplit_x4_g1d1. Refuted at M = 1 "
+    "if ctasplit_x4_b4 is slower than ctasplit_x4 in either routing.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
-                     "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION}
+                     "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION,
+                     "moe_small_x4_b4": SMALL_X4_B4_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))
