@@ -1680,19 +1680,13 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
                                    s_part);
 }
 
-// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2: moe_small_ctasplit_x4 (5 CTAs per
-// SM, 96 registers) and moe_small_ctasplit_x4_b4 (4 CTAs per SM, 128 registers). At 96 registers ptxas issues all
-// 8 activation loads of a stage at its end and rotates the buffers with moves that wait for them; at 128 it
-// issues them at the stage's start, a full stage ahead (cuobjdump, nvcc sm_90), with 16 instead of 20 warps per SM.
-#define MOE_CTASPLIT_X4_KERNEL(NAME, MIN_CTAS)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128, MIN_CTAS) NAME(                                               \
-        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
-        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
-        int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
-        __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];                                 \
-        __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<CS_RS, 4>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out,   \
-                                          s_ring, s_part);                                                           \
-    }
-MOE_CTASPLIT_X4_KERNEL(moe_small_ctasplit_x4, 5)
-MOE_CTASPLIT_X4_KERNEL(moe_small_ctasplit_x4_b4, 4)
+// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2.
+extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_x4(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
+    __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
+    __shared__ float4 s_part[2 * 128];
+    moe_small_ctasplit_body<CS_RS, 4>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
+                                      s_part);
+}

@@ -750,7 +750,8 @@ SMALL_CTASPLIT_X4_SPLITS_PREDICTION = (
     "splitk_s4 (~69%); ctasplit_x4_g1d1 at M = 4-16 within 2% of splitk_s4x4 (its barrier per 28-stage task "
     "costs little there). Refuted for M = 2 if ctasplit_x4_g2d1 is not faster than splitk_s4 there.")
 SMALL_X4_B4_PREDICTION = (
-    "PREDICTION, written before any run (code change: one kernel entry, moe_small_ctasplit_x4_b4, the x4 CTA-split "
+    "PREDICTION, written before any run (code change, reverted after the run: one kernel entry, "
+    "moe_small_ctasplit_x4_b4, the x4 CTA-split "
     "kernel at __launch_bounds__(128, 4), 122 registers, 0 spills; every other kernel's SASS unchanged). Evidence "
     "(moe_profile_8c7598f, SASS): at 96 registers the x4 kernels issue a stage's 8 activation loads at its end and "
     "wait on them in register moves (ctasplit_x4 M = 1: 8.5% of stall samples on two MOVs, 3.4% on the first HMMA; "

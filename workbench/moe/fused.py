@@ -53,10 +53,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # sweep (moe_small_ctasplit_splits.json); timed in moe_small_x4_splits*.json (g1d1 dispatched at M = 5-16)
     "ctasplit_x4_g2d1": ("moe_small_ctasplit_x4", ("cta", (2, 1))),
     "ctasplit_x4_g1d1": ("moe_small_ctasplit_x4", ("cta", (1, 1))),
-    # the x4 kernel at 4 CTAs per SM (128 registers: the activation loads a full stage ahead instead of at the
-    # stage's end; moe_int4.cu), at the rule's splits and at (1, 1); NOT YET TIMED (bench.SMALL_X4_B4_PREDICTION)
-    "ctasplit_x4_b4": ("moe_small_ctasplit_x4_b4", ("cta", "ring")),
-    "ctasplit_x4_b4_g1d1": ("moe_small_ctasplit_x4_b4", ("cta", (1, 1))),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16

@@ -56,6 +56,9 @@ SMALL_CTASPLIT_SB = "moe_small_ctasplit_sb"
 SMALL_XPREFETCH = ("moe_small_xprefetch", "moe_small_xprefetch2")
 # the x4 kernel at fixed splits, two runs (the second also the file SMALL_TABLE was set from)
 SMALL_X4_SPLITS = ("moe_small_x4_splits", "moe_small_x4_splits2")
+# run 15: the x4 CTA-split kernel at 4 CTAs per SM (reverted code), two runs; its profile at M = 1
+SMALL_X4_B4 = ("moe_small_x4_b4", "moe_small_x4_b4_2")
+X4_B4_PROFILE = "data/measurements/h200/moe_small_x4_b4_logs/sass_ctasplit_x4_b4_m1.csv"
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -529,6 +532,17 @@ def _ncu_summary_value(text: str, metric: str) -> str:
     return "-"
 
 
+def block_small_x4_b4() -> str:
+    """Run 15: ctasplit_x4 at 4 CTAs per SM (reverted code) beside the dispatched paths, two processes, and where
+    its M = 1 launch waits."""
+    text = (_small_run_block(SMALL_X4_B4[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_X4_B4[1]))
+    if (REPO_ROOT / X4_B4_PROFILE).exists():
+        hot, _ = ncu_sass_rows(X4_B4_PROFILE, top=5)
+        text += (f"\n`ctasplit_x4_b4` at M = 1 (`{X4_B4_PROFILE.split('/')[-1]}`), the instructions with the most "
+                 "warp-stall samples:\n\n" + markdown_table(hot))
+    return text
+
+
 def block_profile_dispatched() -> str:
     """Per-instruction stall samples of the dispatched one-launch kernels (h200_profile_dispatched.sh)."""
     folder = REPO_ROOT / PROFILE_DISPATCHED
@@ -634,6 +648,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "ncu_m16": block_ncu_m16,
     "small_xprefetch": block_small_xprefetch,
     "small_x4_splits": block_small_x4_splits,
+    "small_x4_b4": block_small_x4_b4,
     "profile_dispatched": block_profile_dispatched,
     "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
