@@ -239,7 +239,7 @@ def test_ctasplit_parity_split2(splitk_on, m):
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-@pytest.mark.parametrize("splitk_on", ["splitk_s4x4", "ctasplit_x4"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["splitk_s4x4", "ctasplit_x4", "splitk_s4x4e", "ctasplit_x4e"], indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 9, 16])
 def test_xprefetch_variants_parity_kimi_shape(splitk_on, m):
     """The activation-prefetch variants (same arithmetic as splitk_s4 / ctasplit): parity at Kimi shapes, and
@@ -258,7 +258,7 @@ def test_xprefetch_variants_parity_kimi_shape(splitk_on, m):
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("splitk_on", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1", "ctasplit_x4e_g1d1"], indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 9, 16])
 def test_ctasplit_x4_fixed_splits_parity_kimi_shape(splitk_on, m):
     """ctasplit_x4 at fixed splits (2, 1) and (1, 1): parity at Kimi shapes, uniform and skewed routing."""

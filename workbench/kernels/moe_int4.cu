@@ -727,7 +727,10 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // read at constant offsets from one pointer per column (every column points at a valid row: columns
 // past the item's count repeat its first row, and their results are not stored).
 // wait != nullptr: after the first weight copies are issued, spin until *wait >= target.
-template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0>
+// XEND (XD = FR_SUB): the whole next stage's activations are loaded after the stage's last step, into the same
+// registers, instead of each step's refill right after its use (which ptxas at 96 registers sinks to the stage's
+// end anyway, then rotates the buffers with moves that wait for the loads).
+template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -770,6 +773,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     // activation prefetch distance in 64-K steps (registers: NT = 2 has 1); XDP > 0 overrides (splitk_s4x*)
     constexpr int XD = XDP > 0 ? XDP : (NT == 1 ? 2 : 1);
     static_assert(FR_SUB % XD == 0, "the activation buffers cycle per 64-K step: XD must divide FR_SUB");
+    static_assert(!XEND || XD == FR_SUB, "XEND loads a whole stage: XD must equal FR_SUB");
     uint4 xb[XD][NT][2];
 #pragma unroll
     for (int d = 0; d < XD; ++d)
@@ -798,11 +802,22 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
             for (int n = 0; n < NT; ++n) {
                 xc[n][0] = xb[q % XD][n][0];
                 xc[n][1] = xb[q % XD][n][1];
-                const __nv_bfloat16* p = q + XD < FR_SUB ? xp[n] + 64 * (q + XD) : xn[n] + 64 * (q + XD - FR_SUB);
-                xb[q % XD][n][0] = ld_x16<COHERENT>(p);
-                xb[q % XD][n][1] = ld_x16<COHERENT>(p + 32);
+                if (!XEND) {
+                    const __nv_bfloat16* p = q + XD < FR_SUB ? xp[n] + 64 * (q + XD) : xn[n] + 64 * (q + XD - FR_SUB);
+                    xb[q % XD][n][0] = ld_x16<COHERENT>(p);
+                    xb[q % XD][n][1] = ld_x16<COHERENT>(p + 32);
+                }
             }
             frag_step<NT>(acc, w, sc, xc);
+        }
+        if (XEND) {
+#pragma unroll
+            for (int d = 0; d < XD; ++d)
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    xb[d][n][0] = ld_x16<COHERENT>(xn[n] + 64 * d);
+                    xb[d][n][1] = ld_x16<COHERENT>(xn[n] + 64 * d + 32);
+                }
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n) xp[n] = xn[n];
@@ -1061,7 +1076,7 @@ __device__ __forceinline__ int splitk_pick(int items, int tiles, int nsup, int s
     return best;
 }
 
-template <int NT, int RS, int XD = 0>
+template <int NT, int RS, int XD = 0, bool XEND = false>
 __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, int part, int tile, int sgu,
                                                const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                int P, int topk, int H, int I, __nv_bfloat16* __restrict__ hbuf,
@@ -1077,7 +1092,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
         xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    frag_gemm<NT, false, RS, XD>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+    frag_gemm<NT, false, RS, XD, XEND>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
     if (sgu > 1) {
         // partial sums of this part: gpart[((part * P + slot) * tiles + tile) * 16 + row], row g (gate), g + 8 (up)
 #pragma unroll
@@ -1145,7 +1160,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
     }
 }
 
-template <int NT, int RS, int XD = 0>
+template <int NT, int RS, int XD = 0, bool XEND = false>
 __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int part, int tile, int sdn, int nitems,
                                             const uint4* __restrict__ Fdn, const __nv_bfloat16* hbuf,
                                             const float* __restrict__ topk_w, int M, int topk, int H, int I,
@@ -1163,7 +1178,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
         xr[n] = hbuf + (long long)(slot0 + (col < cnt ? col : 0)) * I + part * nper * 64 * FR_SUB;
     }
     float acc[NT][4];
-    frag_gemm<NT, true, RS, XD>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
+    frag_gemm<NT, true, RS, XD, XEND>(acc, wt, nper, (long long)tiles * FR_STAGE_U4, xr, done_gu + item, I / 8, ring);
     const int n0 = 16 * tile + g;
     float* yp = ypart + (long long)part * P * H;
 #pragma unroll
@@ -1206,7 +1221,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
     if (lane == 0) done_dn[tile] = 0;
 }
 
-template <int RS, int XD = 0>
+template <int RS, int XD = 0, bool XEND = false>
 __device__ __forceinline__ void moe_small_splitk_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1250,14 +1265,14 @@ __device__ __forceinline__ void moe_small_splitk_body(
             const int sgu = cfg[0], per_gu = sgu * tiles_gu;
             const int item = task / per_gu, r = task - item * per_gu;
             const int part = r / tiles_gu, tile = r - part * tiles_gu;
-            splitk_gate_up<1, RS, XD>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
+            splitk_gate_up<1, RS, XD, XEND>(it, item, part, tile, sgu, Fgu, X, P, topk, H, I, hbuf, gpart, red_gu, done_gu,
                                   ring);
         } else {
             const int sdn = cfg[1], per_dn = sdn * tiles_dn;
             const int u = task - t_gu;
             const int item = u / per_dn, r = u - item * per_dn;
             const int part = r / tiles_dn, tile = r - part * tiles_dn;
-            splitk_down<1, RS, XD>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
+            splitk_down<1, RS, XD, XEND>(it, item, part, tile, sdn, nitems, Fdn, hbuf, topk_w, M, topk, H, I, ypart, done_gu,
                                done_dn, out, ring);
         }
         task = __shfl_sync(0xffffffffu, next, 0);
@@ -1279,24 +1294,27 @@ __device__ __forceinline__ void moe_small_splitk_body(
 // gpart: f32 [sgu_max, P, I/8, 16] (unused when sgu_max == 1), ypart: f32 [sdn_max, P, H].
 // NAME: the kernel; RS ring stages; MINB CTAs per SM (launch bound); XD activation prefetch distance in 64-K
 // steps (0: frag_gemm's default, 2).
-#define MOE_SPLITK_KERNEL(NAME, RS, MINB, XD)                                                                 \
+#define MOE_SPLITK_KERNEL(NAME, RS, MINB, XD, XEND)                                                           \
     extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                              \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,     \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,   \
         int sgu_max, int sdn_max, int want, __nv_bfloat16* hbuf, float* gpart, float* ypart, int* ws,          \
         __nv_bfloat16* __restrict__ out) {                                                                     \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                             \
-        moe_small_splitk_body<RS, XD>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, hbuf, \
-                                      gpart, ypart, ws, out, s_ring);                                          \
+        moe_small_splitk_body<RS, XD, XEND>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu_max, sdn_max, want, \
+                                            hbuf, gpart, ypart, ws, out, s_ring);                              \
     }
 
-MOE_SPLITK_KERNEL(moe_small_splitk_s3, 3, 6, 0)
-MOE_SPLITK_KERNEL(moe_small_splitk_s4, 4, 5, 0)
+MOE_SPLITK_KERNEL(moe_small_splitk_s3, 3, 6, 0, false)
+MOE_SPLITK_KERNEL(moe_small_splitk_s4, 4, 5, 0, false)
 // splitk_s4 with the activations 4 steps of 64 K ahead instead of 2 (Nsight Compute at M = 16 put a quarter of
 // the stall samples on the HMMAs waiting for them). XD must divide FR_SUB (XD = 3 computed wrong results in
 // moe_small_xprefetch.json and was removed). The 4-CTA forms (XD 4 and 2 at MINB 4) were slower than XD 4 at
 // MINB 5 in the same run and were removed (history: eb8e061).
-MOE_SPLITK_KERNEL(moe_small_splitk_s4x4_b5, 4, 5, 4)
+MOE_SPLITK_KERNEL(moe_small_splitk_s4x4_b5, 4, 5, 4, false)
+// The same with the next stage's activations loaded after the stage's last step into the same registers (XEND):
+// no buffer-rotation moves waiting for the loads (moe_profile_8c7598f, SASS).
+MOE_SPLITK_KERNEL(moe_small_splitk_s4x4e_b5, 4, 5, 4, true)
 
 
 // ===================================================================================================
@@ -1480,10 +1498,11 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 // The stage loop of one CTA task for this warp (splitk_s4's, frag_gemm's loop body): nper ring stages, the
 // activations two 64-K steps ahead in registers (COHERENT: h of this launch, through L2), the issuer called
 // once per stage (RS - 1 stages ahead, crossing into the CTA's next tasks).
-template <bool COHERENT, int RS, int XD, typename Issue>
+template <bool COHERENT, int RS, int XD, bool XEND, typename Issue>
 __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* xp, int nper, const unsigned char* ring,
                                           unsigned int& rslot, Issue& issue) {
     static_assert(FR_SUB % XD == 0, "the activation buffers cycle per 64-K step: XD must divide FR_SUB");
+    static_assert(!XEND || XD == FR_SUB, "XEND loads a whole stage: XD must equal FR_SUB");
     const int lane = threadIdx.x & 31, g = lane >> 2;
     uint4 xb[XD][1][2];
 #pragma unroll
@@ -1506,10 +1525,19 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
             uint4 xc[1][2];
             xc[0][0] = xb[qq % XD][0][0];
             xc[0][1] = xb[qq % XD][0][1];
-            const __nv_bfloat16* p = qq + XD < FR_SUB ? xp + 64 * (qq + XD) : xn + 64 * (qq + XD - FR_SUB);
-            xb[qq % XD][0][0] = ld_x16<COHERENT>(p);
-            xb[qq % XD][0][1] = ld_x16<COHERENT>(p + 32);
+            if (!XEND) {
+                const __nv_bfloat16* p = qq + XD < FR_SUB ? xp + 64 * (qq + XD) : xn + 64 * (qq + XD - FR_SUB);
+                xb[qq % XD][0][0] = ld_x16<COHERENT>(p);
+                xb[qq % XD][0][1] = ld_x16<COHERENT>(p + 32);
+            }
             frag_step<1>(a, w, sc, xc);
+        }
+        if (XEND) {   // the whole next stage's activations, after this stage's last step (see frag_gemm)
+#pragma unroll
+            for (int d = 0; d < XD; ++d) {
+                xb[d][0][0] = ld_x16<COHERENT>(xn + 64 * d);
+                xb[d][0][1] = ld_x16<COHERENT>(xn + 64 * d + 32);
+            }
         }
         xp = xn;
         rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
@@ -1518,7 +1546,7 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 }
 
 
-template <int RS, int XD = 2>
+template <int RS, int XD = 2, bool XEND = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1625,8 +1653,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         if (tid == 0) TRACE_TASK(j, 2, trace_now());
 #endif
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (gu) cs_stages<false, RS, XD>(acc, xp + 8 * t, nper, ring, rslot, issue);
-        else cs_stages<true, RS, XD>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        if (gu) cs_stages<false, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
@@ -1680,13 +1708,17 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
                                    s_part);
 }
 
-// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2.
-extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_x4(
-    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
-    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
-    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
-    __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
-    __shared__ float4 s_part[2 * 128];
-    moe_small_ctasplit_body<CS_RS, 4>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
-                                      s_part);
-}
+// The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (x4), and the same with the next
+// stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
+        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
+        int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
+        __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];                                 \
+        __shared__ float4 s_part[2 * 128];                                                                           \
+        moe_small_ctasplit_body<CS_RS, XD, XEND>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws,  \
+                                                 out, s_ring, s_part);                                               \
+    }
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true)

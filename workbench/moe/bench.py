@@ -761,12 +761,25 @@ SMALL_X4_B4_PREDICTION = (
     "1-2 and -0.4 to -2.2 at M >= 4. Predicted, same process: ctasplit_x4_b4 at M = 1 0-5% faster than ctasplit_x4 "
     "(61-63% -> 62-66% of copy); ctasplit_x4_b4_g1d1 at M = 8-16 0-4% slower than ctasplit_x4_g1d1. Refuted at M = 1 "
     "if ctasplit_x4_b4 is slower than ctasplit_x4 in either routing.")
+SMALL_XEND_PREDICTION = (
+    "PREDICTION, written before any run (code: template flag XEND in frag_gemm / cs_stages, new entries "
+    "moe_small_splitk_s4x4e_b5 and moe_small_ctasplit_x4e, 96 registers, 0 spills; every other kernel's SASS "
+    "unchanged). The x4 kernels' source refills each step's activations right after use; at 96 registers ptxas "
+    "sinks those loads to the stage's end and rotates the buffers with moves that wait for them (nvcc SASS: 24 moves "
+    "in splitk_s4x4's stage loop, 30 in ctasplit_x4's; profile moe_profile_8c7598f: 8.5% of ctasplit_x4's stall "
+    "samples at M = 1 and 15.5% of ctasplit_x4_g1d1's at M = 16 on such moves). XEND loads the next stage's "
+    "activations after the last step into the same registers: no moves (stage loops 345 -> 320 and 467 -> 437 "
+    "instructions), the first step's activations issued ~50 instructions before their HMMA. Predicted, same "
+    "process: ctasplit_x4e 0-5% faster than ctasplit_x4 at M = 1; ctasplit_x4e_g1d1 2-6% faster than "
+    "ctasplit_x4_g1d1 at M = 8-16; splitk_s4x4e 0-4% faster than splitk_s4x4 at M = 2-4. Refuted if ctasplit_x4e "
+    "is not faster than ctasplit_x4 at M = 1 and ctasplit_x4e_g1d1 not faster than ctasplit_x4_g1d1 at M = 16 "
+    "in both runs.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
                      "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION,
-                     "moe_small_x4_b4": SMALL_X4_B4_PREDICTION}
+                     "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

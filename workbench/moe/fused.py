@@ -53,6 +53,11 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # sweep (moe_small_ctasplit_splits.json); timed in moe_small_x4_splits*.json (g1d1 dispatched at M = 5-16)
     "ctasplit_x4_g2d1": ("moe_small_ctasplit_x4", ("cta", (2, 1))),
     "ctasplit_x4_g1d1": ("moe_small_ctasplit_x4", ("cta", (1, 1))),
+    # the x4 kernels with the next stage's activations loaded after the stage's last step into the same registers
+    # (no buffer-rotation moves waiting for the loads: moe_profile_8c7598f); NOT YET TIMED (bench.SMALL_XEND_PREDICTION)
+    "splitk_s4x4e": ("moe_small_splitk_s4x4e_b5", (4, 2, 2)),
+    "ctasplit_x4e": ("moe_small_ctasplit_x4e", ("cta", "ring")),
+    "ctasplit_x4e_g1d1": ("moe_small_ctasplit_x4e", ("cta", (1, 1))),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
