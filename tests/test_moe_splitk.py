@@ -24,12 +24,12 @@ KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs
 
 
 def test_default_variant_and_table_as_measured():
-    """moe_small_x4_splits.json / _x4_splits2.json (H200, 0c55f60 / 8c7598f): ctasplit_x4 at M = 1, splitk_s4 at
-    M = 2, splitk_s4x4 at M = 3-4, ctasplit_x4 at the fixed split (1, 1) at M = 5-16."""
+    """moe_small_xend.json / _xend_2.json (H200, e544bfd): ctasplit_x4e at M = 1-2, splitk_s4x4e at M = 3-4,
+    ctasplit_x4e at the fixed split (1, 1) at M = 5-16."""
     assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(1, "ctasplit_x4"), (2, "splitk_s4"), (4, "splitk_s4x4"), (16, "ctasplit_x4_g1d1")]
+    assert SMALL_TABLE == [(2, "ctasplit_x4e"), (4, "splitk_s4x4e"), (16, "ctasplit_x4e_g1d1")]
     assert [small_variant_for(m, 8) for m in (1, 2, 3, 4, 5, 16, 17)] == [
-        "ctasplit_x4", "splitk_s4", "splitk_s4x4", "splitk_s4x4", "ctasplit_x4_g1d1", "ctasplit_x4_g1d1", None]
+        "ctasplit_x4e", "ctasplit_x4e", "splitk_s4x4e", "splitk_s4x4e", "ctasplit_x4e_g1d1", "ctasplit_x4e_g1d1", None]
     with pytest.raises(ValueError, match="small variant"):
         set_small_variant("splitk_s9")
     saved = list(SMALL_TABLE)
@@ -181,7 +181,7 @@ def test_compare_path_switch_and_table_format():
         bench._set_compare_path("splitk_s4")
         assert uses_small_path(1, 8) and bench.path_name(1, 8) == "small_splitk_s4"
         bench._set_compare_path("small_fused")
-        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, "splitk_s4x4")]
+        assert bench.path_name(16, 8) == "small_fused" and SMALL_TABLE == [(SMALL_MAX_PAIRS, "splitk_s4x4e")]
     finally:
         set_small_table(saved)
         set_small_variant(saved_variant)

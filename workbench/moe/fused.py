@@ -3,9 +3,9 @@
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
-launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4`` at M = 1,
-``moe_small_splitk_s4`` at M = 2, ``moe_small_splitk_s4x4_b5`` at M = 3-4 and ``moe_small_ctasplit_x4`` at the
-fixed split (1, 1) at M = 5-16 on the H200; grouping, gate/up with SiLU, down and the sum over
+launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4e`` at M = 1-2,
+``moe_small_splitk_s4x4e_b5`` at M = 3-4 and ``moe_small_ctasplit_x4e`` at the fixed split (1, 1) at M = 5-16 on
+the H200; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -54,7 +54,7 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "ctasplit_x4_g2d1": ("moe_small_ctasplit_x4", ("cta", (2, 1))),
     "ctasplit_x4_g1d1": ("moe_small_ctasplit_x4", ("cta", (1, 1))),
     # the x4 kernels with the next stage's activations loaded after the stage's last step into the same registers
-    # (no buffer-rotation moves waiting for the loads: moe_profile_8c7598f); NOT YET TIMED (bench.SMALL_XEND_PREDICTION)
+    # (no buffer-rotation moves waiting for the loads: moe_profile_8c7598f); timed in moe_small_xend*.json, dispatched
     "splitk_s4x4e": ("moe_small_splitk_s4x4e_b5", (4, 2, 2)),
     "ctasplit_x4e": ("moe_small_ctasplit_x4e", ("cta", "ring")),
     "ctasplit_x4e_g1d1": ("moe_small_ctasplit_x4e", ("cta", (1, 1))),
@@ -63,23 +63,22 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
     **{f"ctasplit_g{a}d{b}": ("moe_small_ctasplit", ("cta", (a, b))) for a, b in ((4, 1), (2, 2), (2, 1), (1, 1))},
 }
-DEFAULT_SMALL_VARIANT = "splitk_s4x4"   # what ``True`` means in set_small_table
+DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_table
 
 # (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
 # key runs that kernel in one launch, None the four launches; beyond the last entry the four-launch kernels
-# run. Set from two runs of the same comparison on the H200 (moe_small_x4_splits.json and
-# moe_small_x4_splits2.json, code 0c55f60 / 8c7598f: the four-launch path, splitk_s4, splitk_s4x4, ctasplit_x4 and
-# ctasplit_x4 at the fixed splits (1, 1) and (2, 1) in one process each, uniform and skewed routing): at M = 1
-# ctasplit_x4 is the fastest path in both runs; at M = 2 splitk_s4 leads or ties (ctasplit_x4_g2d1 0.4 points
-# ahead once under uniform routing, behind otherwise); at M = 4 splitk_s4x4 and ctasplit_x4_g2d1 swap places
-# between the runs within ~1 point of copy (the incumbent splitk_s4x4 stays); at M = 8, 9 and 16
-# ctasplit_x4_g1d1 leads in every row of both runs, by 1.4-3.9 points of copy. M = 3 and 5-7 were not measured:
-# M = 3 runs M = 4's kernel, M = 5-7 M = 8's. (Before: moe_small_xprefetch*.json, codes 21b6b07 / 0910f69:
-# ctasplit_x4 at M = 1, splitk_s4 at M = 2, splitk_s4x4 at M = 3-16; moe_small_ctasplit.json, code dda6540:
-# ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json, code 1e272c7: four launches at M = 1,
-# splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4"), (2, "splitk_s4"), (4, "splitk_s4x4"),
-                                             (16, "ctasplit_x4_g1d1")]
+# run. Set from two runs of the same comparison on the H200 (moe_small_xend.json and moe_small_xend_2.json, code
+# e544bfd, separate processes: the four-launch path, splitk_s4, splitk_s4x4(e), ctasplit_x4(e) and
+# ctasplit_x4(e)_g1d1, uniform and skewed routing): the XEND forms (the next stage's activations loaded after a
+# stage's last step, no buffer-rotation moves) lead their x4 counterparts in 23 of the 24 (form, routing, M)
+# rows where they are dispatched now; ctasplit_x4e is the fastest path at M = 1 and 2 in both runs and both
+# routings; splitk_s4x4e at M = 4 in all four rows; ctasplit_x4e_g1d1 at M = 8-16 in 11 of 12 rows (uniform
+# M = 16 of the second run: 0.9 points behind ctasplit_x4_g1d1). M = 3 and 5-7 were not measured: M = 3 runs
+# M = 4's kernel, M = 5-7 M = 8's. (Before: moe_small_x4_splits*.json, 0c55f60 / 8c7598f: ctasplit_x4 at M = 1,
+# splitk_s4 at M = 2, splitk_s4x4 at M = 3-4, ctasplit_x4_g1d1 at M = 5-16; moe_small_xprefetch*.json: ctasplit_x4,
+# splitk_s4, splitk_s4x4 at M = 3-16; moe_small_ctasplit.json: ctasplit at M = 1, splitk_s4 at M = 2-16;
+# moe_small_splitk.json: four launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
+SMALL_TABLE: list[tuple[int, str | None]] = [(2, "ctasplit_x4e"), (4, "splitk_s4x4e"), (16, "ctasplit_x4e_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

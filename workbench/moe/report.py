@@ -59,6 +59,9 @@ SMALL_X4_SPLITS = ("moe_small_x4_splits", "moe_small_x4_splits2")
 # run 15: the x4 CTA-split kernel at 4 CTAs per SM (reverted code), two runs; its profile at M = 1
 SMALL_X4_B4 = ("moe_small_x4_b4", "moe_small_x4_b4_2")
 X4_B4_PROFILE = "data/measurements/h200/moe_small_x4_b4_logs/sass_ctasplit_x4_b4_m1.csv"
+# run 16: the XEND forms (dispatched), two runs; their profiles
+SMALL_XEND = ("moe_small_xend", "moe_small_xend_2")
+XEND_PROFILES = (("ctasplit_x4e", 1), ("ctasplit_x4e_g1d1", 16))
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -398,9 +401,22 @@ def block_small_xprefetch() -> str:
 
 
 def block_small_x4_splits() -> str:
-    """Run 14: the x4 CTA-split kernel at fixed splits, two runs in separate processes, and the dispatch they set."""
+    """Run 14: the x4 CTA-split kernel at fixed splits, two runs in separate processes."""
     return (_small_run_block(SMALL_X4_SPLITS[0]) + "\nThe confirming run (same paths, a second process):\n\n"
-            + _small_run_block(SMALL_X4_SPLITS[1]) + "\n" + dispatch_summary())
+            + _small_run_block(SMALL_X4_SPLITS[1]))
+
+
+def block_small_xend() -> str:
+    """Run 16: the XEND forms beside the x4 kernels, two processes, the dispatch they set, and where they wait."""
+    text = (_small_run_block(SMALL_XEND[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_XEND[1])
+            + "\n" + dispatch_summary())
+    for variant, m in XEND_PROFILES:
+        path = f"data/measurements/h200/moe_small_xend_logs/sass_{variant}_m{m}.csv"
+        if (REPO_ROOT / path).exists():
+            hot, _ = ncu_sass_rows(path, top=4)
+            text += (f"\n`{variant}` at M = {m} (`{path.split('/')[-1]}`), the instructions with the most warp-stall "
+                     "samples:\n\n" + markdown_table(hot))
+    return text
 
 
 def block_small_ctasplit_sb() -> str:
@@ -649,6 +665,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_xprefetch": block_small_xprefetch,
     "small_x4_splits": block_small_x4_splits,
     "small_x4_b4": block_small_x4_b4,
+    "small_xend": block_small_xend,
     "profile_dispatched": block_profile_dispatched,
     "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
