@@ -534,6 +534,32 @@ def block_verify_tiles() -> str:
     return text
 
 
+def block_verify_ingraph() -> str:
+    """One graph replay per call against calls back to back in one graph (``batched_ms``), per point; what 50% of
+    the floor leaves, and the tiles' compute alone at the default's probe rate (diag_compute, same code)."""
+    doc = _verify()
+    res, code = doc["results"], doc["provenance"]["git_commit"][:7]
+    pts = [p for p in res["points"] if p.get("batched_ms")]
+    if not pts:
+        return "The committed ddtree_verify.json has no in-graph times.\n"
+    pdoc = next((load_measurement(n) for n, c in PROBE_FILES if c == code), None)
+    per_tile = _per_tile(pdoc) if pdoc else {}
+    rows = []
+    for p in pts:
+        n = _tiles_per_block(p["heads"], p["prefix"], p["nodes"], 132)
+        comp = per_tile.get((p["heads"], "diag_compute"))
+        rows.append({"H": p["heads"], "prefix": p["prefix"], "one replay us": f"{p['median_ms'] * 1e3:.1f}",
+                     "in-graph us": f"{p['batched_ms'] * 1e3:.1f}",
+                     "one replay - in-graph us": f"{(p['median_ms'] - p['batched_ms']) * 1e3:+.1f}",
+                     "floor us": f"{p['floor_ms'] * 1e3:.1f}", "50% of floor allows us": f"{2 * p['floor_ms'] * 1e3:.1f}",
+                     "in-graph % of floor": f"{p['percent_of_floor_batched']:.1f}", "tiles per block": n,
+                     "tiles x compute alone us": f"{n * comp:.1f}" if comp else "-"})
+    return (f"Code {code} (ddtree_verify.json; the compute-alone rate per tile from the probe of the same code, "
+            f"block `verify-tiles`). A graph of one minimal node: {res['graph_launch_floor_ms'] * 1e3:.1f} us "
+            f"replayed alone, {res['graph_node_ms'] * 1e3:.1f} us per node inside a graph of 64.\n\n"
+            + markdown_table(rows))
+
+
 def block_verify_ncu() -> str:
     path = REPO_ROOT / NCU_SECTIONS
     if not path.exists():
@@ -689,6 +715,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-chain": block_verify_chain,
     "verify-fixed": block_verify_fixed,
     "verify-tiles": block_verify_tiles,
+    "verify-ingraph": block_verify_ingraph,
     "verify-ncu": block_verify_ncu,
     "verify-g1": block_verify_g1,
     "verify-cluster": block_verify_cluster,

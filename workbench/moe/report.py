@@ -340,6 +340,35 @@ def _worst_rel_err(checks: list[dict[str, Any]]) -> float:
     return max(c["rel_err"] for c in checks) if checks else float("nan")
 
 
+def pair_delta_rows(names: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+    """Per (routing, M): for each (new, old) pair of paths, new minus old in points of % of copy, in each run of
+    ``names`` (one column per pair and run, "-" where a run did not time both), then each pair's minimum and
+    maximum over the runs: the differences the outcome paragraphs describe, computed from the files."""
+    docs = [(n, plots.load_moe_small(name=n)) for n in names]
+    table: dict[tuple[str, int], dict[str, Any]] = {}
+    for i, (_, doc) in enumerate(docs):
+        if not doc:
+            continue
+        for r in doc["results"]["rows"]:
+            row = table.setdefault((r["routing"], r["m"]), {"routing": r["routing"], "M": r["m"]})
+            for new, old in pairs:
+                a, b = r.get(f"{new}_pct_of_copy"), r.get(f"{old}_pct_of_copy")
+                row[f"{new} - {old}, run {i + 1}"] = a - b if a is not None and b is not None else None
+    out = []
+    for key in sorted(table):
+        row = table[key]
+        for new, old in pairs:
+            vals = [v for k, v in row.items() if k.startswith(f"{new} - {old},") and v is not None]
+            row[f"{new} - {old}, min..max"] = f"{min(vals):+.1f}..{max(vals):+.1f}" if vals else "-"
+        out.append({k: (f"{v:+.1f}" if isinstance(v, float) else ("-" if v is None else v)) for k, v in row.items()})
+    return out
+
+
+def _pair_delta_block(names: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> str:
+    return ("\nDifferences in points of % of copy, new minus old, in each run (computed from the files above):\n\n"
+            + markdown_table([{k: v for k, v in r.items() if ", run " not in k} for r in pair_delta_rows(names, pairs)]))
+
+
 def _small_run_block(name: str) -> str:
     """One --small-compare run: every path's % of copy per row, the fastest and today's dispatch."""
     doc = plots.load_moe_small(name=name)
@@ -403,12 +432,15 @@ def block_small_xprefetch() -> str:
 def block_small_x4_splits() -> str:
     """Run 14: the x4 CTA-split kernel at fixed splits, two runs in separate processes."""
     return (_small_run_block(SMALL_X4_SPLITS[0]) + "\nThe confirming run (same paths, a second process):\n\n"
-            + _small_run_block(SMALL_X4_SPLITS[1]))
+            + _small_run_block(SMALL_X4_SPLITS[1])
+            + _pair_delta_block(SMALL_X4_SPLITS, (("ctasplit_x4_g1d1", "splitk_s4x4"), ("ctasplit_x4_g2d1", "splitk_s4"))))
 
 
 def block_small_xend() -> str:
     """Run 16: the XEND forms beside the x4 kernels, two processes, the dispatch they set, and where they wait."""
     text = (_small_run_block(SMALL_XEND[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_XEND[1])
+            + _pair_delta_block(SMALL_XEND, (("ctasplit_x4e", "ctasplit_x4"), ("splitk_s4x4e", "splitk_s4x4"),
+                                             ("ctasplit_x4e_g1d1", "ctasplit_x4_g1d1"), ("ctasplit_x4e", "splitk_s4")))
             + "\n" + dispatch_summary())
     for variant, m in XEND_PROFILES:
         path = f"data/measurements/h200/moe_small_xend_logs/sass_{variant}_m{m}.csv"
@@ -551,7 +583,10 @@ def _ncu_summary_value(text: str, metric: str) -> str:
 def block_small_x4_b4() -> str:
     """Run 15: ctasplit_x4 at 4 CTAs per SM (reverted code) beside the dispatched paths, two processes, and where
     its M = 1 launch waits."""
-    text = (_small_run_block(SMALL_X4_B4[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_X4_B4[1]))
+    text = (_small_run_block(SMALL_X4_B4[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_X4_B4[1])
+            + _pair_delta_block(SMALL_X4_B4, (("ctasplit_x4_b4", "ctasplit_x4"),
+                                              ("ctasplit_x4_b4_g1d1", "ctasplit_x4_g1d1"),
+                                              ("ctasplit_x4_b4_g1d1", "splitk_s4"))))
     if (REPO_ROOT / X4_B4_PROFILE).exists():
         hot, _ = ncu_sass_rows(X4_B4_PROFILE, top=5)
         text += (f"\n`ctasplit_x4_b4` at M = 1 (`{X4_B4_PROFILE.split('/')[-1]}`), the instructions with the most "
