@@ -74,3 +74,23 @@ def test_pct_figure_overlays_the_small_kernel(small):
     fig = plots.pct_figure(plots.load_moe_bandwidth("h200"), None, small)
     names = [t.name for t in fig.data]
     assert any("dispatched path at M <= 16" in n for n in names)
+
+
+def test_pair_delta_rows_are_the_files_differences():
+    """report.pair_delta_rows: new minus old per (routing, M) and run, and the min..max over the runs."""
+    from workbench.moe import report
+
+    names = ("moe_small_xend", "moe_small_xend_2")
+    docs = [plots.load_moe_small(name=n) for n in names]
+    if any(d is None for d in docs):
+        pytest.skip("run-16 files not committed")
+    rows = {(r["routing"], r["M"]): r for r in report.pair_delta_rows(names, (("ctasplit_x4e", "ctasplit_x4"),))}
+    assert len(rows) == len(docs[0]["results"]["rows"])
+    for i, doc in enumerate(docs):
+        for r in doc["results"]["rows"]:
+            want = r["ctasplit_x4e_pct_of_copy"] - r["ctasplit_x4_pct_of_copy"]
+            assert rows[(r["routing"], r["m"])][f"ctasplit_x4e - ctasplit_x4, run {i + 1}"] == f"{want:+.1f}"
+    lo, hi = rows[("uniform", 1)]["ctasplit_x4e - ctasplit_x4, min..max"].split("..")
+    assert float(lo) <= float(hi)
+    # a path a run did not time gives "-"
+    assert report.pair_delta_rows(names, (("ctasplit_x4e", "no_such_path"),))[0]["ctasplit_x4e - no_such_path, min..max"] == "-"
