@@ -258,7 +258,8 @@ def test_xprefetch_variants_parity_kimi_shape(splitk_on, m):
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("splitk_on", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1", "ctasplit_x4e_g1d1"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4_g2d1", "ctasplit_x4_g1d1", "ctasplit_x4e_g1d1", "ctasplit_x4e_g2d1",
+                                       "ctasplit_x4e_g4d1", "ctasplit_x4e_g2d2"], indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 9, 16])
 def test_ctasplit_x4_fixed_splits_parity_kimi_shape(splitk_on, m):
     """ctasplit_x4 at fixed splits (2, 1) and (1, 1): parity at Kimi shapes, uniform and skewed routing."""

@@ -774,12 +774,23 @@ SMALL_XEND_PREDICTION = (
     "ctasplit_x4_g1d1 at M = 8-16; splitk_s4x4e 0-4% faster than splitk_s4x4 at M = 2-4. Refuted if ctasplit_x4e "
     "is not faster than ctasplit_x4 at M = 1 and ctasplit_x4e_g1d1 not faster than ctasplit_x4_g1d1 at M = 16 "
     "in both runs.")
+SMALL_XEND_SPLITS_PREDICTION = (
+    "PREDICTION, written before any run (host-side variants of ctasplit_x4e, a kernel already run on the H200, at "
+    "fixed (gate_up, down) splits; M = 1-4, M = 3 measured for the first time). From the CTA-split kernel's split "
+    "sweep (moe_small_ctasplit_splits.json, XD 2): at M = 1 (4, 1) tied the rule's (4, 2) and (2, x) lost 8-18%; at "
+    "M = 2 (2, 1) tied splitk_s4; at M >= 4 (1, 1) came within a few percent of splitk_s4. Predicted, same process: "
+    "at M = 1 ctasplit_x4e_g4d1 within +-2% of ctasplit_x4e (the rule, (4, 2)), g2d1 / g2d2 5-15% slower; at M = 2 "
+    "ctasplit_x4e_g2d1 within +-3% of ctasplit_x4e; at M = 3-4 ctasplit_x4e_g2d1 within +-3% of splitk_s4x4e and "
+    "ctasplit_x4e_g1d1 0-5% slower than splitk_s4x4e; M = 3 between M = 2 and M = 4 in % of copy. The dispatch "
+    "changes only where a path leads the dispatched one by more than 1.5 points of copy in both runs and both "
+    "routings.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
                      "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION,
-                     "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION}
+                     "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION,
+                     "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

@@ -58,6 +58,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "splitk_s4x4e": ("moe_small_splitk_s4x4e_b5", (4, 2, 2)),
     "ctasplit_x4e": ("moe_small_ctasplit_x4e", ("cta", "ring")),
     "ctasplit_x4e_g1d1": ("moe_small_ctasplit_x4e", ("cta", (1, 1))),
+    # its other fixed splits (host-side; the split sweep of run 17, NOT YET TIMED: bench.SMALL_XEND_SPLITS_PREDICTION)
+    **{f"ctasplit_x4e_g{a}d{b}": ("moe_small_ctasplit_x4e", ("cta", (a, b))) for a, b in ((2, 1), (4, 1), (2, 2))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
