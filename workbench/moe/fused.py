@@ -3,9 +3,9 @@
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
-launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4e`` at M = 1-2,
-``moe_small_splitk_s4x4e_b5`` at M = 3-4 and ``moe_small_ctasplit_x4e`` at the fixed split (1, 1) at M = 5-16 on
-the H200; grouping, gate/up with SiLU, down and the sum over
+launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4e`` at M = 1 and, at
+the fixed split (4, 1), at M = 2, ``moe_small_splitk_s4x4e_b5`` at M = 3-4 and ``moe_small_ctasplit_x4e`` at the
+fixed split (1, 1) at M = 5-16 on the H200; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -58,7 +58,7 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "splitk_s4x4e": ("moe_small_splitk_s4x4e_b5", (4, 2, 2)),
     "ctasplit_x4e": ("moe_small_ctasplit_x4e", ("cta", "ring")),
     "ctasplit_x4e_g1d1": ("moe_small_ctasplit_x4e", ("cta", (1, 1))),
-    # its other fixed splits (host-side; the split sweep of run 17, NOT YET TIMED: bench.SMALL_XEND_SPLITS_PREDICTION)
+    # its other fixed splits (host-side; the split sweep of run 17, moe_small_xend_splits*.json: g4d1 runs at M = 2)
     **{f"ctasplit_x4e_g{a}d{b}": ("moe_small_ctasplit_x4e", ("cta", (a, b))) for a, b in ((2, 1), (4, 1), (2, 2))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
@@ -73,14 +73,18 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # e544bfd, separate processes: the four-launch path, splitk_s4, splitk_s4x4(e), ctasplit_x4(e) and
 # ctasplit_x4(e)_g1d1, uniform and skewed routing): the XEND forms (the next stage's activations loaded after a
 # stage's last step, no buffer-rotation moves) lead their x4 counterparts in 23 of the 24 (form, routing, M)
-# rows where they are dispatched now; ctasplit_x4e is the fastest path at M = 1 and 2 in both runs and both
-# routings; splitk_s4x4e at M = 4 in all four rows; ctasplit_x4e_g1d1 at M = 8-16 in 11 of 12 rows (uniform
-# M = 16 of the second run: 0.9 points behind ctasplit_x4_g1d1). M = 3 and 5-7 were not measured: M = 3 runs
-# M = 4's kernel, M = 5-7 M = 8's. (Before: moe_small_x4_splits*.json, 0c55f60 / 8c7598f: ctasplit_x4 at M = 1,
-# splitk_s4 at M = 2, splitk_s4x4 at M = 3-4, ctasplit_x4_g1d1 at M = 5-16; moe_small_xprefetch*.json: ctasplit_x4,
-# splitk_s4, splitk_s4x4 at M = 3-16; moe_small_ctasplit.json: ctasplit at M = 1, splitk_s4 at M = 2-16;
-# moe_small_splitk.json: four launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(2, "ctasplit_x4e"), (4, "splitk_s4x4e"), (16, "ctasplit_x4e_g1d1")]
+# rows where they are dispatched; ctasplit_x4e is the fastest path at M = 1 and 2 in both runs and both
+# routings; splitk_s4x4e at M = 4 in all four rows; ctasplit_x4e_g1d1 at M = 8-16 in 11 of 12 rows. Then the
+# split sweep of ctasplit_x4e at M = 1-4 (moe_small_xend_splits*.json, code 1088c4d, two processes): at M = 2 the
+# fixed split (4, 1) leads the rule's (4, 2) by more than 1.5 points of copy in both runs and both routings, so
+# it runs there; at M = 3-4 no form leads splitk_s4x4e by that much in every row (ctasplit_x4e_g2d1 does under
+# uniform routing only); at M = 1 the rule's split stays the fastest. M = 5-7 were not measured: M = 8's kernel.
+# (Before: moe_small_x4_splits*.json, 0c55f60 / 8c7598f: ctasplit_x4 at M = 1, splitk_s4 at M = 2, splitk_s4x4 at
+# M = 3-4, ctasplit_x4_g1d1 at M = 5-16; moe_small_xprefetch*.json: ctasplit_x4, splitk_s4, splitk_s4x4 at
+# M = 3-16; moe_small_ctasplit.json: ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json: four
+# launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e"), (2, "ctasplit_x4e_g4d1"), (4, "splitk_s4x4e"),
+                                             (16, "ctasplit_x4e_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

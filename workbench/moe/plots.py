@@ -1,7 +1,7 @@
 """Tables and plotly figures for notebooks/02_moe_bandwidth.ipynb.
 
 Everything reads the committed measurements (``data/measurements/<gpu>/moe_bandwidth.json``,
-the full sweep; ``moe_small_xend_2.json`` (:data:`SMALL_COMPARE`), the one-launch small-M kernels against the four-launch path
+the full sweep; ``moe_small_dispatch.json`` (:data:`SMALL_COMPARE`), the one-launch small-M kernels against the four-launch path
 at M <= 16 in one run, the file :data:`workbench.moe.fused.SMALL_TABLE` was set from) and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
 here holds a measured number.
 """
@@ -145,7 +145,7 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     return fig
 
 
-SMALL_COMPARE = "moe_small_xend_2"   # the (second) comparison fused.SMALL_TABLE was set from
+SMALL_COMPARE = "moe_small_dispatch"   # every path fused.SMALL_TABLE dispatches, timed in one process
 
 
 def load_moe_small(gpu: str = "h200", name: str = SMALL_COMPARE) -> dict[str, Any] | None:
