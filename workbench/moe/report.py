@@ -62,6 +62,8 @@ X4_B4_PROFILE = "data/measurements/h200/moe_small_x4_b4_logs/sass_ctasplit_x4_b4
 # run 16: the XEND forms (dispatched), two runs; their profiles
 SMALL_XEND = ("moe_small_xend", "moe_small_xend_2")
 XEND_PROFILES = (("ctasplit_x4e", 1), ("ctasplit_x4e_g1d1", 16))
+# run 17: ctasplit_x4e at fixed splits, M = 1-4, two runs; then every dispatched path in one process
+SMALL_XEND_SPLITS = ("moe_small_xend_splits", "moe_small_xend_splits_2")
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -440,8 +442,7 @@ def block_small_xend() -> str:
     """Run 16: the XEND forms beside the x4 kernels, two processes, the dispatch they set, and where they wait."""
     text = (_small_run_block(SMALL_XEND[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_XEND[1])
             + _pair_delta_block(SMALL_XEND, (("ctasplit_x4e", "ctasplit_x4"), ("splitk_s4x4e", "splitk_s4x4"),
-                                             ("ctasplit_x4e_g1d1", "ctasplit_x4_g1d1"), ("ctasplit_x4e", "splitk_s4")))
-            + "\n" + dispatch_summary())
+                                             ("ctasplit_x4e_g1d1", "ctasplit_x4_g1d1"), ("ctasplit_x4e", "splitk_s4"))))
     for variant, m in XEND_PROFILES:
         path = f"data/measurements/h200/moe_small_xend_logs/sass_{variant}_m{m}.csv"
         if (REPO_ROOT / path).exists():
@@ -594,6 +595,19 @@ def block_small_x4_b4() -> str:
     return text
 
 
+def block_small_xend_splits() -> str:
+    """Run 17: ctasplit_x4e at fixed splits at M = 1-4, two processes, against the rule's split and splitk_s4x4e."""
+    return (_small_run_block(SMALL_XEND_SPLITS[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_XEND_SPLITS[1])
+            + _pair_delta_block(SMALL_XEND_SPLITS, (("ctasplit_x4e_g4d1", "ctasplit_x4e"),
+                                                    ("ctasplit_x4e_g2d1", "splitk_s4x4e"),
+                                                    ("ctasplit_x4e_g2d2", "splitk_s4x4e"))))
+
+
+def block_small_dispatch() -> str:
+    """Every path SMALL_TABLE dispatches, in one process (plots.SMALL_COMPARE), and the dispatched path's worst row."""
+    return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
+
+
 def block_profile_dispatched() -> str:
     """Per-instruction stall samples of the dispatched one-launch kernels (h200_profile_dispatched.sh)."""
     folder = REPO_ROOT / PROFILE_DISPATCHED
@@ -701,6 +715,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_x4_splits": block_small_x4_splits,
     "small_x4_b4": block_small_x4_b4,
     "small_xend": block_small_xend,
+    "small_xend_splits": block_small_xend_splits,
+    "small_dispatch": block_small_dispatch,
     "profile_dispatched": block_profile_dispatched,
     "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
