@@ -608,6 +608,36 @@ def block_small_dispatch() -> str:
     return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
 
 
+STAGE_LOOP_FILES = (
+    ("splitk_s4", 2, "moe_profile_8c7598f/sass_splitk_s4_m2.csv"),
+    ("ctasplit_x4", 1, "moe_profile_8c7598f/sass_ctasplit_x4_m1.csv"),
+    ("ctasplit_x4_b4", 1, "moe_small_x4_b4_logs/sass_ctasplit_x4_b4_m1.csv"),
+    ("ctasplit_x4e", 1, "moe_small_xend_logs/sass_ctasplit_x4e_m1.csv"),
+)
+
+
+def block_stage_loops() -> str:
+    """The stage loops of the profiled kernels, from the SASS in their ncu source pages (workbench.moe.sass)."""
+    from workbench.moe.sass import read_source_csv, stage_loops
+
+    rows = []
+    for variant, m, rel in STAGE_LOOP_FILES:
+        path = REPO_ROOT / "data" / "measurements" / "h200" / rel
+        if not path.exists():
+            continue
+        for loop in stage_loops(read_source_csv(path)):
+            rows.append({"kernel": f"`{variant}`", "file": f"`{rel}`",
+                         "activation load": f"`{loop['load']}`", "SASS instructions": loop["instructions"],
+                         "HMMA at": f"{loop['first_hmma']}-{loop['last_hmma']}",
+                         "activation loads at": ", ".join(map(str, loop["loads"])),
+                         "loads after the last HMMA": loop["loads_after_last_hmma"],
+                         "moves after the last HMMA": loop["moves_after_last_hmma"]})
+    return ("Stage loops (a backward branch around 16 HMMA, one 2304-byte stage) of the kernels as the device's NVRTC "
+            "built them, from the SASS in their Nsight Compute source pages (`workbench.moe.sass.stage_loops`; "
+            "positions count instructions from the loop's top; `.CONSTANT` loads read the layer input (gate/up), "
+            "`.STRONG.GPU` loads read h of the same launch (down)):\n\n" + markdown_table(rows))
+
+
 def block_profile_dispatched() -> str:
     """Per-instruction stall samples of the dispatched one-launch kernels (h200_profile_dispatched.sh)."""
     folder = REPO_ROOT / PROFILE_DISPATCHED
@@ -718,6 +748,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_xend_splits": block_small_xend_splits,
     "small_dispatch": block_small_dispatch,
     "profile_dispatched": block_profile_dispatched,
+    "stage_loops": block_stage_loops,
     "ncu_m16_sass": block_ncu_m16_sass,
     "ctasplit_trace": block_ctasplit_trace,
     "ncu_m1": block_ncu_m1,
