@@ -50,3 +50,17 @@ def test_committed_profiles_show_the_moves_and_their_removal():
     assert len(a) == len(b) == 2                       # gate/up and down
     assert all(r["moves_after_last_hmma"] > 0 for r in a) and all(r["moves_after_last_hmma"] == 0 for r in b)
     assert {r["load"] for r in a} == {"LDG.E.128.CONSTANT", "LDG.E.128.STRONG.GPU"}
+
+
+def test_stage_loop_rows_of_the_committed_profiles():
+    """plots.stage_loop_rows (notebook 02, the paper's stage_loops block): two loops per committed profile."""
+    from workbench.moe import plots
+
+    rows = plots.stage_loop_rows("h200")
+    committed = [rel for _, _, rel in plots.STAGE_LOOP_PROFILES
+                 if (REPO_ROOT / "data" / "measurements" / "h200" / rel).exists()]
+    assert len(rows) == 2 * len(committed)
+    assert plots.stage_loop_rows("no_such_gpu") == []
+    for r in rows:
+        if r["kernel"] == "ctasplit_x4e":
+            assert r["moves after the last HMMA"] == 0

@@ -296,3 +296,34 @@ def trace_busy_figure(doc: dict[str, Any], m: int = 1, routing: str = "uniform")
     fig.update_layout(title=f"CTAs inside a task, {routing} routing, M = {m} (first traced call)",
                       xaxis={"title": "us from the first CTA's entry"}, yaxis={"title": "CTAs"})
     return fig
+
+
+# The profiled one-launch kernels' ncu source pages (relative to data/measurements/<gpu>/): kernel, M, file.
+STAGE_LOOP_PROFILES = (
+    ("splitk_s4", 2, "moe_profile_8c7598f/sass_splitk_s4_m2.csv"),
+    ("ctasplit_x4", 1, "moe_profile_8c7598f/sass_ctasplit_x4_m1.csv"),
+    ("ctasplit_x4_b4", 1, "moe_small_x4_b4_logs/sass_ctasplit_x4_b4_m1.csv"),
+    ("ctasplit_x4e", 1, "moe_small_xend_logs/sass_ctasplit_x4e_m1.csv"),
+)
+
+
+def stage_loop_rows(gpu: str = "h200") -> list[dict[str, Any]]:
+    """The stage loops of the profiled kernels (:data:`STAGE_LOOP_PROFILES`, those committed), read from the SASS
+    in their Nsight Compute source pages (:func:`workbench.moe.sass.stage_loops`): per loop its size, where the
+    activation loads sit and how many register moves follow the last HMMA; [] when none is committed."""
+    from workbench.moe.sass import read_source_csv, stage_loops
+
+    rows = []
+    for variant, m, rel in STAGE_LOOP_PROFILES:
+        path = DATA_DIR / "measurements" / gpu / rel
+        if not path.exists():
+            continue
+        for loop in stage_loops(read_source_csv(path)):
+            rows.append({"kernel": variant, "M": m, "file": rel, "activation load": loop["load"],
+                         "SASS instructions": loop["instructions"],
+                         "HMMA at": f"{loop['first_hmma']}-{loop['last_hmma']}",
+                         "activation loads at": ", ".join(map(str, loop["loads"])),
+                         "loads after the last HMMA": loop["loads_after_last_hmma"],
+                         "moves after the last HMMA": loop["moves_after_last_hmma"]})
+    return rows
+

@@ -608,30 +608,12 @@ def block_small_dispatch() -> str:
     return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
 
 
-STAGE_LOOP_FILES = (
-    ("splitk_s4", 2, "moe_profile_8c7598f/sass_splitk_s4_m2.csv"),
-    ("ctasplit_x4", 1, "moe_profile_8c7598f/sass_ctasplit_x4_m1.csv"),
-    ("ctasplit_x4_b4", 1, "moe_small_x4_b4_logs/sass_ctasplit_x4_b4_m1.csv"),
-    ("ctasplit_x4e", 1, "moe_small_xend_logs/sass_ctasplit_x4e_m1.csv"),
-)
-
-
 def block_stage_loops() -> str:
-    """The stage loops of the profiled kernels, from the SASS in their ncu source pages (workbench.moe.sass)."""
-    from workbench.moe.sass import read_source_csv, stage_loops
-
-    rows = []
-    for variant, m, rel in STAGE_LOOP_FILES:
-        path = REPO_ROOT / "data" / "measurements" / "h200" / rel
-        if not path.exists():
-            continue
-        for loop in stage_loops(read_source_csv(path)):
-            rows.append({"kernel": f"`{variant}`", "file": f"`{rel}`",
-                         "activation load": f"`{loop['load']}`", "SASS instructions": loop["instructions"],
-                         "HMMA at": f"{loop['first_hmma']}-{loop['last_hmma']}",
-                         "activation loads at": ", ".join(map(str, loop["loads"])),
-                         "loads after the last HMMA": loop["loads_after_last_hmma"],
-                         "moves after the last HMMA": loop["moves_after_last_hmma"]})
+    """The stage loops of the profiled kernels, from the SASS in their ncu source pages (plots.stage_loop_rows)."""
+    rows = [{**r, "kernel": f"`{r['kernel']}`", "file": f"`{r['file']}`", "activation load": f"`{r['activation load']}`"}
+            for r in plots.stage_loop_rows()]
+    for r in rows:
+        del r["M"]
     return ("Stage loops (a backward branch around 16 HMMA, one 2304-byte stage) of the kernels as the device's NVRTC "
             "built them, from the SASS in their Nsight Compute source pages (`workbench.moe.sass.stage_loops`; "
             "positions count instructions from the loop's top; `.CONSTANT` loads read the layer input (gate/up), "
