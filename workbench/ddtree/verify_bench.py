@@ -274,23 +274,16 @@ def _time_batched(fns: Sequence[Any], reps: int, min_calls: int = 16) -> tuple[l
     at least ``min_calls`` calls: the device time of a call as it runs inside a longer captured step (an
     engine's decode graph), with no host launch latency in it; each call still pays its kernels' launch
     gaps inside the graph. Returns (samples, calls per replay)."""
-    import torch
-
     from workbench.measure import time_cuda
 
     calls = max(min_calls, len(fns))
     calls = len(fns) * math.ceil(calls / len(fns))   # every input set equally often
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+
+    def all_calls():
         for i in range(calls):
             fns[i % len(fns)]()
-    torch.cuda.synchronize()
+
+    [g] = _capture([all_calls])
     samples = time_cuda(g.replay, warmup=3, reps=reps)
     return [t / calls for t in samples], calls
 

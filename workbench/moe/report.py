@@ -366,6 +366,20 @@ def pair_delta_rows(names: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) 
     return out
 
 
+def _two_runs_block(names: tuple[str, str], pairs: tuple[tuple[str, str], ...],
+                    second: str = "The second process:") -> str:
+    """Two --small-compare runs of the same paths (separate processes), then their difference table."""
+    return (_small_run_block(names[0]) + f"\n{second}\n\n" + _small_run_block(names[1])
+            + _pair_delta_block(names, pairs))
+
+
+def _stall_block(variant: str, m: int, path: str, top: int) -> str:
+    """The ``top`` instructions by warp-stall samples of one profiled launch (:func:`ncu_sass_rows`), titled."""
+    hot, _ = ncu_sass_rows(path, top=top)
+    return (f"\n`{variant}` at M = {m} (`{path.split('/')[-1]}`), the instructions with the most warp-stall "
+            "samples:\n\n" + markdown_table(hot))
+
+
 def _pair_delta_block(names: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> str:
     return ("\nDifferences in points of % of copy, new minus old, in each run (computed from the files above):\n\n"
             + markdown_table([{k: v for k, v in r.items() if ", run " not in k} for r in pair_delta_rows(names, pairs)]))
@@ -433,22 +447,18 @@ def block_small_xprefetch() -> str:
 
 def block_small_x4_splits() -> str:
     """Run 14: the x4 CTA-split kernel at fixed splits, two runs in separate processes."""
-    return (_small_run_block(SMALL_X4_SPLITS[0]) + "\nThe confirming run (same paths, a second process):\n\n"
-            + _small_run_block(SMALL_X4_SPLITS[1])
-            + _pair_delta_block(SMALL_X4_SPLITS, (("ctasplit_x4_g1d1", "splitk_s4x4"), ("ctasplit_x4_g2d1", "splitk_s4"))))
+    return _two_runs_block(SMALL_X4_SPLITS, (("ctasplit_x4_g1d1", "splitk_s4x4"), ("ctasplit_x4_g2d1", "splitk_s4")),
+                           second="The confirming run (same paths, a second process):")
 
 
 def block_small_xend() -> str:
     """Run 16: the XEND forms beside the x4 kernels, two processes, the dispatch they set, and where they wait."""
-    text = (_small_run_block(SMALL_XEND[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_XEND[1])
-            + _pair_delta_block(SMALL_XEND, (("ctasplit_x4e", "ctasplit_x4"), ("splitk_s4x4e", "splitk_s4x4"),
-                                             ("ctasplit_x4e_g1d1", "ctasplit_x4_g1d1"), ("ctasplit_x4e", "splitk_s4"))))
+    text = _two_runs_block(SMALL_XEND, (("ctasplit_x4e", "ctasplit_x4"), ("splitk_s4x4e", "splitk_s4x4"),
+                                        ("ctasplit_x4e_g1d1", "ctasplit_x4_g1d1"), ("ctasplit_x4e", "splitk_s4")))
     for variant, m in XEND_PROFILES:
         path = f"data/measurements/h200/moe_small_xend_logs/sass_{variant}_m{m}.csv"
         if (REPO_ROOT / path).exists():
-            hot, _ = ncu_sass_rows(path, top=4)
-            text += (f"\n`{variant}` at M = {m} (`{path.split('/')[-1]}`), the instructions with the most warp-stall "
-                     "samples:\n\n" + markdown_table(hot))
+            text += _stall_block(variant, m, path, top=4)
     return text
 
 
@@ -537,13 +547,9 @@ def ncu_sass_rows(path: str = NCU_M16_SASS, top: int = 8) -> tuple[list[dict[str
     """From an ncu ``--page source --print-source sass --csv`` report: the ``top`` instructions by warp-stall
     samples (share of all samples, the stall reasons with the most samples there) and every instruction with
     excessive shared-memory wavefronts (executions, wavefronts, ideal, N-way conflicts)."""
-    import csv
-    import io
+    from workbench.moe.sass import read_source_table
 
-    lines = (REPO_ROOT / path).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
-    table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    hdr, data = table[0], [r for r in table[1:] if len(r) == len(table[0])]
+    hdr, data = read_source_table(REPO_ROOT / path)
     col = {h: i for i, h in enumerate(hdr)}
 
     def num(r: list[str], key: str) -> float:
@@ -584,23 +590,17 @@ def _ncu_summary_value(text: str, metric: str) -> str:
 def block_small_x4_b4() -> str:
     """Run 15: ctasplit_x4 at 4 CTAs per SM (reverted code) beside the dispatched paths, two processes, and where
     its M = 1 launch waits."""
-    text = (_small_run_block(SMALL_X4_B4[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_X4_B4[1])
-            + _pair_delta_block(SMALL_X4_B4, (("ctasplit_x4_b4", "ctasplit_x4"),
-                                              ("ctasplit_x4_b4_g1d1", "ctasplit_x4_g1d1"),
-                                              ("ctasplit_x4_b4_g1d1", "splitk_s4"))))
+    text = _two_runs_block(SMALL_X4_B4, (("ctasplit_x4_b4", "ctasplit_x4"), ("ctasplit_x4_b4_g1d1", "ctasplit_x4_g1d1"),
+                                         ("ctasplit_x4_b4_g1d1", "splitk_s4")))
     if (REPO_ROOT / X4_B4_PROFILE).exists():
-        hot, _ = ncu_sass_rows(X4_B4_PROFILE, top=5)
-        text += (f"\n`ctasplit_x4_b4` at M = 1 (`{X4_B4_PROFILE.split('/')[-1]}`), the instructions with the most "
-                 "warp-stall samples:\n\n" + markdown_table(hot))
+        text += _stall_block("ctasplit_x4_b4", 1, X4_B4_PROFILE, top=5)
     return text
 
 
 def block_small_xend_splits() -> str:
     """Run 17: ctasplit_x4e at fixed splits at M = 1-4, two processes, against the rule's split and splitk_s4x4e."""
-    return (_small_run_block(SMALL_XEND_SPLITS[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_XEND_SPLITS[1])
-            + _pair_delta_block(SMALL_XEND_SPLITS, (("ctasplit_x4e_g4d1", "ctasplit_x4e"),
-                                                    ("ctasplit_x4e_g2d1", "splitk_s4x4e"),
-                                                    ("ctasplit_x4e_g2d2", "splitk_s4x4e"))))
+    return _two_runs_block(SMALL_XEND_SPLITS, (("ctasplit_x4e_g4d1", "ctasplit_x4e"), ("ctasplit_x4e_g2d1", "splitk_s4x4e"),
+                                               ("ctasplit_x4e_g2d2", "splitk_s4x4e")))
 
 
 def block_small_dispatch() -> str:

@@ -20,8 +20,9 @@ _MOVE = re.compile(r"^(@!?U?P\w+\s+)?(MOV|IMAD\.MOV)(\.U32)?\b")
 _TARGET = re.compile(r"0x([0-9a-fA-F]+)\s*$")
 
 
-def read_source_csv(path: str | Path) -> list[tuple[int, str]]:
-    """(address, SASS text) of every instruction of an ncu ``--page source --print-source sass --csv`` file.
+def read_source_table(path: str | Path) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of an ncu ``--page source --print-source sass --csv`` file: the table from its
+    ``"Address"`` header row on (ncu's log lines before it skipped), rows of the header's length only.
 
     Raises ValueError when the file has no ``"Address"`` header row (not a source-page CSV)."""
     lines = Path(path).read_text().splitlines()
@@ -29,9 +30,14 @@ def read_source_csv(path: str | Path) -> list[tuple[int, str]]:
     if start is None:
         raise ValueError(f"{path}: no '\"Address\"' header row; expected ncu --page source --print-source sass --csv")
     table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    hdr = table[0]
+    return table[0], [r for r in table[1:] if len(r) == len(table[0])]
+
+
+def read_source_csv(path: str | Path) -> list[tuple[int, str]]:
+    """(address, SASS text) of every instruction of an ncu source-page CSV (:func:`read_source_table`)."""
+    hdr, rows = read_source_table(path)
     ia, isrc = hdr.index("Address"), hdr.index("Source")
-    return [(int(r[ia], 16), r[isrc].strip()) for r in table[1:] if len(r) == len(hdr)]
+    return [(int(r[ia], 16), r[isrc].strip()) for r in rows]
 
 
 def stage_loops(instructions: list[tuple[int, str]], hmma: int = 16, max_len: int = 700) -> list[dict[str, Any]]:
