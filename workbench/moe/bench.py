@@ -784,13 +784,27 @@ SMALL_XEND_SPLITS_PREDICTION = (
     "ctasplit_x4e_g1d1 0-5% slower than splitk_s4x4e; M = 3 between M = 2 and M = 4 in % of copy. The dispatch "
     "changes only where a path leads the dispatched one by more than 1.5 points of copy in both runs and both "
     "routings.")
+SMALL_F16_PREDICTION = (
+    "PREDICTION, written before any run (code: template flag F16 in frag_step / cs_stages / moe_small_ctasplit_body, "
+    "new entries moe_small_ctasplit_x4eh and moe_x_to_f16; the gate_up activations converted once per call to fp16 "
+    "scaled by a power of two per token, so the nibble extraction needs one shift per weight word instead of three; "
+    "down unchanged; the SASS of the other 32 kernels unchanged, cuobjdump). The gate_up stage loop is 408 static "
+    "SASS instructions against ctasplit_x4e's 437 (SHF 54 -> 26, HADD2 64 -> 32 + 32 HFMA2), about 9% fewer issued "
+    "per gate_up stage (327 -> ~298), on the ALU pipe that the profiles show throttled (stall_math on SHF / LOP3). "
+    "Gate_up is two thirds of the bytes; the conversion is a second launch (about 1-3 us). Predicted, same process, "
+    "against ctasplit_x4e at the same split: M = 1 (rule split) 1-5% faster, M = 2 (4, 1) 2-6% faster, M = 3-4 "
+    "x4eh_g2d1 2-7% faster than ctasplit_x4e_g2d1 and at or above splitk_s4x4e, M = 8-16 (1, 1) 3-7% faster; "
+    "outputs bit-identical to ctasplit_x4e at the same split (same exact products, sums scaled by 2^e). The goal "
+    "(>= 80% of copy at every M <= 16) is not expected at M = 1-2. Refuted if x4eh is not faster than x4e at "
+    "M >= 4 in both runs.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
                      "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION,
                      "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION,
-                     "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION}
+                     "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
+                     "moe_small_f16_2": SMALL_F16_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

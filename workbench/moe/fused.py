@@ -60,11 +60,18 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "ctasplit_x4e_g1d1": ("moe_small_ctasplit_x4e", ("cta", (1, 1))),
     # its other fixed splits (host-side; the split sweep of run 17, moe_small_xend_splits*.json: g4d1 runs at M = 2)
     **{f"ctasplit_x4e_g{a}d{b}": ("moe_small_ctasplit_x4e", ("cta", (a, b))) for a, b in ((2, 1), (4, 1), (2, 2))},
+    # ctasplit_x4e with the gate_up stage loop on fp16 activations (moe_x_to_f16 first: x * 2^e per token, exact;
+    # one shift per weight word instead of three); timed in moe_small_f16*.json
+    "ctasplit_x4eh": ("moe_small_ctasplit_x4eh", ("cta", "ring")),
+    **{f"ctasplit_x4eh_g{a}d{b}": ("moe_small_ctasplit_x4eh", ("cta", (a, b))) for a, b in ((4, 1), (2, 1), (1, 1))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
     **{f"ctasplit_g{a}d{b}": ("moe_small_ctasplit", ("cta", (a, b))) for a, b in ((4, 1), (2, 2), (2, 1), (1, 1))},
 }
+# One-launch kernels whose gate_up reads fp16 activations: fused_moe_int4 runs moe_x_to_f16 before them (a second
+# launch) and passes its per-token 2^-e as their last argument.
+F16_ACTIVATION_KERNELS = frozenset({"moe_small_ctasplit_x4eh"})
 DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_table
 
 # (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
@@ -388,6 +395,22 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     return out
 
 
+def activations_f16(hidden: torch.Tensor, options: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The F16 kernels' gate_up input (moe_int4.cu ``moe_x_to_f16``, one block per token): hidden bf16 [M, H] on
+    the GPU -> (x16 float16 [M, H] = hidden * 2^e, xinv float32 [M] = 2^-e), e per token putting its largest |x|
+    in [2^14, 2^15), clamped to [-126, 126]; e = 0 for a token whose max is 0, inf or NaN. CPU model:
+    :func:`workbench.moe.f16act.activations_f16`."""
+    m, h = hidden.shape
+    if hidden.dtype != torch.bfloat16 or not hidden.is_cuda or h % 2:
+        raise ValueError(f"activations_f16 takes bf16 CUDA [M, H] with H even, got {hidden.dtype} {tuple(hidden.shape)} "
+                         f"on {hidden.device}")
+    x16 = torch.empty(m, h, dtype=torch.float16, device=hidden.device)
+    xinv = torch.empty(m, dtype=torch.float32, device=hidden.device)
+    if m:
+        launch(_kernel("moe_x_to_f16", options), (m,), (256,), (hidden.contiguous(), h, x16, xinv))
+    return x16, xinv
+
+
 def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  experts: Int4Experts, out: torch.Tensor, options: tuple[str, ...] = ()) -> torch.Tensor:
     """One launch for M * topk <= SMALL_MAX_PAIRS: the kernel :func:`small_variant_for` names, from the
@@ -416,8 +439,11 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         sgu, sdn = ctasplit_splits(h, i, spec[1])
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
         ws = _ctasplit_workspace(dev, h)
-        launch(kern, (grid,), (THREADS,),
-               (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
+        args = (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out)
+        if kname in F16_ACTIVATION_KERNELS:
+            x16, xinv = activations_f16(hidden, options)
+            args = (gu_frag, dn_frag, x16, *args[3:], xinv)
+        launch(kern, (grid,), (THREADS,), args)
         return out
     sgu, sdn, per_warp = spec
     want = min(per_warp * grid * (THREADS // 32), 1 << 30)
