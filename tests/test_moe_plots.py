@@ -28,7 +28,7 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
     pct, row = plots.dispatched_worst_pct(small)
     rows = plots.small_path_rows(small)
     assert pct == min(r["dispatched % copy"] for r in rows) == row["dispatched % copy"]
-    # SMALL_TABLE was set from runs 16-17; this file times every dispatched path in one process: at every measured
+    # SMALL_TABLE was set from runs 16-18; this file times every dispatched path in one process: at every measured
     # row the dispatched path is the fastest or within the run-to-run spread (1.5 points of copy bandwidth) of it.
     for r in rows:
         assert r["dispatched % copy"] >= r[f"{r['fastest']} % copy"] - 1.5, r
@@ -45,7 +45,7 @@ def test_dispatched_label_follows_the_variant():
         assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
         fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
         assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9)] == ["ctasplit_x4e", "ctasplit_x4e_g4d1",
-                                                                       "splitk_s4x4e", "ctasplit_x4e_g1d1"]
+                                                                       "ctasplit_x4e_g2d1", "ctasplit_x4e_g1d1"]
         saved_table = list(fused.SMALL_TABLE)
         try:
             fused.set_small_table([(1, None), (16, True)])

@@ -676,40 +676,7 @@ __device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
 // One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups. A register r of chunk kc is
 // nib_pair(word >> 4r) = the bf16 pair (128 + u) (one shift, one LOP3), minus 136 by one exact bf16x2
 // subtraction; the group scale multiplies the fp32 partial sum of its two chunks.
-// fp16 forms of the nibble extraction (F16: the gate_up activations as fp16, moe_x_to_f16): the mask 0x00F000F0
-// reads the odd nibbles in place, fp16's 10-bit mantissa holding (1024 + 16 u), so one shift per word (w >> 8)
-// replaces bf16's three.
-__device__ __forceinline__ unsigned int nib_lop(unsigned int w, unsigned int mask) {
-    unsigned int r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(mask), "n"(0x64006400));
-    return r;
-}
-
-__device__ __forceinline__ unsigned int h2_sub(unsigned int a, unsigned int b) {
-    unsigned int r;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-}
-
-__device__ __forceinline__ unsigned int h2_fma(unsigned int a, unsigned int b, unsigned int c) {
-    unsigned int r;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-    return r;
-}
-
-__device__ __forceinline__ void mma_f16(float* c, unsigned int a0, unsigned int a1, unsigned int a2,
-                                        unsigned int a3, unsigned int b0, unsigned int b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// F16 (activations fp16): a0 = lop(w, 0x000F000F) = (1024 + u) - 1032, a1 = lop(w, 0x00F000F0) = (1024 + 16 u) / 16
-// - 72, a2 / a3 the same of w >> 8: the registers hold exactly the values (and K positions) of the bf16 form
-// (q in [-8, 7], exact in both types), so with fp16 activations the mma sums the same exact products.
-template <int NT, bool F16 = false>
+template <int NT>
 __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, const uint2 sc,
                                           const uint4 (&xq)[NT][2]) {
     const unsigned int wq[4] = {w.x, w.y, w.z, w.w};
@@ -724,31 +691,21 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const unsigned int word = wq[2 * gr + h];
-            unsigned int a0, a1, a2, a3;
-            if (F16) {   // exact: (1024 + u) - 1032 and (1024 + 16 u) / 16 - 72 = q in [-8, 7]
-                const unsigned int w8 = word >> 8;
-                a0 = h2_sub(nib_lop(word, 0x000F000Fu), 0x64086408u);
-                a1 = h2_fma(nib_lop(word, 0x00F000F0u), 0x2C002C00u, 0xD480D480u);
-                a2 = h2_sub(nib_lop(w8, 0x000F000Fu), 0x64086408u);
-                a3 = h2_fma(nib_lop(w8, 0x00F000F0u), 0x2C002C00u, 0xD480D480u);
-            } else {
-                a0 = nib_pair(word);
-                a1 = nib_pair(word >> 4);
-                a2 = nib_pair(word >> 8);
-                a3 = nib_pair(word >> 12);
-                {   // exact: (128 + u) - 136 = q in [-8, 7]
-                    a0 = bf2_sub(a0, 0x43084308u);
-                    a1 = bf2_sub(a1, 0x43084308u);
-                    a2 = bf2_sub(a2, 0x43084308u);
-                    a3 = bf2_sub(a3, 0x43084308u);
-                }
+            unsigned int a0 = nib_pair(word);
+            unsigned int a1 = nib_pair(word >> 4);
+            unsigned int a2 = nib_pair(word >> 8);
+            unsigned int a3 = nib_pair(word >> 12);
+            {   // exact: (128 + u) - 136 = q in [-8, 7]
+                a0 = bf2_sub(a0, 0x43084308u);
+                a1 = bf2_sub(a1, 0x43084308u);
+                a2 = bf2_sub(a2, 0x43084308u);
+                a3 = bf2_sub(a3, 0x43084308u);
             }
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 const unsigned int b0 = h == 0 ? xq[n][gr].x : xq[n][gr].z;
                 const unsigned int b1 = h == 0 ? xq[n][gr].y : xq[n][gr].w;
-                if (F16) mma_f16(tmp[n], a0, a1, a2, a3, b0, b1);
-                else mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
+                mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
             }
         }
         const float s_lo = __uint_as_float(sw[gr] << 16);           // row g
@@ -1447,7 +1404,7 @@ __device__ __forceinline__ CsTask cs_decode(int tn, int t_gu, int sgu, int sdn, 
 __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& it, const float4* buf, int M, int topk,
                                             int H, int I, int nitems, __nv_bfloat16* hbuf, float* Y,
                                             const float* __restrict__ topk_w, int* done_gu, int* done_dn,
-                                            __nv_bfloat16* __restrict__ out, const float* __restrict__ xinv = nullptr) {
+                                            __nv_bfloat16* __restrict__ out) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool gu = tk.gu;
     const int s = tk.s, item = tk.item, grp = tk.grp;
@@ -1461,19 +1418,13 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                 v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
             }
             const int tile = grp * ntile + r;
-            float gv[2] = {v.x, v.y}, uv[2] = {v.z, v.w};
+            const float gv[2] = {v.x, v.y}, uv[2] = {v.z, v.w};
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {
                 const int c = 2 * t + cc;
-                if (c < cnt) {
-                    if (xinv != nullptr) {   // fp16 activations x * 2^e: undo the token's power of two (exact)
-                        const float f = xinv[it.sorted[slot0 + c] / topk];
-                        gv[cc] *= f;
-                        uv[cc] *= f;
-                    }
+                if (c < cnt)
                     hbuf[(long long)(slot0 + c) * I + 8 * tile + g] =
                         __float2bfloat16(gv[cc] / (1.f + __expf(-gv[cc])) * uv[cc]);
-                }
             }
         }
 #ifdef MOE_TRACE
@@ -1547,7 +1498,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 // The stage loop of one CTA task for this warp (splitk_s4's, frag_gemm's loop body): nper ring stages, the
 // activations two 64-K steps ahead in registers (COHERENT: h of this launch, through L2), the issuer called
 // once per stage (RS - 1 stages ahead, crossing into the CTA's next tasks).
-template <bool COHERENT, int RS, int XD, bool XEND, bool F16, typename Issue>
+template <bool COHERENT, int RS, int XD, bool XEND, typename Issue>
 __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* xp, int nper, const unsigned char* ring,
                                           unsigned int& rslot, Issue& issue) {
     static_assert(FR_SUB % XD == 0, "the activation buffers cycle per 64-K step: XD must divide FR_SUB");
@@ -1579,7 +1530,7 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
                 xb[qq % XD][0][0] = ld_x16<COHERENT>(p);
                 xb[qq % XD][0][1] = ld_x16<COHERENT>(p + 32);
             }
-            frag_step<1, F16>(a, w, sc, xc);
+            frag_step<1>(a, w, sc, xc);
         }
         if (XEND) {   // the whole next stage's activations, after this stage's last step (see frag_gemm)
 #pragma unroll
@@ -1595,14 +1546,12 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 }
 
 
-// F16: X holds the fp16 activations x * 2^e (moe_x_to_f16) and xinv [M] each token's 2^-e; the gate_up stage loop
-// runs on fp16 (one shift per weight word instead of three), down stays bf16.
-template <int RS, int XD = 2, bool XEND = false, bool F16 = false>
+template <int RS, int XD = 2, bool XEND = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
     int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out,
-    unsigned char* s_ring, float4* s_part, const float* __restrict__ xinv = nullptr) {
+    unsigned char* s_ring, float4* s_part) {
     __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
     __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
     __shared__ int s_wcnt[4];
@@ -1704,8 +1653,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         if (tid == 0) TRACE_TASK(j, 2, trace_now());
 #endif
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (gu) cs_stages<false, RS, XD, XEND, F16>(acc, xp + 8 * t, nper, ring, rslot, issue);
-        else cs_stages<true, RS, XD, XEND, false>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        if (gu) cs_stages<false, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
@@ -1727,7 +1676,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
 #endif
         // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
         cs_epilogue(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
-                    topk_w, done_gu, done_dn, out, F16 ? xinv : nullptr);
+                    topk_w, done_gu, done_dn, out);
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 11, trace_now());
 #endif
@@ -1773,61 +1722,3 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
     }
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true)
-
-// x4e with fp16 gate_up activations (F16): X is moe_x_to_f16's X16, xinv its per-token 2^-e.
-extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_x4eh(
-    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
-    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
-    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out,
-    const float* __restrict__ xinv) {
-    __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];
-    __shared__ float4 s_part[2 * 128];
-    moe_small_ctasplit_body<CS_RS, 4, true, true>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws,
-                                                  out, s_ring, s_part, xinv);
-}
-
-// The gate_up activations for the F16 kernels: X bf16 [M, H] -> X16 fp16 [M, H] = x * 2^e, xinv [M] = 2^-e, one
-// block per token. e puts the token's largest |x| in [2^14, 2^15) (fp16's largest finite value is 65504), so
-// the scaling is exact and the fp16 value is exact (bf16's 8 significant bits fit fp16's 11) for every |x| >=
-// max |x| * 2^-28 (smaller ones become fp16 subnormals, at most 2^-39 of the token's max off); e is clamped to
-// [-126, 126] (xinv normal), and e = 0 for a token whose max is 0 or not finite (inf / NaN pass through).
-// grid M, block 256; H a multiple of 2.
-extern "C" __global__ void __launch_bounds__(256) moe_x_to_f16(const __nv_bfloat16* __restrict__ X, int H,
-                                                              unsigned int* __restrict__ X16,
-                                                              float* __restrict__ xinv) {
-    __shared__ float s_max[8];
-    const int m = blockIdx.x, tid = threadIdx.x;
-    const unsigned int* xr = reinterpret_cast<const unsigned int*>(X + (long long)m * H);
-    float mx = 0.f;
-    bool bad = false;
-    for (int i = tid; i < H / 2; i += 256) {
-        const unsigned int v = __ldg(xr + i);
-        const float a = fabsf(__uint_as_float(v << 16)), b = fabsf(__uint_as_float(v & 0xFFFF0000u));
-        bad = bad || !(a <= __int_as_float(0x7f7fffff)) || !(b <= __int_as_float(0x7f7fffff));   // inf or NaN
-        mx = fmaxf(mx, fmaxf(a, b));
-    }
-    bad = __syncthreads_or(bad);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if ((tid & 31) == 0) s_max[tid >> 5] = mx;
-    __syncthreads();
-    mx = s_max[0];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) mx = fmaxf(mx, s_max[w]);
-    int e = 0;
-    if (!bad && mx > 0.f) {
-        int ex;
-        frexpf(mx, &ex);               // mx in [2^(ex - 1), 2^ex)
-        e = min(126, max(-126, 15 - ex));
-    }
-    const float f = ldexpf(1.f, e);
-    unsigned int* yr = X16 + (long long)m * (H / 2);
-    for (int i = tid; i < H / 2; i += 256) {
-        const unsigned int v = __ldg(xr + i);
-        unsigned short lo, hi;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(__uint_as_float(v << 16) * f));
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(__uint_as_float(v & 0xFFFF0000u) * f));
-        yr[i] = (unsigned int)lo | ((unsigned int)hi << 16);
-    }
-    if (tid == 0) xinv[m] = ldexpf(1.f, -e);
-}

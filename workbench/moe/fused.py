@@ -4,8 +4,7 @@ On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
 launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4e`` at M = 1 and, at
-the fixed split (4, 1), at M = 2, ``moe_small_splitk_s4x4e_b5`` at M = 3-4 and ``moe_small_ctasplit_x4e`` at the
-fixed split (1, 1) at M = 5-16 on the H200; grouping, gate/up with SiLU, down and the sum over
+the fixed split (4, 1), at M = 2, at (2, 1) at M = 3-4 and at (1, 1) at M = 5-16 on the H200; grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -60,18 +59,11 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "ctasplit_x4e_g1d1": ("moe_small_ctasplit_x4e", ("cta", (1, 1))),
     # its other fixed splits (host-side; the split sweep of run 17, moe_small_xend_splits*.json: g4d1 runs at M = 2)
     **{f"ctasplit_x4e_g{a}d{b}": ("moe_small_ctasplit_x4e", ("cta", (a, b))) for a, b in ((2, 1), (4, 1), (2, 2))},
-    # ctasplit_x4e with the gate_up stage loop on fp16 activations (moe_x_to_f16 first: x * 2^e per token, exact;
-    # one shift per weight word instead of three); timed in moe_small_f16*.json
-    "ctasplit_x4eh": ("moe_small_ctasplit_x4eh", ("cta", "ring")),
-    **{f"ctasplit_x4eh_g{a}d{b}": ("moe_small_ctasplit_x4eh", ("cta", (a, b))) for a, b in ((4, 1), (2, 1), (1, 1))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
     **{f"ctasplit_g{a}d{b}": ("moe_small_ctasplit", ("cta", (a, b))) for a, b in ((4, 1), (2, 2), (2, 1), (1, 1))},
 }
-# One-launch kernels whose gate_up reads fp16 activations: fused_moe_int4 runs moe_x_to_f16 before them (a second
-# launch) and passes its per-token 2^-e as their last argument.
-F16_ACTIVATION_KERNELS = frozenset({"moe_small_ctasplit_x4eh"})
 DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_table
 
 # (largest M, one-launch kernel or None) in increasing M, for M * topk <= SMALL_MAX_PAIRS: a SMALL_VARIANTS
@@ -86,11 +78,14 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # fixed split (4, 1) leads the rule's (4, 2) by more than 1.5 points of copy in both runs and both routings, so
 # it runs there; at M = 3-4 no form leads splitk_s4x4e by that much in every row (ctasplit_x4e_g2d1 does under
 # uniform routing only); at M = 1 the rule's split stays the fastest. M = 5-7 were not measured: M = 8's kernel.
+# Run 18 timed ctasplit_x4e_g2d1 and splitk_s4x4e at M = 3-4 in two more processes (moe_small_f16*.json, code
+# c8de03a): over the four processes of runs 17-18, g2d1 leads in 7 of the 8 (routing, run) rows at M = 3 and at
+# M = 4 (mean lead 1.5 and 2.1 points of copy; papers/moe_int4.md, block small_m34), so it runs at M = 3-4.
 # (Before: moe_small_x4_splits*.json, 0c55f60 / 8c7598f: ctasplit_x4 at M = 1, splitk_s4 at M = 2, splitk_s4x4 at
 # M = 3-4, ctasplit_x4_g1d1 at M = 5-16; moe_small_xprefetch*.json: ctasplit_x4, splitk_s4, splitk_s4x4 at
 # M = 3-16; moe_small_ctasplit.json: ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json: four
 # launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e"), (2, "ctasplit_x4e_g4d1"), (4, "splitk_s4x4e"),
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e"), (2, "ctasplit_x4e_g4d1"), (4, "ctasplit_x4e_g2d1"),
                                              (16, "ctasplit_x4e_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
@@ -395,22 +390,6 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     return out
 
 
-def activations_f16(hidden: torch.Tensor, options: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """The F16 kernels' gate_up input (moe_int4.cu ``moe_x_to_f16``, one block per token): hidden bf16 [M, H] on
-    the GPU -> (x16 float16 [M, H] = hidden * 2^e, xinv float32 [M] = 2^-e), e per token putting its largest |x|
-    in [2^14, 2^15), clamped to [-126, 126]; e = 0 for a token whose max is 0, inf or NaN. CPU model:
-    :func:`workbench.moe.f16act.activations_f16`."""
-    m, h = hidden.shape
-    if hidden.dtype != torch.bfloat16 or not hidden.is_cuda or h % 2:
-        raise ValueError(f"activations_f16 takes bf16 CUDA [M, H] with H even, got {hidden.dtype} {tuple(hidden.shape)} "
-                         f"on {hidden.device}")
-    x16 = torch.empty(m, h, dtype=torch.float16, device=hidden.device)
-    xinv = torch.empty(m, dtype=torch.float32, device=hidden.device)
-    if m:
-        launch(_kernel("moe_x_to_f16", options), (m,), (256,), (hidden.contiguous(), h, x16, xinv))
-    return x16, xinv
-
-
 def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  experts: Int4Experts, out: torch.Tensor, options: tuple[str, ...] = ()) -> torch.Tensor:
     """One launch for M * topk <= SMALL_MAX_PAIRS: the kernel :func:`small_variant_for` names, from the
@@ -439,11 +418,8 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         sgu, sdn = ctasplit_splits(h, i, spec[1])
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
         ws = _ctasplit_workspace(dev, h)
-        args = (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out)
-        if kname in F16_ACTIVATION_KERNELS:
-            x16, xinv = activations_f16(hidden, options)
-            args = (gu_frag, dn_frag, x16, *args[3:], xinv)
-        launch(kern, (grid,), (THREADS,), args)
+        launch(kern, (grid,), (THREADS,),
+               (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
         return out
     sgu, sdn, per_warp = spec
     want = min(per_warp * grid * (THREADS // 32), 1 << 30)

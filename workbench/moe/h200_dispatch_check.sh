@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (repository root, carry .whl; about 3 minutes): every path fused.SMALL_TABLE dispatches, with the
-# four-launch path and splitk_s4, timed in one process at M = 1-16 (moe_small_dispatch.json, plots.SMALL_COMPARE),
+# four-launch path, splitk_s4 and fused.DEFAULT_SMALL_VARIANT, timed in one process at M = 1-16 (moe_small_dispatch.json, plots.SMALL_COMPARE),
 # then every gpu test and the GPU pipeline. Everything under $OUT/dispatch.tgz.
 # Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> bash workbench/moe/h200_dispatch_check.sh
 set -u
@@ -11,8 +11,8 @@ trap 'tar czf "$OUT/dispatch.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 T0=$(date +%s)
-PATHS=$(python3 -c "from workbench.moe.fused import SMALL_TABLE as T; print(' '.join(['four_launch', 'splitk_s4'] + [v for _, v in T if v]))")
-timeout 120 python3 -u -m workbench.moe.bench --small-compare moe_small_dispatch --out "$R" --reps 20 \
+PATHS=$(python3 -c "from workbench.moe.fused import SMALL_TABLE as T, DEFAULT_SMALL_VARIANT as D; print(' '.join(dict.fromkeys(['four_launch', 'splitk_s4', D] + [v for _, v in T if v])))")
+timeout 150 python3 -u -m workbench.moe.bench --small-compare moe_small_dispatch --out "$R" --reps 20 --m 1 2 3 4 8 9 16 \
   --small-paths $PATHS > "$R/logs/compare.txt" 2>&1
 echo "compare rc=$? $(( $(date +%s) - T0 )) s"; tail -14 "$R/logs/compare.txt"
 timeout 170 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$R/logs/gpu_tests.txt" 2>&1
