@@ -28,10 +28,18 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
     pct, row = plots.dispatched_worst_pct(small)
     rows = plots.small_path_rows(small)
     assert pct == min(r["dispatched % copy"] for r in rows) == row["dispatched % copy"]
-    # SMALL_TABLE was set from runs 16-18; this file times every dispatched path in one process: at every measured
-    # row the dispatched path is the fastest or within the run-to-run spread (1.5 points of copy bandwidth) of it.
+    # SMALL_TABLE was set from runs 16-18; this file times every dispatched path in one process. The dispatch sees M,
+    # not the routing, so the check is per M: averaged over the two routings the dispatched path is within 1.5
+    # points of copy bandwidth of each row's fastest path, and in every row within 3 points (the spread of one path
+    # at one row between processes). At 595cffc, M = 3, splitk_s4 led under uniform routing by 1.7 points and
+    # trailed under skewed routing by 4.7: no single kernel is within 1.5 points in both rows there.
+    by_m: dict[int, list[float]] = {}
     for r in rows:
-        assert r["dispatched % copy"] >= r[f"{r['fastest']} % copy"] - 1.5, r
+        gap = r[f"{r['fastest']} % copy"] - r["dispatched % copy"]
+        assert gap <= 3.0, r
+        by_m.setdefault(r["M"], []).append(gap)
+    for m, gaps in by_m.items():
+        assert sum(gaps) / len(gaps) <= 1.5, (m, gaps)
 
 
 def test_dispatched_label_follows_the_variant():

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from workbench import REPO_ROOT
-from workbench.moe.sass import read_source_csv, stage_loops
+from workbench.moe.sass import read_source_csv, stage_loop_costs, stage_loops
 
 
 def _csv(tmp_path: Path, body: list[str]) -> Path:
@@ -64,3 +64,35 @@ def test_stage_loop_rows_of_the_committed_profiles():
     for r in rows:
         if r["kernel"] == "ctasplit_x4e":
             assert r["moves after the last HMMA"] == 0
+
+
+def test_stage_loop_costs_of_the_committed_run_18_profiles():
+    """Stages counted at the first HMMA match the Kimi shapes at M = 1 (8 experts): gate/up 8 x (2 x 2048 / 16)
+    x (7168 / 256), down 8 x (7168 / 16) x (2048 / 256); the fp16 form's gate/up loop issues fewer instructions
+    per stage than the bf16 form's, its down loop (unchanged code) the same."""
+    folder = REPO_ROOT / "data/measurements/h200/moe_small_f16_logs"
+    if not folder.exists():
+        pytest.skip("run 18's profiles are not committed")
+    loops = {v: {("gu" if r["load"].endswith("CONSTANT") else "dn"): r
+                 for r in stage_loop_costs(folder / f"sass_{v}_m1.csv")} for v in ("ctasplit_x4e", "ctasplit_x4eh")}
+    for v in loops:
+        assert loops[v]["gu"]["stages"] == 8 * 256 * 28 and loops[v]["dn"]["stages"] == 8 * 448 * 8
+        assert 0 < loops[v]["gu"]["share of samples"] < 1 and loops[v]["gu"]["samples per stage"] > 0
+    assert loops["ctasplit_x4eh"]["gu"]["instructions per stage"] < loops["ctasplit_x4e"]["gu"]["instructions per stage"] - 20
+    assert loops["ctasplit_x4eh"]["dn"]["instructions per stage"] == pytest.approx(loops["ctasplit_x4e"]["dn"]["instructions per stage"])
+
+
+def test_stage_loop_costs_synthetic(tmp_path):
+    hdr = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb","stall_wait"'
+    body = [("S2R R0, SR_TID.X", 1, 4, 1, 0)]
+    body += [(f"HMMA.16816.F32.BF16 R{20 + k}, R4, R8, RZ", 10, 2, 8, 2) for k in range(16)]
+    body += [("LDG.E.128.CONSTANT R40, desc[UR4][R2.64]", 10, 1, 1, 0), ("@!P0 BRA 0x1010", 10, 1, 0, 1), ("EXIT", 1, 0, 0, 0)]
+    lines = ["==PROF== x", hdr] + [f'"{hex(0x1000 + 16 * i)}","{t}","{sm}","{ex}","{lsb}","{w}"'
+                                   for i, (t, ex, sm, lsb, w) in enumerate(body)]
+    p = tmp_path / "s.csv"
+    p.write_text("\n".join(lines) + "\n")
+    [r] = stage_loop_costs(p)
+    assert r["stages"] == 10 and r["instructions per stage"] == 18.0
+    assert r["samples per stage"] == pytest.approx(34 / 10) and r["share of samples"] == pytest.approx(34 / 38)
+    # reasons as shares of the loop's samples column (here the synthetic reason counts exceed it)
+    assert r["long_sb %"] == pytest.approx(100 * 129 / 34) and r["wait %"] == pytest.approx(100 * 33 / 34)

@@ -79,8 +79,8 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # it runs there; at M = 3-4 no form leads splitk_s4x4e by that much in every row (ctasplit_x4e_g2d1 does under
 # uniform routing only); at M = 1 the rule's split stays the fastest. M = 5-7 were not measured: M = 8's kernel.
 # Run 18 timed ctasplit_x4e_g2d1 and splitk_s4x4e at M = 3-4 in two more processes (moe_small_f16*.json, code
-# c8de03a): over the four processes of runs 17-18, g2d1 leads in 7 of the 8 (routing, run) rows at M = 3 and at
-# M = 4 (mean lead 1.5 and 2.1 points of copy; papers/moe_int4.md, block small_m34), so it runs at M = 3-4.
+# c8de03a) and the dispatch check (595cffc): over those five processes g2d1 is ahead in most (routing, run) rows at
+# M = 3 and at M = 4 and ahead on average at both (papers/moe_int4.md, block small_m34), so it runs at M = 3-4.
 # (Before: moe_small_x4_splits*.json, 0c55f60 / 8c7598f: ctasplit_x4 at M = 1, splitk_s4 at M = 2, splitk_s4x4 at
 # M = 3-4, ctasplit_x4_g1d1 at M = 5-16; moe_small_xprefetch*.json: ctasplit_x4, splitk_s4, splitk_s4x4 at
 # M = 3-16; moe_small_ctasplit.json: ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json: four

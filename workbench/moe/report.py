@@ -64,6 +64,12 @@ SMALL_XEND = ("moe_small_xend", "moe_small_xend_2")
 XEND_PROFILES = (("ctasplit_x4e", 1), ("ctasplit_x4e_g1d1", 16))
 # run 17: ctasplit_x4e at fixed splits, M = 1-4, two runs; then every dispatched path in one process
 SMALL_XEND_SPLITS = ("moe_small_xend_splits", "moe_small_xend_splits_2")
+# run 18: ctasplit_x4eh (gate_up on fp16 activations; code c8de03a, reverted), two processes, and its profiles
+SMALL_F16 = ("moe_small_f16", "moe_small_f16_2")
+F16_LOGS = "data/measurements/h200/moe_small_f16_logs"
+F16_PROFILES = (("ctasplit_x4e", 1), ("ctasplit_x4eh", 1), ("ctasplit_x4e_g1d1", 16), ("ctasplit_x4eh_g1d1", 16))
+# the runs that timed ctasplit_x4e_g2d1 and splitk_s4x4e side by side at M = 3-4 (runs 17, 18, the dispatch check)
+M34_RUNS = (*SMALL_XEND_SPLITS, *SMALL_F16, plots.SMALL_COMPARE)
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -603,6 +609,60 @@ def block_small_xend_splits() -> str:
                                                ("ctasplit_x4e_g2d2", "splitk_s4x4e")))
 
 
+def block_small_f16() -> str:
+    """Run 18: ctasplit_x4eh against ctasplit_x4e at the same splits (two processes), and what their profiles say
+    about the stage loops (sass.stage_loop_costs)."""
+    from workbench.moe.sass import stage_loop_costs
+
+    text = _two_runs_block(SMALL_F16, (("ctasplit_x4eh", "ctasplit_x4e"), ("ctasplit_x4eh_g4d1", "ctasplit_x4e_g4d1"),
+                                       ("ctasplit_x4eh_g2d1", "ctasplit_x4e_g2d1"),
+                                       ("ctasplit_x4eh_g1d1", "ctasplit_x4e_g1d1")))
+    folder = REPO_ROOT / F16_LOGS
+    if not folder.exists():
+        return text + f"\n{F16_LOGS}/ is not committed.\n"
+    summary, loops = [], []
+    for variant, m in F16_PROFILES:
+        sm = (folder / f"summary_{variant}_m{m}.txt").read_text()
+        summary.append({"kernel": f"`{variant}`", "M": m, "duration us": _ncu_summary_value(sm, "Duration"),
+                        "DRAM % of peak": _ncu_summary_value(sm, "DRAM Throughput"),
+                        "issued per scheduler-cycle": _ncu_summary_value(sm, "Issued Warp Per Scheduler")})
+        for r in stage_loop_costs(folder / f"sass_{variant}_m{m}.csv"):
+            phase = "gate/up" if r["load"].endswith("CONSTANT") else "down"
+            reasons = ", ".join(f"{k[:-2]} {v:.0f}" for k, v in r.items() if k.endswith(" %"))
+            loops.append({"kernel": f"`{variant}`", "M": m, "loop": phase, "stages": r["stages"],
+                          "instructions per stage": f"{r['instructions per stage']:.1f}",
+                          "stall samples per stage": f"{r['samples per stage']:.4f}",
+                          "share of the launch's samples": f"{r['share of samples']:.2f}",
+                          "top stall reasons, % of the loop's samples": reasons})
+    return (text + "\nNsight Compute, one launch each in one call (`moe_small_f16_logs/summary_*.txt`; clocks not "
+            "locked):\n\n" + markdown_table(summary) + "\nThe stage loops in the same launches (per-instruction "
+            "counters of `sass_*.csv`, `workbench.moe.sass.stage_loop_costs`):\n\n" + markdown_table(loops))
+
+
+def m34_rows(names: tuple[str, ...] = M34_RUNS, new: str = "ctasplit_x4e_g2d1",
+             old: str = "splitk_s4x4e") -> list[dict[str, Any]]:
+    """``new`` minus ``old`` in points of % of copy at M = 3-4 in every run of ``names`` that timed both, per
+    (routing, M), with the mean over the runs; then one row per M with the mean over routings and runs."""
+    rows = [r for r in pair_delta_rows(names, ((new, old),)) if r["M"] in (3, 4)]
+    out, per_m = [], {}
+    for r in rows:
+        vals = {k.split(", ")[-1]: v for k, v in r.items() if ", run " in k}
+        nums = [float(v) for v in vals.values() if v != "-"]
+        per_m.setdefault(r["M"], []).extend(nums)
+        out.append({"routing": r["routing"], "M": r["M"], **{names[int(k.split()[-1]) - 1]: v for k, v in vals.items()},
+                    "mean": f"{sum(nums) / len(nums):+.1f}", "runs ahead": f"{sum(v > 0 for v in nums)} of {len(nums)}"})
+    for m, nums in sorted(per_m.items()):
+        out.append({"routing": "both", "M": m, **{n: "" for n in names}, "mean": f"{sum(nums) / len(nums):+.1f}",
+                    "runs ahead": f"{sum(v > 0 for v in nums)} of {len(nums)}"})
+    return out
+
+
+def block_small_m34() -> str:
+    """ctasplit_x4e_g2d1 against splitk_s4x4e at M = 3-4 over runs 17, 18 and the dispatch check."""
+    return ("`ctasplit_x4e_g2d1` minus `splitk_s4x4e`, points of % of copy, in every process that timed both "
+            "(columns: the files; computed from them):\n\n" + markdown_table(m34_rows()))
+
+
 def block_small_dispatch() -> str:
     """Every path SMALL_TABLE dispatches, in one process (plots.SMALL_COMPARE), and the dispatched path's worst row."""
     return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
@@ -728,6 +788,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_x4_b4": block_small_x4_b4,
     "small_xend": block_small_xend,
     "small_xend_splits": block_small_xend_splits,
+    "small_f16": block_small_f16,
+    "small_m34": block_small_m34,
     "small_dispatch": block_small_dispatch,
     "profile_dispatched": block_profile_dispatched,
     "stage_loops": block_stage_loops,
