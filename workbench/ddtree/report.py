@@ -374,7 +374,8 @@ PINGPONG_PREDICTED = {(8, 4096): (0.032, 0.032), (8, 16384): (0.046, 0.045), (8,
                       (64, 65536): (0.570, None), (64, 131072): (1.108, None)}
 # Measurement files of the probes (workbench.ddtree.verify_probe) and ncu reports, by the code they measured.
 PROBE_FILES = (("ddtree_verify_probe_d33d069", "d33d069"), ("ddtree_verify_probe", "0929e2e"),
-               ("ddtree_verify_probe_g1_f9c5bfa", "f9c5bfa"), ("ddtree_verify_probe_8c7598f", "8c7598f"))
+               ("ddtree_verify_probe_g1_f9c5bfa", "f9c5bfa"), ("ddtree_verify_probe_8c7598f", "8c7598f"),
+               ("ddtree_verify_probe_98aa2b5", "98aa2b5"))
 NCU_LAUNCHES = "data/measurements/h200/ddtree_verify_ncu_d33d069.txt"
 NCU_SECTIONS = "data/measurements/h200/ddtree_verify_ncu_e95fa7b.txt"
 G1_FILE = "ddtree_verify_g1_f9c5bfa"
