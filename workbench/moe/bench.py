@@ -797,6 +797,18 @@ SMALL_F16_PREDICTION = (
     "outputs bit-identical to ctasplit_x4e at the same split (same exact products, sums scaled by 2^e). The goal "
     "(>= 80% of copy at every M <= 16) is not expected at M = 1-2. Refuted if x4eh is not faster than x4e at "
     "M >= 4 in both runs.")
+SMALL_XS_PREDICTION = (
+    "PREDICTION, written before any run (code: template flags in cs_stages (SB, XSM) and the CTA-split body (XS); new "
+    "entries moe_small_ctasplit_x4s, _x4e_r3 and _x4ec; the other kernels' SASS unchanged, cuobjdump). Run 18's "
+    "profiles put the first HMMA of each gate/up stage on a long-scoreboard wait for that stage's activation loads "
+    "(9% of the M = 1 launch's stall samples), although the loads are issued ~100 instructions earlier: they queue "
+    "behind the weight stream's cp.async traffic in the same L1TEX path. x4s copies each gate/up stage's activation "
+    "slice (512 bytes, the item's first column) with the stage's weights, 2 stages ahead, and items of one column "
+    "read it from shared memory; to keep 5 CTAs per SM its ring has 3 stages (x4e has 4). Controls in the same "
+    "process: x4e_r3 (x4e with a 3-stage ring) and x4ec (x4e with the gate/up activations read through L2 only, "
+    "ld.global.cg). Predicted, against x4e at the same split: x4s 2-6% faster at M = 1, 1-4% at M = 2-4, 0-4% at "
+    "M = 8-16 (most items have one column up to M = 16); x4e_r3 0-3% slower; x4ec within +-2%. Outputs of all three "
+    "bit-identical to x4e's at the same split. Refuted if x4s is not ahead of x4e at M = 1 in both runs.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
@@ -804,7 +816,8 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SM
                      "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION,
                      "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION,
                      "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
-                     "moe_small_f16_2": SMALL_F16_PREDICTION}
+                     "moe_small_f16_2": SMALL_F16_PREDICTION, "moe_small_xs": SMALL_XS_PREDICTION,
+                     "moe_small_xs_2": SMALL_XS_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))
