@@ -1498,23 +1498,17 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 // The stage loop of one CTA task for this warp (splitk_s4's, frag_gemm's loop body): nper ring stages, the
 // activations two 64-K steps ahead in registers (COHERENT: h of this launch, through L2), the issuer called
 // once per stage (RS - 1 stages ahead, crossing into the CTA's next tasks).
-// SB: bytes per ring stage (2304, or 2816 with the stage's activation slice after its weights); XSM: read the
-// activations of each step from that slice (one column, 256 bf16 of K: lane t's 8 + 8 values at 64 q + 8 t and
-// 64 q + 32 + 8 t, the elements the global path reads at xp + 64 q and + 32), not from global memory.
-template <bool COHERENT, int RS, int XD, bool XEND, typename Issue, int SB = FR_STAGE_U4 * 16, bool XSM = false>
+template <bool COHERENT, int RS, int XD, bool XEND, typename Issue>
 __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* xp, int nper, const unsigned char* ring,
                                           unsigned int& rslot, Issue& issue) {
     static_assert(FR_SUB % XD == 0, "the activation buffers cycle per 64-K step: XD must divide FR_SUB");
     static_assert(!XEND || XD == FR_SUB, "XEND loads a whole stage: XD must equal FR_SUB");
-    static_assert(!XSM || SB == FR_STAGE_U4 * 16 + 512, "XSM reads the slice after the stage's 2304 bytes");
     const int lane = threadIdx.x & 31, g = lane >> 2;
     uint4 xb[XD][1][2];
-    if (!XSM) {
 #pragma unroll
-        for (int d = 0; d < XD; ++d) {
-            xb[d][0][0] = ld_x16<COHERENT>(xp + 64 * d);
-            xb[d][0][1] = ld_x16<COHERENT>(xp + 64 * d + 32);
-        }
+    for (int d = 0; d < XD; ++d) {
+        xb[d][0][0] = ld_x16<COHERENT>(xp + 64 * d);
+        xb[d][0][1] = ld_x16<COHERENT>(xp + 64 * d + 32);
     }
     float a[1][4] = {{acc[0], acc[1], acc[2], acc[3]}};
 #pragma unroll 1
@@ -1529,22 +1523,16 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
             const uint4 w = *reinterpret_cast<const uint4*>(st + qq * (FR_U4 * 16) + lane * 16);
             const uint2 sc = *reinterpret_cast<const uint2*>(st + qq * (FR_U4 * 16) + 512 + g * 8);
             uint4 xc[1][2];
-            if (XSM) {
-                const unsigned char* xs = st + FR_STAGE_U4 * 16 + (64 * qq + 8 * (lane & 3)) * 2;
-                xc[0][0] = *reinterpret_cast<const uint4*>(xs);
-                xc[0][1] = *reinterpret_cast<const uint4*>(xs + 64);
-            } else {
-                xc[0][0] = xb[qq % XD][0][0];
-                xc[0][1] = xb[qq % XD][0][1];
-            }
-            if (!XEND && !XSM) {
+            xc[0][0] = xb[qq % XD][0][0];
+            xc[0][1] = xb[qq % XD][0][1];
+            if (!XEND) {
                 const __nv_bfloat16* p = qq + XD < FR_SUB ? xp + 64 * (qq + XD) : xn + 64 * (qq + XD - FR_SUB);
                 xb[qq % XD][0][0] = ld_x16<COHERENT>(p);
                 xb[qq % XD][0][1] = ld_x16<COHERENT>(p + 32);
             }
             frag_step<1>(a, w, sc, xc);
         }
-        if (XEND && !XSM) {   // the whole next stage's activations, after this stage's last step (see frag_gemm)
+        if (XEND) {   // the whole next stage's activations, after this stage's last step (see frag_gemm)
 #pragma unroll
             for (int d = 0; d < XD; ++d) {
                 xb[d][0][0] = ld_x16<COHERENT>(xn + 64 * d);
@@ -1552,18 +1540,13 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
             }
         }
         xp = xn;
-        rslot = rslot == (RS - 1) * SB ? 0u : rslot + SB;
+        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
     }
     acc[0] = a[0][0]; acc[1] = a[0][1]; acc[2] = a[0][2]; acc[3] = a[0][3];
 }
 
 
-// GUCG: the gate/up stage loop reads the layer input through L2 only (ld.global.cg, as down reads h) instead of
-// the read-only L1 path (ld.global.nc).
-// XS: each gate/up ring stage also carries the stage's activation slice of the item's first column (512 bytes
-// after the 2304 of weights, copied by the issuer with the weights, RS - 1 stages ahead); gate/up tasks of items
-// with one column read it from there (XSM), others and down read global memory as before.
-template <int RS, int XD = 2, bool XEND = false, bool GUCG = false, bool XS = false>
+template <int RS, int XD = 2, bool XEND = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1575,8 +1558,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
     __shared__ int s_q[CS_Q];
     __shared__ int s_cfg[4];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    constexpr int SB = FR_STAGE_U4 * 16 + (XS ? 512 : 0);
-    unsigned char* ring = s_ring + warp * (RS * SB);
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     TRACE_AT(0, trace_now());
     const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
@@ -1606,7 +1588,6 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
     const bool scale_lane = lane < 16;
     int iq = -1, ileft = 0, istride = 0;
     const uint4* isrc = nullptr;
-    const __nv_bfloat16* ixsrc = nullptr;   // XS: this lane's 16 bytes of the next gate/up stage's slice (else null)
     unsigned int wslot = 0;
     auto issue = [&]() {
         if (ileft == 0) {   // this warp's part of the issuer's task is issued: move to the CTA's next task
@@ -1621,10 +1602,6 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
                        + lane;
                 istride = tiles * FR_STAGE_U4;
                 ileft = nper;
-                if (XS)
-                    ixsrc = tk.gu ? X + (long long)(it.sorted[it.islot[tk.item]] / topk) * H + part * nper * 64 * FR_SUB
-                                        + 8 * lane
-                                  : nullptr;
             }
         }
         if (ileft > 0) {
@@ -1634,15 +1611,11 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
             cp_async16_s(d + 1024, isrc + 64);
             cp_async16_s(d + 1536, isrc + 96);
             if (scale_lane) cp_async16_s(d + 2048, isrc + 128);
-            if (XS && ixsrc != nullptr) {
-                cp_async16_s(d + FR_STAGE_U4 * 16, ixsrc);   // bytes 2304 + 16 lane: elements 8 lane ..
-                ixsrc += 64 * FR_SUB;
-            }
             isrc += istride;
             --ileft;
         }
         cp_async_commit();
-        wslot = wslot == (RS - 1) * SB ? 0u : wslot + SB;
+        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
     };
 #pragma unroll
     for (int s = 0; s < RS - 1; ++s) issue();
@@ -1680,12 +1653,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         if (tid == 0) TRACE_TASK(j, 2, trace_now());
 #endif
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (gu) {
-            if (XS && cnt == 1) cs_stages<GUCG, RS, XD, XEND, decltype(issue), SB, XS>(acc, xp + 8 * t, nper, ring, rslot, issue);
-            else cs_stages<GUCG, RS, XD, XEND, decltype(issue), SB, false>(acc, xp + 8 * t, nper, ring, rslot, issue);
-        } else {
-            cs_stages<true, RS, XD, XEND, decltype(issue), SB, false>(acc, xp + 8 * t, nper, ring, rslot, issue);
-        }
+        if (gu) cs_stages<false, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
@@ -1741,32 +1710,17 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 
 // The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (x4), and the same with the next
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
-// GUCG: the gate/up activations through L2 only (x4ec).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, GUCG)                                                                           \
+// RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS)                                                                       \
     extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
-        __shared__ __align__(16) unsigned char s_ring[4 * CS_RS * FR_STAGE_U4 * 16];                                 \
+        __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<CS_RS, XD, XEND, GUCG>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf,   \
-                                                       Y, ws, out, s_ring, s_part);                                  \
+        moe_small_ctasplit_body<RS, XD, XEND>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws,     \
+                                              out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4ec, 4, true, true)
-
-// x4e with a 3-stage ring (r3: the control), and with the gate/up activation slice staged in the ring (x4s: XS).
-// Shared memory: 4 warps x 3 stages x 2304 (2816) bytes + 2 x 2 KB partial sums; 5 CTAs per SM.
-#define MOE_CTASPLIT_RING_KERNEL(NAME, RS, XS)                                                                       \
-    extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
-        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
-        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
-        int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
-        __shared__ __align__(16) unsigned char s_ring[4 * RS * (FR_STAGE_U4 * 16 + (XS ? 512 : 0))];                \
-        __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, 4, true, false, XS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf,  \
-                                                        Y, ws, out, s_ring, s_part);                                 \
-    }
-MOE_CTASPLIT_RING_KERNEL(moe_small_ctasplit_x4e_r3, 3, false)
-MOE_CTASPLIT_RING_KERNEL(moe_small_ctasplit_x4s, 3, true)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3)

@@ -809,6 +809,14 @@ SMALL_XS_PREDICTION = (
     "ld.global.cg). Predicted, against x4e at the same split: x4s 2-6% faster at M = 1, 1-4% at M = 2-4, 0-4% at "
     "M = 8-16 (most items have one column up to M = 16); x4e_r3 0-3% slower; x4ec within +-2%. Outputs of all three "
     "bit-identical to x4e's at the same split. Refuted if x4s is not ahead of x4e at M = 1 in both runs.")
+SMALL_R3_PREDICTION = (
+    "PREDICTION, written before the run (moe_small_ctasplit_x4e_r3, the kernel run 19 timed as its control; SASS "
+    "identical to that build). In run 19's two processes x4e_r3 was at or ahead of x4e at the rule's split and at "
+    "(1, 1) in most rows. Predicted, same process, against x4e at the same split: x4e_r3 0-3 points of copy ahead at "
+    "M = 1-9 and within +-2 at M = 16, at each of the four dispatched splits. Dispatch rule, fixed before the run: "
+    "over every process that timed both forms at a split (run 19's two and these two), x4e_r3 replaces x4e in "
+    "SMALL_TABLE for an M range if it is ahead on average over the range's rows and routings and no row has it "
+    "behind by more than 1.5 points in the mean over the processes.")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
@@ -817,7 +825,8 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SM
                      "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION,
                      "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
                      "moe_small_f16_2": SMALL_F16_PREDICTION, "moe_small_xs": SMALL_XS_PREDICTION,
-                     "moe_small_xs_2": SMALL_XS_PREDICTION}
+                     "moe_small_xs_2": SMALL_XS_PREDICTION, "moe_small_r3": SMALL_R3_PREDICTION,
+                     "moe_small_r3_2": SMALL_R3_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

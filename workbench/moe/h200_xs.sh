@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (repository root, carry .whl; about 4 minutes): run 19 (prediction bench.SMALL_XS_PREDICTION):
+# One device call (repository root, carry .whl; about 4 minutes): run 19 (prediction bench.SMALL_XS_PREDICTION; run at
+# 709c28f, whose moe_int4.cu and fused.py hold the x4s and x4ec kernels, reverted since):
 #   1. the comparison in two processes (moe_small_xs.json, moe_small_xs_2.json): four launches, ctasplit_x4e at the
 #      dispatched splits and its forms x4s (activation slice staged in the ring), x4e_r3 (3-stage ring), x4ec (L2-only
 #      activation loads) at the same splits, M = 1, 2, 3, 4, 8, 9, 16, both routings;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call (repository root, carry .whl; about 3 minutes): ctasplit_x4e_r3 (3-stage ring) against ctasplit_x4e
+# at the four dispatched splits, two processes (moe_small_r3.json, moe_small_r3_2.json; prediction
+# bench.SMALL_R3_PREDICTION), M = 1, 2, 3, 4, 8, 9, 16, both routings; then the r3 gpu tests and memcheck / racecheck.
+# Everything under $OUT/r3.tgz. Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> bash workbench/moe/h200_r3.sh
+set -u
+OUT=${OUT:-out}
+R=$(mktemp -d)
+mkdir -p "$OUT" "$R/logs"
+trap 'tar czf "$OUT/r3.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi > "$R/logs/nvidia_smi.txt"
+T0=$(date +%s)
+PATHS="four_launch"
+for sfx in "" _g4d1 _g2d1 _g1d1; do PATHS="$PATHS ctasplit_x4e$sfx ctasplit_x4e_r3$sfx"; done
+for name in moe_small_r3 moe_small_r3_2; do
+  timeout 200 python3 -u -m workbench.moe.bench --small-compare $name --out "$R" --reps 20 --m 1 2 3 4 8 9 16 \
+    --small-paths $PATHS > "$R/logs/compare_$name.txt" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - T0 )) s"; tail -16 "$R/logs/compare_$name.txt" | cut -c1-250
+done
+timeout 170 python3 -m pytest -q -m gpu tests/test_moe_gpu.py -k "r3" -p no:cacheprovider > "$R/logs/gpu_tests.txt" 2>&1 &
+san() {  # tool, variants
+  timeout 170 compute-sanitizer --tool $1 python3 -u -m workbench.moe.bench --sanitize --variants none \
+    --small-variants $2 > "$R/logs/${1}_${2// /_}.txt" 2>&1
+  echo "$1 rc=$?" >> "$R/logs/${1}_${2// /_}.txt"
+}
+san memcheck "ctasplit_x4e_r3 ctasplit_x4e_r3_g1d1" &
+san racecheck "ctasplit_x4e_r3" &
+wait
+tail -3 "$R/logs/gpu_tests.txt"
+grep -hE "SUMMARY|rc=|checks" "$R"/logs/memcheck_*.txt "$R"/logs/racecheck_*.txt | tail -6
+echo "total $(( $(date +%s) - T0 )) s"
