@@ -4,7 +4,8 @@ On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
 launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4e`` at M = 1 and, at
-the fixed split (4, 1), at M = 2, at (2, 1) at M = 3-4 and at (1, 1) at M = 5-16 on the H200; grouping, gate/up with SiLU, down and the sum over
+the fixed split (4, 1), at M = 2, at (2, 1) at M = 3-4 and at (1, 1) at M = 5-16 on the H200, each with a 3-stage
+ring (``moe_small_ctasplit_x4e_r3``); grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -89,8 +90,12 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # M = 3-4, ctasplit_x4_g1d1 at M = 5-16; moe_small_xprefetch*.json: ctasplit_x4, splitk_s4, splitk_s4x4 at
 # M = 3-16; moe_small_ctasplit.json: ctasplit at M = 1, splitk_s4 at M = 2-16; moe_small_splitk.json: four
 # launches at M = 1, splitk_s4 at M = 2-16; version 3, moe_small_v3.json, from M = 4.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e"), (2, "ctasplit_x4e_g4d1"), (4, "ctasplit_x4e_g2d1"),
-                                             (16, "ctasplit_x4e_g1d1")]
+# Run 19 (moe_small_xs*.json, 709c28f) and its follow-up (moe_small_r3*.json, 26489aa): the same kernel with a 3-stage
+# ring (x4e_r3) is ahead of x4e on average in every M range at that range's split, with no row's mean over the
+# processes behind by more than 1.5 points (the rule in bench.SMALL_R3_PREDICTION, written before the run; paper block
+# small_r3), so every range runs its r3 form.
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3"), (2, "ctasplit_x4e_r3_g4d1"), (4, "ctasplit_x4e_r3_g2d1"),
+                                             (16, "ctasplit_x4e_r3_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

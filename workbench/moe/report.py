@@ -70,6 +70,12 @@ F16_LOGS = "data/measurements/h200/moe_small_f16_logs"
 F16_PROFILES = (("ctasplit_x4e", 1), ("ctasplit_x4eh", 1), ("ctasplit_x4e_g1d1", 16), ("ctasplit_x4eh_g1d1", 16))
 # the runs that timed ctasplit_x4e_g2d1 and splitk_s4x4e side by side at M = 3-4 (runs 17, 18, the dispatch check)
 M34_RUNS = (*SMALL_XEND_SPLITS, *SMALL_F16, plots.SMALL_COMPARE)
+# run 19: x4s / x4ec (code 709c28f, reverted) and x4e_r3 against x4e, two processes; then x4e_r3 at every split
+SMALL_XS = ("moe_small_xs", "moe_small_xs_2")
+XS_LOGS = "data/measurements/h200/moe_small_xs_logs"
+SMALL_R3 = ("moe_small_r3", "moe_small_r3_2")
+# SMALL_TABLE's M ranges before run 19 and the split each ran x4e at: (first M, last M, split suffix)
+R3_RANGES = ((1, 1, ""), (2, 2, "_g4d1"), (3, 4, "_g2d1"), (5, 16, "_g1d1"))
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
 # Nsight Compute at M = 1 (clocks not locked): splitk_s4 and the four-launch kernels (code b8e1a33), then
 # tma_w4 in each of its two runs.
@@ -663,6 +669,72 @@ def block_small_m34() -> str:
             "(columns: the files; computed from them):\n\n" + markdown_table(m34_rows()))
 
 
+def block_small_xs() -> str:
+    """Run 19: x4s (activation slice in the ring), x4e_r3 (3-stage ring) and x4ec (L2-only activation loads) against
+    x4e at the same splits, two processes, and the stage loops of x4s's profiles beside run 18's x4e ones."""
+    from workbench.moe.sass import stage_loop_costs
+
+    pairs = tuple((f"ctasplit_{k}{sfx}", f"ctasplit_x4e{sfx}") for k, sfxs in
+                  (("x4s", ("", "_g4d1", "_g2d1", "_g1d1")), ("x4e_r3", ("", "_g1d1")), ("x4ec", ("", "_g1d1")))
+                  for sfx in sfxs)
+    text = _two_runs_block(SMALL_XS, pairs)
+    loops = []
+    for folder, variant, m in ((F16_LOGS, "ctasplit_x4e", 1), (XS_LOGS, "ctasplit_x4s", 1),
+                               (F16_LOGS, "ctasplit_x4e_g1d1", 16), (XS_LOGS, "ctasplit_x4s_g1d1", 16)):
+        path = REPO_ROOT / folder / f"sass_{variant}_m{m}.csv"
+        if not path.exists():
+            continue
+        for r in stage_loop_costs(path):
+            if r["stages"] < 2:
+                continue
+            phase = {"LDG.E.128.CONSTANT": "gate/up, global x", "-": "gate/up, x from the ring"}.get(r["load"], "down")
+            loops.append({"kernel": f"`{variant}`", "M": m, "file": f"`{folder.split('/')[-1]}`", "loop": phase,
+                          "stages": r["stages"], "instructions per stage": f"{r['instructions per stage']:.1f}",
+                          "stall samples per stage": f"{r['samples per stage']:.4f}",
+                          "top stall reasons, % of the loop's samples":
+                              ", ".join(f"{k[:-2]} {v:.0f}" for k, v in r.items() if k.endswith(" %"))})
+    return (text + "\nStage loops of the profiled launches (x4e: run 18's call; x4s: this call; "
+            "`workbench.moe.sass.stage_loop_costs`):\n\n" + markdown_table(loops))
+
+
+def r3_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """x4e_r3 minus x4e (points of % of copy) at each SMALL_TABLE range's split, over every process that timed both
+    (run 19's two and moe_small_r3*.json): per (range, routing, M) the mean over the processes, and per range the
+    mean over its rows, the worst row and the decision of the rule written before the run
+    (bench.SMALL_R3_PREDICTION: replace if the range's mean is > 0 and no row's mean is below -1.5)."""
+    names = (*SMALL_XS, *SMALL_R3)
+    rows, ranges = [], []
+    for lo, hi, sfx in R3_RANGES:
+        new, old = f"ctasplit_x4e_r3{sfx}", f"ctasplit_x4e{sfx}"
+        means = []
+        for r in pair_delta_rows(names, ((new, old),)):
+            if not lo <= r["M"] <= hi:
+                continue
+            vals = [float(v) for k, v in r.items() if ", run " in k and v != "-"]
+            if not vals:
+                continue
+            mean = sum(vals) / len(vals)
+            means.append(mean)
+            rows.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "routing": r["routing"],
+                         "M": r["M"], "processes": len(vals), "r3 - x4e, mean": f"{mean:+.1f}",
+                         "min..max": f"{min(vals):+.1f}..{max(vals):+.1f}"})
+        if means:
+            avg, worst = sum(means) / len(means), min(means)
+            ranges.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "mean": f"{avg:+.1f}",
+                           "worst row mean": f"{worst:+.1f}",
+                           "x4e_r3 replaces x4e": "yes" if avg > 0 and worst >= -1.5 else "no"})
+    return rows, ranges
+
+
+def block_small_r3() -> str:
+    """x4e_r3 against x4e at every dispatched split: the two processes, then the rule over all four processes."""
+    pairs = tuple((f"ctasplit_x4e_r3{sfx}", f"ctasplit_x4e{sfx}") for _, _, sfx in R3_RANGES)
+    rows, ranges = r3_rows()
+    return (_two_runs_block(SMALL_R3, pairs) + "\nOver every process that timed both (run 19's two and these two), "
+            "per row:\n\n" + markdown_table(rows) + "\nPer M range, the rule written before the run:\n\n"
+            + markdown_table(ranges))
+
+
 def block_small_dispatch() -> str:
     """Every path SMALL_TABLE dispatches, in one process (plots.SMALL_COMPARE), and the dispatched path's worst row."""
     return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
@@ -790,6 +862,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_xend_splits": block_small_xend_splits,
     "small_f16": block_small_f16,
     "small_m34": block_small_m34,
+    "small_xs": block_small_xs,
+    "small_r3": block_small_r3,
     "small_dispatch": block_small_dispatch,
     "profile_dispatched": block_profile_dispatched,
     "stage_loops": block_stage_loops,
