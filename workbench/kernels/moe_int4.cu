@@ -652,6 +652,12 @@ __device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
     return r;
 }
 
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int r;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");
+    return r;
+}
+
 // Release / acquire at GPU scope (lighter than __threadfence, which is sequentially consistent).
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
@@ -1401,6 +1407,9 @@ __device__ __forceinline__ CsTask cs_decode(int tn, int t_gu, int sgu, int sdn, 
 
 // Epilogue of one CTA task, by one warp, after the block barrier: buf holds each warp's fp32 fragment
 // (float4 per lane: rows g, g + 8 x columns 2t, 2t + 1); tile r of the task sums warps r * s ... r * s + s - 1.
+// F1: publish with one fence (lane 0's, after __syncwarp, which orders the other lanes' stores before it) instead of
+// a fence by every lane and then lane 0's.
+template <bool F1 = false>
 __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& it, const float4* buf, int M, int topk,
                                             int H, int I, int nitems, __nv_bfloat16* hbuf, float* Y,
                                             const float* __restrict__ topk_w, int* done_gu, int* done_dn,
@@ -1430,7 +1439,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
 #endif
-        fence_acq_rel_gpu();
+        if (!F1) fence_acq_rel_gpu();
         __syncwarp();
         if (lane == 0) {
             fence_acq_rel_gpu();
@@ -1462,7 +1471,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
 #endif
-        fence_acq_rel_gpu();
+        if (!F1) fence_acq_rel_gpu();
         __syncwarp();
         int last = 0;
         if (lane == 0) {
@@ -1546,7 +1555,9 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 }
 
 
-template <int RS, int XD = 2, bool XEND = false>
+// F1: the epilogues publish with one fence (cs_epilogue<true>) and a down task waits for its item's h with an acquire
+// load instead of a relaxed load and a fence.
+template <int RS, int XD = 2, bool XEND = false, bool F1 = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1643,8 +1654,12 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
 #endif
         if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
             if (lane == 0) {
-                while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
-                fence_acq_rel_gpu();
+                if (F1) {
+                    while (ld_acquire_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
+                } else {
+                    while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
+                    fence_acq_rel_gpu();
+                }
             }
             __syncwarp();
             ready = item;
@@ -1675,7 +1690,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         __syncwarp();
 #endif
         // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
-        cs_epilogue(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
+        cs_epilogue<F1>(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
                     topk_w, done_gu, done_dn, out);
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 11, trace_now());
@@ -1710,17 +1725,19 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 
 // The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (x4), and the same with the next
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
-// RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS)                                                                       \
+// RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44); F1: one fence per
+// publish and acquire loads (x4e_r3f).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1)                                                                       \
     extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, XD, XEND>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws,     \
+        moe_small_ctasplit_body<RS, XD, XEND, F1>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, \
                                               out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true)

@@ -817,6 +817,16 @@ SMALL_R3_PREDICTION = (
     "over every process that timed both forms at a split (run 19's two and these two), x4e_r3 replaces x4e in "
     "SMALL_TABLE for an M range if it is ahead on average over the range's rows and routings and no row has it "
     "behind by more than 1.5 points in the mean over the processes.")
+SMALL_R3F_PREDICTION = (
+    "PREDICTION, written before the run (code: template flag F1 in cs_epilogue and the CTA-split body, entry "
+    "moe_small_ctasplit_x4e_r3f; the other kernels' SASS unchanged, cuobjdump). Run 12's timeline had the previous "
+    "task's epilogue warp arriving last at almost every task barrier, about half of its epilogue being the fence; "
+    "the M = 1 profiles carry ~9% of their stall samples on membar. x4e_r3f publishes h / Y with one fence (lane "
+    "0's, after __syncwarp) instead of a fence by every lane and then lane 0's, and waits for h with an acquire load "
+    "instead of a relaxed load and a fence (static MEMBARs 7 -> 4). Predicted, same process, against x4e_r3 at the "
+    "same split: 1-4% faster at M = 1-4 (short tasks, an epilogue per ~7 stages), within +-1.5% at M = 8-16; "
+    "outputs equal to x4e's at the same split. Dispatched in a range only by the rule of bench.SMALL_R3_PREDICTION "
+    "(ahead on average over the range, no row's mean behind by more than 1.5 points).")
 SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
@@ -826,7 +836,8 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SM
                      "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
                      "moe_small_f16_2": SMALL_F16_PREDICTION, "moe_small_xs": SMALL_XS_PREDICTION,
                      "moe_small_xs_2": SMALL_XS_PREDICTION, "moe_small_r3": SMALL_R3_PREDICTION,
-                     "moe_small_r3_2": SMALL_R3_PREDICTION}
+                     "moe_small_r3_2": SMALL_R3_PREDICTION, "moe_small_r3f": SMALL_R3F_PREDICTION,
+                     "moe_small_r3f_2": SMALL_R3F_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

@@ -62,7 +62,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     **{f"ctasplit_x4e_g{a}d{b}": ("moe_small_ctasplit_x4e", ("cta", (a, b))) for a, b in ((2, 1), (4, 1), (2, 2))},
     # x4e with a 3-stage ring (two stages in flight instead of three): the control of run 19 (moe_small_xs*.json),
     # where it was at or ahead of x4e in most rows; its forms at the dispatched splits (moe_small_r3*.json)
-    **{f"ctasplit_x4e_r3{sfx}": ("moe_small_ctasplit_x4e_r3", ("cta", sp))
+    # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
+    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
