@@ -28,7 +28,7 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
     pct, row = plots.dispatched_worst_pct(small)
     rows = plots.small_path_rows(small)
     assert pct == min(r["dispatched % copy"] for r in rows) == row["dispatched % copy"]
-    # SMALL_TABLE was set from runs 16-19; this file times every dispatched path in one process. The dispatch sees M,
+    # SMALL_TABLE was set from runs 16-20; this file times every dispatched path in one process. The dispatch sees M,
     # not the routing, so the check is per M: averaged over the two routings the dispatched path is within 1.5
     # points of copy bandwidth of each row's fastest path, and in every row within 3 points (the spread of one path
     # at one row between processes). At 595cffc, M = 3, splitk_s4 led under uniform routing by 1.7 points and
@@ -52,8 +52,8 @@ def test_dispatched_label_follows_the_variant():
         assert plots.dispatched_label(1, 8) == "splitk_s3"     # a forced kernel wherever one launch runs
         assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
         fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
-        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9)] == ["ctasplit_x4e_r3", "ctasplit_x4e_r3_g4d1",
-                                                                       "ctasplit_x4e_r3_g2d1", "ctasplit_x4e_r3_g1d1"]
+        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9)] == ["ctasplit_x4e_r3f", "ctasplit_x4e_r3f_g4d1",
+                                                                       "ctasplit_x4e_r3f_g2d1", "ctasplit_x4e_r3_g1d1"]
         saved_table = list(fused.SMALL_TABLE)
         try:
             fused.set_small_table([(1, None), (16, True)])

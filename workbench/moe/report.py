@@ -74,6 +74,7 @@ M34_RUNS = (*SMALL_XEND_SPLITS, *SMALL_F16, plots.SMALL_COMPARE)
 SMALL_XS = ("moe_small_xs", "moe_small_xs_2")
 XS_LOGS = "data/measurements/h200/moe_small_xs_logs"
 SMALL_R3 = ("moe_small_r3", "moe_small_r3_2")
+SMALL_R3F = ("moe_small_r3f", "moe_small_r3f_2")   # run 20: x4e_r3f (one fence per publish) against x4e_r3
 # SMALL_TABLE's M ranges before run 19 and the split each ran x4e at: (first M, last M, split suffix)
 R3_RANGES = ((1, 1, ""), (2, 2, "_g4d1"), (3, 4, "_g2d1"), (5, 16, "_g1d1"))
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
@@ -697,15 +698,16 @@ def block_small_xs() -> str:
             "`workbench.moe.sass.stage_loop_costs`):\n\n" + markdown_table(loops))
 
 
-def r3_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """x4e_r3 minus x4e (points of % of copy) at each SMALL_TABLE range's split, over every process that timed both
-    (run 19's two and moe_small_r3*.json): per (range, routing, M) the mean over the processes, and per range the
-    mean over its rows, the worst row and the decision of the rule written before the run
-    (bench.SMALL_R3_PREDICTION: replace if the range's mean is > 0 and no row's mean is below -1.5)."""
-    names = (*SMALL_XS, *SMALL_R3)
-    rows, ranges = [], []
-    for lo, hi, sfx in R3_RANGES:
-        new, old = f"ctasplit_x4e_r3{sfx}", f"ctasplit_x4e{sfx}"
+def rule_rows(names: tuple[str, ...], new_prefix: str, old_prefix: str,
+              ranges: tuple[tuple[int, int, str], ...] = R3_RANGES) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``new_prefix + split`` minus ``old_prefix + split`` (points of % of copy) at each SMALL_TABLE range's split, over
+    every process of ``names`` that timed both: per (range, routing, M) the mean over the processes, and per range
+    the mean over its rows, the worst row and the decision of the rule written before the runs
+    (bench.SMALL_R3_PREDICTION: the new form replaces the old if the range's mean is > 0 and no row's mean is below
+    -1.5)."""
+    rows, out = [], []
+    for lo, hi, sfx in ranges:
+        new, old = f"{new_prefix}{sfx}", f"{old_prefix}{sfx}"
         means = []
         for r in pair_delta_rows(names, ((new, old),)):
             if not lo <= r["M"] <= hi:
@@ -716,14 +718,20 @@ def r3_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             mean = sum(vals) / len(vals)
             means.append(mean)
             rows.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "routing": r["routing"],
-                         "M": r["M"], "processes": len(vals), "r3 - x4e, mean": f"{mean:+.1f}",
+                         "M": r["M"], "processes": len(vals), "new - old, mean": f"{mean:+.1f}",
                          "min..max": f"{min(vals):+.1f}..{max(vals):+.1f}"})
         if means:
             avg, worst = sum(means) / len(means), min(means)
-            ranges.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "mean": f"{avg:+.1f}",
-                           "worst row mean": f"{worst:+.1f}",
-                           "x4e_r3 replaces x4e": "yes" if avg > 0 and worst >= -1.5 else "no"})
-    return rows, ranges
+            out.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "mean": f"{avg:+.1f}",
+                        "worst row mean": f"{worst:+.1f}",
+                        f"{new_prefix.removeprefix('ctasplit_')} replaces {old_prefix.removeprefix('ctasplit_')}":
+                            "yes" if avg > 0 and worst >= -1.5 else "no"})
+    return rows, out
+
+
+def r3_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """x4e_r3 against x4e over run 19's two processes and moe_small_r3*.json (:func:`rule_rows`)."""
+    return rule_rows((*SMALL_XS, *SMALL_R3), "ctasplit_x4e_r3", "ctasplit_x4e")
 
 
 def block_small_r3() -> str:
@@ -733,6 +741,14 @@ def block_small_r3() -> str:
     return (_two_runs_block(SMALL_R3, pairs) + "\nOver every process that timed both (run 19's two and these two), "
             "per row:\n\n" + markdown_table(rows) + "\nPer M range, the rule written before the run:\n\n"
             + markdown_table(ranges))
+
+
+def block_small_r3f() -> str:
+    """Run 20: x4e_r3f against x4e_r3 at every dispatched split, two processes, and the dispatch rule per M range."""
+    pairs = tuple((f"ctasplit_x4e_r3f{sfx}", f"ctasplit_x4e_r3{sfx}") for _, _, sfx in R3_RANGES)
+    rows, ranges = rule_rows(SMALL_R3F, "ctasplit_x4e_r3f", "ctasplit_x4e_r3")
+    return (_two_runs_block(SMALL_R3F, pairs) + "\nPer row, the mean over the two processes:\n\n" + markdown_table(rows)
+            + "\nPer M range, the rule written before the run:\n\n" + markdown_table(ranges))
 
 
 def block_small_dispatch() -> str:
@@ -864,6 +880,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_m34": block_small_m34,
     "small_xs": block_small_xs,
     "small_r3": block_small_r3,
+    "small_r3f": block_small_r3f,
     "small_dispatch": block_small_dispatch,
     "profile_dispatched": block_profile_dispatched,
     "stage_loops": block_stage_loops,
