@@ -616,6 +616,16 @@ def block_small_xend_splits() -> str:
                                                ("ctasplit_x4e_g2d2", "splitk_s4x4e")))
 
 
+def _loop_cost_cells(r: dict[str, Any], share: bool = False) -> dict[str, Any]:
+    """The table cells of one :func:`workbench.moe.sass.stage_loop_costs` loop (with its share of the launch's stall
+    samples when ``share``)."""
+    return {"stages": r["stages"], "instructions per stage": f"{r['instructions per stage']:.1f}",
+            "stall samples per stage": f"{r['samples per stage']:.4f}",
+            **({"share of the launch's samples": f"{r['share of samples']:.2f}"} if share else {}),
+            "top stall reasons, % of the loop's samples":
+                ", ".join(f"{k[:-2]} {v:.0f}" for k, v in r.items() if k.endswith(" %"))}
+
+
 def block_small_f16() -> str:
     """Run 18: ctasplit_x4eh against ctasplit_x4e at the same splits (two processes), and what their profiles say
     about the stage loops (sass.stage_loop_costs)."""
@@ -635,12 +645,7 @@ def block_small_f16() -> str:
                         "issued per scheduler-cycle": _ncu_summary_value(sm, "Issued Warp Per Scheduler")})
         for r in stage_loop_costs(folder / f"sass_{variant}_m{m}.csv"):
             phase = "gate/up" if r["load"].endswith("CONSTANT") else "down"
-            reasons = ", ".join(f"{k[:-2]} {v:.0f}" for k, v in r.items() if k.endswith(" %"))
-            loops.append({"kernel": f"`{variant}`", "M": m, "loop": phase, "stages": r["stages"],
-                          "instructions per stage": f"{r['instructions per stage']:.1f}",
-                          "stall samples per stage": f"{r['samples per stage']:.4f}",
-                          "share of the launch's samples": f"{r['share of samples']:.2f}",
-                          "top stall reasons, % of the loop's samples": reasons})
+            loops.append({"kernel": f"`{variant}`", "M": m, "loop": phase, **_loop_cost_cells(r, share=True)})
     return (text + "\nNsight Compute, one launch each in one call (`moe_small_f16_logs/summary_*.txt`; clocks not "
             "locked):\n\n" + markdown_table(summary) + "\nThe stage loops in the same launches (per-instruction "
             "counters of `sass_*.csv`, `workbench.moe.sass.stage_loop_costs`):\n\n" + markdown_table(loops))
@@ -690,10 +695,7 @@ def block_small_xs() -> str:
                 continue
             phase = {"LDG.E.128.CONSTANT": "gate/up, global x", "-": "gate/up, x from the ring"}.get(r["load"], "down")
             loops.append({"kernel": f"`{variant}`", "M": m, "file": f"`{folder.split('/')[-1]}`", "loop": phase,
-                          "stages": r["stages"], "instructions per stage": f"{r['instructions per stage']:.1f}",
-                          "stall samples per stage": f"{r['samples per stage']:.4f}",
-                          "top stall reasons, % of the loop's samples":
-                              ", ".join(f"{k[:-2]} {v:.0f}" for k, v in r.items() if k.endswith(" %"))})
+                          **_loop_cost_cells(r)})
     return (text + "\nStage loops of the profiled launches (x4e: run 18's call; x4s: this call; "
             "`workbench.moe.sass.stage_loop_costs`):\n\n" + markdown_table(loops))
 

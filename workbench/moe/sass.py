@@ -85,7 +85,7 @@ def stage_loop_costs(path: str | Path, hmma: int = 16, max_len: int = 700) -> li
     hdr, rows = read_source_table(path)
     ia, isrc = hdr.index("Address"), hdr.index("Source")
     iex, ism = hdr.index("Instructions Executed"), hdr.index("Warp Stall Sampling (All Samples)")
-    reasons = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+    reasons = [(h, i) for i, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
 
     def num(r: list[str], i: int) -> float:
         return float(r[i] or 0)
@@ -97,7 +97,7 @@ def stage_loop_costs(path: str | Path, hmma: int = 16, max_len: int = 700) -> li
         body = rows[j:j + loop["instructions"]]
         stages = num(body[loop["first_hmma"]], iex) or 1.0
         samples = sum(num(r, ism) for r in body)
-        by_reason = {h: sum(num(r, hdr.index(h)) for r in body) for h in reasons}
+        by_reason = {h: sum(num(r, i) for r in body) for h, i in reasons}
         top = sorted(by_reason.items(), key=lambda kv: -kv[1])[:3]
         out.append({"load": loop["load"], "stages": int(stages),
                     "instructions per stage": sum(num(r, iex) for r in body) / stages,
