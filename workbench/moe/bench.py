@@ -834,10 +834,8 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SM
                      "moe_small_x4_splits": SMALL_CTASPLIT_X4_SPLITS_PREDICTION,
                      "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION,
                      "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
-                     "moe_small_f16_2": SMALL_F16_PREDICTION, "moe_small_xs": SMALL_XS_PREDICTION,
-                     "moe_small_xs_2": SMALL_XS_PREDICTION, "moe_small_r3": SMALL_R3_PREDICTION,
-                     "moe_small_r3_2": SMALL_R3_PREDICTION, "moe_small_r3f": SMALL_R3F_PREDICTION,
-                     "moe_small_r3f_2": SMALL_R3F_PREDICTION}
+                     "moe_small_xs": SMALL_XS_PREDICTION, "moe_small_r3": SMALL_R3_PREDICTION,
+                     "moe_small_r3f": SMALL_R3F_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))
@@ -875,7 +873,8 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
     in the same run. Split-K rows also record the splits the kernel takes for each timed routing
     (``<label>_splits``: "gate_up,down" -> repeats). Writes ``<name>.json``, with the prediction
-    (default: :data:`SMALL_PREDICTIONS` [name]) as its notes; the dispatch tables are left as they were.
+    (default: :data:`SMALL_PREDICTIONS` [name], or [name without a trailing "_2"] for a run's second process) as its
+    notes; the dispatch tables are left as they were.
     """
     from workbench.measure import measure_copy_bandwidth, write_measurement
 
@@ -883,7 +882,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     if unknown or "four_launch" not in paths or not paths:
         raise ValueError(f"paths must include 'four_launch' and come from {SMALL_COMPARE_PATHS}, got {paths}")
     if prediction is None:
-        prediction = SMALL_PREDICTIONS.get(name, "")
+        prediction = SMALL_PREDICTIONS.get(name, SMALL_PREDICTIONS.get(name.removesuffix("_2"), ""))
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]

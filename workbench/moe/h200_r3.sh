@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (repository root, carry .whl; about 3 minutes): NEW against BASE at the four dispatched splits, two
-# processes ($NAME.json, ${NAME}_2.json; prediction bench.SMALL_PREDICTIONS[NAME]), M = 1, 2, 3, 4, 8, 9, 16, both
+# processes ($NAME.json, ${NAME}_2.json; prediction bench.SMALL_PREDICTIONS[NAME], both), M = 1, 2, 3, 4, 8, 9, 16, both
 # routings; then NEW's gpu tests and memcheck / racecheck. Defaults (the first use): NEW=x4e_r3 BASE=x4e NAME=moe_small_r3
 # (the 3-stage ring against the 4-stage one); then NEW=x4e_r3f BASE=x4e_r3 NAME=moe_small_r3f.
 # Everything under $OUT/r3.tgz. Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> [NEW=.. BASE=.. NAME=..] bash workbench/moe/h200_r3.sh
