@@ -4,12 +4,8 @@
 # then every gpu test and the GPU pipeline. Everything under $OUT/dispatch.tgz.
 # Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> bash workbench/moe/h200_dispatch_check.sh
 set -u
-OUT=${OUT:-out}
-R=$(mktemp -d)
-mkdir -p "$OUT" "$R/logs"
-trap 'tar czf "$OUT/dispatch.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD JUPYTER_PATH=/tmp/site/share/jupyter PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+source "$(dirname "$0")/h200_common.sh"
+h200_begin dispatch
 T0=$(date +%s)
 PATHS=$(python3 -c "from workbench.moe.fused import SMALL_TABLE as T, DEFAULT_SMALL_VARIANT as D; print(' '.join(dict.fromkeys(['four_launch', 'splitk_s4', D] + [v for _, v in T if v])))")
 timeout 150 python3 -u -m workbench.moe.bench --small-compare moe_small_dispatch --out "$R" --reps 20 --m 1 2 3 4 8 9 16 \

@@ -10,12 +10,8 @@
 # Afterwards: copy the files to data/measurements/h200/moe_profile_<sha>/ and point a report block at them
 # (workbench/moe/report.py: ncu_sass_rows(path)).
 set -u
-OUT=${OUT:-out}
-R=$(mktemp -d)
-trap 'tar czf "$OUT/profile.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source "$(dirname "$0")/h200_common.sh"
+h200_begin profile
 for spec in ${SPECS:-ctasplit_x4:1 splitk_s4:2 splitk_s4x4:16}; do
   v=${spec%%:*}; m=${spec##*:}
   kname=$(python3 -c "from workbench.moe.fused import SMALL_VARIANTS as S; print(S['$v'][0])")

@@ -5,12 +5,8 @@
 # (the 3-stage ring against the 4-stage one); then NEW=x4e_r3f BASE=x4e_r3 NAME=moe_small_r3f.
 # Everything under $OUT/r3.tgz. Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> [NEW=.. BASE=.. NAME=..] bash workbench/moe/h200_r3.sh
 set -u
-OUT=${OUT:-out}
-R=$(mktemp -d)
-mkdir -p "$OUT" "$R/logs"
-trap 'tar czf "$OUT/r3.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source "$(dirname "$0")/h200_common.sh"
+h200_begin r3
 nvidia-smi > "$R/logs/nvidia_smi.txt"
 T0=$(date +%s)
 PATHS="four_launch"
@@ -22,11 +18,6 @@ for name in $NAME ${NAME}_2; do
   echo "$name rc=$? $(( $(date +%s) - T0 )) s"; tail -16 "$R/logs/compare_$name.txt" | cut -c1-250
 done
 timeout 170 python3 -m pytest -q -m gpu tests/test_moe_gpu.py -k "$NEW" -p no:cacheprovider > "$R/logs/gpu_tests.txt" 2>&1 &
-san() {  # tool, variants
-  timeout 170 compute-sanitizer --tool $1 python3 -u -m workbench.moe.bench --sanitize --variants none \
-    --small-variants $2 > "$R/logs/${1}_${2// /_}.txt" 2>&1
-  echo "$1 rc=$?" >> "$R/logs/${1}_${2// /_}.txt"
-}
 san memcheck "ctasplit_$NEW ctasplit_${NEW}_g1d1" &
 san racecheck "ctasplit_$NEW" &
 wait

@@ -8,12 +8,8 @@
 #   3. per-instruction profiles of ctasplit_x4e at M = 1 and ctasplit_x4e_g1d1 at M = 16.
 # Everything under $OUT/xend.tgz. Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> bash workbench/moe/h200_xend.sh
 set -u
-OUT=${OUT:-out}
-R=$(mktemp -d)
-mkdir -p "$OUT" "$R/logs"
-trap 'tar czf "$OUT/xend.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source "$(dirname "$0")/h200_common.sh"
+h200_begin xend
 nvidia-smi > "$R/logs/nvidia_smi.txt"
 T0=$(date +%s)
 PATHS="four_launch splitk_s4 splitk_s4x4 splitk_s4x4e ctasplit_x4 ctasplit_x4e ctasplit_x4_g1d1 ctasplit_x4e_g1d1"
@@ -24,11 +20,6 @@ for name in moe_small_xend moe_small_xend_2; do
 done
 timeout 120 python3 -m pytest -q -m gpu tests/test_moe_gpu.py -k "x4" -p no:cacheprovider > "$R/logs/gpu_tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/logs/gpu_tests.txt"; tail -2 "$R/logs/gpu_tests.txt"
-san() {  # tool, variants
-  timeout 170 compute-sanitizer --tool $1 python3 -u -m workbench.moe.bench --sanitize --variants none \
-    --small-variants $2 > "$R/logs/${1}_${2// /_}.txt" 2>&1
-  echo "$1 rc=$?" >> "$R/logs/${1}_${2// /_}.txt"
-}
 san memcheck "splitk_s4x4e ctasplit_x4e ctasplit_x4e_g1d1" &
 san racecheck "ctasplit_x4e" &
 san racecheck "splitk_s4x4e" &

@@ -5,12 +5,8 @@
 # of the three new ones. Everything under $OUT/xend_splits.tgz.
 # Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> bash workbench/moe/h200_xend_splits.sh
 set -u
-OUT=${OUT:-out}
-R=$(mktemp -d)
-mkdir -p "$OUT" "$R/logs"
-trap 'tar czf "$OUT/xend_splits.tgz" -C "$R" . ; ls -la "$OUT"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ${WHL:-.whl}/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source "$(dirname "$0")/h200_common.sh"
+h200_begin xend_splits
 T0=$(date +%s)
 PATHS="four_launch splitk_s4x4e ctasplit_x4e ctasplit_x4e_g1d1 ctasplit_x4e_g2d1 ctasplit_x4e_g4d1 ctasplit_x4e_g2d2"
 for name in moe_small_xend_splits moe_small_xend_splits_2; do
