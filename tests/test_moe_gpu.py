@@ -51,6 +51,30 @@ def test_deterministic(small):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("m", [1, 4, 16, 40])
+def test_in_graph_timing_checks_back_to_back_calls(small, m):
+    """Calls captured back to back in one graph (the benchmark's in-graph timing) over two weight sets:
+    outputs right (checked up to M = 16), a per-call time for every sample, one routing per call."""
+    from workbench.moe.bench import IN_GRAPH_CALLS, second_bank, time_ours_in_graph
+
+    banks = [small, second_bank(small, seed=8)]
+    res = time_ours_in_graph(banks, m, "skewed", torch.Generator().manual_seed(m), reps=4)
+    assert res["calls"] == IN_GRAPH_CALLS and len(res["distinct"]) == IN_GRAPH_CALLS
+    assert len(res["ms"]) == 4 and all(t > 0 for t in res["ms"])
+    assert res["check"]["checked"] == (m <= 16) and res["check"]["ok"], res["check"]
+
+
+def test_queued_timing_is_device_time(small):
+    """time_ours(queued=True): one replay queued behind a sleep kernel is not slower than one on an idle GPU
+    by more than noise (it leaves the host's launch latency out), and every sample has its routing."""
+    from workbench.moe.bench import time_ours
+
+    t = time_ours(small, 4, "uniform", torch.Generator().manual_seed(2), reps=12, eager_reps=0, queued=True)
+    assert len(t["queued_ms"]) == 12 == len(t["queued_distinct"]) and all(v > 0 for v in t["queued_ms"])
+    med = sorted(t["queued_ms"])[6]
+    assert med <= 1.2 * sorted(t["ms"])[6], (t["queued_ms"], t["ms"])
+
+
 def test_small_path_edge_cases(small):
     from workbench.moe.bench import small_path_edge_checks
 

@@ -3,6 +3,10 @@
 - :func:`provenance` - who/what/where of a measurement (GPU, driver, CUDA,
   torch/cupy versions, git commit, date).
 - :func:`time_cuda` - CUDA-event timing, warm-up first, raw samples in ms.
+- :func:`time_cuda_queued` - the same with a sleep kernel queued ahead of each
+  sample, so the host's launch latency falls outside the events.
+- :func:`capture_graphs` / :func:`time_in_graph` - CUDA graphs of callables, and
+  the device time per call of many calls captured back to back in ONE graph.
 - :func:`measure_copy_bandwidth` / :func:`measure_bf16_matmul_tflops` - the
   two ceilings, measured in the same run as the kernel they judge.
 - :func:`write_measurement` / :func:`load_measurement` - the JSON files under
@@ -112,6 +116,81 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 50,
         end.synchronize()
         samples.append(start.elapsed_time(end))
     return samples
+
+
+def time_cuda_queued(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20,
+                     setup: Callable[[int], Any] | None = None, sleep_cycles: int = 500_000) -> list[float]:
+    """Like :func:`time_cuda`, but each sample's start event is queued behind a sleep kernel of
+    ``sleep_cycles`` SM cycles (~0.25 ms at 2 GHz): the host issues ``fn``'s launches while the GPU
+    sleeps, so the events hold the device time of ``fn`` without the host's launch latency, which
+    :func:`time_cuda` counts whenever the GPU is idle when ``fn`` is called. Samples in ms."""
+    import torch
+
+    for i in range(warmup):
+        if setup is not None:
+            setup(i)
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for i in range(reps):
+        if setup is not None:
+            setup(i)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(sleep_cycles)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return samples
+
+
+def capture_graphs(fns: Iterable[Callable[[], Any]]) -> list[Any]:
+    """One CUDA graph per callable, each warmed up once on a side stream first (so that lazy
+    initialisation stays out of the capture); returns the ``torch.cuda.CUDAGraph`` objects."""
+    import torch
+
+    fns = list(fns)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for fn in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs.append(g)
+    torch.cuda.synchronize()
+    return graphs
+
+
+def time_in_graph(fns: list[Callable[[], Any]], reps: int, min_calls: int = 16,
+                  after: Callable[[], Any] | None = None) -> tuple[list[float], int]:
+    """CUDA-event samples (ms per call) of ONE CUDA graph holding ``fns`` (rotated) called back to back,
+    at least ``min_calls`` calls and every callable equally often: the device time of a call as it runs
+    inside a longer captured step (an engine's decode graph), with no host launch latency in it; each call
+    still pays its kernels' launch gaps inside the graph. ``after()``, when given, runs once after the
+    timed replays while the graph (and what its calls wrote) is still alive, e.g. to check outputs.
+    Returns (samples, calls per replay)."""
+    import math
+
+    calls = max(min_calls, len(fns))
+    calls = len(fns) * math.ceil(calls / len(fns))
+
+    def all_calls() -> None:
+        for i in range(calls):
+            fns[i % len(fns)]()
+
+    [g] = capture_graphs([all_calls])
+    samples = time_cuda(g.replay, warmup=3, reps=reps)
+    if after is not None:
+        after()
+    del g
+    return [t / calls for t in samples], calls
 
 
 def time_cpu(fn: Callable[[], Any], *, warmup: int = 2, reps: int = 20) -> list[float]:

@@ -20,6 +20,7 @@ import numpy as np
 from workbench.ddtree.verify import (D_KV, D_LATENT, auto_impl, random_verify_inputs, verify_attention,
                                      verify_attention_batched, verify_attention_reference, wgmma_unavailable_reason)
 from workbench.ddtree.verify_peers import verify_attention_flex, verify_attention_naive, verify_attention_sdpa
+from workbench.measure import capture_graphs, time_in_graph
 from workbench.sanitizer import read_logs, stated_count, summary_lines
 
 __all__ = ["default_parity_cases", "verify_parity_rows", "verify_floor", "benchmark_verify", "verify_table",
@@ -200,26 +201,6 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _capture(fns: Sequence[Any]) -> list[Any]:
-    """One CUDA graph per callable (warmed up on a side stream first)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graphs = []
-    for fn in fns:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        graphs.append(g)
-    torch.cuda.synchronize()
-    return graphs
-
-
 def _time_rotating(fns: Sequence[Any], reps: int, warmup: int, graph: bool) -> tuple[list[float], str]:
     """CUDA-event samples (ms) of ``fns[i % len(fns)]``; replayed CUDA graphs when ``graph``
     (falls back to eager launches, saying so, when capture fails)."""
@@ -231,7 +212,7 @@ def _time_rotating(fns: Sequence[Any], reps: int, warmup: int, graph: bool) -> t
     calls = list(fns)
     if graph:
         try:
-            graphs = _capture(fns)
+            graphs = capture_graphs(fns)
             calls = [g.replay for g in graphs]
             mode = "cuda_graph"
         except Exception as e:  # noqa: BLE001 - recorded in the mode string
@@ -252,7 +233,7 @@ def _time_pipelined(fns: Sequence[Any], reps: int, per_sample: int = 10) -> list
     replay, as it does when a verify step runs inside a longer stream of work."""
     import torch
 
-    graphs = _capture(fns)
+    graphs = capture_graphs(fns)
     for g in graphs[:3]:
         g.replay()
     torch.cuda.synchronize()
@@ -269,25 +250,6 @@ def _time_pipelined(fns: Sequence[Any], reps: int, per_sample: int = 10) -> list
     return out
 
 
-def _time_batched(fns: Sequence[Any], reps: int, min_calls: int = 16) -> tuple[list[float], int]:
-    """CUDA-event samples (ms per call) of ONE CUDA graph holding ``fns`` (rotated) called back to back,
-    at least ``min_calls`` calls: the device time of a call as it runs inside a longer captured step (an
-    engine's decode graph), with no host launch latency in it; each call still pays its kernels' launch
-    gaps inside the graph. Returns (samples, calls per replay)."""
-    from workbench.measure import time_cuda
-
-    calls = max(min_calls, len(fns))
-    calls = len(fns) * math.ceil(calls / len(fns))   # every input set equally often
-
-    def all_calls():
-        for i in range(calls):
-            fns[i % len(fns)]()
-
-    [g] = _capture([all_calls])
-    samples = time_cuda(g.replay, warmup=3, reps=reps)
-    return [t / calls for t in samples], calls
-
-
 def graph_launch_floor(reps: int = 200) -> dict[str, Any]:
     """Replay time (ms, median; samples) of a CUDA graph holding one minimal kernel node (a one-element
     add), timed as the benchmark times a verify call: what any one-graph call costs at least."""
@@ -297,7 +259,7 @@ def graph_launch_floor(reps: int = 200) -> dict[str, Any]:
 
     x = torch.zeros(1, device="cuda")
     s, mode = _time_rotating([lambda: x.add_(1.0)], reps, 5, graph=True)
-    b, calls = _time_batched([lambda: x.add_(1.0)], max(10, reps // 4), min_calls=64)
+    b, calls = time_in_graph([lambda: x.add_(1.0)], max(10, reps // 4), min_calls=64)
     return {"median_ms": median(s), "mode": mode, "samples_ms": s,
             "node_ms": median(b), "node_samples_ms": b, "nodes_per_graph": calls}
 
@@ -378,7 +340,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             samples[key]["verify_attention"] = ks
             kp = _time_pipelined(fns_for({}), reps)
             samples[key]["verify_attention_pipelined"] = kp
-            kb, kcalls = _time_batched(fns_for({}), max(10, reps // 2))
+            kb, kcalls = time_in_graph(fns_for({}), max(10, reps // 2))
             samples[key]["verify_attention_batched"] = kb
             cur = {"i": 0}
             eager = time_cuda(lambda: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
@@ -389,7 +351,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                 try:
                     vs, vmode = _time_rotating(fns_for(kw), reps, 3, graph=True)
                     vp = _time_pipelined(fns_for(kw), reps)
-                    vb, _ = _time_batched(fns_for(kw), max(10, reps // 2))
+                    vb, _ = time_in_graph(fns_for(kw), max(10, reps // 2))
                 except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the run goes on
                     torch.cuda.synchronize()
                     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
@@ -419,7 +381,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                     peer_res[name] = {"status": "ok", "median_ms": median(ps), "mode": pmode,
                                       "first_call_s": first_s}
                     if pmode == "cuda_graph":   # the same in-graph timing as the kernel's batched_ms
-                        pb, _ = _time_batched(pfns, peer_reps)
+                        pb, _ = time_in_graph(pfns, peer_reps)
                         samples[key][f"{name}_batched"] = pb
                         peer_res[name]["batched_ms"] = median(pb)
                 except Exception as e:  # noqa: BLE001 - recorded, not hidden

@@ -38,6 +38,7 @@ from workbench.moe.fused import (DEFAULT_SMALL_VARIANT, KERNEL_TABLE, SMALL_MAX_
                                  variant_name, work_items)
 from workbench.moe.ctasplit import ctasplit_splits
 from workbench.moe.packing import Int4Experts, random_int4_experts
+from workbench.measure import capture_graphs, time_cuda_queued, time_in_graph
 from workbench.moe.reference import moe_reference
 
 M_VALUES = (1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 512, 1024)
@@ -172,15 +173,7 @@ def _events_ms(fn: Callable[[], Any]) -> float:
 
 
 def _capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    return capture_graphs([fn])[0]
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -324,10 +317,13 @@ def run_sanitize_checks(seed: int = 1, variants=VARIANTS, small_variants=("v3",)
 # ----------------------------------------------------------------------------- the benchmark
 
 def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, reps: int,
-              eager_reps: int = 10, topk: int = 8) -> dict[str, Any]:
-    """CUDA-graph replays of fused_moe_int4 with fresh routing per repeat (+ eager calls)."""
+              eager_reps: int = 10, topk: int = 8, queued: bool = False) -> dict[str, Any]:
+    """CUDA-graph replays of fused_moe_int4 with fresh routing per repeat (+ eager calls). ``ms``: one
+    replay between two events on an idle GPU, so the host's graph-launch latency is inside each sample;
+    with ``queued``, also ``queued_ms``: the same replays with a sleep kernel queued ahead of the start
+    event (measure.time_cuda_queued), the device time of one call without that latency."""
     e, h = experts.num_experts, experts.hidden
-    n_rout = reps + eager_reps + 4
+    n_rout = reps + eager_reps + 4 + (reps + 3 if queued else 0)
     rts = [make_routing(m, e, topk, routing, gen) for _ in range(n_rout)]
     ids_all = torch.stack([r[0] for r in rts]).cuda()
     w_all = torch.stack([r[1] for r in rts]).cuda()
@@ -337,7 +333,7 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     counter = itertools.count()
     used: list[int] = []
 
-    def setup() -> None:
+    def setup(_: int = 0) -> None:
         j = next(counter) % n_rout
         used.append(j)
         s_ids.copy_(ids_all[j])
@@ -349,6 +345,8 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     graph_err = None
     ms: list[float] = []
     rep_idx: list[int] = []
+    queued_ms: list[float] = []
+    queued_idx: list[int] = []
     try:
         g = _capture(call)
         for r in range(reps + 3):
@@ -357,6 +355,10 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
             if r >= 3:
                 ms.append(t)
         rep_idx = used[3:]
+        if queued:
+            start = len(used)
+            queued_ms = time_cuda_queued(g.replay, warmup=3, reps=reps, setup=setup)
+            queued_idx = used[start + 3:]
         del g
     except Exception as exc:  # noqa: BLE001
         graph_err = repr(exc)[:300]
@@ -368,7 +370,102 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     if not ms:  # graph capture failed: report eager times
         ms, rep_idx = eager, used[-n_eager:]
     return {"ms": ms, "distinct": [distinct[j] for j in rep_idx], "eager_ms": eager, "graph_error": graph_err,
+            "queued_ms": queued_ms, "queued_distinct": [distinct[j] for j in queued_idx],
             "x": x, "ids_all": ids_all, "w_all": w_all, "rep_idx": rep_idx}
+
+
+IN_GRAPH_CALLS = 16   # calls captured back to back in one graph by time_ours_in_graph
+IN_GRAPH_CHECK_MAX_M = 16   # its outputs are checked against the reference up to this M
+
+
+def second_bank(experts: Int4Experts, seed: int) -> Int4Experts:
+    """Another random weight set of ``experts``' shapes (fragments packed): the in-graph timing alternates the
+    two, as consecutive MoE layers of a model read different weights, so no call finds the previous call's
+    weights in L2."""
+    bank = random_int4_experts(experts.num_experts, experts.hidden, experts.intermediate, device="cuda", seed=seed)
+    bank.fragments()
+    return bank
+
+
+def time_ours_in_graph(banks: list[Int4Experts], m: int, routing: str, gen: torch.Generator, reps: int,
+                       calls: int = IN_GRAPH_CALLS, topk: int = 8) -> dict[str, Any]:
+    """Device time per call of ``calls`` fused_moe_int4 calls captured back to back in ONE CUDA graph
+    (measure.time_in_graph), as the MoE layers of a captured decode step run: call i reads its own fresh
+    routing and the weights ``banks[i % len(banks)]``. No host launch latency is inside a sample; each
+    call still pays its launch inside the graph and its start on an idle GPU after the previous call's
+    tail. For M <= IN_GRAPH_CHECK_MAX_M the first and the last call's outputs of the final replay are
+    checked against the float32 reference (``check``). ``bytes``: per call, in call order."""
+    if not banks:
+        raise ValueError("banks must hold at least one Int4Experts")
+    e, h = banks[0].num_experts, banks[0].hidden
+    rts = [make_routing(m, e, topk, routing, gen) for _ in range(calls)]
+    ids = [r[0].cuda() for r in rts]
+    ws = [r[1].cuda() for r in rts]
+    distinct = [distinct_experts(r[0]) for r in rts]
+    x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+    outs: list[torch.Tensor | None] = [None] * calls
+    check: dict[str, Any] = {"m": m, "routing": routing, "in_graph_calls": calls, "checked": False, "ok": True}
+
+    def make(i: int) -> Callable[[], None]:
+        def call() -> None:
+            outs[i] = fused_moe_int4(x, ids[i], ws[i], banks[i % len(banks)], validate=False)
+        return call
+
+    def after() -> None:
+        if m > IN_GRAPH_CHECK_MAX_M:
+            return
+        torch.cuda.synchronize()
+        errs = []
+        for i in (0, calls - 1):
+            ref = moe_reference(x, ids[i], ws[i], banks[i % len(banks)]).float().cpu()
+            errs.append(rel_error(outs[i].float().cpu(), ref))
+        check.update(checked=True, rel_err=max(errs), ok=all(err <= REL_TOL for err in errs))
+
+    samples, n = time_in_graph([make(i) for i in range(calls)], reps, min_calls=calls, after=after)
+    return {"ms": samples, "calls": n, "distinct": distinct, "check": check}
+
+
+IN_GRAPH_PARAMS = {
+    "timing_queued": "<path>_queued_*: the same one-replay samples with a sleep kernel queued ahead of the start "
+                     "event (measure.time_cuda_queued): one call's device time without the host's launch latency",
+    "timing_in_graph": f"<path>_ingraph_*: {IN_GRAPH_CALLS} calls captured back to back in ONE graph, fresh routing "
+                       "per call, alternating two weight sets (no call finds the previous call's weights in L2); "
+                       "per-call time = replay time / calls; % of copy from the calls' mean bytes",
+    "in_graph_calls": IN_GRAPH_CALLS}
+
+
+def pct_of_copy(distinct: list[int], ms: list[float], bpe: int, m: int, copy_gbps: float, topk: int = 8,
+                hidden: int = KIMI["hidden"]) -> float:
+    """% of the copy bandwidth of one-call samples: median over samples of (bytes of that call's routing /
+    its time)."""
+    gb = [bytes_moved(d, bpe, m, hidden, topk) / (t * 1e-3) / 1e9 for d, t in zip(distinct, ms)]
+    return 100 * statistics.median(gb) / copy_gbps
+
+
+def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: int, routing: str,
+                    gen: torch.Generator, reps: int, bpe: int, copy_gbps: float, checks: list[dict[str, Any]],
+                    samples: dict[str, Any], topk: int = 8) -> dict[str, Any]:
+    """A row's queued and in-graph columns for path ``label`` (``<label>_queued_ms_median`` /
+    ``_pct_of_copy`` from ``time_ours(..., queued=True)``'s ``t``, ``<label>_ingraph_*`` from
+    :func:`time_ours_in_graph` over ``banks``; no prefix for ``label`` ""); appends the in-graph output check to ``checks`` and the
+    raw samples to ``samples``."""
+    hidden = banks[0].hidden
+    pre = f"{label}_" if label else ""
+    out: dict[str, Any] = {}
+    if t["queued_ms"]:
+        out[f"{pre}queued_ms_median"] = statistics.median(t["queued_ms"])
+        out[f"{pre}queued_pct_of_copy"] = pct_of_copy(t["queued_distinct"], t["queued_ms"], bpe, m, copy_gbps,
+                                                      topk, hidden)
+    ig = time_ours_in_graph(banks, m, routing, gen, reps, topk=topk)
+    mean_bytes = statistics.mean(bytes_moved(d, bpe, m, hidden, topk) for d in ig["distinct"])
+    med = statistics.median(ig["ms"])
+    out[f"{pre}ingraph_ms_median"] = med
+    out[f"{pre}ingraph_pct_of_copy"] = 100 * mean_bytes / (med * 1e-3) / 1e9 / copy_gbps
+    checks.append({**ig["check"], "label": label or "dispatched"})
+    key = f"{routing}/m{m}/{label or 'ours'}"
+    samples[f"{key}/queued"] = {"ms": t["queued_ms"], "distinct": t["queued_distinct"]}
+    samples[f"{key}/in_graph"] = {"ms_per_call": ig["ms"], "distinct": ig["distinct"], "calls": ig["calls"]}
+    return out
 
 
 def tune_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: int = 10,
@@ -495,6 +592,8 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
     copy_gbps, tflops_peak = copy["gb_per_s"], mm["tflops"]
     log(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops_peak:.0f} TFLOP/s")
 
+    banks = [experts, second_bank(experts, seed + 101)]   # the in-graph timing alternates two weight sets
+
     # ---- peers' weights
     peers: dict[str, Any] = {}
     peer_errors: dict[str, str] = {}
@@ -551,7 +650,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
     sweep_error = None
     for routing, m in itertools.product(ROUTINGS, m_values):
       try:
-        t = time_ours(experts, m, routing, gen, reps)
+        t = time_ours(experts, m, routing, gen, reps, queued=True)
         ms, distinct, eager = t["ms"], t["distinct"], t["eager_ms"]
         x, ids_all, w_all = t["x"], t["ids_all"], t["w_all"]
         byts = [bytes_moved(d, bpe, m, H, K) for d in distinct]
@@ -569,6 +668,8 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
                "ms_per_token": med / m, "timing": "cuda_graph" if t["graph_error"] is None else "eager",
                "graph_error": t["graph_error"],
                "intermediate_bytes": 2 * m * K * (I * 2 + H * 4)}
+        row.update(in_graph_fields("", t, banks, m, routing, gen, max(10, reps // 2), bpe, copy_gbps, checks,
+                                   samples))
         samples[f"{routing}/m{m}/ours"] = {"ms": ms, "bytes": byts, "eager_ms": eager}
         if m * K <= SMALL_MAX_PAIRS:   # both paths in the same run: the four-launch kernels (before) and
             small_now = uses_small_path(m, K)   # the one-launch kernel (after); ms_median is the dispatched one
@@ -628,7 +729,8 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
               "small_path_max_pairs": SMALL_MAX_PAIRS, "small_path_grid_ctas": small_grid(),
               "small_table": [[u, use] for u, use in SMALL_TABLE],
               "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
-              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
+              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat; peers and "
+                        "speedups on this timing", **IN_GRAPH_PARAMS}
     results = {"copy_gb_per_s": copy_gbps, "bf16_matmul_tflops": tflops_peak, "rows": rows, "tuning": tuning,
                "checks": checks, "all_checks_ok": all(c.get("ok", False) for c in checks),
                "peer_errors": peer_errors, "sweep_error": sweep_error}
@@ -637,7 +739,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
              "per expert; per-expert dequantise (torch ops) then bf16 matmul. Peers get host-side grouping "
              "outside the timed region and are timed as CUDA-graph replays. floor_ms = max(bytes / copy "
              "bandwidth, flops / bf16 matmul rate), both measured in this run. " + SMALL_PATH_PREDICTION
-             + " " + small_path_outcome(rows))
+             + " " + small_path_outcome(rows) + " " + IN_GRAPH_PREDICTION)
     return write_measurement("moe_bandwidth", parameters=params, results=results,
                              samples={"ceilings": {"copy": copy, "matmul": mm}, "timings": samples},
                              notes=notes, out_dir=out_dir)
@@ -827,7 +929,17 @@ SMALL_R3F_PREDICTION = (
     "same split: 1-4% faster at M = 1-4 (short tasks, an epilogue per ~7 stages), within +-1.5% at M = 8-16; "
     "outputs equal to x4e's at the same split. Dispatched in a range only by the rule of bench.SMALL_R3_PREDICTION "
     "(ahead on average over the range, no row's mean behind by more than 1.5 points).")
-SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+IN_GRAPH_PREDICTION = (
+    "Run 21, a change of the measurement, not of a kernel: every % of copy so far timed ONE graph replay between "
+    "two events on an idle GPU, so the host's cudaGraphLaunch latency sits inside each sample. The verify benchmark "
+    "measured 4.5-10 us between its one-replay and in-graph times for the same calls. The dispatched path is now also "
+    "timed queued (a sleep kernel ahead of the start event: device time of one call) and in-graph (16 calls back to "
+    "back in one graph, fresh routing per call, two weight sets alternating so no call finds the previous call's "
+    "weights in L2). Predicted before the run: queued and in-graph agree within 2 us per call; both 5-10 us below "
+    "the one-replay time at every M; so M = 1 at 74-81% of copy in-graph (69% one-replay at 1370afb), M = 2 at "
+    "77-82%, M >= 3 at or above 80% in both routings. If the two timings differ by under 2 us, the latency "
+    "hypothesis is refuted and the gap at M = 1-2 is in the kernel.")
+SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
@@ -850,6 +962,13 @@ def compare_label(variant: str) -> str:
 def label_variant(label: str) -> str:
     """The fused.SMALL_VARIANTS key of a one-launch --small-compare label (inverse of :func:`compare_label`)."""
     return "v3" if label == "small_fused" else label
+
+
+def dispatched_path(m: int, topk: int) -> str:
+    """The --small-compare label of the path ``fused_moe_int4`` runs today for M tokens ("four_launch" or a
+    one-launch kernel's label)."""
+    v = small_variant_for(m, topk)
+    return "four_launch" if v is None else compare_label(v)
 
 
 def _set_compare_path(label: str) -> None:
@@ -891,6 +1010,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
         raise ValueError(f"M {bad} exceed the one-launch kernel's {SMALL_MAX_PAIRS} pairs at top-{K}")
     experts = random_int4_experts(E, H, I, device="cuda", seed=seed)
     experts.fragments()
+    banks = [experts, second_bank(experts, seed + 101)]
     bpe = experts.bytes_per_expert()
     copy = measure_copy_bandwidth()
     copy_gbps = copy["gb_per_s"]
@@ -900,9 +1020,13 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
               "seed": seed, "bytes_per_expert": bpe, "paths": list(paths),
               "small_variants": {p: list(SMALL_VARIANTS[p][1] or []) for p in paths if p in SMALL_VARIANTS},
               "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
-              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat"}
+              "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat", **IN_GRAPH_PARAMS,
+              "in_graph_paths": "the dispatched path of each M (row field 'dispatched')"}
     saved_small = list(SMALL_TABLE)
     saved_variant = SMALL_VARIANT["name"]
+    dispatched = {m: dispatched_path(m, K) for m in m_values}
+    if any(dispatched[m] not in paths for m in m_values):
+        raise ValueError(f"paths {paths} must include the path dispatched at every M: {dispatched}")
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
@@ -932,11 +1056,15 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 _set_compare_path(label)
                 if label != "four_launch":
                     checks.append({**check_case(experts, m, routing, gen, K), "label": label})
-                t = time_ours(experts, m, routing, gen, reps, eager_reps=0)
-                gb = [bytes_moved(d, bpe, m, H, K) / (tt * 1e-3) / 1e9 for d, tt in zip(t["distinct"], t["ms"])]
+                both = label == dispatched[m]   # the dispatched path: also queued and in-graph
+                t = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=both)
                 row[f"{label}_ms_median"] = statistics.median(t["ms"])
-                row[f"{label}_pct_of_copy"] = 100 * statistics.median(gb) / copy_gbps
+                row[f"{label}_pct_of_copy"] = pct_of_copy(t["distinct"], t["ms"], bpe, m, copy_gbps)
                 row["distinct_experts_median"] = statistics.median(t["distinct"])
+                if both:
+                    row["dispatched"] = label
+                    row.update(in_graph_fields(label, t, banks, m, routing, gen, max(10, reps // 2), bpe,
+                                               copy_gbps, checks, samples))
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
                 if label.startswith("ctasplit"):
                     sp = ctasplit_splits(H, I, SMALL_VARIANTS[label][1][1])
@@ -974,8 +1102,11 @@ def format_small_compare(doc: dict[str, Any]) -> str:
     head = f"{'routing':8} {'M':>3} {'experts':>7} " + " ".join(f"{short.get(p, p):>13} {'%copy':>5}" for p in paths)
     lines = [f"copy {res['copy_gb_per_s']:.0f} GB/s, checks ok: {res['all_checks_ok']} (ms, % of copy per path)", head]
     for r in res["rows"]:
+        d = r.get("dispatched")
+        tail = (f"  dispatched {d}: queued {r[d + '_queued_pct_of_copy']:.1f}%, in-graph "
+                f"{r[d + '_ingraph_pct_of_copy']:.1f}%" if d and f"{d}_ingraph_pct_of_copy" in r else "")
         lines.append(f"{r['routing']:8} {r['m']:>3} {r['distinct_experts_median']:>7.0f} " + " ".join(
-            f"{r[p + '_ms_median']:>13.4f} {r[p + '_pct_of_copy']:>5.1f}" for p in paths))
+            f"{r[p + '_ms_median']:>13.4f} {r[p + '_pct_of_copy']:>5.1f}" for p in paths) + tail)
     return "\n".join(lines)
 
 
@@ -984,14 +1115,15 @@ def format_table(doc: dict[str, Any]) -> str:
     res = doc["results"]
     lines = [f"copy {res['copy_gb_per_s']:.0f} GB/s, bf16 {res['bf16_matmul_tflops']:.0f} TFLOP/s, "
              f"checks ok: {res['all_checks_ok']}",
-             f"{'routing':8} {'M':>5} {'experts':>7} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'TF/s':>6} "
-             f"{'x bf16':>7} {'x int4pk':>8} {'x deq':>6}"]
+             f"{'routing':8} {'M':>5} {'experts':>7} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'queued':>6} {'graph':>6} "
+             f"{'TF/s':>6} {'x bf16':>7} {'x int4pk':>8} {'x deq':>6}"]
     for r in res["rows"]:
         def sp(k: str) -> str:
             v = r.get(k)
             return f"{v:.2f}" if isinstance(v, float) else "-"
         lines.append(f"{r['routing']:8} {r['m']:>5} {r['distinct_experts_median']:>7.0f} {r['ms_median']:>8.4f} "
-                     f"{r['gb_per_s_median']:>7.0f} {r['pct_of_copy']:>6.1f} {r['tflops']:>6.1f} "
+                     f"{r['gb_per_s_median']:>7.0f} {r['pct_of_copy']:>6.1f} {r.get('queued_pct_of_copy', 0):>6.1f} "
+                     f"{r.get('ingraph_pct_of_copy', 0):>6.1f} {r['tflops']:>6.1f} "
                      f"{sp('speedup_vs_bf16_cublas'):>7} {sp('speedup_vs_torch_int4pack'):>8} "
                      f"{sp('speedup_vs_dequant_matmul'):>6}")
     return "\n".join(lines)

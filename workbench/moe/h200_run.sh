@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# The H200 run behind data/measurements/h200/moe_bandwidth.json, from the repository root on the
-# device machine (device tool, carry .whl): the benchmark (its own parity checks first), then
-# memcheck and racecheck on small shapes (the one-launch kernel and the four-launch variants named
-# in SAN_VARIANTS, default all). TESTS=1 also runs the gpu-marked pytest tests first.
+# The H200 run behind data/measurements/h200/moe_bandwidth.json (repository root, carry .whl): the benchmark
+# (its own parity checks first; one-replay, queued and in-graph timings), then with PIPELINE=1 the GPU notebook
+# pipeline, with SAN=1 memcheck and racecheck on small shapes (the one-launch kernels in SAN_SMALL and the
+# four-launch variants in SAN_VARIANTS, default all). Everything under $OUT/bandwidth.tgz.
+# Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> [PIPELINE=1] [SAN=1] bash workbench/moe/h200_run.sh
 set -u
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-nvcc -arch=sm_90 -Xptxas -v -c workbench/kernels/moe_int4.cu -o /dev/null 2>&1 | grep -A2 small_fused | tail -1
-if [ "${TESTS:-0}" = 1 ]; then
-  timeout 150 python3 -m pytest -q -x -m gpu tests/test_moe_gpu.py -p no:cacheprovider 2>&1 | tail -12
+source "$(dirname "$0")/h200_common.sh"
+h200_begin bandwidth
+T0=$(date +%s)
+timeout "${BENCH_T:-330}" python3 -u -m workbench.moe.bench --out "$R" ${BENCH_ARGS:---reps 20 --peer-reps 4 --tune-reps 6} \
+  > "$R/logs/bench.txt" 2>&1
+echo "bench rc=$? $(( $(date +%s) - T0 )) s"; grep -v '^check \|^{' "$R/logs/bench.txt" | tail -30
+if [ "${PIPELINE:-0}" = 1 ]; then
+  timeout 170 python3 -m workbench run --out /tmp/runs --fail-fast > "$R/logs/pipeline.txt" 2>&1
+  echo "pipeline rc=$? $(( $(date +%s) - T0 )) s"; tail -3 "$R/logs/pipeline.txt"
+  find /tmp/runs -name run.json -exec cp {} "$R/logs/run.json" \;
 fi
-timeout "${BENCH_T:-300}" python3 -m workbench.moe.bench --out "$OUT" ${BENCH_ARGS:---reps 20 --peer-reps 4 --tune-reps 6} 2>&1 \
-  | grep -v '^check \|^{' | tail -30
-for tool in memcheck racecheck; do
-  timeout "${SAN_T:-100}" compute-sanitizer --tool $tool python3 -m workbench.moe.bench --sanitize \
-    ${SAN_VARIANTS:+--variants $SAN_VARIANTS} > "$OUT/$tool.txt" 2>&1
-  echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize checks" "$OUT/$tool.txt"
-done
+if [ "${SAN:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    timeout "${SAN_T:-100}" compute-sanitizer --tool $tool python3 -m workbench.moe.bench --sanitize \
+      ${SAN_VARIANTS:+--variants $SAN_VARIANTS} ${SAN_SMALL:+--small-variants $SAN_SMALL} > "$R/logs/$tool.txt" 2>&1
+    echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|sanitize checks" "$R/logs/$tool.txt"
+  done
+fi
+nvidia-smi > "$R/logs/nvidia_smi.txt"
