@@ -1556,8 +1556,10 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 
 
 // F1: the epilogues publish with one fence (cs_epilogue<true>) and a down task waits for its item's h with an acquire
-// load instead of a relaxed load and a fence.
-template <int RS, int XD = 2, bool XEND = false, bool F1 = false>
+// load instead of a relaxed load and a fence. SR (with F1): that wait spins on relaxed loads and then takes ONE
+// acquire load: ld.acquire.gpu compiles to LDG.STRONG.GPU + CCTL.IVALL, so an acquire per spin iteration invalidates
+// the SM's L1 (where the gate/up activations of the SM's other warps live) once per iteration.
+template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1654,7 +1656,10 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
 #endif
         if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
             if (lane == 0) {
-                if (F1) {
+                if (F1 && SR) {
+                    while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
+                    (void)ld_acquire_gpu(done_gu + item);   // >= tiles_gu: synchronises with every publish
+                } else if (F1) {
                     while (ld_acquire_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
                 } else {
                     while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
@@ -1726,18 +1731,20 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 // The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (x4), and the same with the next
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
 // RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44); F1: one fence per
-// publish and acquire loads (x4e_r3f).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1)                                                                       \
+// publish and acquire loads (x4e_r3f); SR: the h wait spins relaxed, then one acquire (x4e_r3fs).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR)                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, XD, XEND, F1>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, \
+        moe_small_ctasplit_body<RS, XD, XEND, F1, SR>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, \
+                                                      ws,                                                            \
                                               out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true)

@@ -63,7 +63,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # x4e with a 3-stage ring (two stages in flight instead of three): the control of run 19 (moe_small_xs*.json),
     # where it was at or ahead of x4e in most rows; its forms at the dispatched splits (moe_small_r3*.json)
     # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
-    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f")
+    # ... and with the h wait spinning on relaxed loads, then one acquire (x4e_r3fs; run 22, moe_small_r3fs*.json)
+    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
