@@ -238,13 +238,6 @@ def test_wgmma_variants_build_without_spills():
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (o, report)
 
 
-def test_merge_early_depth():
-    assert [V.merge_early_depth(n) for n in (1, 4, 5, 8, 9, 16, 17, 32, 33, 500)] == [4, 4, 8, 8, 16, 16, 32, 32, 32, 32]
-    assert V.merge_early_depth(None) == 8
-    with pytest.raises(ValueError, match="chunks"):
-        V.merge_early_depth(0)
-
-
 def test_variants_and_private_switches_on_cpu():
     # on a CPU every variant's keywords are accepted and give the torch path's result
     inp = V.random_verify_inputs(3, 2, 10, torch.float32, "cpu", seed=4)
@@ -380,26 +373,6 @@ def test_gpu_parity_single_request_without_prepare_and_variants():
     assert len(cases) >= 6 + 3 * len(VB.WGMMA_VARIANTS)
     rows = VB.verify_parity_rows(cases, "cuda", seed=3)
     assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads,prefix,batched", [(8, 4096, False), (8, 40000, False), (64, 3000, False),
-                                                  (8, 0, False), (8, 5000, True)])
-def test_gpu_merge_early_equals_merge_late(heads, prefix, batched):
-    """The merge that loads the partials before its lse pass (the default) sums in the same chunk order as the
-    previous one (VERIFY_MERGE_EARLY=0): equal outputs and lse, over 1-200 chunks and the batched form."""
-    if V.wgmma_unavailable_reason() is not None:
-        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
-    P = [prefix, 700, 0] if batched else prefix
-    inp = V.random_verify_inputs(33, heads, P, "bfloat16", "cuda", seed=prefix + heads)
-    fn = V.verify_attention_batched if batched else V.verify_attention
-    a, la = fn(**inp)
-    b, lb = fn(**inp, **VB.WGMMA_VARIANTS["merge_late"])
-    assert torch.isfinite(a.float()).all() and torch.equal(a, b) and torch.equal(la, lb)
-    for chunk_len in (64, 2048):   # many chunks (up to 2 early batches past 32) and few
-        c, lc = fn(**inp, chunk_len=chunk_len)
-        d, ld = fn(**inp, chunk_len=chunk_len, **VB.WGMMA_VARIANTS["merge_late"])
-        assert torch.equal(c, d) and torch.equal(lc, ld), chunk_len
 
 
 @pytest.mark.gpu

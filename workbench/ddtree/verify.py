@@ -502,25 +502,9 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         name = "ddtree_verify_simple_bf16" if dtype == torch.bfloat16 else "ddtree_verify_simple_f32"
         _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
-    early = merge_early_depth(n_chunks if noprep else None)
-    _launch(_kernel(merge, 0, tuple(_merge_options) + (f"-DMERGE_EARLY={early}",)), B * M, 128,
+    _launch(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
             (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
     return out, lse
-
-
-MERGE_EARLY_DEPTHS = (4, 8, 16, 32)
-
-
-def merge_early_depth(chunks: int | None) -> int:
-    """How many chunks' partials the merge kernel loads before its lse pass (``-DMERGE_EARLY``): the
-    smallest of :data:`MERGE_EARLY_DEPTHS` covering ``chunks`` (one request's chunk count, known on the host
-    for the single-request form), 32 beyond; 8 when the count per request is not known on the host
-    (batched requests). Its registers grow with the depth (about 236 at 32, 2 blocks per SM)."""
-    if chunks is None:
-        return 8
-    if chunks < 1:
-        raise ValueError(f"chunks must be >= 1, got {chunks}")
-    return next((d for d in MERGE_EARLY_DEPTHS if chunks <= d), MERGE_EARLY_DEPTHS[-1])
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,

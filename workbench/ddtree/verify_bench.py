@@ -198,9 +198,6 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
     "s1_prepare_merge1": {"impl": "wgmma", "_prepare": True, "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
     # + no prepare launch for one request (T <= 128); the default adds the one-pass merge
     "s1_merge1": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
-    # the default of e95fa7b..0310cea: the merge loads the partials after its lse pass, 8 deep (today's loads the
-    # first 4-32 chunks' partials before it, VERIFY_MERGE_EARLY)
-    "merge_late": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_EARLY=0",)},
 }
 
 
@@ -431,15 +428,6 @@ def _write(results: dict[str, Any], out: Any, name: str = "ddtree_verify", extra
                              notes=VERIFY_NOTES + (" " + extra_notes if extra_notes else ""))
 
 
-MERGE_EARLY_PREDICTION = (
-    "Merge with early loads (VERIFY_MERGE_EARLY, code after 0310cea; 'merge_late' = the previous default in the same "
-    "process). The merge launch is latency-bound: one block per query row, 264 blocks at H = 8 (2 per SM), and each "
-    "waited for its lse loads, then for the partials 8 chunks at a time: about 4 dependent load latencies for 22-26 "
-    "chunks; ncu put it at 9-11 us alone (caches flushed). Today's loads the first 4/8/16/32 chunks' partials "
-    "(the smallest covering the call's chunk count) before the lse pass, all in flight at once. Predicted before "
-    "the run: in-graph 2-4 us less per call at H = 8 (22-26 chunks, every prefix), 0-1.5 us at H = 64 (4 chunks: "
-    "2 latencies became 1, but 2112 blocks); outputs bit-identical to merge_late's (same summation order); no point "
-    "crosses 50% of floor by this alone (H = 8 4k would need 17 us less).")
 VERIFY_NOTES = (
     "verify_attention, bf16 default = impl 'wgmma' (Hopper warpgroup MMA, sm_90a via nvcc; 2 warpgroups, 64 query "
     "rows x 64 keys per tile, flash-decoding split + log-sum-exp merge launch). Since 0929e2e: S of a tile by "
@@ -459,8 +447,6 @@ VERIFY_NOTES = (
     "(eager_median_ms: the default with Python launch overhead); floor = max(bytes / measured copy bandwidth, "
     "flops / measured bf16 matmul rate); results.parity: rows against the float64 reference; results.sanitizer: "
     "compute-sanitizer logs of the smoke cases; results.complete: false while the run was cut short.")
-VERIFY_NOTES += " " + MERGE_EARLY_PREDICTION
-
 
 
 def verify_benchmark_rows(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1169,10 +1169,7 @@ extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_bf16(SIMP
 // then sum, each with its own block reduction). The weights are staged in shared memory, and the
 // weighted sum runs 8 chunks deep (V1: 4) so that several 16-byte loads are in flight per thread
 // (the first version walked the chunks one dependent load at a time: 8.9 us for 264 rows x 26
-// chunks on the H200). VERIFY_MERGE_EARLY (the default): the first MERGE_EARLY chunks' partials are
-// loaded into registers before the lse pass, all in flight at once and unconditionally (every chunk
-// writes its partial for every row < M), so the call waits about one load latency for them instead of
-// the lse pass's and then one per 8 chunks; the sum runs in the same chunk order as before.
+// chunks on the H200).
 
 #define MERGE_THREADS 128
 
@@ -1196,12 +1193,6 @@ __device__ __forceinline__ float block_sum128(float v, float* sh) {
 #ifndef VERIFY_MERGE_V1
 #define VERIFY_MERGE_V1 0  // 1: the previous merge (two passes over the lse values, weighted sum 4 deep)
 #endif
-#ifndef VERIFY_MERGE_EARLY
-#define VERIFY_MERGE_EARLY 1  // 0: the merge of e95fa7b..0310cea (partials loaded after the lse pass, 8 deep)
-#endif
-#ifndef MERGE_EARLY
-#define MERGE_EARLY 32        // chunks whose partials VERIFY_MERGE_EARLY loads before the lse pass (the host builds
-#endif                        // 4, 8, 16 or 32 for the call's chunk count: registers grow with it)
 
 // (m, s) pairs: s * 2^... as sum of exp(lse - m); combined without overflow
 __device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
@@ -1224,17 +1215,6 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
     // chunk_start == nullptr: one request whose n_single chunks start at 0 (no prepare launch)
     const int c0 = chunk_start ? chunk_start[b] : 0, c1 = chunk_start ? chunk_start[b + 1] : n_single;
     const int tid = threadIdx.x;
-#if VERIFY_MERGE_EARLY && !VERIFY_MERGE_V1
-    float4 pre[MERGE_EARLY];
-    const int n_pre = min(MERGE_EARLY, c1 - c0);
-    {
-        const float4* src0 = reinterpret_cast<const float4*>(o_part + ((long long)c0 * M + r) * DV) + tid;
-        const long long step0 = (long long)M * (DV / 4);
-#pragma unroll
-        for (int u = 0; u < MERGE_EARLY; ++u)
-            if (u < n_pre) pre[u] = src0[u * step0];
-    }
-#endif
 #if VERIFY_MERGE_V1
     float mx = NEG_INF;
     for (int c = c0 + tid; c < c1; c += MERGE_THREADS) mx = fmaxf(mx, lse_part[(long long)c * M + r]);
@@ -1282,21 +1262,6 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
             const float4* src = reinterpret_cast<const float4*>(o_part + ((long long)base * M + r) * DV) + tid;
             const long long step = (long long)M * (DV / 4);  // float4s between chunks
             int k = 0;
-#if VERIFY_MERGE_EARLY && !VERIFY_MERGE_V1
-            if (base == c0) {  // the chunks loaded before the lse pass
-#pragma unroll
-                for (int u = 0; u < MERGE_EARLY; ++u) {
-                    if (u < n_pre) {
-                        const float w = sw[u];
-                        acc.x = fmaf(w, pre[u].x, acc.x);
-                        acc.y = fmaf(w, pre[u].y, acc.y);
-                        acc.z = fmaf(w, pre[u].z, acc.z);
-                        acc.w = fmaf(w, pre[u].w, acc.w);
-                    }
-                }
-                k = n_pre;
-            }
-#endif
             for (; k + kDeep <= n; k += kDeep) {  // kDeep independent 16-byte loads in flight per thread
                 float4 v[kDeep];
 #pragma unroll
