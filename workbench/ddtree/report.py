@@ -596,6 +596,26 @@ def block_verify_g1() -> str:
             + markdown_table(rows))
 
 
+# Version 13 (merge with early loads, reverted): its run at dcd209c, the previous merge ('merge_late') in the same process
+MERGE_EARLY_FILE = "ddtree_verify_merge_early_dcd209c"
+
+
+def block_verify_merge_early() -> str:
+    """Version 13: the merge that loads the partials before its lse pass (then the default) against the previous
+    merge, one process, both timings."""
+    doc = _need_file(MERGE_EARLY_FILE)
+    rows = []
+    for p in doc["results"]["points"]:
+        late = p["variants"]["merge_late"]
+        rows.append({"H": p["heads"], "prefix": p["prefix"], "early ms": _ms(p["median_ms"], 4),
+                     "late ms": _ms(late["median_ms"], 4), "early / late": _ratio(p["median_ms"], late["median_ms"]),
+                     "in-graph early us": f"{p['batched_ms'] * 1e3:.1f}",
+                     "in-graph late us": f"{late['batched_ms'] * 1e3:.1f}",
+                     "in-graph early - late us": f"{(p['batched_ms'] - late['batched_ms']) * 1e3:+.1f}"})
+    return (f"Code {doc['provenance']['git_commit'][:7]} ({MERGE_EARLY_FILE}.json; both merges in one process, the "
+            "attention kernel the same).\n\n" + markdown_table(rows))
+
+
 # Version 12 (impl="cluster", reverted): the run of h200_verify_cluster.sh at ceda11e, whose verify code is
 # next/verify-cluster's; that code is in git history at CLUSTER_CODE (the merge into vc-outcome).
 CLUSTER_FILES = ("ddtree_verify_cluster", "ddtree_verify_cluster_t32")
@@ -719,6 +739,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-ingraph": block_verify_ingraph,
     "verify-ncu": block_verify_ncu,
     "verify-g1": block_verify_g1,
+    "verify-merge-early": block_verify_merge_early,
     "verify-cluster": block_verify_cluster,
     "verify-cluster-probe": block_verify_cluster_probe,
     "engine-share": block_engine_share,
