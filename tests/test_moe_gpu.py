@@ -64,6 +64,17 @@ def test_in_graph_timing_checks_back_to_back_calls(small, m):
     assert res["check"]["checked"] == (m <= 16) and res["check"]["ok"], res["check"]
 
 
+def test_in_graph_with_gaps_checks_outputs_and_sleep_baseline(small):
+    """The probe's form: a sleep kernel after every call inside the graph; outputs still right, and the
+    per-call time exceeds the sleep alone."""
+    from workbench.moe.bench import time_ours_in_graph, time_sleep_in_graph
+
+    res = time_ours_in_graph([small], 4, "uniform", torch.Generator().manual_seed(4), reps=3, gap_cycles=20_000)
+    assert res["check"]["checked"] and res["check"]["ok"], res["check"]
+    sleep = time_sleep_in_graph(20_000, reps=3)
+    assert len(sleep) == 3 and min(res["ms"]) > sorted(sleep)[1] > 0
+
+
 def test_queued_timing_is_device_time(small):
     """time_ours(queued=True): one replay queued behind a sleep kernel is not slower than one on an idle GPU
     by more than noise (it leaves the host's launch latency out), and every sample has its routing."""

@@ -388,13 +388,15 @@ def second_bank(experts: Int4Experts, seed: int) -> Int4Experts:
 
 
 def time_ours_in_graph(banks: list[Int4Experts], m: int, routing: str, gen: torch.Generator, reps: int,
-                       calls: int = IN_GRAPH_CALLS, topk: int = 8) -> dict[str, Any]:
+                       calls: int = IN_GRAPH_CALLS, topk: int = 8, gap_cycles: int = 0) -> dict[str, Any]:
     """Device time per call of ``calls`` fused_moe_int4 calls captured back to back in ONE CUDA graph
     (measure.time_in_graph), as the MoE layers of a captured decode step run: call i reads its own fresh
     routing and the weights ``banks[i % len(banks)]``. No host launch latency is inside a sample; each
     call still pays its launch inside the graph and its start on an idle GPU after the previous call's
     tail. For M <= IN_GRAPH_CHECK_MAX_M the first and the last call's outputs of the final replay are
-    checked against the float32 reference (``check``). ``bytes``: per call, in call order."""
+    checked against the float32 reference (``check``). ``gap_cycles`` > 0 puts a sleep kernel of that many SM cycles
+    after every call inside the graph (a diagnostic: the calls no longer back to back; subtract
+    :func:`time_sleep_in_graph`). ``distinct``: per call, in call order."""
     if not banks:
         raise ValueError("banks must hold at least one Int4Experts")
     e, h = banks[0].num_experts, banks[0].hidden
@@ -409,6 +411,8 @@ def time_ours_in_graph(banks: list[Int4Experts], m: int, routing: str, gen: torc
     def make(i: int) -> Callable[[], None]:
         def call() -> None:
             outs[i] = fused_moe_int4(x, ids[i], ws[i], banks[i % len(banks)], validate=False)
+            if gap_cycles:
+                torch.cuda._sleep(gap_cycles)
         return call
 
     def after() -> None:
@@ -423,6 +427,74 @@ def time_ours_in_graph(banks: list[Int4Experts], m: int, routing: str, gen: torc
 
     samples, n = time_in_graph([make(i) for i in range(calls)], reps, min_calls=calls, after=after)
     return {"ms": samples, "calls": n, "distinct": distinct, "check": check}
+
+
+def time_sleep_in_graph(gap_cycles: int, reps: int, calls: int = IN_GRAPH_CALLS) -> list[float]:
+    """Per-call samples (ms) of ``calls`` sleep kernels of ``gap_cycles`` back to back in one graph: what
+    :func:`time_ours_in_graph`'s ``gap_cycles`` adds per call."""
+    samples, _ = time_in_graph([lambda: torch.cuda._sleep(gap_cycles)], reps, min_calls=calls)
+    return samples
+
+
+IN_GRAPH_PROBE_PREDICTION = (
+    "Run 21's probe, written before it ran: in-graph timing was 3-5 us per call faster than queued at M = 1-3 and "
+    "20-75 us slower at M = 8-16 (and 3-8 points of copy lower at M >= 32 in the full sweep). Three explanations for "
+    "the slower side, told apart in one process at M = 1, 4, 16, 64: (a) the two weight sets double the memory the "
+    "sequence touches (TLB reach): then one set back to back is as fast as queued; (b) sustained streaming lowers "
+    "the clocks or the DRAM rate: then a sleep between the calls (its own time subtracted) recovers queued's time "
+    "with two sets; (c) neither. Predicted: (a), one set within 2% of queued at M = 16 and 64.")
+
+
+def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps: int = 10, seed: int = 0,
+                       name: str = "moe_in_graph_probe", gap_cycles: int = 400_000) -> Path:
+    """Run 21's diagnostic of the in-graph timing, uniform routing, the dispatched path: per M, one replay and
+    queued (``time_ours``), in-graph over two weight sets (the benchmark's), over one set, and over two sets with a
+    sleep of ``gap_cycles`` after every call (its sleep time, measured alone in a graph, subtracted). Writes
+    ``<name>.json`` with :data:`IN_GRAPH_PROBE_PREDICTION` as its notes."""
+    from workbench.measure import measure_copy_bandwidth, write_measurement
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
+    experts = random_int4_experts(E, H, I, device="cuda", seed=seed)
+    experts.fragments()
+    banks = [experts, second_bank(experts, seed + 101)]
+    bpe = experts.bytes_per_expert()
+    copy = measure_copy_bandwidth()
+    copy_gbps = copy["gb_per_s"]
+    sleep = time_sleep_in_graph(gap_cycles, reps)
+    sleep_ms = statistics.median(sleep)
+    rows, samples, checks = [], {"sleep_per_call_ms": sleep}, []
+
+    def pct(distinct: list[int], ms: float, m: int) -> float:
+        return 100 * statistics.mean(bytes_moved(d, bpe, m, H, K) for d in distinct) / (ms * 1e-3) / 1e9 / copy_gbps
+
+    for m in m_values:
+        t = time_ours(experts, m, "uniform", gen, 2 * reps, eager_reps=0, queued=True)
+        row: dict[str, Any] = {"m": m, "path": path_name(m, K), "ms_median": statistics.median(t["ms"]),
+                               "queued_ms_median": statistics.median(t["queued_ms"]),
+                               "pct_of_copy": pct_of_copy(t["distinct"], t["ms"], bpe, m, copy_gbps),
+                               "queued_pct_of_copy": pct_of_copy(t["queued_distinct"], t["queued_ms"], bpe, m,
+                                                                 copy_gbps)}
+        samples[f"m{m}/one"] = {"ms": t["ms"], "distinct": t["distinct"]}
+        samples[f"m{m}/queued"] = {"ms": t["queued_ms"], "distinct": t["queued_distinct"]}
+        for key, bk, gap in (("two_sets", banks, 0), ("one_set", banks[:1], 0), ("two_sets_gap", banks, gap_cycles)):
+            ig = time_ours_in_graph(bk, m, "uniform", gen, reps, gap_cycles=gap)
+            med = statistics.median(ig["ms"]) - (sleep_ms if gap else 0.0)
+            row[f"{key}_ms_median"] = med
+            row[f"{key}_pct_of_copy"] = pct(ig["distinct"], med, m)
+            checks.append({**ig["check"], "label": key})
+            samples[f"m{m}/{key}"] = {"ms_per_call": ig["ms"], "distinct": ig["distinct"]}
+        rows.append(row)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    params = {"num_experts": E, "hidden": H, "intermediate": I, "topk": K, "m_values": list(m_values),
+              "routing": "uniform", "reps": reps, "seed": seed, "gap_cycles": gap_cycles,
+              "in_graph_calls": IN_GRAPH_CALLS, "small_table": [[u, v] for u, v in SMALL_TABLE]}
+    return write_measurement(name, parameters=params,
+                             results={"copy_gb_per_s": copy_gbps, "sleep_per_call_ms": sleep_ms, "rows": rows,
+                                      "checks": checks, "all_checks_ok": all(c["ok"] for c in checks)},
+                             samples={"ceilings": {"copy": copy}, "timings": samples},
+                             notes=IN_GRAPH_PROBE_PREDICTION, out_dir=out_dir)
 
 
 IN_GRAPH_PARAMS = {
@@ -1153,6 +1225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-compare", default=None, metavar="NAME",
                     help="only time the one-launch kernel against the four-launch path at --m (default "
                          "1 2 4 8 9 16 here) and write NAME.json")
+    ap.add_argument("--in-graph-probe", default=None, metavar="NAME",
+                    help="only run 21's diagnostic of the in-graph timing (two weight sets, one, two with gaps) at "
+                         "--m (default 1 4 16 64) and write NAME.json")
     ap.add_argument("--prediction", default=None,
                     help="with --small-compare: the prediction, stored as the measurement's notes "
                          "(default: the one written for NAME, if any)")
@@ -1189,6 +1264,14 @@ def main(argv: list[str] | None = None) -> int:
             set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
             print(f"variant {spec}: distinct experts {two_calls()}")
         return 0
+    if args.in_graph_probe:
+        ms = tuple(args.m) if args.m != list(M_VALUES) else (1, 4, 16, 64)
+        path = run_in_graph_probe(args.out, m_values=ms, name=args.in_graph_probe)
+        doc = json.loads(Path(path).read_text())
+        print(f"wrote {path}")
+        for r in doc["results"]["rows"]:
+            print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+        return 0 if doc["results"]["all_checks_ok"] else 1
     if args.small_compare:
         ms = tuple(args.m) if args.m != list(M_VALUES) else SMALL_COMPARE_M
         path = run_small_compare(args.out, m_values=ms, reps=args.reps, name=args.small_compare,

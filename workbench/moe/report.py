@@ -75,6 +75,8 @@ SMALL_XS = ("moe_small_xs", "moe_small_xs_2")
 XS_LOGS = "data/measurements/h200/moe_small_xs_logs"
 SMALL_R3 = ("moe_small_r3", "moe_small_r3_2")
 SMALL_R3F = ("moe_small_r3f", "moe_small_r3f_2")   # run 20: x4e_r3f (one fence per publish) against x4e_r3
+SMALL_TIMINGS = ("moe_small_dispatch_494b598", plots.SMALL_COMPARE)   # run 21: one replay, queued, in-graph
+SMALL_R3FS = ("moe_small_r3fs", "moe_small_r3fs_2")   # run 22: x4e_r3fs (relaxed h spin, one acquire) against x4e_r3f
 # SMALL_TABLE's M ranges before run 19 and the split each ran x4e at: (first M, last M, split suffix)
 R3_RANGES = ((1, 1, ""), (2, 2, "_g4d1"), (3, 4, "_g2d1"), (5, 16, "_g1d1"))
 TRACE_FILES = ("moe_ctasplit_trace_febc44b", "moe_ctasplit_trace")
@@ -753,6 +755,52 @@ def block_small_r3f() -> str:
             + "\nPer M range, the rule written before the run:\n\n" + markdown_table(ranges))
 
 
+def block_small_r3fs() -> str:
+    """Run 22: x4e_r3fs against x4e_r3f at every dispatched split, two processes, and the dispatch rule per M range."""
+    pairs = tuple((f"ctasplit_x4e_r3fs{sfx}", f"ctasplit_x4e_r3f{sfx}") for _, _, sfx in R3_RANGES)
+    rows, ranges = rule_rows(SMALL_R3FS, "ctasplit_x4e_r3fs", "ctasplit_x4e_r3f")
+    return (_two_runs_block(SMALL_R3FS, pairs) + "\nPer row, the mean over the two processes:\n\n" + markdown_table(rows)
+            + "\nPer M range, the rule written before the run (at M = 5-16 x4e_r3, not x4e_r3f, is dispatched, so that "
+            "range's row does not apply):\n\n" + markdown_table(ranges))
+
+
+def timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per row of a comparison file from run 21 on: the dispatched path timed three ways (one replay on an idle GPU,
+    queued behind a sleep kernel, in-graph) in microseconds, their differences and % of copy."""
+    out = []
+    for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
+        d = r.get("dispatched")
+        if not d or f"{d}_ingraph_ms_median" not in r:
+            continue
+        one, q, g = (r[f"{d}{k}_ms_median"] * 1e3 for k in ("", "_queued", "_ingraph"))
+        out.append({"routing": r["routing"], "M": r["m"], "path": d, "one replay us": f"{one:.1f}",
+                    "queued us": f"{q:.1f}", "in-graph us": f"{g:.1f}", "one - queued us": f"{one - q:+.1f}",
+                    "queued - in-graph us": f"{q - g:+.1f}", "% copy one / queued / in-graph":
+                        f"{r[d + '_pct_of_copy']:.1f} / {r[d + '_queued_pct_of_copy']:.1f} / "
+                        f"{r[d + '_ingraph_pct_of_copy']:.1f}"})
+    return out
+
+
+def block_small_timings() -> str:
+    """Run 21: the dispatched path of each M timed three ways, in each process that did (SMALL_TIMINGS), then the full
+    sweep's rows (moe_bandwidth.json) the same way."""
+    parts = []
+    for name in SMALL_TIMINGS:
+        doc = plots.load_moe_small(name=name)
+        if not doc:
+            raise FileNotFoundError(f"data/measurements/h200/{name}.json is not committed")
+        parts.append(f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}, copy "
+                     f"{doc['results']['copy_gb_per_s']:.0f} GB/s in the same run):\n\n" + markdown_table(timing_rows(doc)))
+    bw = _doc()
+    rows = [{"routing": r["routing"], "M": r["m"], "path": r.get("path"), "% copy one replay": f"{r['pct_of_copy']:.1f}",
+             "queued": f"{r['queued_pct_of_copy']:.1f}", "in-graph": f"{r['ingraph_pct_of_copy']:.1f}"}
+            for r in sorted(bw["results"]["rows"], key=lambda r: (r["routing"], r["m"])) if "ingraph_pct_of_copy" in r]
+    if rows:
+        parts.append(f"The full sweep (`moe_bandwidth.json`, code {bw['provenance']['git_commit'][:7]}, the path its "
+                     "tuning dispatched at each M):\n\n" + markdown_table(rows))
+    return "\n".join(parts)
+
+
 def block_small_dispatch() -> str:
     """Every path SMALL_TABLE dispatches, in one process (plots.SMALL_COMPARE), and the dispatched path's worst row."""
     return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
@@ -884,6 +932,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_r3": block_small_r3,
     "small_r3f": block_small_r3f,
     "small_dispatch": block_small_dispatch,
+    "small_timings": block_small_timings,
+    "small_r3fs": block_small_r3fs,
     "profile_dispatched": block_profile_dispatched,
     "stage_loops": block_stage_loops,
     "ncu_m16_sass": block_ncu_m16_sass,
