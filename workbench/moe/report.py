@@ -801,6 +801,27 @@ def block_small_timings() -> str:
     return "\n".join(parts)
 
 
+IN_GRAPH_PROBE = "moe_in_graph_probe"   # run 21's probe: two weight sets, one, two with a sleep between calls
+
+
+def block_in_graph_probe() -> str:
+    """Run 21's probe: the dispatched path at M = 1, 4, 16, 64 timed five ways in one process."""
+    doc = plots.load_moe_small(name=IN_GRAPH_PROBE)
+    if not doc:
+        raise FileNotFoundError(f"data/measurements/h200/{IN_GRAPH_PROBE}.json is not committed")
+    res = doc["results"]
+    rows = [{"M": r["m"], "path": r["path"], **{f"{lab} us": f"{r[k + 'ms_median'] * 1e3:.1f}" for lab, k in
+             (("one replay", ""), ("queued", "queued_"), ("in-graph, two sets", "two_sets_"),
+              ("in-graph, one set", "one_set_"), ("in-graph, two sets, sleep between", "two_sets_gap_"))},
+             "% copy: queued / two sets / one set / with sleep": " / ".join(
+                 f"{r[k + 'pct_of_copy']:.1f}" for k in ("queued_", "two_sets_", "one_set_", "two_sets_gap_"))}
+            for r in res["rows"]]
+    return (f"`{IN_GRAPH_PROBE}.json` (code {doc['provenance']['git_commit'][:7]}, uniform routing, copy "
+            f"{res['copy_gb_per_s']:.0f} GB/s; the sleep after each call, {res['sleep_per_call_ms'] * 1e3:.1f} us per "
+            f"call measured alone in a graph, is subtracted; in-graph output checks ok = {res['all_checks_ok']}):\n\n"
+            + markdown_table(rows))
+
+
 def block_small_dispatch() -> str:
     """Every path SMALL_TABLE dispatches, in one process (plots.SMALL_COMPARE), and the dispatched path's worst row."""
     return _small_run_block(plots.SMALL_COMPARE) + "\n" + dispatch_summary()
@@ -933,6 +954,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_r3f": block_small_r3f,
     "small_dispatch": block_small_dispatch,
     "small_timings": block_small_timings,
+    "in_graph_probe": block_in_graph_probe,
     "small_r3fs": block_small_r3fs,
     "profile_dispatched": block_profile_dispatched,
     "stage_loops": block_stage_loops,
