@@ -222,8 +222,8 @@ def test_ctasplit_parity_kimi_shape(splitk_on, m):
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-@pytest.mark.parametrize("splitk_on", CTASPLIT + ["ctasplit_x4e_r3", "ctasplit_x4e_r3f", "ctasplit_x4e_r3fs"],
-                         indirect=True)
+@pytest.mark.parametrize("splitk_on", CTASPLIT + ["ctasplit_x4e_r3", "ctasplit_x4e_r3f", "ctasplit_x4e_r3fs",
+                                       "ctasplit_x4e_r3fst"], indirect=True)
 def test_ctasplit_edge_cases_graph_replays_and_determinism(small, splitk_on):
     from workbench.moe.bench import check_graph_replay, small_path_edge_checks
 
@@ -308,7 +308,7 @@ def test_ctasplit_x4_fixed_splits_parity_kimi_shape(splitk_on, m):
 # ---- x4e with a 3-stage ring (x4e_r3; run 19's control, then its own comparison)
 
 # each form -> ctasplit_x4e at the same split
-R3_BASE = {f"ctasplit_x4e_{k}{sfx}": f"ctasplit_x4e{sfx}" for k in ("r3", "r3f", "r3fs")
+R3_BASE = {f"ctasplit_x4e_{k}{sfx}": f"ctasplit_x4e{sfx}" for k in ("r3", "r3f", "r3fs", "r3fst")
            for sfx in ("", "_g4d1", "_g2d1", "_g1d1")}
 
 

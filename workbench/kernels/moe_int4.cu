@@ -1558,8 +1558,11 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 // F1: the epilogues publish with one fence (cs_epilogue<true>) and a down task waits for its item's h with an acquire
 // load instead of a relaxed load and a fence. SR (with F1): that wait spins on relaxed loads and then takes ONE
 // acquire load: ld.acquire.gpu compiles to LDG.STRONG.GPU + CCTL.IVALL, so an acquire per spin iteration invalidates
-// the SM's L1 (where the gate/up activations of the SM's other warps live) once per iteration.
-template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false>
+// the SM's L1 (where the gate/up activations of the SM's other warps live) once per iteration. ST: each CTA's first
+// L + 1 tasks are static (task q * gridDim.x + blockIdx.x), so no CTA waits for contended atomics on the task counter
+// before its first weight issue; the counter then hands out tasks from (L + 1) * gridDim.x on. The order argument
+// that rules out a deadlock still holds: no queue holds a down task ahead of a gate_up task.
+template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1589,7 +1592,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const int spt = min(nsup_gu / sgu, nsup_dn / sdn);
         const int L = (RS - 1 + spt - 1) / spt;
         s_cfg[2] = L;
-        for (int q = 0; q <= L; ++q) s_q[q] = atomicAdd(ctr_task, 1);
+        for (int q = 0; q <= L; ++q) s_q[q] = ST ? q * (int)gridDim.x + (int)blockIdx.x : atomicAdd(ctr_task, 1);
     }
     __syncthreads();
     TRACE_AT(1, trace_now());
@@ -1639,7 +1642,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const int tj = q[j & (CS_Q - 1)];
         if (tj >= cfg[1]) break;
         int grab = 0;
-        if (tid == 0) grab = atomicAdd(ctr_task, 1);   // task j + L + 1; used only before the barrier
+        if (tid == 0)   // task j + L + 1; used only before the barrier
+            grab = atomicAdd(ctr_task, 1) + (ST ? (cfg[2] + 1) * (int)gridDim.x : 0);
         const CsTask tk = cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
         const bool gu = tk.gu;
         const int item = tk.item, part = warp % tk.s, nper = (gu ? nsup_gu : nsup_dn) / tk.s;
@@ -1731,20 +1735,23 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 // The CTA-split kernel with the activations 4 steps of 64 K ahead instead of 2 (x4), and the same with the next
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
 // RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44); F1: one fence per
-// publish and acquire loads (x4e_r3f); SR: the h wait spins relaxed, then one acquire (x4e_r3fs).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR)                                                                   \
+// publish and acquire loads (x4e_r3f); SR: the h wait spins relaxed, then one acquire (x4e_r3fs); ST: static first
+// tasks (x4e_r3fst).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST)                                                               \
     extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, XD, XEND, F1, SR>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, \
+        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, \
+                                                          Y,                                                         \
                                                       ws,                                                            \
                                               out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)

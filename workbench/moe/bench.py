@@ -1009,6 +1009,13 @@ SMALL_R3FS_PREDICTION = (
     "(3256 instructions; the other kernels' SASS unchanged). Predicted, same process, against x4e_r3f at the same "
     "split: 0-2% faster at M = 1-2 (the transition is a larger share of the call), within +-1.5% at M = 3-16; "
     "outputs equal to x4e's. Dispatched in a range only by the rule of bench.SMALL_R3_PREDICTION.")
+SMALL_R3FST_PREDICTION = (
+    "Run 23: x4e_r3fst is x4e_r3fs with each CTA's first L + 1 tasks static (task q * grid + CTA) instead of taken by "
+    "L + 1 atomicAdds on one counter, which 660 CTAs contend for before any of them issues its first weight load "
+    "(two serialized round trips each, by thread 0, before the block barrier that releases the issuers); the counter "
+    "then hands out tasks from (L + 1) * grid on. Other kernels' SASS unchanged. Predicted, same process, against "
+    "x4e_r3fs at the same split: 1-2 us less per call, so +1.5-3% at M = 1, +0.5-1.5% at M = 2-4, within +-1% at "
+    "M = 8-16; outputs equal to x4e's. Dispatched at M = 1 (where x4e_r3fs runs) only by run 19's rule.")
 IN_GRAPH_PREDICTION = (
     "Run 21, a change of the measurement, not of a kernel: every % of copy so far timed ONE graph replay between "
     "two events on an idle GPU, so the host's cudaGraphLaunch latency sits inside each sample. The verify benchmark "
@@ -1027,7 +1034,8 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": 
                      "moe_small_x4_b4": SMALL_X4_B4_PREDICTION, "moe_small_xend": SMALL_XEND_PREDICTION,
                      "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
                      "moe_small_xs": SMALL_XS_PREDICTION, "moe_small_r3": SMALL_R3_PREDICTION,
-                     "moe_small_r3f": SMALL_R3F_PREDICTION, "moe_small_r3fs": SMALL_R3FS_PREDICTION}
+                     "moe_small_r3f": SMALL_R3F_PREDICTION, "moe_small_r3fs": SMALL_R3FS_PREDICTION,
+                     "moe_small_r3fst": SMALL_R3FST_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

@@ -64,7 +64,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # where it was at or ahead of x4e in most rows; its forms at the dispatched splits (moe_small_r3*.json)
     # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
     # ... and with the h wait spinning on relaxed loads, then one acquire (x4e_r3fs; run 22, moe_small_r3fs*.json)
-    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs")
+    # ... and with each CTA's first tasks static, no atomics before the first weight issue (x4e_r3fst; run 23)
+    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs", "r3fst")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
