@@ -1016,6 +1016,16 @@ SMALL_R3FST_PREDICTION = (
     "then hands out tasks from (L + 1) * grid on. Other kernels' SASS unchanged. Predicted, same process, against "
     "x4e_r3fs at the same split: 1-2 us less per call, so +1.5-3% at M = 1, +0.5-1.5% at M = 2-4, within +-1% at "
     "M = 8-16; outputs equal to x4e's. Dispatched at M = 1 (where x4e_r3fs runs) only by run 19's rule.")
+SMALL_R3FST_SPLITS_PREDICTION = (
+    "Run 23b, written after run 23 and before this run: in run 23, x4e_r3fst at splits the table does not use gained "
+    "far more than at the rule's split (at M = 1-2 with the split (1, 1), where the tasks are fewer than 2 x 660: the "
+    "start's atomics had handed them out in contention order, so many CTAs got none; static first tasks give every "
+    "CTA one). The split sweep: x4e_r3fst at the splits rule / (4, 1) / (2, 1) / (1, 1) beside the dispatched path of "
+    "each M (x4e_r3fst at M = 1, x4e_r3f (4, 1) at M = 2, x4e_r3f (2, 1) at M = 3-4, x4e_r3 (1, 1) at M = 5-16), "
+    "two processes. Rule, per M range {1, 2, 3-4, 5-16}: the candidate (x4e_r3fst at one split) with the highest "
+    "mean over the range's rows and both processes replaces the dispatched path if it is ahead on average and no "
+    "row's mean is behind by more than 1.5 points. Predicted: (1, 1) or (2, 1) wins at M = 2 under uniform routing, "
+    "the rule replaces M = 2's path; no change at M = 3-16 beyond +-1 point.")
 IN_GRAPH_PREDICTION = (
     "Run 21, a change of the measurement, not of a kernel: every % of copy so far timed ONE graph replay between "
     "two events on an idle GPU, so the host's cudaGraphLaunch latency sits inside each sample. The verify benchmark "
@@ -1035,7 +1045,7 @@ SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": 
                      "moe_small_xend_splits": SMALL_XEND_SPLITS_PREDICTION, "moe_small_f16": SMALL_F16_PREDICTION,
                      "moe_small_xs": SMALL_XS_PREDICTION, "moe_small_r3": SMALL_R3_PREDICTION,
                      "moe_small_r3f": SMALL_R3F_PREDICTION, "moe_small_r3fs": SMALL_R3FS_PREDICTION,
-                     "moe_small_r3fst": SMALL_R3FST_PREDICTION}
+                     "moe_small_r3fst": SMALL_R3FST_PREDICTION, "moe_small_r3fst_splits": SMALL_R3FST_SPLITS_PREDICTION}
 # labels of the paths --small-compare can time: the one-launch kernels (fused.SMALL_VARIANTS; "small_fused" is
 # version 3) and "four_launch"
 SMALL_COMPARE_PATHS = ("small_fused", "four_launch", *(v for v in SMALL_VARIANTS if v != "v3"))

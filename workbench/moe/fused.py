@@ -99,8 +99,9 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # small_r3), so every range runs its r3 form. Run 20 (moe_small_r3f*.json, ccd154f; block small_r3f): x4e_r3f (one
 # fence per publish, acquire loads) passes the same rule against x4e_r3 at M = 1-4 and fails it at M = 5-16. Run 22
 # (moe_small_r3fs*.json, 0310cea; block small_r3fs): x4e_r3fs (the h wait spins relaxed, then one acquire) passes it
-# against x4e_r3f at M = 1 only.
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fs"), (2, "ctasplit_x4e_r3f_g4d1"),
+# against x4e_r3f at M = 1 only. Run 23 (moe_small_r3fst*.json, 5fd4788; block small_r3fst): x4e_r3fst (static first
+# tasks) passes it against x4e_r3fs at M = 1.
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3f_g4d1"),
                                              (4, "ctasplit_x4e_r3f_g2d1"), (16, "ctasplit_x4e_r3_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
