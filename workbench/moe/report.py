@@ -733,6 +733,33 @@ def rule_rows(names: tuple[str, ...], new_prefix: str, old_prefix: str,
     return rows, out
 
 
+def split_rule_rows(names: tuple[str, ...], candidates: tuple[str, ...],
+                    dispatched: tuple[tuple[int, int, str], ...]) -> list[dict[str, Any]]:
+    """Run 23b's rule (bench.SMALL_R3FST_SPLITS_PREDICTION): per M range (lo, hi, dispatched path), each candidate
+    path minus the dispatched one (points of % of copy), mean over the range's rows of the mean over the processes
+    of ``names``; the candidate with the highest mean replaces the dispatched path if that mean is > 0 and no row's
+    mean is below -1.5."""
+    out = []
+    for lo, hi, disp in dispatched:
+        best = None
+        for cand in candidates:
+            if cand == disp:
+                continue
+            means = []
+            for r in pair_delta_rows(names, ((cand, disp),)):
+                if lo <= r["M"] <= hi:
+                    vals = [float(v) for k, v in r.items() if ", run " in k and v != "-"]
+                    if vals:
+                        means.append(sum(vals) / len(vals))
+            if means and (best is None or sum(means) / len(means) > best[1]):
+                best = (cand, sum(means) / len(means), min(means))
+        if best is None:
+            continue
+        out.append({"M range": f"{lo}-{hi}", "dispatched": disp, "best candidate": best[0], "mean": f"{best[1]:+.1f}",
+                    "worst row mean": f"{best[2]:+.1f}", "replaces": "yes" if best[1] > 0 and best[2] >= -1.5 else "no"})
+    return out
+
+
 def r3_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """x4e_r3 against x4e over run 19's two processes and moe_small_r3*.json (:func:`rule_rows`)."""
     return rule_rows((*SMALL_XS, *SMALL_R3), "ctasplit_x4e_r3", "ctasplit_x4e")
@@ -799,6 +826,27 @@ def block_small_timings() -> str:
         parts.append(f"The full sweep (`moe_bandwidth.json`, code {bw['provenance']['git_commit'][:7]}, the path its "
                      "tuning dispatched at each M):\n\n" + markdown_table(rows))
     return "\n".join(parts)
+
+
+SMALL_R3FST = ("moe_small_r3fst", "moe_small_r3fst_2")   # run 23: x4e_r3fst (static first tasks) against x4e_r3fs
+SMALL_R3FST_SPLITS = ("moe_small_r3fst_splits", "moe_small_r3fst_splits_2")   # run 23b: its split sweep
+R3FST_CANDIDATES = tuple(f"ctasplit_x4e_r3fst{sfx}" for _, _, sfx in R3_RANGES)
+R3FST_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "ctasplit_x4e_r3f_g4d1"), (3, 4, "ctasplit_x4e_r3f_g2d1"),
+                    (5, 16, "ctasplit_x4e_r3_g1d1"))   # the dispatch when run 23b ran
+
+
+def block_small_r3fst() -> str:
+    """Run 23: x4e_r3fst against x4e_r3fs at the four splits (two processes, run 19's rule), then the split sweep of
+    run 23b with its own rule."""
+    pairs = tuple((f"ctasplit_x4e_r3fst{sfx}", f"ctasplit_x4e_r3fs{sfx}") for _, _, sfx in R3_RANGES)
+    rows, ranges = rule_rows(SMALL_R3FST, "ctasplit_x4e_r3fst", "ctasplit_x4e_r3fs")
+    return (_two_runs_block(SMALL_R3FST, pairs) + "\nPer M range, run 19's rule (x4e_r3fs was dispatched at M = 1 "
+            "only, so only that row decides):\n\n" + markdown_table(ranges)
+            + "\nRun 23b, the split sweep (x4e_r3fst at every split beside the dispatched path of each M):\n\n"
+            + _small_run_block(SMALL_R3FST_SPLITS[0]) + "\nThe second process:\n\n"
+            + _small_run_block(SMALL_R3FST_SPLITS[1]) + "\nPer M range, the rule written before the sweep "
+            "(bench.SMALL_R3FST_SPLITS_PREDICTION):\n\n"
+            + markdown_table(split_rule_rows(SMALL_R3FST_SPLITS, R3FST_CANDIDATES, R3FST_DISPATCHED)))
 
 
 IN_GRAPH_PROBE = "moe_in_graph_probe"   # run 21's probe: two weight sets, one, two with a sleep between calls
@@ -955,6 +1003,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_dispatch": block_small_dispatch,
     "small_timings": block_small_timings,
     "in_graph_probe": block_in_graph_probe,
+    "small_r3fst": block_small_r3fst,
     "small_r3fs": block_small_r3fs,
     "profile_dispatched": block_profile_dispatched,
     "stage_loops": block_stage_loops,
