@@ -203,6 +203,23 @@ def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict
     return out
 
 
+def timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per row of a comparison file (:func:`load_moe_small`) from run 21 on: the dispatched path timed three ways (one replay on an idle GPU,
+    queued behind a sleep kernel, in-graph) in microseconds, their differences and % of copy."""
+    out = []
+    for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
+        d = r.get("dispatched")
+        if not d or f"{d}_ingraph_ms_median" not in r:
+            continue
+        one, q, g = (r[f"{d}{k}_ms_median"] * 1e3 for k in ("", "_queued", "_ingraph"))
+        out.append({"routing": r["routing"], "M": r["m"], "path": d, "one replay us": f"{one:.1f}",
+                    "queued us": f"{q:.1f}", "in-graph us": f"{g:.1f}", "one - queued us": f"{one - q:+.1f}",
+                    "queued - in-graph us": f"{q - g:+.1f}", "% copy one / queued / in-graph":
+                        f"{r[d + '_pct_of_copy']:.1f} / {r[d + '_queued_pct_of_copy']:.1f} / "
+                        f"{r[d + '_ingraph_pct_of_copy']:.1f}"})
+    return out
+
+
 def dispatched_worst_pct(small: dict[str, Any], column: str = "dispatched % copy"
                          ) -> tuple[float, dict[str, Any]] | None:
     """Worst % of copy of the dispatched path over the comparison's rows, with that row; None if empty.

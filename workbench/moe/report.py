@@ -791,23 +791,6 @@ def block_small_r3fs() -> str:
             "range's row does not apply):\n\n" + markdown_table(ranges))
 
 
-def timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per row of a comparison file from run 21 on: the dispatched path timed three ways (one replay on an idle GPU,
-    queued behind a sleep kernel, in-graph) in microseconds, their differences and % of copy."""
-    out = []
-    for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
-        d = r.get("dispatched")
-        if not d or f"{d}_ingraph_ms_median" not in r:
-            continue
-        one, q, g = (r[f"{d}{k}_ms_median"] * 1e3 for k in ("", "_queued", "_ingraph"))
-        out.append({"routing": r["routing"], "M": r["m"], "path": d, "one replay us": f"{one:.1f}",
-                    "queued us": f"{q:.1f}", "in-graph us": f"{g:.1f}", "one - queued us": f"{one - q:+.1f}",
-                    "queued - in-graph us": f"{q - g:+.1f}", "% copy one / queued / in-graph":
-                        f"{r[d + '_pct_of_copy']:.1f} / {r[d + '_queued_pct_of_copy']:.1f} / "
-                        f"{r[d + '_ingraph_pct_of_copy']:.1f}"})
-    return out
-
-
 def block_small_timings() -> str:
     """Run 21: the dispatched path of each M timed three ways, in each process that did (SMALL_TIMINGS), then the full
     sweep's rows (moe_bandwidth.json) the same way."""
@@ -817,7 +800,7 @@ def block_small_timings() -> str:
         if not doc:
             raise FileNotFoundError(f"data/measurements/h200/{name}.json is not committed")
         parts.append(f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}, copy "
-                     f"{doc['results']['copy_gb_per_s']:.0f} GB/s in the same run):\n\n" + markdown_table(timing_rows(doc)))
+                     f"{doc['results']['copy_gb_per_s']:.0f} GB/s in the same run):\n\n" + markdown_table(plots.timing_rows(doc)))
     bw = _doc()
     rows = [{"routing": r["routing"], "M": r["m"], "path": r.get("path"), "% copy one replay": f"{r['pct_of_copy']:.1f}",
              "queued": f"{r['queued_pct_of_copy']:.1f}", "in-graph": f"{r['ingraph_pct_of_copy']:.1f}"}
