@@ -204,8 +204,9 @@ def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict
 
 
 def timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per row of a comparison file (:func:`load_moe_small`) from run 21 on: the dispatched path timed three ways (one replay on an idle GPU,
-    queued behind a sleep kernel, in-graph) in microseconds, their differences and % of copy."""
+    """Per row of a comparison file (:func:`load_moe_small`) from run 21 on: the dispatched path timed three ways
+    (one replay on an idle GPU, queued behind a sleep kernel, in-graph) in microseconds, their differences and
+    % of copy."""
     out = []
     for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
         d = r.get("dispatched")
