@@ -445,12 +445,20 @@ IN_GRAPH_PROBE_PREDICTION = (
     "with two sets; (c) neither. Predicted: (a), one set within 2% of queued at M = 16 and 64.")
 
 
+IN_GRAPH_PROBE_2_PREDICTION = (
+    "Second process of run 21's probe (written after the first, b66b9c3, before this one), M = 1, 8, 16, 32, 64: "
+    "as in the first, one weight set no faster than two at every M; a sleep between calls within 3% of queued's "
+    "time at M = 1-16 (the one-launch kernel) and not at M = 32-64 (the four-launch path, in-graph > 5% slower "
+    "than queued with or without the sleep).")
+
+
 def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps: int = 10, seed: int = 0,
-                       name: str = "moe_in_graph_probe", gap_cycles: int = 400_000) -> Path:
+                       name: str = "moe_in_graph_probe", gap_cycles: int = 400_000,
+                       prediction: str | None = None) -> Path:
     """Run 21's diagnostic of the in-graph timing, uniform routing, the dispatched path: per M, one replay and
     queued (``time_ours``), in-graph over two weight sets (the benchmark's), over one set, and over two sets with a
     sleep of ``gap_cycles`` after every call (its sleep time, measured alone in a graph, subtracted). Writes
-    ``<name>.json`` with :data:`IN_GRAPH_PROBE_PREDICTION` as its notes."""
+    ``<name>.json`` with ``prediction`` (default :data:`IN_GRAPH_PROBE_PREDICTION`) as its notes."""
     from workbench.measure import measure_copy_bandwidth, write_measurement
 
     torch.manual_seed(seed)
@@ -494,7 +502,7 @@ def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps
                              results={"copy_gb_per_s": copy_gbps, "sleep_per_call_ms": sleep_ms, "rows": rows,
                                       "checks": checks, "all_checks_ok": all(c["ok"] for c in checks)},
                              samples={"ceilings": {"copy": copy}, "timings": samples},
-                             notes=IN_GRAPH_PROBE_PREDICTION, out_dir=out_dir)
+                             notes=prediction or IN_GRAPH_PROBE_PREDICTION, out_dir=out_dir)
 
 
 IN_GRAPH_PARAMS = {
@@ -1284,7 +1292,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.in_graph_probe:
         ms = tuple(args.m) if args.m != list(M_VALUES) else (1, 4, 16, 64)
-        path = run_in_graph_probe(args.out, m_values=ms, name=args.in_graph_probe)
+        path = run_in_graph_probe(args.out, m_values=ms, name=args.in_graph_probe,
+                                  prediction=args.prediction or (IN_GRAPH_PROBE_2_PREDICTION
+                                                                 if args.in_graph_probe.endswith("_2") else None))
         doc = json.loads(Path(path).read_text())
         print(f"wrote {path}")
         for r in doc["results"]["rows"]:
