@@ -836,14 +836,18 @@ def block_small_r3fst() -> str:
             + markdown_table(split_rule_rows(SMALL_R3FST_SPLITS, R3FST_CANDIDATES, R3FST_DISPATCHED)))
 
 
-IN_GRAPH_PROBE = "moe_in_graph_probe"   # run 21's probe: two weight sets, one, two with a sleep between calls
+IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
 
 
 def block_in_graph_probe() -> str:
-    """Run 21's probe: the dispatched path at M = 1, 4, 16, 64 timed five ways in one process."""
-    doc = plots.load_moe_small(name=IN_GRAPH_PROBE)
+    """Run 21's probe: the dispatched path timed five ways, one table per process."""
+    return "\n".join(_in_graph_probe_table(name) for name in IN_GRAPH_PROBES)
+
+
+def _in_graph_probe_table(name: str) -> str:
+    doc = plots.load_moe_small(name=name)
     if not doc:
-        raise FileNotFoundError(f"data/measurements/h200/{IN_GRAPH_PROBE}.json is not committed")
+        raise FileNotFoundError(f"data/measurements/h200/{name}.json is not committed")
     res = doc["results"]
     rows = [{"M": r["m"], "path": r["path"], **{f"{lab} us": f"{r[k + 'ms_median'] * 1e3:.1f}" for lab, k in
              (("one replay", ""), ("queued", "queued_"), ("in-graph, two sets", "two_sets_"),
@@ -851,7 +855,7 @@ def block_in_graph_probe() -> str:
              "% copy: queued / two sets / one set / with sleep": " / ".join(
                  f"{r[k + 'pct_of_copy']:.1f}" for k in ("queued_", "two_sets_", "one_set_", "two_sets_gap_"))}
             for r in res["rows"]]
-    return (f"`{IN_GRAPH_PROBE}.json` (code {doc['provenance']['git_commit'][:7]}, uniform routing, copy "
+    return (f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}, uniform routing, copy "
             f"{res['copy_gb_per_s']:.0f} GB/s; the sleep after each call, {res['sleep_per_call_ms'] * 1e3:.1f} us per "
             f"call measured alone in a graph, is subtracted; in-graph output checks ok = {res['all_checks_ok']}):\n\n"
             + markdown_table(rows))
