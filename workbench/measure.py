@@ -91,11 +91,13 @@ def provenance() -> dict[str, Any]:
 
 
 def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 50,
-              setup: Callable[[int], Any] | None = None) -> list[float]:
+              setup: Callable[[int], Any] | None = None, sleep_cycles: int = 0) -> list[float]:
     """Time ``fn`` with CUDA events; returns ``reps`` samples in milliseconds.
 
     ``setup(i)``, when given, runs before repeat ``i`` outside the timed region
-    (rotate inputs larger than L2 there).
+    (rotate inputs larger than L2 there). ``sleep_cycles`` > 0 queues a sleep
+    kernel of that many SM cycles ahead of each sample's start event
+    (:func:`time_cuda_queued`).
     """
     import torch
 
@@ -110,6 +112,8 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 50,
             setup(i)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)
         start.record()
         fn()
         end.record()
@@ -124,26 +128,7 @@ def time_cuda_queued(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20,
     ``sleep_cycles`` SM cycles (~0.25 ms at 2 GHz): the host issues ``fn``'s launches while the GPU
     sleeps, so the events hold the device time of ``fn`` without the host's launch latency, which
     :func:`time_cuda` counts whenever the GPU is idle when ``fn`` is called. Samples in ms."""
-    import torch
-
-    for i in range(warmup):
-        if setup is not None:
-            setup(i)
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for i in range(reps):
-        if setup is not None:
-            setup(i)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(sleep_cycles)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return samples
+    return time_cuda(fn, warmup=warmup, reps=reps, setup=setup, sleep_cycles=sleep_cycles)
 
 
 def capture_graphs(fns: Iterable[Callable[[], Any]]) -> list[Any]:

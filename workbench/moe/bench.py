@@ -387,6 +387,22 @@ def second_bank(experts: Int4Experts, seed: int) -> Int4Experts:
     return bank
 
 
+def kimi_banks(seed: int) -> tuple[Int4Experts, list[Int4Experts]]:
+    """Random INT4 experts at Kimi K2.6 shapes (fragments packed) and the in-graph timing's two weight sets
+    (those experts and :func:`second_bank`)."""
+    experts = random_int4_experts(KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], device="cuda", seed=seed)
+    experts.fragments()
+    return experts, [experts, second_bank(experts, seed + 101)]
+
+
+def in_graph_pct_of_copy(distinct: list[int], ms: float, bpe: int, m: int, copy_gbps: float, topk: int = 8,
+                         hidden: int = KIMI["hidden"]) -> float:
+    """% of the copy bandwidth of an in-graph per-call time ``ms``: the mean bytes of the graph's calls
+    (``distinct`` experts each) over that time."""
+    mean_bytes = statistics.mean(bytes_moved(d, bpe, m, hidden, topk) for d in distinct)
+    return 100 * mean_bytes / (ms * 1e-3) / 1e9 / copy_gbps
+
+
 def time_ours_in_graph(banks: list[Int4Experts], m: int, routing: str, gen: torch.Generator, reps: int,
                        calls: int = IN_GRAPH_CALLS, topk: int = 8, gap_cycles: int = 0) -> dict[str, Any]:
     """Device time per call of ``calls`` fused_moe_int4 calls captured back to back in ONE CUDA graph
@@ -464,18 +480,13 @@ def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
-    experts = random_int4_experts(E, H, I, device="cuda", seed=seed)
-    experts.fragments()
-    banks = [experts, second_bank(experts, seed + 101)]
+    experts, banks = kimi_banks(seed)
     bpe = experts.bytes_per_expert()
     copy = measure_copy_bandwidth()
     copy_gbps = copy["gb_per_s"]
     sleep = time_sleep_in_graph(gap_cycles, reps)
     sleep_ms = statistics.median(sleep)
     rows, samples, checks = [], {"sleep_per_call_ms": sleep}, []
-
-    def pct(distinct: list[int], ms: float, m: int) -> float:
-        return 100 * statistics.mean(bytes_moved(d, bpe, m, H, K) for d in distinct) / (ms * 1e-3) / 1e9 / copy_gbps
 
     for m in m_values:
         t = time_ours(experts, m, "uniform", gen, 2 * reps, eager_reps=0, queued=True)
@@ -490,7 +501,7 @@ def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps
             ig = time_ours_in_graph(bk, m, "uniform", gen, reps, gap_cycles=gap)
             med = statistics.median(ig["ms"]) - (sleep_ms if gap else 0.0)
             row[f"{key}_ms_median"] = med
-            row[f"{key}_pct_of_copy"] = pct(ig["distinct"], med, m)
+            row[f"{key}_pct_of_copy"] = in_graph_pct_of_copy(ig["distinct"], med, bpe, m, copy_gbps, K, H)
             checks.append({**ig["check"], "label": key})
             samples[f"m{m}/{key}"] = {"ms_per_call": ig["ms"], "distinct": ig["distinct"]}
         rows.append(row)
@@ -537,10 +548,9 @@ def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: 
         out[f"{pre}queued_pct_of_copy"] = pct_of_copy(t["queued_distinct"], t["queued_ms"], bpe, m, copy_gbps,
                                                       topk, hidden)
     ig = time_ours_in_graph(banks, m, routing, gen, reps, topk=topk)
-    mean_bytes = statistics.mean(bytes_moved(d, bpe, m, hidden, topk) for d in ig["distinct"])
     med = statistics.median(ig["ms"])
     out[f"{pre}ingraph_ms_median"] = med
-    out[f"{pre}ingraph_pct_of_copy"] = 100 * mean_bytes / (med * 1e-3) / 1e9 / copy_gbps
+    out[f"{pre}ingraph_pct_of_copy"] = in_graph_pct_of_copy(ig["distinct"], med, bpe, m, copy_gbps, topk, hidden)
     checks.append({**ig["check"], "label": label or "dispatched"})
     key = f"{routing}/m{m}/{label or 'ours'}"
     samples[f"{key}/queued"] = {"ms": t["queued_ms"], "distinct": t["queued_distinct"]}
@@ -1114,9 +1124,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     bad = [m for m in m_values if m * K > SMALL_MAX_PAIRS]
     if bad:
         raise ValueError(f"M {bad} exceed the one-launch kernel's {SMALL_MAX_PAIRS} pairs at top-{K}")
-    experts = random_int4_experts(E, H, I, device="cuda", seed=seed)
-    experts.fragments()
-    banks = [experts, second_bank(experts, seed + 101)]
+    experts, banks = kimi_banks(seed)
     bpe = experts.bytes_per_expert()
     copy = measure_copy_bandwidth()
     copy_gbps = copy["gb_per_s"]

@@ -706,6 +706,25 @@ def block_small_xs() -> str:
             "`workbench.moe.sass.stage_loop_costs`):\n\n" + markdown_table(loops))
 
 
+def _range_deltas(names: tuple[str, ...], new: str, old: str, lo: int,
+                  hi: int) -> list[tuple[dict[str, Any], list[float]]]:
+    """Per (routing, M) with lo <= M <= hi: the :func:`pair_delta_rows` row of ``new`` minus ``old`` and its values
+    in the processes of ``names`` that timed both (rows no process timed are left out)."""
+    out = []
+    for r in pair_delta_rows(names, ((new, old),)):
+        if lo <= r["M"] <= hi:
+            vals = [float(v) for k, v in r.items() if ", run " in k and v != "-"]
+            if vals:
+                out.append((r, vals))
+    return out
+
+
+def _rule_replaces(mean: float, worst: float) -> bool:
+    """The dispatch rule written before run 19 (bench.SMALL_R3_PREDICTION), used since: ahead on average, no row's
+    mean behind by more than 1.5 points."""
+    return mean > 0 and worst >= -1.5
+
+
 def rule_rows(names: tuple[str, ...], new_prefix: str, old_prefix: str,
               ranges: tuple[tuple[int, int, str], ...] = R3_RANGES) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``new_prefix + split`` minus ``old_prefix + split`` (points of % of copy) at each SMALL_TABLE range's split, over
@@ -717,12 +736,7 @@ def rule_rows(names: tuple[str, ...], new_prefix: str, old_prefix: str,
     for lo, hi, sfx in ranges:
         new, old = f"{new_prefix}{sfx}", f"{old_prefix}{sfx}"
         means = []
-        for r in pair_delta_rows(names, ((new, old),)):
-            if not lo <= r["M"] <= hi:
-                continue
-            vals = [float(v) for k, v in r.items() if ", run " in k and v != "-"]
-            if not vals:
-                continue
+        for r, vals in _range_deltas(names, new, old, lo, hi):
             mean = sum(vals) / len(vals)
             means.append(mean)
             rows.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "routing": r["routing"],
@@ -733,7 +747,7 @@ def rule_rows(names: tuple[str, ...], new_prefix: str, old_prefix: str,
             out.append({"M range": f"{lo}-{hi}", "split": sfx.lstrip("_") or "rule", "mean": f"{avg:+.1f}",
                         "worst row mean": f"{worst:+.1f}",
                         f"{new_prefix.removeprefix('ctasplit_')} replaces {old_prefix.removeprefix('ctasplit_')}":
-                            "yes" if avg > 0 and worst >= -1.5 else "no"})
+                            "yes" if _rule_replaces(avg, worst) else "no"})
     return rows, out
 
 
@@ -749,18 +763,13 @@ def split_rule_rows(names: tuple[str, ...], candidates: tuple[str, ...],
         for cand in candidates:
             if cand == disp:
                 continue
-            means = []
-            for r in pair_delta_rows(names, ((cand, disp),)):
-                if lo <= r["M"] <= hi:
-                    vals = [float(v) for k, v in r.items() if ", run " in k and v != "-"]
-                    if vals:
-                        means.append(sum(vals) / len(vals))
+            means = [sum(vals) / len(vals) for _, vals in _range_deltas(names, cand, disp, lo, hi)]
             if means and (best is None or sum(means) / len(means) > best[1]):
                 best = (cand, sum(means) / len(means), min(means))
         if best is None:
             continue
         out.append({"M range": f"{lo}-{hi}", "dispatched": disp, "best candidate": best[0], "mean": f"{best[1]:+.1f}",
-                    "worst row mean": f"{best[2]:+.1f}", "replaces": "yes" if best[1] > 0 and best[2] >= -1.5 else "no"})
+                    "worst row mean": f"{best[2]:+.1f}", "replaces": "yes" if _rule_replaces(best[1], best[2]) else "no"})
     return out
 
 
