@@ -333,3 +333,34 @@ def test_r3_parity_and_equal_to_x4e_kimi_shape(splitk_on, m):
     set_small_variant(R3_BASE[splitk_on])   # restored by the fixture
     b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
     assert torch.isfinite(a).all() and torch.equal(a, b), splitk_on
+
+
+@pytest.mark.parametrize("config", [(2, 1024, 2), (8, 512, 4), (4, 96, 3)])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_stream_touched_reads_every_touched_word_once(small, config, m):
+    """The streaming-read ceiling kernel reads exactly the touched experts' fragment words: the XOR and the count
+    of what it read equal the fragments' (duplicate and invalid ids included), at launch shapes whose grids are
+    far smaller than the words."""
+    from workbench.moe.ceiling import expected_sink, stream_touched
+
+    g = torch.Generator().manual_seed(m)
+    ids, _ = make_routing(m, 16, 8, "skewed", g)
+    ids = ids.to(torch.int32)
+    ids[0, 1] = ids[0, 0]
+    ids[-1, -1] = -1
+    sink = stream_touched(ids.cuda(), small, config, check=True).cpu().numpy().view("uint32")
+    want_xor, want_words = expected_sink(ids, small)
+    assert want_words > 0
+    assert (int(sink[1]), int(sink[2])) == (want_xor, want_words)
+
+
+def test_stream_touched_rejects_bad_launch_shapes(small):
+    from workbench.moe.ceiling import stream_touched
+
+    ids = torch.zeros(1, 8, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="loads in flight"):
+        stream_touched(ids, small, (3, 256, 4))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        stream_touched(ids, small, (4, 100, 4))
+    with pytest.raises(ValueError, match="CTAs per SM"):
+        stream_touched(ids, small, (4, 1024, 4))

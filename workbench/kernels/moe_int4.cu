@@ -1755,3 +1755,80 @@ MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Streaming-read ceiling of the one-launch path (workbench/moe/ceiling.py): reads exactly the fragment bytes of
+// every expert the ids touch (its gate_up stretch of ngu uint4, then its down stretch of ndn uint4; experts in
+// increasing order) and nothing else: no compute, no dependency between the phases, no tasks. Each thread keeps U
+// 16-byte streaming loads in flight, grid-stride over the touched experts' words as one index space. What it takes
+// per call is the time a kernel that only streams those bytes, launched the same way, cannot beat.
+// The words are XOR-reduced; sink[0] is written only where a thread's reduction equals `never`, so the loads stay.
+// check != 0 (tests): each thread also XORs its reduction into sink[1] and adds its count of words read to sink[2].
+// grid: any; block: a multiple of 32, at most 1024. ids: int32 [P], entries outside [0, E) ignored; E <= 1024;
+// the host keeps (touched experts x (ngu + ndn) + grid x block x U) below 2^32.
+template <int U>
+__device__ __forceinline__ void stream_touched_body(const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn,
+                                                    const int* __restrict__ ids, int P, int E, unsigned int ngu,
+                                                    unsigned int ndn, unsigned int never, int check,
+                                                    unsigned int* sink) {
+    __shared__ unsigned char s_flag[1024];
+    __shared__ int s_list[1024];
+    __shared__ int s_wsum[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    for (int e = tid; e < E; e += blockDim.x) s_flag[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) s_flag[e] = 1;
+    }
+    __syncthreads();
+    // the touched experts in increasing order, the same list in every CTA: a ballot prefix per blockDim-wide chunk
+    int n = 0;
+    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+        const int e = e0 + tid;
+        const bool f = e < E && s_flag[e];
+        const unsigned int b = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) s_wsum[warp] = __popc(b);
+        __syncthreads();
+        int before = n;
+        for (int w = 0; w < warp; ++w) before += s_wsum[w];
+        if (f) s_list[before + __popc(b & ((1u << lane) - 1u))] = e;
+        for (int w = 0; w < nw; ++w) n += s_wsum[w];
+        __syncthreads();
+    }
+    const unsigned int per = ngu + ndn, total = (unsigned int)n * per;
+    const unsigned int stride = gridDim.x * blockDim.x;
+    unsigned int acc = 0, words = 0;
+    for (unsigned int base = blockIdx.x * blockDim.x + tid; base < total; base += stride * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned int i = base + u * stride;
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (i < total) {
+                const unsigned int j = i / per, o = i - j * per;
+                const unsigned int e = (unsigned int)s_list[j];
+                v[u] = ld_stream16(o < ngu ? Fgu + (unsigned long long)e * ngu + o
+                                           : Fdn + (unsigned long long)e * ndn + (o - ngu));
+                ++words;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (acc == never) sink[0] = acc;
+    if (check) {
+        atomicXor(sink + 1, acc);
+        atomicAdd(sink + 2, words);
+    }
+}
+
+#define MOE_STREAM_TOUCHED_KERNEL(U)                                                                              \
+    extern "C" __global__ void __launch_bounds__(1024) moe_stream_touched_u##U(                                   \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const int* __restrict__ ids, int P, int E,  \
+        unsigned int ngu, unsigned int ndn, unsigned int never, int check, unsigned int* sink) {                  \
+        stream_touched_body<U>(Fgu, Fdn, ids, P, E, ngu, ndn, never, check, sink);                                    \
+    }
+MOE_STREAM_TOUCHED_KERNEL(2)
+MOE_STREAM_TOUCHED_KERNEL(4)
+MOE_STREAM_TOUCHED_KERNEL(8)

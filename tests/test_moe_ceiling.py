@@ -1,0 +1,39 @@
+"""CPU side of the streaming-read ceiling (workbench/moe/ceiling.py): launch-shape checks and the expected sink."""
+import numpy as np
+import pytest
+import torch
+
+from workbench.moe.ceiling import CONFIGS, expected_sink, stream_touched
+from workbench.moe.packing import random_int4_experts
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_int4_experts(6, 512, 512, device="cpu", seed=2)
+
+
+@pytest.mark.parametrize("config,match", [((3, 256, 4), "loads in flight"), ((4, 100, 4), "multiple of 32"),
+                                          ((4, 1024, 4), "CTAs per SM"), ((4, 256, 0), "CTAs per SM")])
+def test_bad_launch_shapes_are_refused(tiny, config, match):
+    with pytest.raises(ValueError, match=match):
+        stream_touched(torch.zeros(1, 2, dtype=torch.int32), tiny, config)
+
+
+def test_cpu_ids_are_refused(tiny):
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        stream_touched(torch.zeros(1, 2, dtype=torch.int32), tiny, CONFIGS[0])
+
+
+def test_expected_sink_counts_each_touched_expert_once(tiny):
+    gu, dn = tiny.fragments()
+    per = (gu[0].numel() + dn[0].numel()) // 4
+    ids = torch.tensor([[3, 1], [1, -1], [3, 9]])
+    acc, words = expected_sink(ids, tiny)
+    assert words == 2 * per
+    want = 0
+    for e in (1, 3):
+        for t in (gu[e], dn[e]):
+            for v in t.reshape(-1).numpy().view(np.uint32):
+                want ^= int(v)
+    assert acc == want
+    assert expected_sink(torch.tensor([[-1, 6]]), tiny) == (0, 0)
