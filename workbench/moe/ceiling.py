@@ -86,10 +86,13 @@ def stream_touched(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[i
         sink = _SINK[dev] = torch.zeros(3, dtype=torch.int32, device=ids.device)
     if check:
         sink.zero_()
+    import numpy as np
+
     from workbench.moe.fused import _kernel
 
     launch(_kernel(f"moe_stream_touched_u{u}"), (grid,), (threads,),
-           (gu, dn, ids, ids.numel(), experts.num_experts, ngu, ndn, NEVER, int(check), sink))
+           (gu, dn, ids, ids.numel(), experts.num_experts, np.uint32(ngu), np.uint32(ndn), np.uint32(NEVER),
+            int(check), sink))
     return sink
 
 
