@@ -37,3 +37,17 @@ def test_expected_sink_counts_each_touched_expert_once(tiny):
                 want ^= int(v)
     assert acc == want
     assert expected_sink(torch.tensor([[-1, 6]]), tiny) == (0, 0)
+
+
+def test_diagnostic_build_is_scoped_and_checked():
+    from workbench.moe import fused
+    from workbench.moe.diag import BUILDS, reason_names
+
+    assert fused.SMALL_OPTIONS["options"] == ()
+    with fused.diagnostic_build(BUILDS["nomath"]) as opts:
+        assert fused.SMALL_OPTIONS["options"] == opts == ("-DMOE_DIAG_NOMATH",)
+    assert fused.SMALL_OPTIONS["options"] == ()
+    with pytest.raises(ValueError, match="-D macros"):
+        with fused.diagnostic_build(("-O0",)):
+            pass
+    assert reason_names(0x4 | 0x1) == ["gpu_idle", "sw_power_cap"]

@@ -364,3 +364,24 @@ def test_stream_touched_rejects_bad_launch_shapes(small):
         stream_touched(ids, small, (4, 100, 4))
     with pytest.raises(ValueError, match="CTAs per SM"):
         stream_touched(ids, small, (4, 1024, 4))
+
+
+@pytest.mark.parametrize("build", ["nomath", "nowait", "nomath_nowait"])
+def test_diagnostic_builds_run_and_leave_the_default_alone(small, build):
+    """The diag builds compile and run the dispatched kernel (nomath's output differs: its math is gone); the
+    default build's output is the same before and after."""
+    from workbench.moe import fused
+    from workbench.moe.diag import BUILDS
+
+    g = torch.Generator().manual_seed(5)
+    ids, w = make_routing(1, 16, 8, "uniform", g)
+    x = torch.randn(1, 1024, device="cuda").bfloat16()
+    before = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    with fused.diagnostic_build(BUILDS[build]):
+        diag = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    after = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+    torch.cuda.synchronize()
+    assert torch.equal(before, after)
+    assert diag.shape == before.shape
+    if "nomath" in build:
+        assert not torch.equal(diag, before)

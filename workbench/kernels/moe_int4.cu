@@ -1539,7 +1539,11 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
                 xb[qq % XD][0][0] = ld_x16<COHERENT>(p);
                 xb[qq % XD][0][1] = ld_x16<COHERENT>(p + 32);
             }
+#ifdef MOE_DIAG_NOMATH   // diagnostic build (workbench/moe/diag.py): the stage's loads kept, its math replaced by one add
+            a[0][0] += __uint_as_float((w.x ^ w.y ^ w.z ^ w.w ^ sc.x ^ sc.y ^ xc[0][0].x ^ xc[0][1].w) & 0x007fffffu);
+#else
             frag_step<1>(a, w, sc, xc);
+#endif
         }
         if (XEND) {   // the whole next stage's activations, after this stage's last step (see frag_gemm)
 #pragma unroll
@@ -1657,6 +1661,9 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
             TRACE_TASK(j, 0, (unsigned long long)tj);
             TRACE_TASK(j, 1, trace_now());
         }
+#endif
+#ifdef MOE_DIAG_NOWAIT   // diagnostic build (workbench/moe/diag.py): down tasks do not wait for their item's h
+        ready = item;
 #endif
         if (!gu && item != ready) {   // h of this item: every gate_up tile stored (acquire)
             if (lane == 0) {

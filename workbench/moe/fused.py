@@ -106,6 +106,9 @@ SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "cta
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}
+# NVRTC options of the module the one-launch path runs (diagnostic builds only: workbench.moe.diag's
+# ``-DMOE_DIAG_*``); () is the default build.
+SMALL_OPTIONS: dict[str, tuple[str, ...]] = {"options": ()}
 
 
 # Compiled variants (NT, RT, D, S, LINE) of moe_gate_up_* / moe_down_* (see moe_int4.cu): NT token
@@ -199,6 +202,20 @@ def forced_small_variant(name: str) -> Iterator[str]:
     finally:
         set_small_table(saved_table)
         set_small_variant(saved_variant)
+
+
+@contextlib.contextmanager
+def diagnostic_build(options: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """Within the block the one-launch path runs the moe_int4 module compiled with ``options`` (``-DMOE_DIAG_*``
+    or ``-DMOE_TRACE`` builds, whose results may be wrong by design: timing probes only); restored afterwards."""
+    if any(not o.startswith("-D") for o in options):
+        raise ValueError(f"diagnostic options must be -D macros, got {options!r}")
+    saved = SMALL_OPTIONS["options"]
+    try:
+        SMALL_OPTIONS["options"] = tuple(options)
+        yield SMALL_OPTIONS["options"]
+    finally:
+        SMALL_OPTIONS["options"] = saved
 
 
 def splitk_choice(items: int, tiles: int, stages: int, max_split: int, want: int) -> int:
@@ -409,11 +426,13 @@ def _fused_cuda(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
 def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  experts: Int4Experts, out: torch.Tensor, options: tuple[str, ...] = ()) -> torch.Tensor:
     """One launch for M * topk <= SMALL_MAX_PAIRS: the kernel :func:`small_variant_for` names, from the
-    module compiled with ``options`` (a diagnostic build such as workbench.moe.trace's ``-DMOE_TRACE``)."""
+    module compiled with ``options`` (a diagnostic build such as workbench.moe.trace's ``-DMOE_TRACE``; default:
+    :func:`diagnostic_build`'s, normally none)."""
     m, k = topk_ids.shape
     h, i, e = experts.hidden, experts.intermediate, experts.num_experts
     dev = hidden.device
     p = m * k
+    options = options or SMALL_OPTIONS["options"]
     gu_frag, dn_frag = experts.fragments()
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     wts = topk_weights.reshape(-1).to(torch.float32).contiguous()

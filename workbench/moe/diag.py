@@ -1,0 +1,304 @@
+"""Diagnostic probes of the one-launch MoE path: ``python -m workbench.moe.diag --out DIR``.
+
+Two questions the streaming-read ceiling (:mod:`workbench.moe.ceiling`, ``moe_stream_ceiling.json``) left:
+
+- **Where does M = 1 lose to the ceiling?** :func:`run_decomposition` times the dispatched kernel in diagnostic
+  builds of moe_int4.cu beside the default build and the read kernel, in one process: ``-DMOE_DIAG_NOMATH``
+  keeps every load of the stage loop (weights through the ring, scales, activations) and replaces its math
+  by one add; ``-DMOE_DIAG_NOWAIT`` drops the down tasks' wait for their item's h. Their outputs are wrong by
+  design (their in-graph checks are recorded, not required); only their times mean something.
+- **Why are back-to-back calls slower in-graph at M >= 8** (the read kernel is not)? :func:`run_clock_probe`
+  keeps one kind of call running for a few seconds per phase while ``nvidia-smi`` samples the SM clock, power
+  and the clock-event reasons every 20 ms, and records every replay's time, so the per-call time over the
+  phase can be read beside the clocks.
+
+Both write a measurement file with the prediction written before the run as its notes.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime
+import io
+import itertools
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from workbench.moe import fused
+
+BUILDS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "nomath": ("-DMOE_DIAG_NOMATH",),
+    "nowait": ("-DMOE_DIAG_NOWAIT",),
+    "nomath_nowait": ("-DMOE_DIAG_NOMATH", "-DMOE_DIAG_NOWAIT"),
+}
+READ_CONFIG = (8, 512, 4)   # the read kernel's launch shape fastest at most rows of moe_stream_ceiling.json
+
+DECOMPOSITION_PREDICTION = (
+    "Written before the run (moe_stream_ceiling.json at 3800460: at M = 1, uniform, the dispatched kernel takes "
+    "64.8 us per call in-graph, the read kernel 46.8 us): the stage loop's math costs most of the 18 us: the NOMATH "
+    "build takes 50-56 us in-graph at M = 1 (9-15 us less than the default) and comes within 10% of the read "
+    "kernel at M = 16 under queued timing; NOWAIT is within 2 us of the default at M = 1 and 2. Refuted if NOMATH "
+    "saves less than 5 us at M = 1 (then the task structure, not the math, is what M = 1 pays for).")
+
+CLOCK_PREDICTION = (
+    "Written before the run: the in-graph slowdown at M >= 8 (moe_stream_ceiling.json: M = 16 uniform at 94% of "
+    "copy queued, 79% in-graph; the read kernel 108.5% / 108.8%) is the board's power limit: with the fused kernel "
+    "at M = 16 back to back for seconds, the median SM clock falls at least 10% below the read kernel's phase and "
+    "a power-related clock-event reason is active, and the per-call time of the first replays is within 5% of the "
+    "queued time, rising over the first tenth of a second; with a sleep after every call the clock stays within 5% "
+    "of the maximum. M = 1 back to back: clock within 5% of the maximum. Refuted if the SM clock of the fused "
+    "phase at M = 16 is within 5% of the read phase's.")
+
+
+# ----------------------------------------------------------------------------- decomposition
+
+def run_decomposition(out_dir: str | Path | None, m_values=(1, 2, 16), routing: str = "uniform", reps: int = 20,
+                      seed: int = 0, builds: dict[str, tuple[str, ...]] | None = None,
+                      name: str = "moe_diag_decomposition", prediction: str = DECOMPOSITION_PREDICTION) -> Path:
+    """Per M: the dispatched one-launch kernel in each build of ``builds`` (default :data:`BUILDS`) and the read
+    kernel (:data:`READ_CONFIG`), one replay / queued / in-graph, % of copy by bench.bytes_moved for all; each
+    row also gives every build's in-graph time minus the read kernel's (``<build>_ingraph_over_read_us``)."""
+    from workbench.measure import measure_copy_bandwidth, write_measurement
+    from workbench.moe.bench import (KIMI, in_graph_pct_of_copy, kimi_banks, path_name, pct_of_copy, time_ours,
+                                     time_ours_in_graph)
+    from workbench.moe.ceiling import time_read
+
+    builds = BUILDS if builds is None else builds
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    K, H = KIMI["topk"], KIMI["hidden"]
+    experts, banks = kimi_banks(seed)
+    bpe = experts.bytes_per_expert()
+    copy = measure_copy_bandwidth()
+    copy_gbps = copy["gb_per_s"]
+    rows, checks, samples = [], [], {}
+
+    def fields(label: str, one, one_d, queued, queued_d, ig, ig_d, m: int) -> dict[str, float]:
+        return {f"{label}_ms_median": statistics.median(one), f"{label}_queued_ms_median": statistics.median(queued),
+                f"{label}_ingraph_ms_median": statistics.median(ig),
+                f"{label}_pct_of_copy": pct_of_copy(one_d, one, bpe, m, copy_gbps, K, H),
+                f"{label}_queued_pct_of_copy": pct_of_copy(queued_d, queued, bpe, m, copy_gbps, K, H),
+                f"{label}_ingraph_pct_of_copy": in_graph_pct_of_copy(ig_d, statistics.median(ig), bpe, m, copy_gbps,
+                                                                     K, H)}
+
+    for m in m_values:
+        row: dict[str, Any] = {"routing": routing, "m": m, "path": path_name(m, K)}
+        t = time_read(experts, banks, m, routing, gen, reps, READ_CONFIG, K)
+        samples[f"m{m}/read"] = t
+        row.update(fields("read", t["ms"], t["distinct"], t["queued_ms"], t["queued_distinct"], t["ingraph_ms"],
+                          t["ingraph_distinct"], m))
+        for build, options in builds.items():
+            with fused.diagnostic_build(options):
+                o = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=True)
+                ig = time_ours_in_graph(banks, m, routing, gen, reps, topk=K)
+            checks.append({**ig["check"], "build": build, "required": build == "default"})
+            samples[f"m{m}/{build}"] = {"ms": o["ms"], "distinct": o["distinct"], "queued_ms": o["queued_ms"],
+                                        "queued_distinct": o["queued_distinct"], "ingraph_ms": ig["ms"],
+                                        "ingraph_distinct": ig["distinct"]}
+            row.update(fields(build, o["ms"], o["distinct"], o["queued_ms"], o["queued_distinct"], ig["ms"],
+                              ig["distinct"], m))
+            row[f"{build}_ingraph_over_read_us"] = 1e3 * (row[f"{build}_ingraph_ms_median"]
+                                                          - row["read_ingraph_ms_median"])
+        rows.append(row)
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items() if "median" in k or k == "m"},
+              flush=True)
+    params = {**KIMI, "m_values": list(m_values), "routing": routing, "reps": reps, "seed": seed,
+              "builds": {k: list(v) for k, v in builds.items()}, "read_config": list(READ_CONFIG),
+              "small_table": [[u, v] for u, v in fused.SMALL_TABLE]}
+    required = [c for c in checks if c["required"]]
+    return write_measurement(name, parameters=params,
+                             results={"copy_gb_per_s": copy_gbps, "rows": rows, "checks": checks,
+                                      "all_required_checks_ok": all(c["ok"] for c in required)},
+                             samples={"ceilings": {"copy": copy}, "timings": samples}, notes=prediction,
+                             out_dir=out_dir)
+
+
+# ----------------------------------------------------------------------------- clocks
+
+SMI_FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+
+
+@contextlib.contextmanager
+def smi_sampler(period_ms: int = 20) -> Iterator[list[dict[str, Any]]]:
+    """Sample ``nvidia-smi`` every ``period_ms`` while the block runs; the yielded list is filled when the block
+    ends: one dict per sample, ``t`` in seconds on ``time.time()``'s clock (nvidia-smi's timestamp),
+    ``sm_mhz``, ``mem_mhz``, ``power_w``, ``temp_c``, ``reasons`` (the active clock-event bit mask, int)."""
+    out: list[dict[str, Any]] = []
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise RuntimeError("nvidia-smi not found: the clock probe needs it")
+    fields = list(SMI_FIELDS)
+    if subprocess.run([exe, f"--query-gpu={fields[-1]}", "--format=csv,noheader"], capture_output=True).returncode:
+        fields[-1] = "clocks_throttle_reasons.active"   # the field's name before the rename
+    proc = subprocess.Popen([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                             f"-lms={period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+    import threading
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.time(), line.strip()))
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    try:
+        yield out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        th.join(timeout=5)
+        for _, line in lines:
+            parts = [p.strip() for p in next(csv.reader(io.StringIO(line)), [])]
+            if len(parts) != len(fields):
+                continue
+            try:   # nvidia-smi's own timestamp (local time): its output reaches a pipe in blocks
+                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                out.append({"t": t, "sm_mhz": float(parts[1]), "mem_mhz": float(parts[2]),
+                            "power_w": float(parts[3]), "temp_c": float(parts[4]), "reasons": int(parts[5], 16)})
+            except ValueError:
+                continue
+        if not out:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"nvidia-smi gave no samples: {err.strip()[:300]}")
+
+
+# nvidia-smi clock-event reason bits (nvmlClocksEventReason*)
+REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+           0x20: "sync_boost", 0x40: "sw_thermal", 0x80: "hw_thermal", 0x100: "hw_power_brake"}
+
+
+def reason_names(mask: int) -> list[str]:
+    return [n for b, n in REASONS.items() if mask & b]
+
+
+def _replay_for(graph_replay: Callable[[], None], seconds: float, calls: int) -> tuple[float, float, list[float]]:
+    """Replay for about ``seconds``; returns (start, end) on time.time() and per-call ms of every replay."""
+    per_call = []
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph_replay()
+        b.record()
+        b.synchronize()
+        per_call.append(a.elapsed_time(b) / calls)
+    return t0, time.time(), per_call
+
+
+def run_clock_probe(out_dir: str | Path | None, m_hi: int = 16, seconds: float = 2.0, seed: int = 0,
+                    gap_cycles: int = 400_000, name: str = "moe_clock_probe",
+                    prediction: str = CLOCK_PREDICTION) -> Path:
+    """Phases of about ``seconds`` each, 1 s idle between them, nvidia-smi sampling throughout: the fused path
+    in-graph at M = ``m_hi`` (IN_GRAPH_CALLS calls back to back per replay over the two weight sets), the read
+    kernel likewise, the fused path with a sleep of ``gap_cycles`` after every call, the fused path in-graph at
+    M = 1. Per phase: per-call ms of the first 5 replays and of the second half, and the median SM clock, power,
+    the union of the clock-event reasons over the samples inside the phase (its first 10% excluded)."""
+    from workbench.measure import capture_graphs, write_measurement
+    from workbench.moe.bench import IN_GRAPH_CALLS, KIMI, kimi_banks, make_routing
+    from workbench.moe.ceiling import stream_touched
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    E, K, H = KIMI["num_experts"], KIMI["topk"], KIMI["hidden"]
+    _, banks = kimi_banks(seed)
+
+    def routed(m: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        rts = [make_routing(m, E, K, "uniform", gen) for _ in range(IN_GRAPH_CALLS)]
+        return [r[0].cuda() for r in rts], [r[1].cuda() for r in rts], torch.randn(m, H, device="cuda").bfloat16()
+
+    def fused_calls(m: int, gap: int = 0) -> Callable[[], None]:
+        ids, ws, x = routed(m)
+
+        def run() -> None:
+            for i in range(IN_GRAPH_CALLS):
+                fused.fused_moe_int4(x, ids[i], ws[i], banks[i % 2], validate=False)
+                if gap:
+                    torch.cuda._sleep(gap)
+        return run
+
+    def read_calls(m: int) -> Callable[[], None]:
+        ids, _, _ = routed(m)
+
+        def run() -> None:
+            for i in range(IN_GRAPH_CALLS):
+                stream_touched(ids[i], banks[i % 2], READ_CONFIG)
+        return run
+
+    phases = [(f"fused_m{m_hi}", fused_calls(m_hi)), (f"read_m{m_hi}", read_calls(m_hi)),
+              (f"fused_m{m_hi}_gap", fused_calls(m_hi, gap_cycles)), ("fused_m1", fused_calls(1)),
+              ("read_m1", read_calls(1))]
+    graphs = capture_graphs([fn for _, fn in phases])
+    windows, per_call = {}, {}
+    with smi_sampler() as smi:
+        time.sleep(1.0)
+        for (label, _), g in zip(phases, graphs):
+            t0, t1, pc = _replay_for(g.replay, seconds, IN_GRAPH_CALLS)
+            windows[label], per_call[label] = (t0, t1), pc
+            time.sleep(1.0)
+    rows = []
+    idle = [s for s in smi if s["t"] < windows[phases[0][0]][0]]
+    for label, _ in phases:
+        t0, t1 = windows[label]
+        inside = [s for s in smi if t0 + 0.1 * (t1 - t0) <= s["t"] <= t1]
+        pc = per_call[label]
+        mask = 0
+        for s in inside:
+            mask |= s["reasons"]
+        rows.append({"phase": label, "replays": len(pc), "seconds": t1 - t0,
+                     "first5_ms_per_call": statistics.median(pc[:5]),
+                     "second_half_ms_per_call": statistics.median(pc[len(pc) // 2:]),
+                     "smi_samples": len(inside),
+                     "sm_mhz_median": statistics.median(s["sm_mhz"] for s in inside) if inside else None,
+                     "sm_mhz_min": min(s["sm_mhz"] for s in inside) if inside else None,
+                     "power_w_median": statistics.median(s["power_w"] for s in inside) if inside else None,
+                     "power_w_max": max(s["power_w"] for s in inside) if inside else None,
+                     "temp_c_max": max(s["temp_c"] for s in inside) if inside else None,
+                     "reasons": reason_names(mask)})
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+    params = {"m_hi": m_hi, "seconds": seconds, "seed": seed, "gap_cycles": gap_cycles,
+              "in_graph_calls": IN_GRAPH_CALLS, "read_config": list(READ_CONFIG), "smi_period_ms": 20,
+              "small_table": [[u, v] for u, v in fused.SMALL_TABLE]}
+    return write_measurement(name, parameters=params,
+                             results={"rows": rows,
+                                      "idle_sm_mhz_median": statistics.median(s["sm_mhz"] for s in idle)
+                                      if idle else None},
+                             samples={"smi": smi, "windows": windows, "per_call_ms": per_call},
+                             notes=prediction, out_dir=out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for the JSON files")
+    ap.add_argument("--decompose", action="store_true", help="run_decomposition")
+    ap.add_argument("--clocks", action="store_true", help="run_clock_probe")
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 16], help="M values of the decomposition")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--seconds", type=float, default=2.0, help="length of each clock-probe phase")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the diagnostic probes need a CUDA GPU", file=sys.stderr)
+        return 2
+    if not (args.decompose or args.clocks):
+        ap.error("choose --decompose and/or --clocks")
+    if args.clocks:
+        print(run_clock_probe(args.out, seconds=args.seconds))
+    if args.decompose:
+        print(run_decomposition(args.out, m_values=tuple(args.m), reps=args.reps))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
