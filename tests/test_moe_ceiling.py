@@ -51,3 +51,12 @@ def test_diagnostic_build_is_scoped_and_checked():
         with fused.diagnostic_build(("-O0",)):
             pass
     assert reason_names(0x4 | 0x1) == ["gpu_idle", "sw_power_cap"]
+
+
+@pytest.mark.parametrize("config,match", [((2, 5, 1), "ring stages"), ((3, 0, 1), "CTAs per SM"),
+                                          ((3, 5, 2), "rr must be")])
+def test_bad_ring_configs_are_refused(tiny, config, match):
+    from workbench.moe.ceiling import stream_ring
+
+    with pytest.raises(ValueError, match=match):
+        stream_ring(torch.zeros(1, 2, dtype=torch.int32), tiny, config)

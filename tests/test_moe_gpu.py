@@ -385,3 +385,27 @@ def test_diagnostic_builds_run_and_leave_the_default_alone(small, build):
     assert diag.shape == before.shape
     if "nomath" in build:
         assert not torch.equal(diag, before)
+
+
+@pytest.mark.parametrize("config", [(3, 5, 1), (3, 5, 0), (4, 2, 1), (3, 1, 0)])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_stream_ring_reads_every_touched_word_once(small, config, m):
+    """The ring-read kernel reads exactly the touched experts' fragment words, in either unit order."""
+    from workbench.moe.ceiling import expected_sink, stream_ring
+
+    g = torch.Generator().manual_seed(10 + m)
+    ids, _ = make_routing(m, 16, 8, "uniform", g)
+    ids = ids.to(torch.int32)
+    ids[-1, 0] = -1
+    sink = stream_ring(ids.cuda(), small, config, check=True).cpu().numpy().view("uint32")
+    assert (int(sink[1]), int(sink[2])) == expected_sink(ids, small)
+
+
+def test_stream_ring_refuses_what_does_not_fit(small):
+    from workbench.moe.ceiling import stream_ring
+
+    ids = torch.zeros(1, 8, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="do not fit"):
+        stream_ring(ids, small, (4, 64, 1))
+    with pytest.raises(ValueError, match="at most 128 ids"):
+        stream_ring(torch.zeros(17, 8, dtype=torch.int32, device="cuda"), small, (3, 5, 1))

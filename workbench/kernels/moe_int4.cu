@@ -1764,6 +1764,35 @@ MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
 
 // ---------------------------------------------------------------------------------------------------------------
+// The experts the ids touch, in increasing order, into s_list (the same list in every CTA: a ballot prefix per
+// blockDim-wide chunk); returns their number. Every thread of the block must call it.
+__device__ __forceinline__ int touched_experts(const int* __restrict__ ids, int P, int E, int* s_list) {
+    __shared__ unsigned char s_flag[1024];
+    __shared__ int s_wsum[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    for (int e = tid; e < E; e += blockDim.x) s_flag[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < P; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < E) s_flag[e] = 1;
+    }
+    __syncthreads();
+    int n = 0;
+    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+        const int e = e0 + tid;
+        const bool f = e < E && s_flag[e];
+        const unsigned int b = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) s_wsum[warp] = __popc(b);
+        __syncthreads();
+        int before = n;
+        for (int w = 0; w < warp; ++w) before += s_wsum[w];
+        if (f) s_list[before + __popc(b & ((1u << lane) - 1u))] = e;
+        for (int w = 0; w < nw; ++w) n += s_wsum[w];
+        __syncthreads();
+    }
+    return n;
+}
+
 // Streaming-read ceiling of the one-launch path (workbench/moe/ceiling.py): reads exactly the fragment bytes of
 // every expert the ids touch (its gate_up stretch of ngu uint4, then its down stretch of ndn uint4; experts in
 // increasing order) and nothing else: no compute, no dependency between the phases, no tasks. Each thread keeps U
@@ -1778,31 +1807,9 @@ __device__ __forceinline__ void stream_touched_body(const uint4* __restrict__ Fg
                                                     const int* __restrict__ ids, int P, int E, unsigned int ngu,
                                                     unsigned int ndn, unsigned int never, int check,
                                                     unsigned int* sink) {
-    __shared__ unsigned char s_flag[1024];
     __shared__ int s_list[1024];
-    __shared__ int s_wsum[32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    for (int e = tid; e < E; e += blockDim.x) s_flag[e] = 0;
-    __syncthreads();
-    for (int p = tid; p < P; p += blockDim.x) {
-        const int e = ids[p];
-        if (e >= 0 && e < E) s_flag[e] = 1;
-    }
-    __syncthreads();
-    // the touched experts in increasing order, the same list in every CTA: a ballot prefix per blockDim-wide chunk
-    int n = 0;
-    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
-        const int e = e0 + tid;
-        const bool f = e < E && s_flag[e];
-        const unsigned int b = __ballot_sync(0xffffffffu, f);
-        if (lane == 0) s_wsum[warp] = __popc(b);
-        __syncthreads();
-        int before = n;
-        for (int w = 0; w < warp; ++w) before += s_wsum[w];
-        if (f) s_list[before + __popc(b & ((1u << lane) - 1u))] = e;
-        for (int w = 0; w < nw; ++w) n += s_wsum[w];
-        __syncthreads();
-    }
+    const int tid = threadIdx.x;
+    const int n = touched_experts(ids, P, E, s_list);
     const unsigned int per = ngu + ndn, total = (unsigned int)n * per;
     const unsigned int stride = gridDim.x * blockDim.x;
     unsigned int acc = 0, words = 0;
@@ -1839,3 +1846,121 @@ __device__ __forceinline__ void stream_touched_body(const uint4* __restrict__ Fg
 MOE_STREAM_TOUCHED_KERNEL(2)
 MOE_STREAM_TOUCHED_KERNEL(4)
 MOE_STREAM_TOUCHED_KERNEL(8)
+
+// Ring-read ceiling (workbench/moe/ceiling.py, stream_ring): the touched experts' bytes read the way the CTA-split
+// kernel reads them and nothing more. Each warp streams 2304-byte stages through its own ring of RS shared-memory
+// slots (cp.async 16 bytes per lane, four per lane plus one for lanes 0-15, RS - 1 stages in flight, one
+// cp.async.wait_group and __syncwarp per stage: moe_small_ctasplit_body's issuer and stage loop) and XORs each landed
+// stage's words from shared memory: no tasks, no block barriers, no epilogues, no math. Work comes in the kernel's
+// units: nper_gu consecutive K stages of one gate_up tile (stages_gu / nper_gu parts per tile), nper_dn of one down
+// tile, gate_up units then down units of each touched expert. rr != 0: unit u goes to warp u mod (warps of the grid),
+// as the CTA-split kernel's static first tasks hand them out; rr == 0: every warp takes an equal contiguous share of
+// the flat stage sequence (balanced to one stage). block 128; P <= 128; sink as stream_touched's.
+__device__ __forceinline__ unsigned long long ring_stage_u4(unsigned int e, unsigned int r, int tiles_gu,
+                                                            int stages_gu, int nper_gu, int tiles_dn, int stages_dn,
+                                                            int nper_dn, bool& gu) {
+    // stage r (unit-major) of expert e -> uint4 offset of its 144 words in Fgu (gu) or Fdn
+    const unsigned int per_gu = (unsigned int)(tiles_gu * stages_gu);
+    gu = r < per_gu;
+    const int tiles = gu ? tiles_gu : tiles_dn, stages = gu ? stages_gu : stages_dn, nper = gu ? nper_gu : nper_dn;
+    const unsigned int q = gu ? r : r - per_gu, unit = q / nper, k = q - unit * nper, parts = stages / nper;
+    const unsigned int tile = unit / parts, part = unit - tile * parts;
+    return ((unsigned long long)(e * stages + part * nper + k) * tiles + tile) * FR_STAGE_U4;
+}
+
+template <int RS>
+__device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn,
+                                                 const int* __restrict__ ids, int P, int E, int tiles_gu,
+                                                 int stages_gu, int nper_gu, int tiles_dn, int stages_dn,
+                                                 int nper_dn, int rr, unsigned int never, int check,
+                                                 unsigned int* sink, unsigned char* s_ring) {
+    __shared__ int s_list[FR_MAX_PAIRS];   // P <= FR_MAX_PAIRS (the host checks)
+    const int n = touched_experts(ids, P, E, s_list);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned int per_gu = tiles_gu * stages_gu, per_e = per_gu + tiles_dn * stages_dn;
+    const unsigned int ugu = tiles_gu * (stages_gu / nper_gu), per_u = ugu + tiles_dn * (stages_dn / nper_dn);
+    const unsigned int W = gridDim.x * (blockDim.x >> 5), wid = blockIdx.x * (blockDim.x >> 5) + warp;
+    // this warp's work: rr, units wid, wid + W, ... (stage k of the current unit); else flat stages [f, f1)
+    unsigned int f = (unsigned int)((unsigned long long)n * per_e * wid / W);
+    const unsigned int f1 = (unsigned int)((unsigned long long)n * per_e * (wid + 1) / W);
+    unsigned int u = wid, k = 0, left = 0;
+    if (rr) {
+        for (unsigned int v = wid; v < (unsigned int)n * per_u; v += W) left += (v % per_u) < ugu ? nper_gu : nper_dn;
+    } else {
+        left = f1 - f;
+    }
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
+    unsigned int ileft = left, wslot = 0, rslot = 0;
+    auto issue = [&]() {
+        if (ileft > 0) {
+            unsigned int e, r;
+            if (rr) {
+                const unsigned int j = u / per_u, lu = u - j * per_u;
+                e = (unsigned int)s_list[j];
+                r = lu < ugu ? lu * nper_gu + k : per_gu + (lu - ugu) * nper_dn + k;
+                if (++k == (lu < ugu ? (unsigned int)nper_gu : (unsigned int)nper_dn)) {
+                    k = 0;
+                    u += W;
+                }
+            } else {
+                const unsigned int j = f / per_e;
+                e = (unsigned int)s_list[j];
+                r = f - j * per_e;
+                ++f;
+            }
+            bool gu;
+            const unsigned long long off = ring_stage_u4(e, r, tiles_gu, stages_gu, nper_gu, tiles_dn, stages_dn,
+                                                         nper_dn, gu);
+            const uint4* src = (gu ? Fgu : Fdn) + off + lane;
+            const unsigned int d = dst0 + wslot;
+            cp_async16_s(d, src);
+            cp_async16_s(d + 512, src + 32);
+            cp_async16_s(d + 1024, src + 64);
+            cp_async16_s(d + 1536, src + 96);
+            if (lane < 16) cp_async16_s(d + 2048, src + 128);
+            --ileft;
+        }
+        cp_async_commit();
+        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+    };
+#pragma unroll
+    for (int i = 0; i < RS - 1; ++i) issue();
+    unsigned int acc = 0, words = 0;
+    for (unsigned int c = 0; c < left; ++c) {
+        cp_async_wait<RS - 2>();
+        __syncwarp();
+        issue();
+        const uint4* st = reinterpret_cast<const uint4*>(ring + rslot);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const uint4 v = st[q * 32 + lane];
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+        words += 4;
+        if (lane < 16) {
+            const uint4 v = st[128 + lane];
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+            ++words;
+        }
+        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+    }
+    cp_async_wait<0>();
+    if (acc == never) sink[0] = acc;
+    if (check) {
+        atomicXor(sink + 1, acc);
+        atomicAdd(sink + 2, words);
+    }
+}
+
+#define MOE_STREAM_RING_KERNEL(RS)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) moe_stream_ring_rs##RS(                                      \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const int* __restrict__ ids, int P, int E,  \
+        int tiles_gu, int stages_gu, int nper_gu, int tiles_dn, int stages_dn, int nper_dn, int rr,              \
+        unsigned int never, int check, unsigned int* sink) {                                                     \
+        __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                 \
+        stream_ring_body<RS>(Fgu, Fdn, ids, P, E, tiles_gu, stages_gu, nper_gu, tiles_dn, stages_dn, nper_dn, rr,  \
+                             never, check, sink, s_ring);                                                         \
+    }
+MOE_STREAM_RING_KERNEL(3)
+MOE_STREAM_RING_KERNEL(4)

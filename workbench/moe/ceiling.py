@@ -30,6 +30,11 @@ CONFIGS: tuple[tuple[int, int, int], ...] = ((2, 1024, 2), (4, 512, 4), (8, 512,
 UNROLLS = (2, 4, 8)
 NEVER = 0x9E3779B9   # the kernel writes sink[0] only where a thread's XOR equals this
 _SINK: dict[int, torch.Tensor] = {}
+_FIT: dict[tuple, int] = {}
+RING_STAGES = (3, 4)
+# (RS, CTAs per SM, rr) of the ring kernel timed by --ring: the CTA-split kernel's ring and occupancy with its
+# static unit order, the same with equal flat shares, more CTAs per SM, a deeper ring
+RING_CONFIGS: tuple[tuple[int, int, int], ...] = ((3, 5, 1), (3, 5, 0), (3, 7, 1), (4, 5, 1))
 # row-key prefix per timing -> (samples key, distinct key, word in ours_pct_of_read_<word>)
 TIMINGS = {"": ("ms", "distinct", "one"), "queued_": ("queued_ms", "queued_distinct", "queued"),
            "ingraph_": ("ingraph_ms", "ingraph_distinct", "ingraph")}
@@ -41,6 +46,14 @@ PREDICTION = (
     "dispatched kernel's gap to 80% of copy, and the fused kernel reaches 75-82% of the read ceiling's rate at "
     "M = 1 and 88-95% at M = 16. Refuted if the ceiling itself is below 80% of copy at M = 1 in-graph (then the "
     "goal is out of reach at M = 1 for any one-launch kernel) or if the fused kernel is within 5% of it.")
+
+RING_PREDICTION = (
+    "Written before the ring run (moe_diag_decomposition.json, c14a461: at M = 1 the dispatched kernel with its math "
+    "and its h wait removed still takes 57.6 us in-graph against the read kernel's 47.5): the ring alone, at the "
+    "CTA-split kernel's ring depth, occupancy and unit order (ring_rs3_b5_rr), runs at 95-100% of the read kernel's "
+    "rate at M = 1-16, so the 10 us belong to the tasks (queue, block barriers, epilogues, fences, the prologue); "
+    "equal flat shares (flat) gain at most 2% over rr. Refuted if ring_rs3_b5_rr is below 90% of the read kernel "
+    "at M = 1 in-graph (then the ring itself is what the kernel must change).")
 
 
 def _check_config(config: tuple[int, int, int]) -> None:
@@ -81,9 +94,7 @@ def stream_touched(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[i
     most = min(ids.numel(), experts.num_experts) * (ngu + ndn) + grid * threads * u
     if most >= 1 << 32:
         raise ValueError(f"{ids.numel()} ids of experts of {ngu + ndn} words each exceed the kernel's 32-bit index")
-    sink = _SINK.get(dev)
-    if sink is None:
-        sink = _SINK[dev] = torch.zeros(3, dtype=torch.int32, device=ids.device)
+    sink = _sink(ids)
     if check:
         sink.zero_()
     import numpy as np
@@ -93,6 +104,74 @@ def stream_touched(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[i
     launch(_kernel(f"moe_stream_touched_u{u}"), (grid,), (threads,),
            (gu, dn, ids, ids.numel(), experts.num_experts, np.uint32(ngu), np.uint32(ndn), np.uint32(NEVER),
             int(check), sink))
+    return sink
+
+
+RING_SPLITS_RULE = "ring"   # ctasplit_splits' rule for the ring kernel's units: the M = 1 kernel's split, (4, 2)
+
+
+def _check_ring_config(config: tuple[int, int, int]) -> None:
+    rs, per_sm, rr = config
+    if rs not in RING_STAGES:
+        raise ValueError(f"ring stages must be one of {RING_STAGES}, got {rs}")
+    if per_sm < 1:
+        raise ValueError(f"CTAs per SM must be >= 1, got {per_sm}")
+    if rr not in (0, 1):
+        raise ValueError(f"rr must be 0 (equal flat shares) or 1 (units round robin), got {rr}")
+
+
+def stream_ring(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[int, int, int] = (3, 5, 1),
+                check: bool = False) -> torch.Tensor:
+    """Read the touched experts' fragment words the way the CTA-split kernel does (``moe_stream_ring_rs<RS>``):
+    per-warp rings of RS 2304-byte stages, in the kernel's units (K parts of a tile, split
+    ``ctasplit_splits(H, I, RING_SPLITS_RULE)``), and nothing else. ``config``: (RS, CTAs per SM, rr: 1 = units
+    round robin over the warps as the kernel's static first tasks, 0 = equal contiguous shares of stages). Returns
+    the sink as :func:`stream_touched`; at most 128 ids (the one-launch path's pairs)."""
+    from workbench.moe.ctasplit import ctasplit_splits
+    from workbench.moe.fused import SMALL_MAX_PAIRS, _kernel
+
+    _check_ring_config(config)
+    if not topk_ids.is_cuda:
+        raise ValueError("topk_ids must be a CUDA tensor")
+    if topk_ids.numel() > SMALL_MAX_PAIRS:
+        raise ValueError(f"at most {SMALL_MAX_PAIRS} ids (the one-launch path's pairs), got {topk_ids.numel()}")
+    rs, per_sm, rr = config
+    h, i = experts.hidden, experts.intermediate
+    sgu, sdn = ctasplit_splits(h, i, RING_SPLITS_RULE)
+    gu, dn = experts.fragments()
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    dev = ids.device.index if ids.device.index is not None else torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    kern = _kernel(f"moe_stream_ring_rs{rs}")
+    fits = _ring_fit(kern, rs)
+    if per_sm > fits:
+        raise ValueError(f"{per_sm} CTAs per SM of moe_stream_ring_rs{rs} do not fit (at most {fits})")
+    sink = _sink(ids)
+    if check:
+        sink.zero_()
+    import numpy as np
+
+    launch(kern, (per_sm * sms,), (128,),
+           (gu, dn, ids, ids.numel(), experts.num_experts, 2 * i // 16, h // 256, h // 256 // sgu, h // 16, i // 256,
+            i // 256 // sdn, rr, np.uint32(NEVER), int(check), sink))
+    return sink
+
+
+def _ring_fit(kern, rs: int) -> int:
+    """CTAs per SM of the ring kernel that fit at once (CUDA occupancy API)."""
+    key = ("ring", rs)
+    if key not in _FIT:
+        from cupy.cuda import driver
+
+        _FIT[key] = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.ptr, 128, 0))
+    return _FIT[key]
+
+
+def _sink(ids: torch.Tensor) -> torch.Tensor:
+    dev = ids.device.index if ids.device.index is not None else torch.cuda.current_device()
+    sink = _SINK.get(dev)
+    if sink is None:
+        sink = _SINK[dev] = torch.zeros(3, dtype=torch.int32, device=ids.device)
     return sink
 
 
@@ -118,9 +197,15 @@ def _cfg_label(config: tuple[int, int, int]) -> str:
     return "read_u{}_t{}_b{}".format(*config)
 
 
+def _ring_label(config: tuple[int, int, int]) -> str:
+    return "ring_rs{}_b{}_{}".format(config[0], config[1], "rr" if config[2] else "flat")
+
+
 def time_read(experts: Int4Experts, banks: list[Int4Experts], m: int, routing: str, gen: torch.Generator,
-              reps: int, config: tuple[int, int, int], topk: int = 8) -> dict[str, Any]:
-    """The read kernel as bench.time_ours times the fused path: one graph replay per sample with fresh routing
+              reps: int, config: tuple[int, int, int], topk: int = 8,
+              kernel: Callable[..., torch.Tensor] | None = None) -> dict[str, Any]:
+    """The read kernel (``kernel(ids, experts, config)``, default :func:`stream_touched`) as bench.time_ours times
+    the fused path: one graph replay per sample with fresh routing
     (``ms``), the same with a sleep queued ahead (``queued_ms``), and IN_GRAPH_CALLS calls back to back in one
     graph over ``banks`` (``ingraph_ms``, per call), each call its own fresh routing. ``distinct`` lists per
     sample the experts touched."""
@@ -141,7 +226,8 @@ def time_read(experts: Int4Experts, banks: list[Int4Experts], m: int, routing: s
         used.append(j)
         s_ids.copy_(ids_all[j])
 
-    [g] = capture_graphs([lambda: stream_touched(s_ids, experts, config)])
+    kernel = stream_touched if kernel is None else kernel
+    [g] = capture_graphs([lambda: kernel(s_ids, experts, config)])
     ms = time_cuda(g.replay, warmup=3, reps=reps, setup=setup)
     one_idx = used[3:]
     start = len(used)
@@ -152,7 +238,7 @@ def time_read(experts: Int4Experts, banks: list[Int4Experts], m: int, routing: s
     ig_ids = [r.cuda() for r in ig_rts]
 
     def make(i: int) -> Callable[[], None]:
-        return lambda: stream_touched(ig_ids[i], banks[i % len(banks)], config)
+        return lambda: kernel(ig_ids[i], banks[i % len(banks)], config)
 
     ig, calls = time_in_graph([make(i) for i in range(IN_GRAPH_CALLS)], reps, min_calls=IN_GRAPH_CALLS)
     return {"ms": ms, "distinct": [distinct[j] for j in one_idx], "queued_ms": queued,
@@ -162,13 +248,15 @@ def time_read(experts: Int4Experts, banks: list[Int4Experts], m: int, routing: s
 
 def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), routings=("uniform", "skewed"),
                        reps: int = 20, seed: int = 0, configs=CONFIGS, name: str = "moe_stream_ceiling",
-                       prediction: str = PREDICTION) -> Path:
+                       prediction: str = PREDICTION, ring_configs=()) -> Path:
     """Per routing and M: the dispatched fused path (bench.time_ours with queued, bench.time_ours_in_graph) and
     the read kernel at every launch shape of ``configs`` (:func:`time_read`), in one process, with the copy
     bandwidth measured in the same run. Each row gives ms and % of copy (bench.bytes_moved, the fused path's
     byte count, for both) per timing, the fastest read shape per timing (``read_best_*``) and the fused path's
     share of it (``ours_pct_of_read_*``: read time / fused time). Checks: the read kernel's sink against
-    :func:`expected_sink` once per M, the fused path's in-graph outputs against the reference. Writes
+    :func:`expected_sink` once per M, the fused path's in-graph outputs against the reference. ``ring_configs``
+    adds the ring kernel (:func:`stream_ring`) at those (RS, CTAs per SM, rr), columns ``ring_rs<RS>_b<n>_<rr|flat>_*``
+    and ``<label>_pct_of_read_<timing>`` (the best read shape's time over its time), checked the same way. Writes
     ``<name>.json``."""
     from workbench.measure import measure_copy_bandwidth, write_measurement
     from workbench.moe.bench import (KIMI, in_graph_pct_of_copy, kimi_banks, path_name, pct_of_copy, time_ours,
@@ -177,6 +265,10 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
 
     for c in configs:
         _check_config(tuple(c))
+    for c in ring_configs:
+        _check_ring_config(tuple(c))
+    kernels = [(_cfg_label(tuple(c)), tuple(c), stream_touched) for c in configs]
+    kernels += [(_ring_label(tuple(c)), tuple(c), stream_ring) for c in ring_configs]
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     K, H = KIMI["topk"], KIMI["hidden"]
@@ -209,14 +301,12 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
                 row[f"ours_{kind}pct_of_copy"] = pct(kind, ours_t, m)
             ids = ours["ids_all"][0].to(torch.int32)
             want = expected_sink(ids.cpu(), experts)
-            for c in configs:
-                c = tuple(c)
-                lab = _cfg_label(c)
-                sink = stream_touched(ids, experts, c, check=True).cpu().numpy().view("uint32")
+            for lab, c, kernel in kernels:
+                sink = kernel(ids, experts, c, check=True).cpu().numpy().view("uint32")
                 checks.append({"label": lab, "routing": routing, "m": m, "xor": int(sink[1]), "words": int(sink[2]),
                                "want_xor": want[0], "want_words": want[1],
                                "ok": int(sink[1]) == want[0] and int(sink[2]) == want[1]})
-                t = time_read(experts, banks, m, routing, gen, reps, c, K)
+                t = time_read(experts, banks, m, routing, gen, reps, c, K, kernel=kernel)
                 samples[f"{routing}/m{m}/{lab}"] = t
                 for kind, (key, _, _) in TIMINGS.items():
                     row[f"{lab}_{kind}ms_median"] = statistics.median(t[key])
@@ -225,14 +315,18 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
                 best = max((tuple(c) for c in configs), key=lambda c: row[f"{_cfg_label(c)}_{kind}pct_of_copy"])
                 row[f"read_best_{kind}config"] = list(best)
                 row[f"read_best_{kind}pct_of_copy"] = row[f"{_cfg_label(best)}_{kind}pct_of_copy"]
-                row[f"ours_pct_of_read_{word}"] = 100 * row[f"ours_{kind}pct_of_copy"] / row[f"read_best_{kind}pct_of_copy"]
+                for lab in ["ours"] + [_ring_label(tuple(c)) for c in ring_configs]:
+                    row[f"{lab}_pct_of_read_{word}"] = (100 * row[f"{lab}_{kind}pct_of_copy"]
+                                                        / row[f"read_best_{kind}pct_of_copy"])
             rows.append(row)
             print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
-                              if "best" in k or k.startswith("ours_pct") or k in ("routing", "m")}), flush=True)
+                              if "best" in k or "_pct_of_read" in k or k in ("routing", "m")}), flush=True)
     params = {**KIMI, "m_values": list(m_values), "routings": list(routings), "reps": reps, "seed": seed,
-              "configs": [list(c) for c in configs], "small_table": [[u, v] for u, v in SMALL_TABLE],
+              "configs": [list(c) for c in configs], "ring_configs": [list(c) for c in ring_configs],
+              "ring_splits_rule": RING_SPLITS_RULE, "small_table": [[u, v] for u, v in SMALL_TABLE],
               "bytes_counted": "bench.bytes_moved (the fused path's count) for both kernels",
-              "read_kernel": "moe_stream_touched_u<U> (moe_int4.cu), grid = CTAs per SM x SMs"}
+              "read_kernel": "moe_stream_touched_u<U> (moe_int4.cu), grid = CTAs per SM x SMs",
+              "ring_kernel": "moe_stream_ring_rs<RS> (moe_int4.cu), 128 threads, grid = CTAs per SM x SMs"}
     return write_measurement(name, parameters=params,
                              results={"copy_gb_per_s": copy_gbps, "rows": rows, "checks": checks,
                                       "all_checks_ok": all(c["ok"] for c in checks)},
@@ -247,11 +341,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="moe_stream_ceiling")
+    ap.add_argument("--configs", type=int, nargs="+", default=None,
+                    help="read kernel shapes as flat triples U THREADS CTAS_PER_SM (default: CONFIGS)")
+    ap.add_argument("--routings", nargs="+", default=["uniform", "skewed"])
+    ap.add_argument("--ring", action="store_true", help="also time the ring kernel at RING_CONFIGS")
+    ap.add_argument("--prediction", default=None, help="notes of the file (default: PREDICTION)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("the streaming-read ceiling needs a CUDA GPU", file=sys.stderr)
         return 2
-    print(run_stream_ceiling(args.out, m_values=tuple(args.m), reps=args.reps, seed=args.seed, name=args.name))
+    configs = CONFIGS
+    if args.configs:
+        if len(args.configs) % 3:
+            ap.error("--configs takes triples U THREADS CTAS_PER_SM")
+        configs = tuple(tuple(args.configs[j:j + 3]) for j in range(0, len(args.configs), 3))
+    print(run_stream_ceiling(args.out, m_values=tuple(args.m), routings=tuple(args.routings), reps=args.reps, seed=args.seed, name=args.name,
+                             configs=configs, ring_configs=RING_CONFIGS if args.ring else (),
+                             prediction=RING_PREDICTION if args.ring and args.prediction is None
+                             else args.prediction or PREDICTION))
     return 0
 
 
