@@ -163,7 +163,8 @@ def _ring_fit(kern, rs: int) -> int:
     if key not in _FIT:
         from cupy.cuda import driver
 
-        _FIT[key] = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.ptr, 128, 0))
+        fptr = getattr(kern, "ptr", None) or kern.kernel.ptr   # as fused._small_grid
+        _FIT[key] = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, 128, 0))
     return _FIT[key]
 
 
