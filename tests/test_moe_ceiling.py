@@ -60,3 +60,18 @@ def test_bad_ring_configs_are_refused(tiny, config, match):
 
     with pytest.raises(ValueError, match=match):
         stream_ring(torch.zeros(1, 2, dtype=torch.int32), tiny, config)
+
+
+def test_ring_sync_configs():
+    from workbench.moe.ceiling import _check_ring_config, _ring_label
+
+    assert _ring_label((3, 5, 1)) == "ring_rs3_b5_rr"
+    assert _ring_label((3, 5, 1, 3)) == "ring_rs3_b5_rr_fence_bar"
+    assert _ring_label((3, 5, 0, 2)) == "ring_rs3_b5_flat_bar"
+    _check_ring_config((3, 5, 0, 2))
+    with pytest.raises(ValueError, match="rr only"):
+        _check_ring_config((3, 5, 0, 1))
+    with pytest.raises(ValueError, match="sync must be"):
+        _check_ring_config((3, 5, 1, 4))
+    with pytest.raises(ValueError, match="a ring config is"):
+        _check_ring_config((3, 5))

@@ -387,7 +387,7 @@ def test_diagnostic_builds_run_and_leave_the_default_alone(small, build):
         assert not torch.equal(diag, before)
 
 
-@pytest.mark.parametrize("config", [(3, 5, 1), (3, 5, 0), (4, 2, 1), (3, 1, 0)])
+@pytest.mark.parametrize("config", [(3, 5, 1), (3, 5, 0), (4, 2, 1), (3, 1, 0), (3, 5, 1, 3), (3, 5, 0, 2)])
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_stream_ring_reads_every_touched_word_once(small, config, m):
     """The ring-read kernel reads exactly the touched experts' fragment words, in either unit order."""

@@ -1855,7 +1855,10 @@ MOE_STREAM_TOUCHED_KERNEL(8)
 // units: nper_gu consecutive K stages of one gate_up tile (stages_gu / nper_gu parts per tile), nper_dn of one down
 // tile, gate_up units then down units of each touched expert. rr != 0: unit u goes to warp u mod (warps of the grid),
 // as the CTA-split kernel's static first tasks hand them out; rr == 0: every warp takes an equal contiguous share of
-// the flat stage sequence (balanced to one stage). block 128; P <= 128; sink as stream_touched's.
+// the flat stage sequence (balanced to one stage). sync (diagnostic costs, rr only for bit 0): bit 0, lane 0 of a warp
+// runs a fence.acq_rel.gpu after each unit's last stage (as an epilogue's publish would, with the ring's next stages in
+// flight); bit 1, a block barrier after every nper_gu consumed stages (as many as every warp of the CTA reaches).
+// block 128; P <= 128; sink as stream_touched's.
 __device__ __forceinline__ unsigned long long ring_stage_u4(unsigned int e, unsigned int r, int tiles_gu,
                                                             int stages_gu, int nper_gu, int tiles_dn, int stages_dn,
                                                             int nper_dn, bool& gu) {
@@ -1872,9 +1875,10 @@ template <int RS>
 __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn,
                                                  const int* __restrict__ ids, int P, int E, int tiles_gu,
                                                  int stages_gu, int nper_gu, int tiles_dn, int stages_dn,
-                                                 int nper_dn, int rr, unsigned int never, int check,
+                                                 int nper_dn, int rr, int sync, unsigned int never, int check,
                                                  unsigned int* sink, unsigned char* s_ring) {
     __shared__ int s_list[FR_MAX_PAIRS];   // P <= FR_MAX_PAIRS (the host checks)
+    __shared__ unsigned int s_left[4];
     const int n = touched_experts(ids, P, E, s_list);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned int per_gu = tiles_gu * stages_gu, per_e = per_gu + tiles_dn * stages_dn;
@@ -1889,9 +1893,17 @@ __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, 
     } else {
         left = f1 - f;
     }
+    // sync & 2: a block barrier after every nper_gu consumed stages, as many as every warp of the CTA reaches
+    unsigned int bars = 0;
+    if (sync & 2) {
+        if (lane == 0) s_left[warp] = left;
+        __syncthreads();
+        bars = min(min(s_left[0], s_left[1]), min(s_left[2], s_left[3])) / nper_gu;
+    }
+    unsigned int uleft = 0;   // sync & 1: stages left in the unit being consumed (rr order)
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
-    unsigned int ileft = left, wslot = 0, rslot = 0;
+    unsigned int ileft = left, wslot = 0, rslot = 0, cu = wid;
     auto issue = [&]() {
         if (ileft > 0) {
             unsigned int e, r;
@@ -1944,6 +1956,19 @@ __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, 
             ++words;
         }
         rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+        if ((sync & 1) && rr) {   // a unit's last stage consumed: publish as an epilogue would (lane 0's fence)
+            if (uleft == 0) uleft = (cu % per_u) < ugu ? nper_gu : nper_dn;
+            if (--uleft == 0) {
+                cu += W;
+                __syncwarp();
+                if (lane == 0) fence_acq_rel_gpu();
+                __syncwarp();
+            }
+        }
+        if ((sync & 2) && bars > 0 && (c + 1) % nper_gu == 0) {
+            --bars;
+            __syncthreads();
+        }
     }
     cp_async_wait<0>();
     if (acc == never) sink[0] = acc;
@@ -1956,11 +1981,11 @@ __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, 
 #define MOE_STREAM_RING_KERNEL(RS)                                                                                 \
     extern "C" __global__ void __launch_bounds__(128) moe_stream_ring_rs##RS(                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const int* __restrict__ ids, int P, int E,  \
-        int tiles_gu, int stages_gu, int nper_gu, int tiles_dn, int stages_dn, int nper_dn, int rr,              \
+        int tiles_gu, int stages_gu, int nper_gu, int tiles_dn, int stages_dn, int nper_dn, int rr, int sync,    \
         unsigned int never, int check, unsigned int* sink) {                                                     \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                 \
         stream_ring_body<RS>(Fgu, Fdn, ids, P, E, tiles_gu, stages_gu, nper_gu, tiles_dn, stages_dn, nper_dn, rr,  \
-                             never, check, sink, s_ring);                                                         \
+                             sync, never, check, sink, s_ring);                                                   \
     }
 MOE_STREAM_RING_KERNEL(3)
 MOE_STREAM_RING_KERNEL(4)

@@ -55,6 +55,14 @@ RING_PREDICTION = (
     "equal flat shares (flat) gain at most 2% over rr. Refuted if ring_rs3_b5_rr is below 90% of the read kernel "
     "at M = 1 in-graph (then the ring itself is what the kernel must change).")
 
+RING_SYNC_PREDICTION = (
+    "Written before the run (moe_stream_ring.json, 8ca7468: the ring alone at 96-98% of the read kernel; "
+    "moe_diag_decomposition.json: the dispatched kernel without math and h wait 10 us over the read kernel at M = 1 "
+    "in-graph): a fence by lane 0 after each unit (_fence, about 5.8 per warp at M = 1) costs 3-6 us per call at "
+    "M = 1 in-graph, a block barrier every 7 stages (_bar) 1-3 us; together (_fence_bar) 5-8 us, most of the 10. "
+    "Refuted if _fence_bar costs under 3 us (then the tasks' cost lies elsewhere: the queue, the epilogue's stores "
+    "and the activation loads).")
+
 
 def _check_config(config: tuple[int, int, int]) -> None:
     u, threads, per_sm = config
@@ -110,8 +118,14 @@ def stream_touched(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[i
 RING_SPLITS_RULE = "ring"   # ctasplit_splits' rule for the ring kernel's units: the M = 1 kernel's split, (4, 2)
 
 
-def _check_ring_config(config: tuple[int, int, int]) -> None:
-    rs, per_sm, rr = config
+def _check_ring_config(config: tuple[int, ...]) -> None:
+    if len(config) not in (3, 4):
+        raise ValueError(f"a ring config is (RS, CTAs per SM, rr) or (RS, CTAs per SM, rr, sync), got {config}")
+    rs, per_sm, rr = config[:3]
+    sync = config[3] if len(config) == 4 else 0
+    if sync not in (0, 1, 2, 3) or (sync & 1 and not rr):
+        raise ValueError(f"sync must be 0-3 (bit 0: a fence per unit, rr only; bit 1: a block barrier every "
+                         f"gate_up unit of stages), got {sync} with rr={rr}")
     if rs not in RING_STAGES:
         raise ValueError(f"ring stages must be one of {RING_STAGES}, got {rs}")
     if per_sm < 1:
@@ -125,7 +139,9 @@ def stream_ring(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[int,
     """Read the touched experts' fragment words the way the CTA-split kernel does (``moe_stream_ring_rs<RS>``):
     per-warp rings of RS 2304-byte stages, in the kernel's units (K parts of a tile, split
     ``ctasplit_splits(H, I, RING_SPLITS_RULE)``), and nothing else. ``config``: (RS, CTAs per SM, rr: 1 = units
-    round robin over the warps as the kernel's static first tasks, 0 = equal contiguous shares of stages). Returns
+    round robin over the warps as the kernel's static first tasks, 0 = equal contiguous shares of stages[, sync:
+    diagnostic costs added, bit 0 a fence by lane 0 after each unit (rr only), bit 1 a block barrier every gate_up
+    unit's worth of stages]). Returns
     the sink as :func:`stream_touched`; at most 128 ids (the one-launch path's pairs)."""
     from workbench.moe.ctasplit import ctasplit_splits
     from workbench.moe.fused import SMALL_MAX_PAIRS, _kernel
@@ -135,7 +151,8 @@ def stream_ring(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[int,
         raise ValueError("topk_ids must be a CUDA tensor")
     if topk_ids.numel() > SMALL_MAX_PAIRS:
         raise ValueError(f"at most {SMALL_MAX_PAIRS} ids (the one-launch path's pairs), got {topk_ids.numel()}")
-    rs, per_sm, rr = config
+    rs, per_sm, rr = config[:3]
+    sync = config[3] if len(config) == 4 else 0
     h, i = experts.hidden, experts.intermediate
     sgu, sdn = ctasplit_splits(h, i, RING_SPLITS_RULE)
     gu, dn = experts.fragments()
@@ -153,7 +170,7 @@ def stream_ring(topk_ids: torch.Tensor, experts: Int4Experts, config: tuple[int,
 
     launch(kern, (per_sm * sms,), (128,),
            (gu, dn, ids, ids.numel(), experts.num_experts, 2 * i // 16, h // 256, h // 256 // sgu, h // 16, i // 256,
-            i // 256 // sdn, rr, np.uint32(NEVER), int(check), sink))
+            i // 256 // sdn, rr, sync, np.uint32(NEVER), int(check), sink))
     return sink
 
 
@@ -198,8 +215,10 @@ def _cfg_label(config: tuple[int, int, int]) -> str:
     return "read_u{}_t{}_b{}".format(*config)
 
 
-def _ring_label(config: tuple[int, int, int]) -> str:
-    return "ring_rs{}_b{}_{}".format(config[0], config[1], "rr" if config[2] else "flat")
+def _ring_label(config: tuple[int, ...]) -> str:
+    sync = config[3] if len(config) == 4 else 0
+    return "ring_rs{}_b{}_{}".format(config[0], config[1], "rr" if config[2] else "flat") + \
+        ("", "_fence", "_bar", "_fence_bar")[sync]
 
 
 def time_read(experts: Int4Experts, banks: list[Int4Experts], m: int, routing: str, gen: torch.Generator,
@@ -346,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="read kernel shapes as flat triples U THREADS CTAS_PER_SM (default: CONFIGS)")
     ap.add_argument("--routings", nargs="+", default=["uniform", "skewed"])
     ap.add_argument("--ring", action="store_true", help="also time the ring kernel at RING_CONFIGS")
+    ap.add_argument("--ring-configs", type=int, nargs="+", default=None,
+                    help="ring kernel shapes as flat quads RS CTAS_PER_SM RR SYNC (implies --ring)")
     ap.add_argument("--prediction", default=None, help="notes of the file (default: PREDICTION)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -356,10 +377,16 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.configs) % 3:
             ap.error("--configs takes triples U THREADS CTAS_PER_SM")
         configs = tuple(tuple(args.configs[j:j + 3]) for j in range(0, len(args.configs), 3))
+    ring_configs = RING_CONFIGS if args.ring else ()
+    if args.ring_configs:
+        if len(args.ring_configs) % 4:
+            ap.error("--ring-configs takes quads RS CTAS_PER_SM RR SYNC")
+        ring_configs = tuple(tuple(args.ring_configs[j:j + 4]) for j in range(0, len(args.ring_configs), 4))
+        args.ring = True
     print(run_stream_ceiling(args.out, m_values=tuple(args.m), routings=tuple(args.routings), reps=args.reps, seed=args.seed, name=args.name,
-                             configs=configs, ring_configs=RING_CONFIGS if args.ring else (),
-                             prediction=RING_PREDICTION if args.ring and args.prediction is None
-                             else args.prediction or PREDICTION))
+                             configs=configs, ring_configs=ring_configs,
+                             prediction=args.prediction or (RING_SYNC_PREDICTION if args.ring_configs else
+                                                            RING_PREDICTION if args.ring else PREDICTION)))
     return 0
 
 
