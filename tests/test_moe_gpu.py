@@ -366,7 +366,7 @@ def test_stream_touched_rejects_bad_launch_shapes(small):
         stream_touched(ids, small, (4, 1024, 4))
 
 
-@pytest.mark.parametrize("build", ["nomath", "nowait", "nomath_nowait"])
+@pytest.mark.parametrize("build", ["nomath", "nowait", "nomath_nowait", "noact", "nomath_nowait_noact"])
 def test_diagnostic_builds_run_and_leave_the_default_alone(small, build):
     """The diag builds compile and run the dispatched kernel (nomath's output differs: its math is gone); the
     default build's output is the same before and after."""

@@ -5,7 +5,8 @@ Two questions the streaming-read ceiling (:mod:`workbench.moe.ceiling`, ``moe_st
 - **Where does M = 1 lose to the ceiling?** :func:`run_decomposition` times the dispatched kernel in diagnostic
   builds of moe_int4.cu beside the default build and the read kernel, in one process: ``-DMOE_DIAG_NOMATH``
   keeps every load of the stage loop (weights through the ring, scales, activations) and replaces its math
-  by one add; ``-DMOE_DIAG_NOWAIT`` drops the down tasks' wait for their item's h. Their outputs are wrong by
+  by one add; ``-DMOE_DIAG_NOWAIT`` drops the down tasks' wait for their item's h; ``-DMOE_DIAG_NOACT``
+  replaces the stage loop's activation loads (X for gate_up, h for down) by values made from their addresses. Their outputs are wrong by
   design (their in-graph checks are recorded, not required); only their times mean something.
 - **Why are back-to-back calls slower in-graph at M >= 8** (the read kernel is not)? :func:`run_clock_probe`
   keeps one kind of call running for a few seconds per phase while ``nvidia-smi`` samples the SM clock, power
@@ -39,7 +40,11 @@ BUILDS: dict[str, tuple[str, ...]] = {
     "nomath": ("-DMOE_DIAG_NOMATH",),
     "nowait": ("-DMOE_DIAG_NOWAIT",),
     "nomath_nowait": ("-DMOE_DIAG_NOMATH", "-DMOE_DIAG_NOWAIT"),
+    "noact": ("-DMOE_DIAG_NOACT",),
+    "nomath_nowait_noact": ("-DMOE_DIAG_NOMATH", "-DMOE_DIAG_NOWAIT", "-DMOE_DIAG_NOACT"),
 }
+# the decomposition's second run: which part of the task structure costs the 8 us the ring kernel does not pay
+BUILDS_ACT = {k: BUILDS[k] for k in ("default", "nomath_nowait", "noact", "nomath_nowait_noact")}
 READ_CONFIG = (8, 512, 4)   # the read kernel's launch shape fastest at most rows of moe_stream_ceiling.json
 
 DECOMPOSITION_PREDICTION = (
@@ -48,6 +53,14 @@ DECOMPOSITION_PREDICTION = (
     "build takes 50-56 us in-graph at M = 1 (9-15 us less than the default) and comes within 10% of the read "
     "kernel at M = 16 under queued timing; NOWAIT is within 2 us of the default at M = 1 and 2. Refuted if NOMATH "
     "saves less than 5 us at M = 1 (then the task structure, not the math, is what M = 1 pays for).")
+
+DECOMPOSITION_ACT_PREDICTION = (
+    "Written before the second decomposition run (moe_stream_ring_sync.json, 34d3c1d: the ring with a fence per unit "
+    "and a block barrier every 7 stages is still at 94-96% of the read kernel, while the dispatched kernel without "
+    "math and h wait is 10 us over it at M = 1 in-graph): the stage loop's activation loads (issued after a stage's "
+    "last step, waited for at the next stage's first) are most of that: nomath_nowait_noact within 4 us of the read "
+    "kernel at M = 1 in-graph (6+ us faster than nomath_nowait), noact alone 2-5 us faster than the default. "
+    "Refuted if nomath_nowait_noact is less than 3 us faster than nomath_nowait.")
 
 CLOCK_PREDICTION = (
     "Written before the run: the in-graph slowdown at M >= 8 (moe_stream_ceiling.json: M = 16 uniform at 94% of "
@@ -283,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the JSON files")
     ap.add_argument("--decompose", action="store_true", help="run_decomposition")
+    ap.add_argument("--act", action="store_true", help="the decomposition at BUILDS_ACT (moe_diag_decomposition_act)")
     ap.add_argument("--clocks", action="store_true", help="run_clock_probe")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 16], help="M values of the decomposition")
     ap.add_argument("--reps", type=int, default=20)
@@ -296,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.clocks:
         print(run_clock_probe(args.out, seconds=args.seconds))
     if args.decompose:
-        print(run_decomposition(args.out, m_values=tuple(args.m), reps=args.reps))
+        if args.act:
+            print(run_decomposition(args.out, m_values=tuple(args.m), reps=args.reps, builds=BUILDS_ACT,
+                                    name="moe_diag_decomposition_act", prediction=DECOMPOSITION_ACT_PREDICTION))
+        else:
+            print(run_decomposition(args.out, m_values=tuple(args.m), reps=args.reps))
     return 0
 
 
