@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from workbench import REPO_ROOT, papers
 from workbench.moe.bench import flops
-from workbench.moe import plots
+from workbench.moe import ceiling_report, plots
 from workbench.moe.fused import SMALL_TABLE, variant_name
 from workbench.moe.plots import PEERS, goal_rows, load_anchors, load_moe_bandwidth, summary_rows, tuning_rows
 from workbench.papers import markdown_table
@@ -1013,6 +1013,10 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,
+    "stream_ceiling": ceiling_report.block_stream_ceiling,
+    "stream_ring": ceiling_report.block_stream_ring,
+    "diag_decomposition": ceiling_report.block_diag_decomposition,
+    "clock_probe": ceiling_report.block_clock_probe,
 }
 
 
