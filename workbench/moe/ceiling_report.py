@@ -130,11 +130,16 @@ def block_clock_probe() -> str:
             + markdown_table(clock_rows(doc)))
 
 
-def ceiling_figure(routing: str = "uniform"):
+def committed(gpu: str = "h200") -> bool:
+    """True when run 24's files are committed for ``gpu`` (the notebook shows them only then)."""
+    return all(load_measurement(n, gpu) for n in (CEILING, *RINGS, *DECOMPOSITIONS, CLOCKS))
+
+
+def ceiling_figure(routing: str = "uniform", gpu: str = "h200"):
     """Plotly figure: % of copy against M for the dispatched path and the read kernel, in-graph and one replay."""
     import plotly.graph_objects as go
 
-    doc = _load(CEILING)
+    doc = _load(CEILING, gpu)
     rows = [r for r in doc["results"]["rows"] if r["routing"] == routing]
     ms = [r["m"] for r in rows]
     fig = go.Figure()
