@@ -75,3 +75,16 @@ def test_ring_sync_configs():
         _check_ring_config((3, 5, 1, 4))
     with pytest.raises(ValueError, match="a ring config is"):
         _check_ring_config((3, 5))
+
+
+def test_wsplit_splits_need_units_of_ring_length():
+    from workbench.moe.fused import SMALL_VARIANTS, wsplit_splits
+
+    assert wsplit_splits(7168, 2048, "ring", 3) == (4, 2)
+    assert wsplit_splits(7168, 2048, (1, 1), 4) == (1, 1)
+    with pytest.raises(ValueError, match="needs at least 3"):
+        wsplit_splits(7168, 2048, (4, 4), 4)
+    assert SMALL_VARIANTS["wsplit_r3"] == ("moe_small_wsplit_r3", ("ws", "ring", 3))
+    with pytest.raises(ValueError, match="warp-split"):
+        from workbench.moe.fused import splitk_splits
+        splitk_splits(8, 7168, 2048, "wsplit_r3", 660)

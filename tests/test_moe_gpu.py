@@ -409,3 +409,60 @@ def test_stream_ring_refuses_what_does_not_fit(small):
         stream_ring(ids, small, (4, 64, 1))
     with pytest.raises(ValueError, match="at most 128 ids"):
         stream_ring(torch.zeros(17, 8, dtype=torch.int32, device="cuda"), small, (3, 5, 1))
+
+
+# ---- the warp-split form (moe_small_wsplit_*; run 25): bit-identical to the CTA-split kernel at the same split
+
+WSPLIT_BASE = {"wsplit_r3": "ctasplit_x4e_r3fst", "wsplit_r4": "ctasplit_x4e_r3fst",
+               **{f"wsplit_r{rs}{sfx}": f"ctasplit_x4e_r3{sfx}" for rs in (3, 4) for sfx in ("_g4d1", "_g2d1", "_g1d1")}}
+
+
+@pytest.mark.parametrize("splitk_on", list(WSPLIT_BASE), indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_wsplit_parity_and_equal_to_ctasplit_kimi_shape(splitk_on, m):
+    """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to the CTA-split kernel at the same
+    split (the same partial sums in the same order); at M = 1 a token routed twice to one expert (an item of two
+    columns)."""
+    from workbench.moe.fused import set_small_variant
+
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=90 + m)
+    for routing in ("uniform", "skewed"):
+        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
+        assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    g = torch.Generator().manual_seed(95 + m)
+    ids, w = make_routing(m, 24, 8, "uniform", g)
+    if m == 1:
+        ids[0, 1] = ids[0, 0]
+    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    set_small_variant(WSPLIT_BASE[splitk_on])   # restored by the fixture
+    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    assert torch.isfinite(a).all() and torch.equal(a, b), splitk_on
+
+
+@pytest.mark.parametrize("splitk_on", ["wsplit_r3", "wsplit_r3_g1d1", "wsplit_r4_g4d1"], indirect=True)
+def test_wsplit_edge_cases_graph_replays_and_determinism(small, splitk_on):
+    """Invalid and duplicate ids, every M edge, replays of one graph (every counter left zero), determinism."""
+    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
+        assert res["ok"], res
+    for m in (1, 4, 16):
+        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+        assert res["ok"], res
+    for m in (1, 16):
+        g = torch.Generator().manual_seed(40 + m)
+        ids, w = make_routing(m, 16, 8, "skewed", g)
+        x = torch.randn(m, 1024, generator=g).bfloat16().cuda()
+        a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+        b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("splitk_on", ["wsplit_r3"], indirect=True)
+@pytest.mark.parametrize("m", [1, 3])
+def test_wsplit_parity_split2(splitk_on, m):
+    """H = I = 1536 (6 stages): both phases split 2 (3 stages per unit)."""
+    ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=21 + m)
+    res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res

@@ -1768,6 +1768,259 @@ MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
 
+// ===================================================================================================
+// Warp-split form of the one-launch kernel (moe_small_wsplit_*; workbench/moe/fused.py "ws" variants).
+//
+// Why (run 24, papers/moe_int4.md): the CTA-split kernel's per-warp cp.async ring alone streams at 96-98% of a
+// read-only kernel (moe_stream_ring), but the kernel reaches about three quarters of it at M = 1: the four warps
+// of a CTA are coupled by every task's block barrier, and each task's epilogue (partial sums, fences, returning
+// atomics, last-arriver sums) sits on the CTA's critical path. Here every warp is on its own, as in the ring
+// kernel: a unit is one K part of one tile, (gate_up | down, item, part, tile), nper = stages / s ring stages
+// (s = sgu or sdn parts per tile, from the host); the warp's ring runs on into its next unit (RS - 1 stages
+// ahead), its first unit is static (the warp's global index) and the rest come from one counter, grabbed one
+// unit ahead by lane 0 (units have at least RS - 1 stages: the host checks).
+//   s > 1: each part stores its fp32 partial (columns < count) to gpart [s, P, I/8, 16] (gate_up) or
+//          ypart [s, P, H] (down), fences (lane 0, after __syncwarp) and counts itself in red[item, tile]; the
+//          part that arrives last (returning atomic) sums the s partials in part order 0..s-1 from 0 (its own
+//          from registers: the same fp32 chain as the CTA-split kernel's shared-memory sum, so outputs are
+//          bit-identical to it at the same split), resets the counter and finishes the tile:
+//   gate_up tile: h = SiLU(gate) * up (bf16) for its 8 columns, then done_gu[item] += 1 (lane 0's fence first);
+//   down tile:    Y[pair, rows] = w_pair * y, then done_dn[tile] += 1 (returning); the item that arrives last
+//          sums, for every token, Y over k ascending into out (NaN for a token with an invalid id) and resets it.
+// A down unit waits (lane 0: relaxed spin, then one acquire) until done_gu[item] == I/8. Units are numbered
+// gate_up first: a down unit waits only for gate_up units with smaller numbers, every one of them held by a
+// running warp that waits for nothing, so the persistent grid cannot deadlock.
+// grid: at most the CTAs that fit at once; block 128. ws: int32 [2 + 128 + H/16 + 128 * I/8 + 128 * H/16], zero
+// before the first launch, left zero by every launch.
+struct WsUnit {
+    bool gu;
+    int item, part, tile;
+};
+
+__device__ __forceinline__ WsUnit ws_decode(int u, int u_gu, int sgu, int sdn, int tiles_gu, int tiles_dn) {
+    WsUnit r;
+    r.gu = u < u_gu;
+    const int s = r.gu ? sgu : sdn, tiles = r.gu ? tiles_gu : tiles_dn, v = r.gu ? u : u - u_gu;
+    r.item = v / (s * tiles);
+    const int w = v - r.item * s * tiles;
+    r.part = w / tiles;
+    r.tile = w - r.part * tiles;
+    return r;
+}
+
+template <int RS>
+__device__ __forceinline__ void moe_small_wsplit_body(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, int sgu,
+    int sdn, __nv_bfloat16* hbuf, float* gpart, float* ypart, float* Y, int* ws, __nv_bfloat16* __restrict__ out,
+    unsigned char* s_ring) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+    const int P = M * topk;
+    const int tiles_gu = I / 8, tiles_dn = H / 16;
+    const int nsup_gu = H / (64 * FR_SUB), nsup_dn = I / (64 * FR_SUB);
+    int* ctr = ws;
+    int* ctr_fin = ws + 1;
+    int* done_gu = ws + 2;
+    int* done_dn = ws + 2 + FR_MAX_PAIRS;
+    int* red_gu = done_dn + tiles_dn;                 // [128, I/8]
+    int* red_dn = red_gu + FR_MAX_PAIRS * tiles_gu;   // [128, H/16]
+    const int u_gu = nitems * sgu * tiles_gu, u_all = u_gu + nitems * sdn * tiles_dn;
+    const int W = gridDim.x * (blockDim.x >> 5), wid = blockIdx.x * (blockDim.x >> 5) + warp;
+
+    // ---- issuer: this warp's units in order, RS - 1 stages ahead
+    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
+    const bool scale_lane = lane < 16;
+    int grab = 0;                       // lane 0: the unit after the one being computed (from the counter)
+    if (lane == 0 && wid < u_all) grab = W + atomicAdd(ctr, 1);
+    int iu = wid, ileft = 0, istride = 0;   // unit being issued, its stages left (-1: nothing more to issue)
+    bool ifirst = true;
+    const uint4* isrc = nullptr;
+    unsigned int wslot = 0;
+    auto issue = [&]() {
+        if (ileft == 0) {   // move to the next unit: the first, then the grabbed one
+            if (!ifirst) iu = __shfl_sync(0xffffffffu, grab, 0);
+            ifirst = false;
+            ileft = -1;
+            if (iu < u_all) {
+                const WsUnit un = ws_decode(iu, u_gu, sgu, sdn, tiles_gu, tiles_dn);
+                const int nsup = un.gu ? nsup_gu : nsup_dn, tiles = un.gu ? tiles_gu : tiles_dn;
+                const int nper = nsup / (un.gu ? sgu : sdn);
+                isrc = (un.gu ? Fgu : Fdn) + ((long long)(it.ie[un.item] * nsup + un.part * nper) * tiles + un.tile) *
+                                                 FR_STAGE_U4 + lane;
+                istride = tiles * FR_STAGE_U4;
+                ileft = nper;
+            }
+        }
+        if (ileft > 0) {
+            const unsigned int d = dst0 + wslot;
+            cp_async16_s(d, isrc);
+            cp_async16_s(d + 512, isrc + 32);
+            cp_async16_s(d + 1024, isrc + 64);
+            cp_async16_s(d + 1536, isrc + 96);
+            if (scale_lane) cp_async16_s(d + 2048, isrc + 128);
+            isrc += istride;
+            --ileft;
+        }
+        cp_async_commit();
+        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+    };
+#pragma unroll
+    for (int i = 0; i < RS - 1; ++i) issue();
+
+    int ready = -1;
+    unsigned int rslot = 0;
+    int cur = wid;
+    while (cur < u_all) {
+        const WsUnit un = ws_decode(cur, u_gu, sgu, sdn, tiles_gu, tiles_dn);
+        const int s = un.gu ? sgu : sdn, nper = (un.gu ? nsup_gu : nsup_dn) / s;
+        const int item = un.item, slot0 = it.islot[item], cnt = it.icnt[item];
+        const int col = g < cnt ? g : 0;   // columns past the item's count repeat its first row (not stored)
+        const __nv_bfloat16* xp =
+            un.gu ? X + (long long)(it.sorted[slot0 + col] / topk) * H + un.part * nper * 64 * FR_SUB
+                  : hbuf + (long long)(slot0 + col) * I + un.part * nper * 64 * FR_SUB;
+        if (!un.gu && item != ready) {   // h of this item: every gate_up tile stored
+            if (lane == 0) {
+                while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
+                (void)ld_acquire_gpu(done_gu + item);
+            }
+            __syncwarp();
+            ready = item;
+        }
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (un.gu) cs_stages<false, RS, 4, true>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS, 4, true>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        const int next = __shfl_sync(0xffffffffu, grab, 0);   // the unit the issuer moved into
+        if (lane == 0 && next < u_all) grab = W + atomicAdd(ctr, 1);
+
+        // ---- this part's result; with s > 1 the last part to arrive finishes the tile
+        bool finish = true;
+        if (s > 1) {
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int c = 2 * t + cc;
+                if (c < cnt) {
+                    float* q = un.gu ? gpart + (((long long)un.part * P + slot0 + c) * tiles_gu + un.tile) * 16
+                                     : ypart + ((long long)un.part * P + slot0 + c) * H + 16 * un.tile;
+                    q[g] = acc[cc];
+                    q[g + 8] = acc[2 + cc];
+                }
+            }
+            __syncwarp();
+            int* red = (un.gu ? red_gu + item * tiles_gu : red_dn + item * tiles_dn) + un.tile;
+            int last = 0;
+            if (lane == 0) {
+                fence_acq_rel_gpu();
+                last = atomicAdd(red, 1) == s - 1;
+                if (last) {
+                    fence_acq_rel_gpu();
+                    *red = 0;
+                }
+            }
+            finish = __shfl_sync(0xffffffffu, last, 0);
+            if (finish) {   // the s partials in part order, from 0 (own from registers)
+                float v[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int pp = 0; pp < s; ++pp) {
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const int c = 2 * t + cc;
+                        float lo = acc[cc], hi = acc[2 + cc];
+                        if (pp != un.part && c < cnt) {
+                            const float* q = un.gu ? gpart + (((long long)pp * P + slot0 + c) * tiles_gu + un.tile) * 16
+                                                   : ypart + ((long long)pp * P + slot0 + c) * H + 16 * un.tile;
+                            lo = ld_cg_f32(q + g);
+                            hi = ld_cg_f32(q + g + 8);
+                        }
+                        v[cc] += lo;
+                        v[2 + cc] += hi;
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[c] = v[c];
+            }
+        }
+        if (finish) {
+            if (un.gu) {
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const int c = 2 * t + cc;
+                    if (c < cnt)
+                        hbuf[(long long)(slot0 + c) * I + 8 * un.tile + g] =
+                            __float2bfloat16(acc[cc] / (1.f + __expf(-acc[cc])) * acc[2 + cc]);
+                }
+                __syncwarp();
+                if (lane == 0) {
+                    fence_acq_rel_gpu();
+                    atomicAdd(done_gu + item, 1);
+                }
+            } else {
+                const int n0 = 16 * un.tile + g;
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const int c = 2 * t + cc;
+                    if (c < cnt) {
+                        const int pair = it.sorted[slot0 + c];
+                        const float wgt = __ldg(topk_w + pair);
+                        Y[(long long)pair * H + n0] = wgt * acc[cc];
+                        Y[(long long)pair * H + n0 + 8] = wgt * acc[2 + cc];
+                    }
+                }
+                __syncwarp();
+                int lastd = 0;
+                if (lane == 0) {
+                    fence_acq_rel_gpu();
+                    lastd = atomicAdd(done_dn + un.tile, 1) == nitems - 1;
+                    if (lastd) fence_acq_rel_gpu();
+                }
+                if (__shfl_sync(0xffffffffu, lastd, 0)) {   // every item has written the tile's rows
+                    for (int idx = lane; idx < M * 16; idx += 32) {
+                        const int m = idx >> 4, n = 16 * un.tile + (idx & 15);
+                        bool ok = true;
+                        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
+                        float sum = __int_as_float(0x7fc00000);
+                        if (ok) {
+                            sum = 0.f;
+                            for (int k = 0; k < topk; ++k) sum += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
+                        }
+                        out[(long long)m * H + n] = __float2bfloat16(sum);
+                    }
+                    __syncwarp();
+                    if (lane == 0) done_dn[un.tile] = 0;
+                }
+            }
+        }
+        cur = next;
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(ctr_fin, 1) == W - 1) {   // last warp of the launch: every other warp is done with the counters
+            ws[0] = 0;
+            ws[1] = 0;
+            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
+        }
+    }
+}
+
+#define MOE_WSPLIT_KERNEL(NAME, RS)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                     \
+        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,         \
+        const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,       \
+        int sgu, int sdn, __nv_bfloat16* hbuf, float* gpart, float* ypart, float* Y, int* ws,                      \
+        __nv_bfloat16* __restrict__ out) {                                                                         \
+        __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                   \
+        moe_small_wsplit_body<RS>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, gpart, ypart, Y, ws,  \
+                                  out, s_ring);                                                                    \
+    }
+MOE_WSPLIT_KERNEL(moe_small_wsplit_r3, 3)
+MOE_WSPLIT_KERNEL(moe_small_wsplit_r4, 4)
+
 // ---------------------------------------------------------------------------------------------------------------
 // The experts the ids touch, in increasing order, into s_list (the same list in every CTA: a ballot prefix per
 // blockDim-wide chunk); returns their number. Every thread of the block must call it.

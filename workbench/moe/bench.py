@@ -1054,7 +1054,15 @@ IN_GRAPH_PREDICTION = (
     "the one-replay time at every M; so M = 1 at 74-81% of copy in-graph (69% one-replay at 1370afb), M = 2 at "
     "77-82%, M >= 3 at or above 80% in both routings. If the two timings differ by under 2 us, the latency "
     "hypothesis is refuted and the gap at M = 1-2 is in the kernel.")
-SMALL_PREDICTIONS = {"moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_WSPLIT_PREDICTION = (
+    "Run 25, written before its first run: moe_small_wsplit (every warp on its own: units of one K part of one tile, "
+    "the ring running on into the next unit, split-K partials reduced by the last part to arrive, no block barrier "
+    "after the prologue) at the M = 1 split (4, 2) with a 3-stage ring takes 53-58 us per call in-graph at M = 1 "
+    "(x4e_r3fst about 65), so 82-90% of copy in-graph and 76-84% in one replay, ahead of x4e_r3fst by at least 5% "
+    "in every row of both processes; at M = 2-4 at the table's splits within 3% of the dispatched kernel either "
+    "way; at M = 8-16, (1, 1), no reduction at all, within 3% as well. Outputs bit-identical to the CTA-split "
+    "kernel at the same split. Dispatched where run 19's rule says so.")
+SMALL_PREDICTIONS = {"moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
@@ -1178,7 +1186,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                     row.update(in_graph_fields(label, t, banks, m, routing, gen, max(10, reps // 2), bpe,
                                                copy_gbps, checks, samples))
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
-                if label.startswith("ctasplit"):
+                if label.startswith(("ctasplit", "wsplit")):
                     sp = ctasplit_splits(H, I, SMALL_VARIANTS[label][1][1])
                     row[f"{label}_splits"] = {f"{sp[0]},{sp[1]}": len(t["rep_idx"])}
                 if label.startswith("splitk"):

@@ -67,6 +67,10 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... and with each CTA's first tasks static, no atomics before the first weight issue (x4e_r3fst; run 23)
     **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs", "r3fst")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
+    # the warp-split form (run 25): every warp on its own, units of one K part of one tile, split-K partials reduced
+    # by the last part to arrive; ("ws", rule, ring stages); "wsplit_r3" takes ctasplit_splits' "ring" rule
+    **{f"wsplit_r{rs}{sfx}": (f"moe_small_wsplit_r{rs}", ("ws", sp, rs)) for rs in (3, 4)
+       for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -249,8 +253,9 @@ def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid
     spec = SMALL_VARIANTS[variant][1]
     if spec is None:
         return (1, 1)
-    if spec[0] == "cta":
-        raise ValueError(f"{variant} is the CTA-split form: its splits are workbench.moe.ctasplit.ctasplit_splits")
+    if spec[0] in ("cta", "ws"):
+        raise ValueError(f"{variant} is a CTA-split or warp-split form: its splits are "
+                         "workbench.moe.ctasplit.ctasplit_splits")
     sgu, sdn, per_warp = spec
     want = min(per_warp * grid_ctas * (THREADS // 32), 1 << 30)
     return (splitk_choice(items, intermediate // 8, hidden // 256, sgu, want),
@@ -312,6 +317,30 @@ def _ctasplit_workspace(device: torch.device, hidden: int) -> torch.Tensor:
         ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16, dtype=torch.int32, device=device)
         _WORKSPACE[key] = ws
     return ws
+
+
+def _wsplit_workspace(device: torch.device, hidden: int, intermediate: int) -> torch.Tensor:
+    """Zeroed int32 counters of moe_small_wsplit [2 + 128 + H/16 + 128 * I/8 + 128 * H/16] (as
+    :func:`_small_workspace`: left zero by every launch; the per-tile part counters of both phases come last)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = ("wsplit", idx, hidden, intermediate)
+    ws = _WORKSPACE.get(key)
+    if ws is None:
+        ws = torch.zeros(2 + SMALL_MAX_PAIRS + hidden // 16 + SMALL_MAX_PAIRS * (intermediate // 8 + hidden // 16),
+                         dtype=torch.int32, device=device)
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def wsplit_splits(hidden: int, intermediate: int, rule: str | tuple[int, int], ring_stages: int) -> tuple[int, int]:
+    """(gate_up split, down split) of moe_small_wsplit_r<ring_stages>: ``ctasplit_splits``' choice, each phase's
+    units (stages / split) at least ring_stages - 1 stages long (the issuer runs at most one unit ahead)."""
+    sgu, sdn = ctasplit_splits(hidden, intermediate, rule)
+    for name, k, sp in (("gate_up", hidden, sgu), ("down", intermediate, sdn)):
+        if k // 256 // sp < ring_stages - 1:
+            raise ValueError(f"{name} split {sp} leaves {k // 256 // sp} stages per unit; moe_small_wsplit_r"
+                             f"{ring_stages} needs at least {ring_stages - 1}")
+    return sgu, sdn
 
 
 def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused") -> int:
@@ -455,6 +484,15 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         ws = _ctasplit_workspace(dev, h)
         launch(kern, (grid,), (THREADS,),
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
+        return out
+    if spec[0] == "ws":
+        sgu, sdn = wsplit_splits(h, i, spec[1], spec[2])
+        gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
+        ypart = torch.empty(sdn * p * h if sdn > 1 else 1, dtype=torch.float32, device=dev)
+        ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
+        ws = _wsplit_workspace(dev, h, i)
+        launch(kern, (grid,), (THREADS,),
+               (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, gpart, ypart, ybuf, ws, out))
         return out
     sgu, sdn, per_warp = spec
     want = min(per_warp * grid * (THREADS // 32), 1 << 30)
