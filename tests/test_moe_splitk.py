@@ -24,17 +24,14 @@ KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs
 
 
 def test_default_variant_and_table_as_measured():
-    """moe_small_xend*.json (e544bfd), moe_small_xend_splits*.json (1088c4d), moe_small_f16*.json (c8de03a) and
-    moe_small_dispatch.json (595cffc), moe_small_xs*.json (709c28f), moe_small_r3*.json (26489aa) and
-    moe_small_r3f*.json (ccd154f), moe_small_r3fs*.json (0310cea), moe_small_r3fst*.json (5fd4788), H200: ctasplit_x4e
-    with a 3-stage ring at M = 1 (one fence per publish, relaxed h spin then one acquire, static first tasks), at the fixed split (4, 1) at M = 2, at (2, 1) at M = 3-4 (these
-    two with one fence per publish), at (1, 1) at M = 5-16."""
+    """moe_small_r3fst*.json (5fd4788) and moe_small_wsplit*.json (42799f6), H200: ctasplit_x4e_r3fst at M = 1, the
+    warp-split kernel with a 3-stage ring at the fixed split (2, 1) at M = 2 and unsplit at M = 3-16 (run 23b's rule,
+    report.split_rule_rows)."""
     assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3f_g4d1"), (4, "ctasplit_x4e_r3f_g2d1"),
-                           (16, "ctasplit_x4e_r3_g1d1")]
+    assert SMALL_TABLE == [(1, "ctasplit_x4e_r3fst"), (2, "wsplit_r3_g2d1"), (16, "wsplit_r3_g1d1")]
     assert [small_variant_for(m, 8) for m in (1, 2, 3, 4, 5, 16, 17)] == [
-        "ctasplit_x4e_r3fst", "ctasplit_x4e_r3f_g4d1", "ctasplit_x4e_r3f_g2d1", "ctasplit_x4e_r3f_g2d1",
-        "ctasplit_x4e_r3_g1d1", "ctasplit_x4e_r3_g1d1", None]
+        "ctasplit_x4e_r3fst", "wsplit_r3_g2d1", "wsplit_r3_g1d1", "wsplit_r3_g1d1", "wsplit_r3_g1d1",
+        "wsplit_r3_g1d1", None]
     with pytest.raises(ValueError, match="small variant"):
         set_small_variant("splitk_s9")
     saved = list(SMALL_TABLE)

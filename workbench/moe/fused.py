@@ -3,9 +3,9 @@
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
-launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: ``moe_small_ctasplit_x4e`` at M = 1 and, at
-the fixed split (4, 1), at M = 2, at (2, 1) at M = 3-4 and at (1, 1) at M = 5-16 on the H200, each with a 3-stage
-ring (``moe_small_ctasplit_x4e_r3``); grouping, gate/up with SiLU, down and the sum over
+launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: the CTA-split ``moe_small_ctasplit_x4e_r3fst``
+at M = 1, the warp-split ``moe_small_wsplit_r3`` at the split (2, 1) at M = 2 and unsplit at M = 3-16 on the H200,
+each with a 3-stage ring); grouping, gate/up with SiLU, down and the sum over
 k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
@@ -105,8 +105,10 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # (moe_small_r3fs*.json, 0310cea; block small_r3fs): x4e_r3fs (the h wait spins relaxed, then one acquire) passes it
 # against x4e_r3f at M = 1 only. Run 23 (moe_small_r3fst*.json, 5fd4788; block small_r3fst): x4e_r3fst (static first
 # tasks) passes it against x4e_r3fs at M = 1.
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3f_g4d1"),
-                                             (4, "ctasplit_x4e_r3f_g2d1"), (16, "ctasplit_x4e_r3_g1d1")]
+# Run 25 (moe_small_wsplit*.json, 42799f6; block small_wsplit): by run 23b's rule (report.split_rule_rows) the
+# warp-split kernel replaces the CTA-split one at M = 2 (wsplit_r3 at (2, 1)) and M = 3-16 (at (1, 1): no split-K,
+# every warp a whole tile's K); at M = 1 its split forms are far behind and x4e_r3fst stays.
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "wsplit_r3_g2d1"), (16, "wsplit_r3_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}
