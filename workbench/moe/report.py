@@ -845,6 +845,19 @@ def block_small_r3fst() -> str:
             + markdown_table(split_rule_rows(SMALL_R3FST_SPLITS, R3FST_CANDIDATES, R3FST_DISPATCHED)))
 
 
+SMALL_WSPLIT = ("moe_small_wsplit", "moe_small_wsplit_2")   # run 25: the warp-split kernel beside the dispatch
+WSPLIT_CANDIDATES = ("wsplit_r3", "wsplit_r4", "wsplit_r3_g4d1", "wsplit_r3_g2d1", "wsplit_r3_g1d1")
+WSPLIT_DISPATCHED = R3FST_DISPATCHED   # the dispatch when run 25 ran (run 23b's)
+
+
+def block_small_wsplit() -> str:
+    """Run 25: the warp-split kernel at five forms beside the dispatched paths, two processes, and run 23b's rule."""
+    return (_small_run_block(SMALL_WSPLIT[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_WSPLIT[1])
+            + "\nPer M range, run 23b's rule (the best candidate replaces the dispatched path if its mean over the "
+            "range's rows of the mean over the processes is > 0 and no row's mean is below -1.5):\n\n"
+            + markdown_table(split_rule_rows(SMALL_WSPLIT, WSPLIT_CANDIDATES, WSPLIT_DISPATCHED)))
+
+
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
 
 
@@ -1013,6 +1026,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "ncu": block_ncu,
     "families": block_families,
     "tuning": block_tuning,
+    "small_wsplit": block_small_wsplit,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
     "diag_decomposition": ceiling_report.block_diag_decomposition,
