@@ -466,3 +466,53 @@ def test_wsplit_parity_split2(splitk_on, m):
     ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=21 + m)
     res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+# ---- the CTA-split kernel without its block barrier (x4e_r3nb; run 26): bit-identical to x4e_r3* at the same split
+
+NB_BASE = {"ctasplit_x4e_r3nb": "ctasplit_x4e_r3fst", "ctasplit_x4e_r3nb_g4d1": "ctasplit_x4e_r3f_g4d1",
+           "ctasplit_x4e_r3nb_g2d1": "ctasplit_x4e_r3f_g2d1", "ctasplit_x4e_r3nb_g1d1": "ctasplit_x4e_r3_g1d1"}
+
+
+@pytest.mark.parametrize("splitk_on", list(NB_BASE), indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_nb_parity_and_equal_to_ctasplit_kimi_shape(splitk_on, m):
+    from workbench.moe.fused import set_small_variant
+
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=110 + m)
+    for routing in ("uniform", "skewed"):
+        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
+        assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    g = torch.Generator().manual_seed(115 + m)
+    ids, w = make_routing(m, 24, 8, "uniform", g)
+    if m == 1:
+        ids[0, 1] = ids[0, 0]
+    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    set_small_variant(NB_BASE[splitk_on])   # restored by the fixture
+    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    assert torch.isfinite(a).all() and torch.equal(a, b), splitk_on
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4e_r3nb", "ctasplit_x4e_r3nb_g1d1"], indirect=True)
+def test_nb_edge_cases_graph_replays_and_determinism(small, splitk_on):
+    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
+        assert res["ok"], res
+    for m in (1, 4, 16):
+        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+        assert res["ok"], res
+    for m in (1, 16):
+        g = torch.Generator().manual_seed(50 + m)
+        ids, w = make_routing(m, 16, 8, "skewed", g)
+        x = torch.randn(m, 1024, generator=g).bfloat16().cuda()
+        assert torch.equal(fused_moe_int4(x, ids.cuda(), w.cuda(), small), fused_moe_int4(x, ids.cuda(), w.cuda(), small))
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4e_r3nb"], indirect=True)
+@pytest.mark.parametrize("m", [1, 3])
+def test_nb_parity_split2(splitk_on, m):
+    ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=31 + m)
+    res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
+    assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res

@@ -1768,6 +1768,152 @@ MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
 
+// The CTA-split kernel without its block barrier (x4e_r3nb; run 26). Runs 24-25: the per-warp ring alone streams
+// at the read kernel's rate, the warp-split kernel loses at M = 1-2 because every warp pays its own reduction, and
+// the CTA-split kernel pays one reduction per four warps but couples them: each task's block barrier waits for the
+// warp that did the previous task's epilogue. Here the four warps still share each task (the same tiles and split
+// as moe_small_ctasplit_body, the partial sums added in shared memory by one warp with cs_epilogue, so the outputs
+// are bit-identical to it), but nothing waits for a whole CTA: the CTA's tasks are static (task j is
+// blockIdx.x + j * gridDim.x: no queue, no counter), each warp writes its part of task j to buffer j % NB and counts
+// itself in that buffer's arrival counter (shared memory), and the warp that arrives last runs the epilogue,
+// then frees the buffer (its generation count). A warp waits only for a free buffer (task j - NB's epilogue) and,
+// for a down task, for its item's h. Progress: the slowest warp of a CTA never waits for a buffer (every warp has
+// passed its task - NB, whose last arriver ran the epilogue without waiting for anything), and every task before a
+// gate_up task is a gate_up task (numbers), so every gate_up tile is published whatever the down tasks wait for.
+#define CS_NB 4
+template <int RS>
+__device__ __forceinline__ void moe_small_ctasplit_nb_body(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out,
+    unsigned char* s_ring, float4* s_part) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    __shared__ int s_arrive[CS_NB], s_gen[CS_NB];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    if (tid < CS_NB) {
+        s_arrive[tid] = 0;
+        s_gen[tid] = 0;
+    }
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+    int* ctr_fin = ws + 1;
+    int* done_gu = ws + 2;
+    int* done_dn = ws + 2 + FR_MAX_PAIRS;
+    const int tiles_gu = I / 8, tiles_dn = H / 16;
+    const int nsup_gu = H / (64 * FR_SUB), nsup_dn = I / (64 * FR_SUB);
+    const int t_gu = nitems * (tiles_gu * sgu / 4), t_all = t_gu + nitems * (tiles_dn * sdn / 4);
+    const int G = gridDim.x, b = blockIdx.x;
+
+    // ---- issuer: this warp's part of the CTA's static tasks b, b + G, ..., RS - 1 stages ahead
+    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
+    const bool scale_lane = lane < 16;
+    int itn = b - G, ileft = 0, istride = 0;
+    const uint4* isrc = nullptr;
+    unsigned int wslot = 0;
+    auto issue = [&]() {
+        if (ileft == 0) {
+            itn += G;
+            ileft = -1;
+            if (itn < t_all) {
+                const CsTask tk = cs_decode(itn, t_gu, sgu, sdn, tiles_gu, tiles_dn);
+                const int nsup = tk.gu ? nsup_gu : nsup_dn, tiles = tk.gu ? tiles_gu : tiles_dn;
+                const int tile = tk.grp * (4 / tk.s) + warp / tk.s, part = warp % tk.s, nper = nsup / tk.s;
+                isrc = (tk.gu ? Fgu : Fdn) + ((long long)(it.ie[tk.item] * nsup + part * nper) * tiles + tile) * FR_STAGE_U4
+                       + lane;
+                istride = tiles * FR_STAGE_U4;
+                ileft = nper;
+            }
+        }
+        if (ileft > 0) {
+            const unsigned int d = dst0 + wslot;
+            cp_async16_s(d, isrc);
+            cp_async16_s(d + 512, isrc + 32);
+            cp_async16_s(d + 1024, isrc + 64);
+            cp_async16_s(d + 1536, isrc + 96);
+            if (scale_lane) cp_async16_s(d + 2048, isrc + 128);
+            isrc += istride;
+            --ileft;
+        }
+        cp_async_commit();
+        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+    };
+#pragma unroll
+    for (int s = 0; s < RS - 1; ++s) issue();
+
+    int ready = -1;
+    unsigned int rslot = 0;
+    volatile int* gen = s_gen;
+    for (int j = 0;; ++j) {
+        const int tj = b + j * G;
+        if (tj >= t_all) break;
+        const CsTask tk = cs_decode(tj, t_gu, sgu, sdn, tiles_gu, tiles_dn);
+        const bool gu = tk.gu;
+        const int item = tk.item, part = warp % tk.s, nper = (gu ? nsup_gu : nsup_dn) / tk.s;
+        const int slot0 = it.islot[item], cnt = it.icnt[item];
+        const int col = g < cnt ? g : 0;
+        const __nv_bfloat16* xp =
+            gu ? X + (long long)(it.sorted[slot0 + col] / topk) * H + part * nper * 64 * FR_SUB
+               : hbuf + (long long)(slot0 + col) * I + part * nper * 64 * FR_SUB;
+        if (!gu && item != ready) {   // h of this item: every gate_up tile stored (relaxed spin, one acquire)
+            if (lane == 0) {
+                while (ld_relaxed_gpu(done_gu + item) < tiles_gu) __nanosleep(128);
+                (void)ld_acquire_gpu(done_gu + item);
+            }
+            __syncwarp();
+            ready = item;
+        }
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (gu) cs_stages<false, RS, 4, true>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        else cs_stages<true, RS, 4, true>(acc, xp + 8 * t, nper, ring, rslot, issue);
+        const int bi = j % CS_NB;
+        if (lane == 0)
+            while (gen[bi] < j / CS_NB) __nanosleep(32);   // task j - NB's epilogue has read the buffer
+        __syncwarp();
+        __threadfence_block();
+        float4* buf = s_part + bi * 128;
+        buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            __threadfence_block();
+            last = atomicAdd(&s_arrive[bi], 1) == 3;
+            if (last) __threadfence_block();
+        }
+        if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+        // ---- the last warp to arrive: task j's epilogue, then the buffer is free for task j + NB
+        cs_epilogue<true>(tk, it, buf, M, topk, H, I, nitems, hbuf, Y, topk_w, done_gu, done_dn, out);
+        __syncwarp();
+        if (lane == 0) {
+            s_arrive[bi] = 0;
+            __threadfence_block();
+            gen[bi] = j / CS_NB + 1;
+        }
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(ctr_fin, 1) == (int)(gridDim.x * (blockDim.x / 32)) - 1) {
+            ws[0] = 0;
+            ws[1] = 0;
+            for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit_x4e_r3nb(
+    const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
+    const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
+    int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {
+    __shared__ __align__(16) unsigned char s_ring[4 * 3 * FR_STAGE_U4 * 16];
+    __shared__ float4 s_part[CS_NB * 128];
+    moe_small_ctasplit_nb_body<3>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, Y, ws, out, s_ring,
+                                  s_part);
+}
+
 // ===================================================================================================
 // Warp-split form of the one-launch kernel (moe_small_wsplit_*; workbench/moe/fused.py "ws" variants).
 //

@@ -1062,7 +1062,13 @@ SMALL_WSPLIT_PREDICTION = (
     "in every row of both processes; at M = 2-4 at the table's splits within 3% of the dispatched kernel either "
     "way; at M = 8-16, (1, 1), no reduction at all, within 3% as well. Outputs bit-identical to the CTA-split "
     "kernel at the same split. Dispatched where run 19's rule says so.")
-SMALL_PREDICTIONS = {"moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_NB_PREDICTION = (
+    "Run 26, written before its first run: x4e_r3nb (the CTA-split kernel with static tasks and no block barrier: each "
+    "warp counts itself into its task's partial-sum buffer, the last to arrive runs the epilogue; outputs bit-identical "
+    "to x4e_r3fst / x4e_r3f / x4e_r3 at the same split) is 3-8% faster than x4e_r3fst at M = 1 (the rule's split, "
+    "(4, 2)) in every row of both processes, and at M = 2 at (4, 1) within 2 points of wsplit_r3_g2d1 either way. "
+    "Refuted if it is not ahead of x4e_r3fst at M = 1 on average. Dispatched where run 23b's rule says so.")
+SMALL_PREDICTIONS = {"moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
