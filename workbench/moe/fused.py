@@ -71,10 +71,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # by the last part to arrive; ("ws", rule, ring stages); "wsplit_r3" takes ctasplit_splits' "ring" rule
     **{f"wsplit_r{rs}{sfx}": (f"moe_small_wsplit_r{rs}", ("ws", sp, rs)) for rs in (3, 4)
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
-    # the CTA-split kernel without its block barrier (run 26): static tasks, per-buffer arrival counts, the last warp
-    # to arrive runs the epilogue
-    **{f"ctasplit_x4e_r3nb{sfx}": ("moe_small_ctasplit_x4e_r3nb", ("cta", sp))
-       for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
+    # (run 26's x4e_r3nb, the CTA-split kernel without its block barrier, was slower everywhere: reverted, in git
+    # history at a62ea3b; moe_small_nb*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16

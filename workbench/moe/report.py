@@ -858,6 +858,18 @@ def block_small_wsplit() -> str:
             + markdown_table(split_rule_rows(SMALL_WSPLIT, WSPLIT_CANDIDATES, WSPLIT_DISPATCHED)))
 
 
+SMALL_NB = ("moe_small_nb", "moe_small_nb_2")   # run 26: x4e_r3nb (no block barrier; reverted code, a62ea3b)
+NB_CANDIDATES = tuple(f"ctasplit_x4e_r3nb{sfx}" for sfx in ("", "_g4d1", "_g2d1", "_g1d1"))
+NB_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "wsplit_r3_g2d1"), (3, 16, "wsplit_r3_g1d1"))   # run 25's
+
+
+def block_small_nb() -> str:
+    """Run 26: the CTA-split kernel without its block barrier beside today's dispatch, two processes, run 23b's rule."""
+    return (_small_run_block(SMALL_NB[0]) + "\nThe second process:\n\n" + _small_run_block(SMALL_NB[1])
+            + "\nPer M range, run 23b's rule:\n\n"
+            + markdown_table(split_rule_rows(SMALL_NB, NB_CANDIDATES, NB_DISPATCHED)))
+
+
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
 
 
@@ -1027,6 +1039,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "families": block_families,
     "tuning": block_tuning,
     "small_wsplit": block_small_wsplit,
+    "small_nb": block_small_nb,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
     "diag_decomposition": ceiling_report.block_diag_decomposition,
