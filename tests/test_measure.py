@@ -25,3 +25,18 @@ def test_tables():
     assert list(fig.data[0].header.values) == ["a", "b", "c"]
     txt = display.text_table(rows)
     assert "12,345" in txt and txt.splitlines()[0].split() == ["a", "b", "c"]
+
+
+@pytest.mark.gpu
+def test_clock_phases_sample_clocks_while_a_graph_runs():
+    """measure.clock_phases: every phase replayed, per-call times positive, nvidia-smi samples inside each phase."""
+    import torch
+
+    from workbench.measure import capture_graphs, clock_phases
+
+    x = torch.zeros(1 << 20, device="cuda")
+    [g] = capture_graphs([lambda: [x.add_(1.0) for _ in range(8)]])
+    rows, raw = clock_phases([("add", g.replay, 8)], seconds=0.5, idle_s=0.3)
+    assert rows[0]["replays"] > 5 and rows[0]["first5_ms_per_call"] > 0
+    assert rows[0]["smi_samples"] > 0 and rows[0]["sm_mhz_median"] > 0
+    assert raw["idle_sm_mhz_median"] is not None

@@ -41,7 +41,8 @@ def test_expected_sink_counts_each_touched_expert_once(tiny):
 
 def test_diagnostic_build_is_scoped_and_checked():
     from workbench.moe import fused
-    from workbench.moe.diag import BUILDS, reason_names
+    from workbench.measure import clock_event_reason_names as reason_names
+    from workbench.moe.diag import BUILDS
 
     assert fused.SMALL_OPTIONS["options"] == ()
     with fused.diagnostic_build(BUILDS["nomath"]) as opts:

@@ -203,6 +203,59 @@ def _parse_variants(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+CLOCK_PREDICTION = (
+    "Written before the run: the MoE kernel's clock probe (moe_clock_probe.json) found the H200 at its 700 W cap with "
+    "any kernel back to back for seconds. The verify kernel is compute-bound from H = 64; its in-graph figure (25 "
+    "replays of 16 calls, about half a second at H = 64 128k) runs under that cap, while the floor's bf16 rate "
+    "(measure_bf16_matmul_tflops: 10 GEMMs, about 15 ms) does not. Predicted: back to back for 3 s, the cuBLAS GEMM's "
+    "rate in the second half is at least 10% below its first replays' and its SM clock below 1800 MHz; the verify "
+    "kernel at H = 64, P = 128k slows by at least 5% from its first replays to the second half, at H = 8 by less. "
+    "Refuted if the GEMM's second-half rate is within 5% of its first replays'.")
+
+
+def run_clock_probe(out_dir: Any = None, heads: Sequence[int] = (64, 8), prefix: int = 131072, nodes: int = 33,
+                    seconds: float = 3.0, n: int = 8192, name: str = "ddtree_verify_clock_probe",
+                    prediction: str = CLOCK_PREDICTION) -> Any:
+    """SM clock, power and per-call time with one kind of call back to back for ``seconds`` (measure.clock_phases):
+    the floor's bf16 GEMM (n x n x n, 4 per graph) and :func:`verify_attention` at each H of ``heads`` at ``prefix``
+    (16 calls per graph, rotating input sets as the benchmark does). Rows add the GEMM's TFLOP/s (first replays and
+    second half) and the committed short-run rate for comparison. Writes ``<name>.json``."""
+    import torch
+
+    from workbench.measure import capture_graphs, clock_phases, measure_bf16_matmul_tflops, write_measurement
+
+    mm = measure_bf16_matmul_tflops(n)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    phases_fn = [(f"gemm_bf16_{n}", lambda: [torch.matmul(a, b, out=c) for _ in range(4)], 4)]
+    sets = {}
+    for H in heads:
+        sets[H] = _input_sets(H, prefix, nodes, 0)
+
+        def calls(H=H):
+            for i in range(16):
+                V.verify_attention(**sets[H][i % len(sets[H])], check=False)
+        phases_fn.append((f"verify_h{H}_p{prefix}", calls, 16))
+    graphs = capture_graphs([fn for _, fn, _ in phases_fn])
+    rows, raw = clock_phases([(label, g.replay, k) for (label, _, k), g in zip(phases_fn, graphs)], seconds)
+    flop = 2 * n ** 3
+    for r in rows:
+        if r["phase"].startswith("gemm"):
+            r["first5_tflops"] = flop / (r["first5_ms_per_call"] * 1e-3) / 1e12
+            r["second_half_tflops"] = flop / (r["second_half_ms_per_call"] * 1e-3) / 1e12
+        r["slowdown_pct"] = 100 * (r["second_half_ms_per_call"] / r["first5_ms_per_call"] - 1)
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
+    params = {"heads": list(heads), "prefix": prefix, "nodes": nodes, "seconds": seconds, "gemm_n": n,
+              "gemm_per_graph": 4, "verify_calls_per_graph": 16, "smi_period_ms": 20}
+    return write_measurement(name, parameters=params, out_dir=out_dir,
+                             results={"rows": rows, "idle_sm_mhz_median": raw["idle_sm_mhz_median"],
+                                      "short_run_bf16_tflops": mm["tflops"]},
+                             samples={**{k: raw[k] for k in ("smi", "windows", "per_call_ms")},
+                                      "short_run_matmul_ms": mm["samples_ms"]},
+                             notes=prediction)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.ddtree.verify_probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for ddtree_verify_probe.json (default: data/measurements/<gpu>)")
@@ -218,7 +271,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--name", default="ddtree_verify_probe", help="measurement name (DIR/NAME.json)")
     ap.add_argument("--extra-notes", default="", help="text appended to the file's notes")
     ap.add_argument("--ncu", action="store_true", help="one call per point and variant inside cudaProfilerStart/Stop")
+    ap.add_argument("--clocks", action="store_true", help="run_clock_probe instead (ddtree_verify_clock_probe.json)")
     args = ap.parse_args(argv)
+    if args.clocks:
+        print(run_clock_probe(args.out))
+        return 0
 
     import torch
 

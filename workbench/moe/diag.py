@@ -18,18 +18,10 @@ Both write a measurement file with the prediction written before the run as its 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
-import datetime
-import io
-import itertools
-import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -137,80 +129,6 @@ def run_decomposition(out_dir: str | Path | None, m_values=(1, 2, 16), routing: 
 
 # ----------------------------------------------------------------------------- clocks
 
-SMI_FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
-
-
-@contextlib.contextmanager
-def smi_sampler(period_ms: int = 20) -> Iterator[list[dict[str, Any]]]:
-    """Sample ``nvidia-smi`` every ``period_ms`` while the block runs; the yielded list is filled when the block
-    ends: one dict per sample, ``t`` in seconds on ``time.time()``'s clock (nvidia-smi's timestamp),
-    ``sm_mhz``, ``mem_mhz``, ``power_w``, ``temp_c``, ``reasons`` (the active clock-event bit mask, int)."""
-    out: list[dict[str, Any]] = []
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise RuntimeError("nvidia-smi not found: the clock probe needs it")
-    fields = list(SMI_FIELDS)
-    if subprocess.run([exe, f"--query-gpu={fields[-1]}", "--format=csv,noheader"], capture_output=True).returncode:
-        fields[-1] = "clocks_throttle_reasons.active"   # the field's name before the rename
-    proc = subprocess.Popen([exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                             f"-lms={period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[tuple[float, str]] = []
-    import threading
-
-    def reader() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append((time.time(), line.strip()))
-
-    th = threading.Thread(target=reader, daemon=True)
-    th.start()
-    try:
-        yield out
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        th.join(timeout=5)
-        for _, line in lines:
-            parts = [p.strip() for p in next(csv.reader(io.StringIO(line)), [])]
-            if len(parts) != len(fields):
-                continue
-            try:   # nvidia-smi's own timestamp (local time): its output reaches a pipe in blocks
-                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                out.append({"t": t, "sm_mhz": float(parts[1]), "mem_mhz": float(parts[2]),
-                            "power_w": float(parts[3]), "temp_c": float(parts[4]), "reasons": int(parts[5], 16)})
-            except ValueError:
-                continue
-        if not out:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"nvidia-smi gave no samples: {err.strip()[:300]}")
-
-
-# nvidia-smi clock-event reason bits (nvmlClocksEventReason*)
-REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-           0x20: "sync_boost", 0x40: "sw_thermal", 0x80: "hw_thermal", 0x100: "hw_power_brake"}
-
-
-def reason_names(mask: int) -> list[str]:
-    return [n for b, n in REASONS.items() if mask & b]
-
-
-def _replay_for(graph_replay: Callable[[], None], seconds: float, calls: int) -> tuple[float, float, list[float]]:
-    """Replay for about ``seconds``; returns (start, end) on time.time() and per-call ms of every replay."""
-    per_call = []
-    t0 = time.time()
-    while time.time() - t0 < seconds:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph_replay()
-        b.record()
-        b.synchronize()
-        per_call.append(a.elapsed_time(b) / calls)
-    return t0, time.time(), per_call
-
-
 def run_clock_probe(out_dir: str | Path | None, m_hi: int = 16, seconds: float = 2.0, seed: int = 0,
                     gap_cycles: int = 400_000, name: str = "moe_clock_probe",
                     prediction: str = CLOCK_PREDICTION) -> Path:
@@ -219,7 +137,7 @@ def run_clock_probe(out_dir: str | Path | None, m_hi: int = 16, seconds: float =
     kernel likewise, the fused path with a sleep of ``gap_cycles`` after every call, the fused path in-graph at
     M = 1. Per phase: per-call ms of the first 5 replays and of the second half, and the median SM clock, power,
     the union of the clock-event reasons over the samples inside the phase (its first 10% excluded)."""
-    from workbench.measure import capture_graphs, write_measurement
+    from workbench.measure import capture_graphs, clock_phases, write_measurement
     from workbench.moe.bench import IN_GRAPH_CALLS, KIMI, kimi_banks, make_routing
     from workbench.moe.ceiling import stream_touched
 
@@ -254,41 +172,15 @@ def run_clock_probe(out_dir: str | Path | None, m_hi: int = 16, seconds: float =
               (f"fused_m{m_hi}_gap", fused_calls(m_hi, gap_cycles)), ("fused_m1", fused_calls(1)),
               ("read_m1", read_calls(1))]
     graphs = capture_graphs([fn for _, fn in phases])
-    windows, per_call = {}, {}
-    with smi_sampler() as smi:
-        time.sleep(1.0)
-        for (label, _), g in zip(phases, graphs):
-            t0, t1, pc = _replay_for(g.replay, seconds, IN_GRAPH_CALLS)
-            windows[label], per_call[label] = (t0, t1), pc
-            time.sleep(1.0)
-    rows = []
-    idle = [s for s in smi if s["t"] < windows[phases[0][0]][0]]
-    for label, _ in phases:
-        t0, t1 = windows[label]
-        inside = [s for s in smi if t0 + 0.1 * (t1 - t0) <= s["t"] <= t1]
-        pc = per_call[label]
-        mask = 0
-        for s in inside:
-            mask |= s["reasons"]
-        rows.append({"phase": label, "replays": len(pc), "seconds": t1 - t0,
-                     "first5_ms_per_call": statistics.median(pc[:5]),
-                     "second_half_ms_per_call": statistics.median(pc[len(pc) // 2:]),
-                     "smi_samples": len(inside),
-                     "sm_mhz_median": statistics.median(s["sm_mhz"] for s in inside) if inside else None,
-                     "sm_mhz_min": min(s["sm_mhz"] for s in inside) if inside else None,
-                     "power_w_median": statistics.median(s["power_w"] for s in inside) if inside else None,
-                     "power_w_max": max(s["power_w"] for s in inside) if inside else None,
-                     "temp_c_max": max(s["temp_c"] for s in inside) if inside else None,
-                     "reasons": reason_names(mask)})
-        print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+    rows, raw = clock_phases([(label, g.replay, IN_GRAPH_CALLS) for (label, _), g in zip(phases, graphs)], seconds)
+    for r in rows:
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}, flush=True)
     params = {"m_hi": m_hi, "seconds": seconds, "seed": seed, "gap_cycles": gap_cycles,
               "in_graph_calls": IN_GRAPH_CALLS, "read_config": list(READ_CONFIG), "smi_period_ms": 20,
               "small_table": [[u, v] for u, v in fused.SMALL_TABLE]}
     return write_measurement(name, parameters=params,
-                             results={"rows": rows,
-                                      "idle_sm_mhz_median": statistics.median(s["sm_mhz"] for s in idle)
-                                      if idle else None},
-                             samples={"smi": smi, "windows": windows, "per_call_ms": per_call},
+                             results={"rows": rows, "idle_sm_mhz_median": raw["idle_sm_mhz_median"]},
+                             samples={k: raw[k] for k in ("smi", "windows", "per_call_ms")},
                              notes=prediction, out_dir=out_dir)
 
 
