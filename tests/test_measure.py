@@ -42,3 +42,28 @@ def test_clock_phases_sample_clocks_while_a_graph_runs():
     assert rows[0]["replays"] > 5 and rows[0]["first5_ms_per_call"] > 0
     assert rows[0]["smi_samples"] > 0 and rows[0]["sm_mhz_median"] > 0
     assert raw["idle_sm_mhz_median"] is not None
+
+
+def test_smi_sampler_parses_a_fake_nvidia_smi(tmp_path, monkeypatch):
+    """measure.smi_sampler on a stand-in nvidia-smi (a script printing CSV lines as the real one does): samples
+    parsed with nvidia-smi's own timestamps, the reason mask as hex, and no sample when the tool prints nothing."""
+    import time
+
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text("#!/usr/bin/env python3\n"
+                   "import sys, time, datetime\n"
+                   "if not any(a.startswith('-lms') for a in sys.argv): sys.exit(0)\n"
+                   "while True:\n"
+                   "    t = datetime.datetime.now().strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
+                   "    print(f'{t}, 1560, 3201, 690.5, 55, 0x0000000000000004', flush=True)\n"
+                   "    time.sleep(0.02)\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    t0 = time.time()
+    with measure.smi_sampler(20) as smi:
+        time.sleep(0.4)
+    assert len(smi) >= 3
+    s = smi[-1]
+    assert (s["sm_mhz"], s["power_w"], s["temp_c"]) == (1560.0, 690.5, 55.0)
+    assert measure.clock_event_reason_names(s["reasons"]) == ["sw_power_cap"]
+    assert t0 - 1 <= s["t"] <= time.time() + 1
