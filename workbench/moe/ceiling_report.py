@@ -62,11 +62,11 @@ def block_stream_ceiling() -> str:
 
 def ring_rows(names: tuple[str, ...] = RINGS) -> list[dict[str, Any]]:
     """Per file, M and ring shape: its share of the read kernel's rate in each timing (the same process's)."""
+    from workbench.moe.ceiling import _ring_label
+
     rows = []
     for name in names:
         doc = _load(name)
-        from workbench.moe.ceiling import _ring_label
-
         labels = [_ring_label(tuple(c)) for c in doc["parameters"]["ring_configs"]]
         for r in doc["results"]["rows"]:
             for lab in labels:
