@@ -677,6 +677,22 @@ __device__ __forceinline__ void cp_async16_s(unsigned int d, const void* gsrc) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gsrc) : "memory");
 }
 
+// One 2304-byte ring stage (one tile's 256 K: four 512-byte blocks of weights, then lanes 0-15 copy the 256 bytes of
+// scales) from this lane's first uint4 `src` to this lane's shared address `d` in the slot: five cp.async.
+__device__ __forceinline__ void cp_async_stage(unsigned int d, const uint4* src, bool scale_lane) {
+    cp_async16_s(d, src);
+    cp_async16_s(d + 512, src + 32);
+    cp_async16_s(d + 1024, src + 64);
+    cp_async16_s(d + 1536, src + 96);
+    if (scale_lane) cp_async16_s(d + 2048, src + 128);
+}
+
+// Byte offset of the ring slot after `slot` in a per-warp ring of RS stages of FR_STAGE_U4 uint4 each.
+template <int RS>
+__device__ __forceinline__ unsigned int ring_next(unsigned int slot) {
+    return slot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : slot + FR_STAGE_U4 * 16;
+}
+
 // (w & 0x000F000F) | 0x43004300 in ONE instruction (written in C, ptxas emits an AND and an OR).
 __device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
     unsigned int r;
@@ -758,16 +774,12 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     auto issue = [&]() {
         if (left > 0) {
             const unsigned int d = dst0 + wslot;
-            cp_async16_s(d, src);
-            cp_async16_s(d + 512, src + 32);
-            cp_async16_s(d + 1024, src + 64);
-            cp_async16_s(d + 1536, src + 96);
-            if (scale_lane) cp_async16_s(d + 2048, src + 128);
+            cp_async_stage(d, src, scale_lane);
             src += sstride;
             --left;
         }
         cp_async_commit();
-        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+        wslot = ring_next<RS>(wslot);
     };
 #pragma unroll
     for (int q = 0; q < RS - 1; ++q) issue();
@@ -832,7 +844,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n) xp[n] = xn[n];
-        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+        rslot = ring_next<RS>(rslot);
     }
     cp_async_wait<0>();
     __syncwarp();   // the ring is free for the next task
@@ -1558,7 +1570,7 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
             }
         }
         xp = xn;
-        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+        rslot = ring_next<RS>(rslot);
     }
     acc[0] = a[0][0]; acc[1] = a[0][1]; acc[2] = a[0][2]; acc[3] = a[0][3];
 }
@@ -1631,16 +1643,12 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         }
         if (ileft > 0) {
             const unsigned int d = dst0 + wslot;
-            cp_async16_s(d, isrc);
-            cp_async16_s(d + 512, isrc + 32);
-            cp_async16_s(d + 1024, isrc + 64);
-            cp_async16_s(d + 1536, isrc + 96);
-            if (scale_lane) cp_async16_s(d + 2048, isrc + 128);
+            cp_async_stage(d, isrc, scale_lane);
             isrc += istride;
             --ileft;
         }
         cp_async_commit();
-        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+        wslot = ring_next<RS>(wslot);
     };
 #pragma unroll
     for (int s = 0; s < RS - 1; ++s) issue();
@@ -1859,16 +1867,12 @@ __device__ __forceinline__ void moe_small_wsplit_body(
         }
         if (ileft > 0) {
             const unsigned int d = dst0 + wslot;
-            cp_async16_s(d, isrc);
-            cp_async16_s(d + 512, isrc + 32);
-            cp_async16_s(d + 1024, isrc + 64);
-            cp_async16_s(d + 1536, isrc + 96);
-            if (scale_lane) cp_async16_s(d + 2048, isrc + 128);
+            cp_async_stage(d, isrc, scale_lane);
             isrc += istride;
             --ileft;
         }
         cp_async_commit();
-        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+        wslot = ring_next<RS>(wslot);
     };
 #pragma unroll
     for (int i = 0; i < RS - 1; ++i) issue();
@@ -2184,15 +2188,11 @@ __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, 
                                                          nper_dn, gu);
             const uint4* src = (gu ? Fgu : Fdn) + off + lane;
             const unsigned int d = dst0 + wslot;
-            cp_async16_s(d, src);
-            cp_async16_s(d + 512, src + 32);
-            cp_async16_s(d + 1024, src + 64);
-            cp_async16_s(d + 1536, src + 96);
-            if (lane < 16) cp_async16_s(d + 2048, src + 128);
+            cp_async_stage(d, src, lane < 16);
             --ileft;
         }
         cp_async_commit();
-        wslot = wslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : wslot + FR_STAGE_U4 * 16;
+        wslot = ring_next<RS>(wslot);
     };
 #pragma unroll
     for (int i = 0; i < RS - 1; ++i) issue();
@@ -2213,7 +2213,7 @@ __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, 
             acc ^= v.x ^ v.y ^ v.z ^ v.w;
             ++words;
         }
-        rslot = rslot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : rslot + FR_STAGE_U4 * 16;
+        rslot = ring_next<RS>(rslot);
         if ((sync & 1) && rr) {   // a unit's last stage consumed: publish as an epilogue would (lane 0's fence)
             if (uleft == 0) uleft = (cu % per_u) < ugu ? nper_gu : nper_dn;
             if (--uleft == 0) {
