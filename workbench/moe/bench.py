@@ -316,6 +316,39 @@ def run_sanitize_checks(seed: int = 1, variants=VARIANTS, small_variants=("v3",)
 
 # ----------------------------------------------------------------------------- the benchmark
 
+class RoutingRotation:
+    """``n`` fresh routings made up front (:func:`make_routing`, moved to the GPU) and the static tensors ``ids`` /
+    ``weights`` a captured call reads: :meth:`setup` copies the next routing into them before each timed call
+    (rotating), records its index in ``used``; ``distinct[j]``: the experts routing j touches."""
+
+    def __init__(self, m: int, num_experts: int, topk: int, routing: str, gen: torch.Generator, n: int):
+        rts = [make_routing(m, num_experts, topk, routing, gen) for _ in range(n)]
+        self.ids_all = torch.stack([r[0] for r in rts]).cuda()
+        self.w_all = torch.stack([r[1] for r in rts]).cuda()
+        self.distinct = [distinct_experts(r[0]) for r in rts]
+        self.ids, self.weights = self.ids_all[0].clone(), self.w_all[0].clone()
+        self.used: list[int] = []
+        self._counter = itertools.count()
+
+    def setup(self, _: int = 0) -> None:
+        j = next(self._counter) % len(self.distinct)
+        self.used.append(j)
+        self.ids.copy_(self.ids_all[j])
+        self.weights.copy_(self.w_all[j])
+
+
+def kimi_run(seed: int) -> tuple[torch.Generator, Int4Experts, list[Int4Experts], int, dict[str, Any]]:
+    """The start of a comparison run at Kimi K2.6 shapes: torch seeded, a routing generator, the experts and the
+    in-graph timing's two weight sets (:func:`kimi_banks`), bytes per expert, and the copy bandwidth measured now
+    (measure.measure_copy_bandwidth)."""
+    from workbench.measure import measure_copy_bandwidth
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    experts, banks = kimi_banks(seed)
+    return gen, experts, banks, experts.bytes_per_expert(), measure_copy_bandwidth()
+
+
 def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, reps: int,
               eager_reps: int = 10, topk: int = 8, queued: bool = False) -> dict[str, Any]:
     """CUDA-graph replays of fused_moe_int4 with fresh routing per repeat (+ eager calls). ``ms``: one
@@ -323,24 +356,12 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     with ``queued``, also ``queued_ms``: the same replays with a sleep kernel queued ahead of the start
     event (measure.time_cuda_queued), the device time of one call without that latency."""
     e, h = experts.num_experts, experts.hidden
-    n_rout = reps + eager_reps + 4 + (reps + 3 if queued else 0)
-    rts = [make_routing(m, e, topk, routing, gen) for _ in range(n_rout)]
-    ids_all = torch.stack([r[0] for r in rts]).cuda()
-    w_all = torch.stack([r[1] for r in rts]).cuda()
-    distinct = [distinct_experts(r[0]) for r in rts]
+    rot = RoutingRotation(m, e, topk, routing, gen, reps + eager_reps + 4 + (reps + 3 if queued else 0))
+    distinct, used, setup = rot.distinct, rot.used, rot.setup
     x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-    s_ids, s_w = ids_all[0].clone(), w_all[0].clone()
-    counter = itertools.count()
-    used: list[int] = []
-
-    def setup(_: int = 0) -> None:
-        j = next(counter) % n_rout
-        used.append(j)
-        s_ids.copy_(ids_all[j])
-        s_w.copy_(w_all[j])
 
     def call() -> torch.Tensor:
-        return fused_moe_int4(x, s_ids, s_w, experts, validate=False)
+        return fused_moe_int4(x, rot.ids, rot.weights, experts, validate=False)
 
     graph_err = None
     ms: list[float] = []
@@ -371,7 +392,7 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
         ms, rep_idx = eager, used[-n_eager:]
     return {"ms": ms, "distinct": [distinct[j] for j in rep_idx], "eager_ms": eager, "graph_error": graph_err,
             "queued_ms": queued_ms, "queued_distinct": [distinct[j] for j in queued_idx],
-            "x": x, "ids_all": ids_all, "w_all": w_all, "rep_idx": rep_idx}
+            "x": x, "ids_all": rot.ids_all, "w_all": rot.w_all, "rep_idx": rep_idx}
 
 
 IN_GRAPH_CALLS = 16   # calls captured back to back in one graph by time_ours_in_graph
@@ -475,14 +496,10 @@ def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps
     queued (``time_ours``), in-graph over two weight sets (the benchmark's), over one set, and over two sets with a
     sleep of ``gap_cycles`` after every call (its sleep time, measured alone in a graph, subtracted). Writes
     ``<name>.json`` with ``prediction`` (default :data:`IN_GRAPH_PROBE_PREDICTION`) as its notes."""
-    from workbench.measure import measure_copy_bandwidth, write_measurement
+    from workbench.measure import write_measurement
 
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
     E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
-    experts, banks = kimi_banks(seed)
-    bpe = experts.bytes_per_expert()
-    copy = measure_copy_bandwidth()
+    gen, experts, banks, bpe, copy = kimi_run(seed)
     copy_gbps = copy["gb_per_s"]
     sleep = time_sleep_in_graph(gap_cycles, reps)
     sleep_ms = statistics.median(sleep)

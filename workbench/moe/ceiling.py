@@ -13,7 +13,6 @@ streaming itself and how much is the fused kernel's own.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -62,6 +61,23 @@ RING_SYNC_PREDICTION = (
     "M = 1 in-graph, a block barrier every 7 stages (_bar) 1-3 us; together (_fence_bar) 5-8 us, most of the 10. "
     "Refuted if _fence_bar costs under 3 us (then the tasks' cost lies elsewhere: the queue, the epilogue's stores "
     "and the activation loads).")
+
+
+def timing_fields(label: str, t: dict[str, Any], bpe: int, m: int, copy_gbps: float, topk: int,
+                  hidden: int) -> dict[str, float]:
+    """A row's columns for one kernel timed three ways: ``<label>_ms_median`` / ``_queued_ms_median`` /
+    ``_ingraph_ms_median`` and the matching ``_pct_of_copy`` (bench.pct_of_copy per sample, bench.in_graph_pct_of_copy
+    of the in-graph median), from ``t`` holding the :data:`TIMINGS` keys (samples and the experts each touched)."""
+    from workbench.moe.bench import in_graph_pct_of_copy, pct_of_copy
+
+    out: dict[str, float] = {}
+    for kind, (key, dist, _) in TIMINGS.items():
+        med = statistics.median(t[key])
+        out[f"{label}_{kind}ms_median"] = med
+        out[f"{label}_{kind}pct_of_copy"] = (
+            in_graph_pct_of_copy(t[dist], med, bpe, m, copy_gbps, topk, hidden) if kind == "ingraph_"
+            else pct_of_copy(t[dist], t[key], bpe, m, copy_gbps, topk, hidden))
+    return out
 
 
 def _check_config(config: tuple[int, int, int]) -> None:
@@ -230,24 +246,13 @@ def time_read(experts: Int4Experts, banks: list[Int4Experts], m: int, routing: s
     graph over ``banks`` (``ingraph_ms``, per call), each call its own fresh routing. ``distinct`` lists per
     sample the experts touched."""
     from workbench.measure import capture_graphs, time_cuda, time_cuda_queued, time_in_graph
-    from workbench.moe.bench import IN_GRAPH_CALLS, distinct_experts, make_routing
+    from workbench.moe.bench import IN_GRAPH_CALLS, RoutingRotation, distinct_experts, make_routing
 
     e = experts.num_experts
-    n_rout = 2 * reps + 8
-    rts = [make_routing(m, e, topk, routing, gen)[0] for _ in range(n_rout)]
-    ids_all = torch.stack(rts).cuda()
-    distinct = [distinct_experts(r) for r in rts]
-    s_ids = ids_all[0].clone()
-    counter = itertools.count()
-    used: list[int] = []
-
-    def setup(_: int = 0) -> None:
-        j = next(counter) % n_rout
-        used.append(j)
-        s_ids.copy_(ids_all[j])
-
+    rot = RoutingRotation(m, e, topk, routing, gen, 2 * reps + 8)
+    distinct, used, setup = rot.distinct, rot.used, rot.setup
     kernel = stream_touched if kernel is None else kernel
-    [g] = capture_graphs([lambda: kernel(s_ids, experts, config)])
+    [g] = capture_graphs([lambda: kernel(rot.ids, experts, config)])
     ms = time_cuda(g.replay, warmup=3, reps=reps, setup=setup)
     one_idx = used[3:]
     start = len(used)
@@ -278,9 +283,8 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
     adds the ring kernel (:func:`stream_ring`) at those (RS, CTAs per SM, rr), columns ``ring_rs<RS>_b<n>_<rr|flat>_*``
     and ``<label>_pct_of_read_<timing>`` (the best read shape's time over its time), checked the same way. Writes
     ``<name>.json``."""
-    from workbench.measure import measure_copy_bandwidth, write_measurement
-    from workbench.moe.bench import (KIMI, in_graph_pct_of_copy, kimi_banks, path_name, pct_of_copy, time_ours,
-                                     time_ours_in_graph)
+    from workbench.measure import write_measurement
+    from workbench.moe.bench import KIMI, kimi_run, path_name, time_ours, time_ours_in_graph
     from workbench.moe.fused import SMALL_TABLE
 
     for c in configs:
@@ -289,22 +293,13 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
         _check_ring_config(tuple(c))
     kernels = [(_cfg_label(tuple(c)), tuple(c), stream_touched) for c in configs]
     kernels += [(_ring_label(tuple(c)), tuple(c), stream_ring) for c in ring_configs]
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
     K, H = KIMI["topk"], KIMI["hidden"]
-    experts, banks = kimi_banks(seed)
-    bpe = experts.bytes_per_expert()
-    copy = measure_copy_bandwidth()
+    gen, experts, banks, bpe, copy = kimi_run(seed)
     copy_gbps = copy["gb_per_s"]
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
 
-    def pct(kind: str, t: dict[str, Any], m: int) -> float:
-        ms, dist = (t[k] for k in TIMINGS[kind][:2])
-        if kind == "ingraph_":
-            return in_graph_pct_of_copy(dist, statistics.median(ms), bpe, m, copy_gbps, K, H)
-        return pct_of_copy(dist, ms, bpe, m, copy_gbps, K, H)
 
     for routing in routings:
         for m in m_values:
@@ -316,9 +311,7 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
                       "queued_distinct": ours["queued_distinct"], "ingraph_ms": ig["ms"],
                       "ingraph_distinct": ig["distinct"]}
             samples[f"{routing}/m{m}/ours"] = ours_t
-            for kind, (key, _, _) in TIMINGS.items():
-                row[f"ours_{kind}ms_median"] = statistics.median(ours_t[key])
-                row[f"ours_{kind}pct_of_copy"] = pct(kind, ours_t, m)
+            row.update(timing_fields("ours", ours_t, bpe, m, copy_gbps, K, H))
             ids = ours["ids_all"][0].to(torch.int32)
             want = expected_sink(ids.cpu(), experts)
             for lab, c, kernel in kernels:
@@ -328,9 +321,7 @@ def run_stream_ceiling(out_dir: str | Path | None, m_values=(1, 2, 4, 8, 16), ro
                                "ok": int(sink[1]) == want[0] and int(sink[2]) == want[1]})
                 t = time_read(experts, banks, m, routing, gen, reps, c, K, kernel=kernel)
                 samples[f"{routing}/m{m}/{lab}"] = t
-                for kind, (key, _, _) in TIMINGS.items():
-                    row[f"{lab}_{kind}ms_median"] = statistics.median(t[key])
-                    row[f"{lab}_{kind}pct_of_copy"] = pct(kind, t, m)
+                row.update(timing_fields(lab, t, bpe, m, copy_gbps, K, H))
             for kind, (_, _, word) in TIMINGS.items():
                 best = max((tuple(c) for c in configs), key=lambda c: row[f"{_cfg_label(c)}_{kind}pct_of_copy"])
                 row[f"read_best_{kind}config"] = list(best)

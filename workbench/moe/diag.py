@@ -18,7 +18,6 @@ Both write a measurement file with the prediction written before the run as its 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -72,35 +71,21 @@ def run_decomposition(out_dir: str | Path | None, m_values=(1, 2, 16), routing: 
     """Per M: the dispatched one-launch kernel in each build of ``builds`` (default :data:`BUILDS`) and the read
     kernel (:data:`READ_CONFIG`), one replay / queued / in-graph, % of copy by bench.bytes_moved for all; each
     row also gives every build's in-graph time minus the read kernel's (``<build>_ingraph_over_read_us``)."""
-    from workbench.measure import measure_copy_bandwidth, write_measurement
-    from workbench.moe.bench import (KIMI, in_graph_pct_of_copy, kimi_banks, path_name, pct_of_copy, time_ours,
-                                     time_ours_in_graph)
-    from workbench.moe.ceiling import time_read
+    from workbench.measure import write_measurement
+    from workbench.moe.bench import KIMI, kimi_run, path_name, time_ours, time_ours_in_graph
+    from workbench.moe.ceiling import time_read, timing_fields
 
     builds = BUILDS if builds is None else builds
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
     K, H = KIMI["topk"], KIMI["hidden"]
-    experts, banks = kimi_banks(seed)
-    bpe = experts.bytes_per_expert()
-    copy = measure_copy_bandwidth()
+    gen, experts, banks, bpe, copy = kimi_run(seed)
     copy_gbps = copy["gb_per_s"]
     rows, checks, samples = [], [], {}
-
-    def fields(label: str, one, one_d, queued, queued_d, ig, ig_d, m: int) -> dict[str, float]:
-        return {f"{label}_ms_median": statistics.median(one), f"{label}_queued_ms_median": statistics.median(queued),
-                f"{label}_ingraph_ms_median": statistics.median(ig),
-                f"{label}_pct_of_copy": pct_of_copy(one_d, one, bpe, m, copy_gbps, K, H),
-                f"{label}_queued_pct_of_copy": pct_of_copy(queued_d, queued, bpe, m, copy_gbps, K, H),
-                f"{label}_ingraph_pct_of_copy": in_graph_pct_of_copy(ig_d, statistics.median(ig), bpe, m, copy_gbps,
-                                                                     K, H)}
 
     for m in m_values:
         row: dict[str, Any] = {"routing": routing, "m": m, "path": path_name(m, K)}
         t = time_read(experts, banks, m, routing, gen, reps, READ_CONFIG, K)
         samples[f"m{m}/read"] = t
-        row.update(fields("read", t["ms"], t["distinct"], t["queued_ms"], t["queued_distinct"], t["ingraph_ms"],
-                          t["ingraph_distinct"], m))
+        row.update(timing_fields("read", t, bpe, m, copy_gbps, K, H))
         for build, options in builds.items():
             with fused.diagnostic_build(options):
                 o = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=True)
@@ -109,8 +94,7 @@ def run_decomposition(out_dir: str | Path | None, m_values=(1, 2, 16), routing: 
             samples[f"m{m}/{build}"] = {"ms": o["ms"], "distinct": o["distinct"], "queued_ms": o["queued_ms"],
                                         "queued_distinct": o["queued_distinct"], "ingraph_ms": ig["ms"],
                                         "ingraph_distinct": ig["distinct"]}
-            row.update(fields(build, o["ms"], o["distinct"], o["queued_ms"], o["queued_distinct"], ig["ms"],
-                              ig["distinct"], m))
+            row.update(timing_fields(build, samples[f"m{m}/{build}"], bpe, m, copy_gbps, K, H))
             row[f"{build}_ingraph_over_read_us"] = 1e3 * (row[f"{build}_ingraph_ms_median"]
                                                           - row["read_ingraph_ms_median"])
         rows.append(row)
