@@ -305,6 +305,27 @@ def test_ctasplit_x4_fixed_splits_parity_kimi_shape(splitk_on, m):
         assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
+def _assert_parity_and_equal_to(variant: str, base: str, m: int, experts_seed: int, compare_seed: int) -> None:
+    """The forced one-launch kernel ``variant``: parity at Kimi shapes under uniform and skewed routing, then, on one
+    more routing (at M = 1 a token routed twice to one expert: an item of two columns), outputs bit-identical to
+    ``base``'s (set as the forced kernel here; the splitk_on fixture restores the dispatch)."""
+    from workbench.moe.fused import set_small_variant
+
+    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=experts_seed)
+    for routing in ("uniform", "skewed"):
+        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
+        assert res["path"] == f"small_{variant}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+    g = torch.Generator().manual_seed(compare_seed)
+    ids, w = make_routing(m, 24, 8, "uniform", g)
+    if m == 1:
+        ids[0, 1] = ids[0, 0]
+    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
+    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    set_small_variant(base)
+    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
+    assert torch.isfinite(a).all() and torch.equal(a, b), variant
+
+
 # ---- x4e with a 3-stage ring (x4e_r3; run 19's control, then its own comparison)
 
 # each form -> ctasplit_x4e at the same split
@@ -318,21 +339,7 @@ def test_r3_parity_and_equal_to_x4e_kimi_shape(splitk_on, m):
     """Parity at Kimi shapes (uniform and skewed routing), and outputs equal to ctasplit_x4e's at the same split (the
     same arithmetic; only the ring's depth differs). At M = 1 a token routed twice to one expert gives an item of two
     columns."""
-    from workbench.moe.fused import set_small_variant
-
-    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=70 + m)
-    for routing in ("uniform", "skewed"):
-        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
-        assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
-    g = torch.Generator().manual_seed(80 + m)
-    ids, w = make_routing(m, 24, 8, "uniform", g)
-    if m == 1:
-        ids[0, 1] = ids[0, 0]
-    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
-    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-    set_small_variant(R3_BASE[splitk_on])   # restored by the fixture
-    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-    assert torch.isfinite(a).all() and torch.equal(a, b), splitk_on
+    _assert_parity_and_equal_to(splitk_on, R3_BASE[splitk_on], m, 70 + m, 80 + m)
 
 
 @pytest.mark.parametrize("config", [(2, 1024, 2), (8, 512, 4), (4, 96, 3)])
@@ -423,21 +430,7 @@ def test_wsplit_parity_and_equal_to_ctasplit_kimi_shape(splitk_on, m):
     """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to the CTA-split kernel at the same
     split (the same partial sums in the same order); at M = 1 a token routed twice to one expert (an item of two
     columns)."""
-    from workbench.moe.fused import set_small_variant
-
-    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=90 + m)
-    for routing in ("uniform", "skewed"):
-        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
-        assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
-    g = torch.Generator().manual_seed(95 + m)
-    ids, w = make_routing(m, 24, 8, "uniform", g)
-    if m == 1:
-        ids[0, 1] = ids[0, 0]
-    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
-    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-    set_small_variant(WSPLIT_BASE[splitk_on])   # restored by the fixture
-    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-    assert torch.isfinite(a).all() and torch.equal(a, b), splitk_on
+    _assert_parity_and_equal_to(splitk_on, WSPLIT_BASE[splitk_on], m, 90 + m, 95 + m)
 
 
 @pytest.mark.parametrize("splitk_on", ["wsplit_r3", "wsplit_r3_g1d1", "wsplit_r4"], indirect=True)

@@ -34,6 +34,12 @@ def _source(doc: dict[str, Any], name: str) -> str:
     return f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}, {doc['provenance']['date_utc'][:10]}{copy})"
 
 
+def _sources(names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str]:
+    """The committed files ``names`` and their provenance line (:func:`_source` each, joined)."""
+    docs = [_load(n) for n in names]
+    return docs, "; ".join(_source(d, n) for d, n in zip(docs, names))
+
+
 def ceiling_rows(doc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per (routing, M): the dispatched path's and the fastest read shape's % of copy in each timing, and the
     dispatched path's share of the read kernel's rate (read time / its time)."""
@@ -78,8 +84,7 @@ def ring_rows(names: tuple[str, ...] = RINGS) -> list[dict[str, Any]]:
 
 
 def block_stream_ring() -> str:
-    docs = [_load(n) for n in RINGS]
-    src = "; ".join(_source(d, n) for d, n in zip(docs, RINGS))
+    docs, src = _sources(RINGS)
     ok = all(d["results"]["all_checks_ok"] for d in docs)
     return (f"From {src}; uniform routing; `rr`: units handed out round robin as the kernel's static first tasks, "
             f"`flat`: equal contiguous shares; `_fence`: lane 0 fences after each unit; `_bar`: a block barrier every "
@@ -102,8 +107,7 @@ def decomposition_rows(names: tuple[str, ...] = DECOMPOSITIONS) -> list[dict[str
 
 
 def block_diag_decomposition() -> str:
-    docs = [_load(n) for n in DECOMPOSITIONS]
-    src = "; ".join(_source(d, n) for d, n in zip(docs, DECOMPOSITIONS))
+    docs, src = _sources(DECOMPOSITIONS)
     ok = all(d["results"]["all_required_checks_ok"] for d in docs)
     return (f"From {src}; uniform routing; the dispatched kernel of each M in each build (`read`: the read kernel at "
             f"(8, 512, 4)); the diagnostic builds' outputs are wrong by design; the default build's in-graph "
