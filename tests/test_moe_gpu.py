@@ -459,3 +459,29 @@ def test_wsplit_parity_split2(splitk_on, m):
     ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=21 + m)
     res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+# ---- the interleaved task order (x4e_r3fsti / _r3fsti2, run 27): the same tasks as x4e_r3fst in another order
+
+IL_BASE = {f"ctasplit_x4e_{k}{sfx}": f"ctasplit_x4e_r3fst{sfx}" for k in ("r3fsti", "r3fsti2")
+           for sfx in ("", "_g4d1", "_g2d1")}
+
+
+@pytest.mark.parametrize("splitk_on", list(IL_BASE), indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 4, 16])
+def test_interleaved_parity_and_equal_to_r3fst_kimi_shape(splitk_on, m):
+    """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to x4e_r3fst at the same split (every
+    sum in the same order; only the order the tasks are handed out differs)."""
+    _assert_parity_and_equal_to(splitk_on, IL_BASE[splitk_on], m, 110 + m, 120 + m)
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4e_r3fsti", "ctasplit_x4e_r3fsti2"], indirect=True)
+def test_interleaved_edge_cases_and_graph_replays(small, splitk_on):
+    """Invalid and duplicate ids, every M edge, and replays of one graph (every counter left zero)."""
+    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(7), 8):
+        assert res["ok"], res
+    for m in (1, 4, 16):
+        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+        assert res["ok"], res

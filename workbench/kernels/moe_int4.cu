@@ -1422,6 +1422,43 @@ __device__ __forceinline__ CsTask cs_decode(int tn, int t_gu, int sgu, int sdn, 
     return r;
 }
 
+// Interleaved order (IL, run 27): the gate_up tasks of the first `lag` items, then for k = lag .. n - 1 a block that
+// merges GU(k) and DN(k - lag) in proportion (position v of a block is gate_up iff floor((v + 1) G / B) >
+// floor(v G / B), G and D tasks per item and phase, B = G + D), then the down tasks of the last `lag` items. Each
+// item's down tasks come after all of its gate_up tasks, at least (lag - 1) x min(G, D) + 1 task numbers later; a CTA's tasks
+// are still grabbed in increasing number, and a down task waits only for gate_up tasks of smaller numbers, so the smallest-
+// numbered waiting task always waits on tasks that run (no deadlock while every CTA is resident). Why: in the phased
+// order every CTA runs short down tasks (4 stages per warp at (4, 2)) at the same time at the end of the call, where
+// the timeline (moe_ctasplit_trace_r3fst.json) shows fewer than two thirds of the CTAs inside stages; mixed with
+// gate_up tasks, the SM's other CTAs keep streaming while one is between tasks.
+__device__ __forceinline__ CsTask cs_decode_il(int tn, int nitems, int lag, int sgu, int sdn, int tiles_gu,
+                                               int tiles_dn) {
+    const int G = tiles_gu * sgu / 4, D = tiles_dn * sdn / 4, B = G + D, nb = nitems - lag;
+    CsTask r;
+    int u;
+    if (tn < lag * G) {
+        r.gu = true;
+        r.item = tn / G;
+        u = tn - r.item * G;
+    } else {
+        const int t = tn - lag * G, b = t / B;
+        if (b < nb) {
+            const int v = t - b * B, before = v * G / B;
+            r.gu = (v + 1) * G / B > before;
+            r.item = r.gu ? lag + b : b;
+            u = r.gu ? before : v - before;
+        } else {
+            const int t2 = t - nb * B;
+            r.gu = false;
+            r.item = nb + t2 / D;
+            u = t2 - (r.item - nb) * D;
+        }
+    }
+    r.s = r.gu ? sgu : sdn;
+    r.grp = u;
+    return r;
+}
+
 // Epilogue of one CTA task, by one warp, after the block barrier: buf holds each warp's fp32 fragment
 // (float4 per lane: rows g, g + 8 x columns 2t, 2t + 1); tile r of the task sums warps r * s ... r * s + s - 1.
 // F1: publish with one fence (lane 0's, after __syncwarp, which orders the other lanes' stores before it) instead of
@@ -1582,8 +1619,10 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 // the SM's L1 (where the gate/up activations of the SM's other warps live) once per iteration. ST: each CTA's first
 // L + 1 tasks are static (task q * gridDim.x + blockIdx.x), so no CTA waits for contended atomics on the task counter
 // before its first weight issue; the counter then hands out tasks from (L + 1) * gridDim.x on. The order argument
-// that rules out a deadlock still holds: no queue holds a down task ahead of a gate_up task.
-template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false>
+// that rules out a deadlock still holds: no queue holds a down task ahead of a gate_up task. IL: the interleaved task
+// order (cs_decode_il) when IL > 0, with lag = min(items, max(1, ceil(grid / gate_up tasks per item) + IL - 1)) items
+// (IL = 2: one item more of lag than IL = 1, so fewer down tasks find their item's gate_up tiles still running).
+template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false, int IL = 0>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1613,12 +1652,20 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const int spt = min(nsup_gu / sgu, nsup_dn / sdn);
         const int L = (RS - 1 + spt - 1) / spt;
         s_cfg[2] = L;
+        if (IL) {   // the interleaved order's lag (items)
+            const int per_item = tiles_gu * sgu / 4;
+            s_cfg[3] = min(nitems, max(1, ((int)gridDim.x + per_item - 1) / per_item + IL - 1));
+        }
         for (int q = 0; q <= L; ++q) s_q[q] = ST ? q * (int)gridDim.x + (int)blockIdx.x : atomicAdd(ctr_task, 1);
     }
     __syncthreads();
     TRACE_AT(1, trace_now());
     const volatile int* cfg = s_cfg;
     const volatile int* q = s_q;
+    auto decode = [&](int tn) {
+        return IL > 0 ? cs_decode_il(tn, nitems, cfg[3], sgu, sdn, tiles_gu, tiles_dn)
+                  : cs_decode(tn, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
+    };
 
     // ---- issuer: this warp's part of every task of the CTA's sequence, RS - 1 stages ahead
     const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
@@ -1632,7 +1679,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
             const int tn = q[iq & (CS_Q - 1)];
             ileft = -1;     // no more tasks: issue nothing more
             if (tn < cfg[1]) {
-                const CsTask tk = cs_decode(tn, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
+                const CsTask tk = decode(tn);
                 const int nsup = tk.gu ? nsup_gu : nsup_dn, tiles = tk.gu ? tiles_gu : tiles_dn;
                 const int tile = tk.grp * (4 / tk.s) + warp / tk.s, part = warp % tk.s, nper = nsup / tk.s;
                 isrc = (tk.gu ? Fgu : Fdn) + ((long long)(it.ie[tk.item] * nsup + part * nper) * tiles + tile) * FR_STAGE_U4
@@ -1661,7 +1708,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         int grab = 0;
         if (tid == 0)   // task j + L + 1; used only before the barrier
             grab = atomicAdd(ctr_task, 1) + (ST ? (cfg[2] + 1) * (int)gridDim.x : 0);
-        const CsTask tk = cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
+        const CsTask tk = decode(tj);
         const bool gu = tk.gu;
         const int item = tk.item, part = warp % tk.s, nper = (gu ? nsup_gu : nsup_dn) / tk.s;
         const int slot0 = it.islot[item], cnt = it.icnt[item];
@@ -1719,7 +1766,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         __syncwarp();
 #endif
         // ---- epilogue warp of task j: sum the s parts of each of the task's 4 / s tiles (part order)
-        cs_epilogue<F1>(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, buf, M, topk, H, I, nitems, hbuf, Y,
+        cs_epilogue<F1>(decode(tj), it, buf, M, topk, H, I, nitems, hbuf, Y,
                     topk_w, done_gu, done_dn, out);
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 11, trace_now());
@@ -1756,25 +1803,27 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
 // RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44); F1: one fence per
 // publish and acquire loads (x4e_r3f); SR: the h wait spins relaxed, then one acquire (x4e_r3fs); ST: static first
-// tasks (x4e_r3fst).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST)                                                               \
+// tasks (x4e_r3fst); IL: the interleaved task order, cs_decode_il (x4e_r3fsti / _r3fsti2: IL = 1 / 2; run 27).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST, IL)                                                            \
     extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, \
+        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST, IL>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, \
                                                           Y,                                                         \
                                                       ws,                                                            \
                                               out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false, 0)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false, 0)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false, 0)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false, 0)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false, 0)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true, 0)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fsti, 4, true, 3, true, true, true, 1)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fsti2, 4, true, 3, true, true, true, 2)
 
 // ===================================================================================================
 // Warp-split form of the one-launch kernel (moe_small_wsplit_*; workbench/moe/fused.py "ws" variants).

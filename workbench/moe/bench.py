@@ -1085,7 +1085,17 @@ SMALL_NB_PREDICTION = (
     "to x4e_r3fst / x4e_r3f / x4e_r3 at the same split) is 3-8% faster than x4e_r3fst at M = 1 (the rule's split, "
     "(4, 2)) in every row of both processes, and at M = 2 at (4, 1) within 2 points of wsplit_r3_g2d1 either way. "
     "Refuted if it is not ahead of x4e_r3fst at M = 1 on average. Dispatched where run 23b's rule says so.")
-SMALL_PREDICTIONS = {"moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_IL_PREDICTION = (
+    "Run 27, written before its first run, from the timeline of x4e_r3fst (moe_ctasplit_trace_r3fst.json, 09a26fc: at "
+    "M = 1 fewer than two thirds of the 660 CTAs are inside stages from the first down tasks on, ~36 us, to the end, "
+    "~66 us; down tasks take 3.4 us of stages and arrive 2.8 us apart at their barriers): x4e_r3fsti (gate_up and "
+    "down tasks interleaved, each item's down tasks a lag of ceil(grid / 256) = 3 items behind) is 3-8% faster than "
+    "x4e_r3fst at M = 1 (split (4, 2)) in one replay and in-graph, in every row of both processes; x4e_r3fsti2 "
+    "(one item more of lag: fewer h waits, a longer down-only end) within 2% of x4e_r3fsti either way. At M = 2, "
+    "x4e_r3fsti at (4, 1) gains as much over x4e_r3fst at (4, 1) and comes within 2 points of wsplit_r3_g2d1. "
+    "Outputs bit-identical to x4e_r3fst at the same split (gpu tests). Refuted if x4e_r3fsti is not faster than "
+    "x4e_r3fst at M = 1 in-graph in both processes.")
+SMALL_PREDICTIONS = {"moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
@@ -1129,7 +1139,7 @@ def _set_compare_path(label: str) -> None:
 
 def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps: int = 20, seed: int = 0,
                       name: str = "moe_small_v3", prediction: str | None = None,
-                      paths: tuple[str, ...] = ("small_fused", "four_launch")) -> Path:
+                      paths: tuple[str, ...] = ("small_fused", "four_launch"), in_graph_all: bool = False) -> Path:
     """One-launch small-M kernels against the four-launch path at Kimi shapes, in one process.
 
     ``paths``: labels from :data:`SMALL_COMPARE_PATHS` ("small_fused" = version 3, "four_launch", and the
@@ -1138,7 +1148,8 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     SMALL_MAX_PAIRS): a parity check of every one-launch path (fresh inputs, poisoned buffers), then
     every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
     in the same run. Split-K rows also record the splits the kernel takes for each timed routing
-    (``<label>_splits``: "gate_up,down" -> repeats). Writes ``<name>.json``, with the prediction
+    (``<label>_splits``: "gate_up,down" -> repeats). The dispatched path of each M is also timed queued and in-graph
+    (:func:`in_graph_fields`); with ``in_graph_all`` every one-launch path is. Writes ``<name>.json``, with the prediction
     (default: :data:`SMALL_PREDICTIONS` [name], or [name without a trailing "_2"] for a run's second process) as its
     notes; the dispatch tables are left as they were.
     """
@@ -1166,7 +1177,8 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
               "small_variants": {p: list(SMALL_VARIANTS[p][1] or []) for p in paths if p in SMALL_VARIANTS},
               "weights": "random packed int4 (uniform nibbles), scales 0.02*U(0.5,1.5) bf16",
               "timing": "median of CUDA-event timed CUDA-graph replays, fresh routing per repeat", **IN_GRAPH_PARAMS,
-              "in_graph_paths": "the dispatched path of each M, where among the paths (row field 'dispatched')"}
+              "in_graph_paths": "every one-launch path" if in_graph_all else
+                                "the dispatched path of each M, where among the paths (row field 'dispatched')"}
     saved_small = list(SMALL_TABLE)
     saved_variant = SMALL_VARIANT["name"]
     dispatched = {m: dispatched_path(m, K) for m in m_values}   # queued and in-graph too, where timed
@@ -1199,13 +1211,14 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 _set_compare_path(label)
                 if label != "four_launch":
                     checks.append({**check_case(experts, m, routing, gen, K), "label": label})
-                both = label == dispatched[m]   # the dispatched path: also queued and in-graph
+                both = label == dispatched[m] or (in_graph_all and label != "four_launch")   # queued, in-graph too
                 t = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=both)
                 row[f"{label}_ms_median"] = statistics.median(t["ms"])
                 row[f"{label}_pct_of_copy"] = pct_of_copy(t["distinct"], t["ms"], bpe, m, copy_gbps)
                 row["distinct_experts_median"] = statistics.median(t["distinct"])
-                if both:
+                if label == dispatched[m]:
                     row["dispatched"] = label
+                if both:
                     row.update(in_graph_fields(label, t, banks, m, routing, gen, max(10, reps // 2), bpe,
                                                copy_gbps, checks, samples))
                 samples[f"{routing}/m{m}/{label}"] = {"ms": t["ms"], "distinct": t["distinct"]}
@@ -1298,6 +1311,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: the one written for NAME, if any)")
     ap.add_argument("--small-paths", nargs="*", default=["small_fused", "four_launch"],
                     help=f"with --small-compare: paths to time, from {list(SMALL_COMPARE_PATHS)}")
+    ap.add_argument("--in-graph-all", action="store_true",
+                    help="with --small-compare: every one-launch path also queued and in-graph (not only the dispatched)")
     ap.add_argument("--small-variants", nargs="*", default=["v3"],
                     help=f"with --sanitize / --single --small: one-launch kernels, from {sorted(SMALL_VARIANTS)}")
     args = ap.parse_args(argv)
@@ -1342,7 +1357,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.small_compare:
         ms = tuple(args.m) if args.m != list(M_VALUES) else SMALL_COMPARE_M
         path = run_small_compare(args.out, m_values=ms, reps=args.reps, name=args.small_compare,
-                                 prediction=args.prediction, paths=tuple(args.small_paths))
+                                 prediction=args.prediction, paths=tuple(args.small_paths),
+                                 in_graph_all=args.in_graph_all)
         doc = json.loads(Path(path).read_text())
         print(f"wrote {path}")
         print(format_small_compare(doc))

@@ -65,7 +65,10 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
     # ... and with the h wait spinning on relaxed loads, then one acquire (x4e_r3fs; run 22, moe_small_r3fs*.json)
     # ... and with each CTA's first tasks static, no atomics before the first weight issue (x4e_r3fst; run 23)
-    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs", "r3fst")
+    # ... and with gate_up and down tasks interleaved, each item's down tasks a lag of items behind (x4e_r3fsti, and
+    # x4e_r3fsti2 with one item more of lag; run 27)
+    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp))
+       for k in ("r3", "r3f", "r3fs", "r3fst", "r3fsti", "r3fsti2")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     # the warp-split form (run 25): every warp on its own, units of one K part of one tile, split-K partials reduced
     # by the last part to arrive; ("ws", rule, ring stages); "wsplit_r3" takes ctasplit_splits' "ring" rule
