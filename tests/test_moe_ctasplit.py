@@ -96,7 +96,8 @@ def test_protocol_rejects_bad_split():
 
 
 def test_host_launch_matches_kernel_signature(monkeypatch):
-    """fused._fused_small's argument tuple for ctasplit against the kernel's parameter list (CPU: launch mocked)."""
+    """fused._fused_small's argument tuple for ctasplit against the kernel's parameter list, and the block and grid of
+    the plain and the epilogue-warp forms (CPU: launch mocked)."""
     import torch
 
     from workbench.moe import fused
@@ -108,18 +109,21 @@ def test_host_launch_matches_kernel_signature(monkeypatch):
     assert params[:4] == ["Fgu", "Fdn", "X", "ids"] and params[10:12] == ["sgu", "sdn"]
     seen = {}
     monkeypatch.setattr(fused, "_kernel", lambda name, options=(): name)
-    monkeypatch.setattr(fused, "_small_grid", lambda kern, dev, name: 660)
+    monkeypatch.setattr(fused, "_small_grid", lambda kern, dev, name, threads=128: {128: 660, 160: 528}[threads])
     monkeypatch.setattr(fused, "_ctasplit_workspace", lambda dev, h: torch.zeros(2 + 128 + h // 16, dtype=torch.int32))
     monkeypatch.setattr(fused, "launch", lambda k, grid, block, args: seen.update(k=k, grid=grid, block=block, args=args))
     ex = random_int4_experts(4, 1024, 1024, seed=0)
     saved = fused.SMALL_VARIANT["name"]
     try:
-        for variant, splits in (("ctasplit", (1, 1)), ("ctasplit_max", (4, 4))):
+        for variant, kname, splits, block, grid in (("ctasplit", "moe_small_ctasplit", (1, 1), 128, 660),
+                                                    ("ctasplit_max", "moe_small_ctasplit", (4, 4), 128, 660),
+                                                    ("ctasplit_x4e_r4fste_g2d1", "moe_small_ctasplit_x4e_r4fste", (2, 1),
+                                                     160, 528)):
             fused.set_small_variant(variant)
             ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]], dtype=torch.int32)
             out = torch.empty(1, 1024, dtype=torch.bfloat16)
             fused._fused_small(torch.randn(1, 1024).bfloat16(), ids, torch.full((1, 8), 0.125), ex, out)
-            assert seen["k"] == "moe_small_ctasplit" and seen["grid"] == (660,) and seen["block"] == (128,)
+            assert seen["k"] == kname and seen["grid"] == (grid,) and seen["block"] == (block,)
             args = dict(zip(params, seen["args"]))
             assert len(seen["args"]) == len(params)
             assert (args["M"], args["topk"], args["E"], args["H"], args["I"]) == (1, 8, 4, 1024, 1024)
@@ -205,54 +209,3 @@ def test_epilogue_mapping_gate_up_and_down(s):
                         n0 = 16 * tile + g
                         assert abs(v[cc] - want[n0, c]) < 1e-4 * (1 + abs(want[n0, c]))
                         assert abs(v[2 + cc] - want[n0 + 8, c]) < 1e-4 * (1 + abs(want[n0 + 8, c]))
-
-
-# ---- the interleaved task order (x4e_r3fsti / _r3fsti2, run 27): cs_decode_il's mirror
-
-@pytest.mark.parametrize("items,G,D,lag", [(8, 256, 224, 3), (8, 256, 224, 4), (16, 128, 224, 6), (3, 4, 7, 1),
-                                           (5, 7, 3, 2), (1, 4, 4, 1), (4, 2, 9, 4)])
-def test_interleaved_order_is_a_permutation_with_down_after_gate_up(items, G, D, lag):
-    """Every (phase, item, group) exactly once; each item's down tasks after all of its gate_up tasks, at least
-    (lag - 1) x min(G, D) + 1 task numbers later; down items and gate_up items each in non-decreasing order."""
-    from workbench.moe.ctasplit import decode_task
-
-    seq = [decode_task(tn, items, (G, D), "interleaved", lag) for tn in range(items * (G + D))]
-    assert sorted(seq) == sorted([(True, i, g) for i in range(items) for g in range(G)]
-                                 + [(False, i, g) for i in range(items) for g in range(D)])
-    last_gu = {i: max(n for n, (gu, it, _) in enumerate(seq) if gu and it == i) for i in range(items)}
-    first_dn = {i: min(n for n, (gu, it, _) in enumerate(seq) if not gu and it == i) for i in range(items)}
-    assert all(first_dn[i] - last_gu[i] >= (lag - 1) * min(G, D) + 1 for i in range(items))
-    for phase in (True, False):
-        its = [it for gu, it, _ in seq if gu == phase]
-        assert its == sorted(its)
-    assert [decode_task(tn, items, (G, D)) for tn in range(items * (G + D))] == \
-        [(True, i, g) for i in range(items) for g in range(G)] + [(False, i, g) for i in range(items) for g in range(D)]
-
-
-def test_interleave_lag_and_bad_input():
-    from workbench.moe.ctasplit import decode_task, interleave_lag
-
-    assert interleave_lag(8, 256, 660) == 3 and interleave_lag(8, 256, 660, il=2) == 4
-    assert interleave_lag(2, 256, 660) == 2 and interleave_lag(16, 128, 660) == 6 and interleave_lag(1, 999, 1) == 1
-    with pytest.raises(ValueError, match="order"):
-        decode_task(0, 2, (4, 4), "zigzag")
-    with pytest.raises(ValueError, match="outside"):
-        decode_task(16, 2, (4, 4), "interleaved", 1)
-    with pytest.raises(ValueError, match="lag"):
-        decode_task(0, 2, (4, 4), "interleaved", 3)
-    with pytest.raises(ValueError, match="il 1 or 2"):
-        interleave_lag(2, 4, 8, il=3)
-
-
-@pytest.mark.parametrize("cfg", [
-    dict(items=4, stages_gu=4, stages_dn=4, tiles_gu=8, tiles_dn=8, splits=(4, 2), ctas=3, lag=1),
-    dict(items=3, stages_gu=4, stages_dn=2, tiles_gu=8, tiles_dn=8, splits=(4, 2), ctas=4, resident=2, lag=2),
-    dict(items=5, stages_gu=2, stages_dn=2, tiles_gu=4, tiles_dn=4, splits=(2, 1), ctas=3, lag=1),   # L = 3
-    dict(items=3, stages_gu=28, stages_dn=8, tiles_gu=4, tiles_dn=8, splits=(4, 2), ctas=3, lag=2),  # Kimi-like
-])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_protocol_clean_interleaved(cfg, seed):
-    """The kernel's protocol under the interleaved order: down tasks grabbed before later gate_up tasks wait only on
-    smaller task numbers, so no deadlock, no early h read, every tile once, counters back to zero."""
-    res = simulate_protocol(seed=seed, order="interleaved", **cfg)
-    assert res.finished and res.errors == [], res.errors

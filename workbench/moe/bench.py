@@ -1095,7 +1095,18 @@ SMALL_IL_PREDICTION = (
     "x4e_r3fsti at (4, 1) gains as much over x4e_r3fst at (4, 1) and comes within 2 points of wsplit_r3_g2d1. "
     "Outputs bit-identical to x4e_r3fst at the same split (gpu tests). Refuted if x4e_r3fsti is not faster than "
     "x4e_r3fst at M = 1 in-graph in both processes.")
-SMALL_PREDICTIONS = {"moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_EW_PREDICTION = (
+    "Run 27b, written before its first run, after 27a (the interleaved order, refuted): in x4e_r3fst's timeline "
+    "(moe_ctasplit_trace_r3fst.json) the warp that ran the previous task's epilogue arrives last at 98-99% of the "
+    "barriers, 2.3-2.8 us after the first, and the epilogue's fence waits behind that warp's own ring. x4e_r3fste "
+    "(a fifth warp runs every epilogue and grabs the tasks; the four streaming warps hand their parts over through "
+    "FULL / FREE named barriers and never wait for each other; 160 threads, 4 CTAs per SM, so 16 streaming warps per "
+    "SM instead of 20) is 4-10% faster than x4e_r3fst at M = 1 (split (4, 2)) in one replay and in-graph in every "
+    "row of both processes; x4e_r4fste (a 4-stage ring to make up the in-flight bytes of the fewer warps) at least as "
+    "fast as x4e_r3fste; at M = 2, x4e_r3fste at (4, 1) ahead of x4e_r3fst at (4, 1) by as much and level with "
+    "wsplit_r3_g2d1 or ahead. Outputs bit-identical to x4e_r3fst at the same split (gpu tests). Refuted if neither "
+    "EW form is faster than x4e_r3fst at M = 1 in-graph in both processes.")
+SMALL_PREDICTIONS = {"moe_small_ew": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,

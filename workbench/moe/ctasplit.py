@@ -74,50 +74,6 @@ def task_counts(items: int, hidden: int, intermediate: int, splits: tuple[int, i
     return items * (intermediate // 8) * splits[0] // WARPS, items * (hidden // 16) * splits[1] // WARPS
 
 
-ORDERS = ("phased", "interleaved")
-
-
-def interleave_lag(items: int, gate_up_tasks_per_item: int, grid: int, il: int = 1) -> int:
-    """The interleaved order's lag in items (moe_int4.cu's prologue at IL = ``il``, 1 for x4e_r3fsti, 2 for
-    x4e_r3fsti2): min(items, max(1, ceil(grid / G) + il - 1))."""
-    if gate_up_tasks_per_item < 1 or grid < 1 or il not in (1, 2):
-        raise ValueError(f"gate_up tasks per item and grid must be >= 1 and il 1 or 2, got "
-                         f"{gate_up_tasks_per_item}, {grid}, {il}")
-    return min(items, max(1, -(-grid // gate_up_tasks_per_item) + il - 1))
-
-
-def decode_task(tn: int, items: int, groups: tuple[int, int], order: str = "phased", lag: int = 1) -> tuple[bool, int, int]:
-    """Task number -> (gate_up?, item, tile group) as the kernel's cs_decode ("phased": every gate_up task, then every
-    down task, item-major) or cs_decode_il ("interleaved": the gate_up tasks of the first ``lag`` items; then for
-    k = lag .. items - 1 a block merging GU(k) and DN(k - lag) in proportion, position v gate_up iff
-    floor((v + 1) G / B) > floor(v G / B); then the down tasks of the last ``lag`` items). groups: (G, D) tasks per
-    item of each phase."""
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    G, D = groups
-    if not 0 <= tn < items * (G + D):
-        raise ValueError(f"task {tn} outside [0, {items * (G + D)})")
-    if order == "phased":
-        if tn < items * G:
-            return True, tn // G, tn % G
-        return False, (tn - items * G) // D, (tn - items * G) % D
-    if not 1 <= lag <= max(items, 1):
-        raise ValueError(f"lag must be in [1, items], got {lag}")
-    B, nb = G + D, items - lag
-    if tn < lag * G:
-        return True, tn // G, tn % G
-    t = tn - lag * G
-    b = t // B
-    if b < nb:
-        v = t - b * B
-        before = v * G // B
-        if (v + 1) * G // B > before:
-            return True, lag + b, before
-        return False, b, v - before
-    t2 = t - nb * B
-    return False, nb + t2 // D, t2 % D
-
-
 # ----------------------------------------------------------------------------- protocol model
 
 @dataclass
@@ -147,16 +103,14 @@ class ProtocolResult:
 
 def simulate_protocol(items: int, stages_gu: int, stages_dn: int, tiles_gu: int, tiles_dn: int,
                       splits: tuple[int, int], ctas: int, seed: int = 0, resident: int | None = None,
-                      queue: int = QUEUE, part_buffers: int = 2, max_steps: int = 2_000_000,
-                      order: str = "phased", lag: int = 1) -> ProtocolResult:
+                      queue: int = QUEUE, part_buffers: int = 2, max_steps: int = 2_000_000) -> ProtocolResult:
     """Replay moe_small_ctasplit's protocol (not its arithmetic) for ``ctas`` CTAs of four warps.
 
     stages_gu / stages_dn: 256-K stages of each phase (H/256, I/256); tiles_gu / tiles_dn: I/8, H/16;
     splits: (s_gu, s_dn). ``resident``: CTAs running at once (default all; the others start when one
     exits). ``queue`` / ``part_buffers``: the kernel's 8 and 2 (smaller values are for tests that the
-    model catches the resulting races). ``order`` / ``lag``: the task order (:func:`decode_task`). Each step runs
-    one warp to its next shared or global action; cp.async groups land at random steps, in any order. Returns the
-    violations seen.
+    model catches the resulting races). Each step runs one warp to its next shared or global action;
+    cp.async groups land at random steps, in any order. Returns the violations seen.
     """
     rng = random.Random(seed)
     sgu, sdn = splits
@@ -177,8 +131,11 @@ def simulate_protocol(items: int, stages_gu: int, stages_dn: int, tiles_gu: int,
     nwarps_total = ctas * WARPS
 
     def decode(tn: int) -> tuple[bool, int, int, int]:
-        gu, item, grp = decode_task(tn, items, (groups_gu, groups_dn), order, lag)
-        return gu, sgu if gu else sdn, item, grp
+        gu = tn < t_gu
+        s = sgu if gu else sdn
+        groups = groups_gu if gu else groups_dn
+        u = tn if gu else tn - t_gu
+        return gu, s, u // groups, u % groups
 
     def tag_of(tn: int, w: int, k: int) -> tuple:
         gu, s, item, grp = decode(tn)
