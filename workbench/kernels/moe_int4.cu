@@ -1857,6 +1857,8 @@ MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true, 
 // 20), with a 3-stage ring and with a 4-stage ring (three stages in flight, to make up the in-flight bytes)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fste, 4, true, 3, true, true, true, true, 160, 4)
 MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r4fste, 4, true, 4, true, true, true, true, 160, 4)
+// ... and at 5 CTAs per SM (20 streaming warps, as x4e_r3fst): ptxas fits it in 72 registers with 16 bytes spilled
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fste5, 4, true, 3, true, true, true, true, 160, 5)
 
 // ===================================================================================================
 // Warp-split form of the one-launch kernel (moe_small_wsplit_*; workbench/moe/fused.py "ws" variants).

@@ -1105,7 +1105,10 @@ SMALL_EW_PREDICTION = (
     "row of both processes; x4e_r4fste (a 4-stage ring to make up the in-flight bytes of the fewer warps) at least as "
     "fast as x4e_r3fste; at M = 2, x4e_r3fste at (4, 1) ahead of x4e_r3fst at (4, 1) by as much and level with "
     "wsplit_r3_g2d1 or ahead. Outputs bit-identical to x4e_r3fst at the same split (gpu tests). Refuted if neither "
-    "EW form is faster than x4e_r3fst at M = 1 in-graph in both processes.")
+    "EW form is faster than x4e_r3fst at M = 1 in-graph in both processes. Addendum after the first process (both "
+    "EW forms 2-4 points behind x4e_r3fst at M = 1 with 16 streaming warps per SM): x4e_r3fste5, the same at 5 CTAs "
+    "per SM (72 registers, 16 bytes spilled), is ahead of x4e_r3fst at M = 1 if the warp count was what cost the "
+    "EW forms; refuted if not.")
 SMALL_PREDICTIONS = {"moe_small_ew": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,

@@ -66,9 +66,10 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
     # ... and with the h wait spinning on relaxed loads, then one acquire (x4e_r3fs; run 22, moe_small_r3fs*.json)
     # ... and with each CTA's first tasks static, no atomics before the first weight issue (x4e_r3fst; run 23)
-    # ... and with a fifth warp that runs every epilogue (x4e_r3fste, x4e_r4fste: 4-stage ring; run 27): ("cta", rule,
+    # ... and with a fifth warp that runs every epilogue (x4e_r3fste, x4e_r4fste: 4-stage ring, x4e_r3fste5: 5 CTAs per SM;
+    # run 27b): ("cta", rule,
     # threads per block)
-    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp, 160)) for k in ("r3fste", "r4fste")
+    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp, 160)) for k in ("r3fste", "r4fste", "r3fste5")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs", "r3fst")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
