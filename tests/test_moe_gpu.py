@@ -459,34 +459,3 @@ def test_wsplit_parity_split2(splitk_on, m):
     ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=21 + m)
     res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
-
-
-# ---- the epilogue warp (x4e_r3fste / x4e_r4fste, run 27): x4e_r3fst's tasks with every epilogue in a fifth warp
-
-EW_BASE = {f"ctasplit_x4e_{k}{sfx}": f"ctasplit_x4e_r3fst{sfx}" for k in ("r3fste", "r4fste", "r3fste5")
-           for sfx in ("", "_g4d1", "_g2d1", "_g1d1")}
-
-
-@pytest.mark.parametrize("splitk_on", list(EW_BASE), indirect=True)
-@pytest.mark.parametrize("m", [1, 2, 9, 16])
-def test_epilogue_warp_parity_and_equal_to_r3fst_kimi_shape(splitk_on, m):
-    """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to x4e_r3fst at the same split (the same
-    partial sums, added in the same part order; only which warp adds them differs)."""
-    _assert_parity_and_equal_to(splitk_on, EW_BASE[splitk_on], m, 110 + m, 120 + m)
-
-
-@pytest.mark.parametrize("splitk_on", ["ctasplit_x4e_r3fste", "ctasplit_x4e_r4fste_g1d1", "ctasplit_x4e_r3fste5"],
-                         indirect=True)
-def test_epilogue_warp_edge_cases_graph_replays_and_grid(small, splitk_on):
-    """Invalid and duplicate ids, every M edge, replays of one graph (every counter left zero), and the grid the
-    host computes for a block of 160 threads (4 CTAs per SM at 96 registers, 5 for x4e_r3fste5)."""
-    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
-    from workbench.moe.fused import SMALL_VARIANTS, small_grid
-
-    for res in small_path_edge_checks(small, torch.Generator().manual_seed(7), 8):
-        assert res["ok"], res
-    for m in (1, 4, 16):
-        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
-        assert res["ok"], res
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert small_grid(SMALL_VARIANTS[splitk_on][0]) == (5 if splitk_on.endswith("5") else 4) * sms

@@ -951,24 +951,10 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
     if (lane == 0) done_dn[tile] = 0;
 }
 
-// Named barrier ID (1..15) over COUNT threads of the block: wait for all of them, or only mark this warp's arrival
-// (release of its prior shared-memory writes to the threads that wait). The id is a constant, so ptxas counts only
-// the barriers used (a register id reserves all 16).
-template <int ID, int COUNT>
-__device__ __forceinline__ void named_bar_sync() {
-    asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
-}
-template <int ID, int COUNT>
-__device__ __forceinline__ void named_bar_arrive() {
-    asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
-}
-
 // Prologue of the one-launch kernels (every CTA, block of 128 threads, P = M * topk <= 128): sorts the
 // pairs by (expert, pair id) into s_sorted and cuts each expert's run into items of <= FR_CHUNK slots
 // (s_ie / s_islot / s_icnt); returns the number of items. Pairs with an id outside [0, E) are dropped
-// (s_e = -1); when every id is invalid, CTA 0 writes NaN to every output row. NT: threads of the block (128, or 160
-// for the CTA-split kernel with an epilogue warp, whose fifth warp takes no pair and no slot).
-template <int NT = 128>
+// (s_e = -1); when every id is invalid, CTA 0 writes NaN to every output row.
 __device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M, int topk, int E, int H,
                                               __nv_bfloat16* __restrict__ out, int* s_e, int* s_sorted, int* s_flag,
                                               int* s_ie, int* s_islot, int* s_icnt, int* s_wcnt) {
@@ -979,11 +965,8 @@ __device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M
         e = ids[tid];
         if (e < 0 || e >= E) e = -1;
     }
-    constexpr bool extra = NT > FR_MAX_PAIRS;   // threads past the 128 slots: no shared entries of their own
-    if (!extra || tid < FR_MAX_PAIRS) {
-        s_e[tid] = e;
-        s_flag[tid] = 0;
-    }
+    s_e[tid] = e;
+    s_flag[tid] = 0;
     __syncthreads();
     int pos = 0, rank = 0;
     if (e >= 0) {
@@ -999,12 +982,12 @@ __device__ __forceinline__ int small_prologue(const int* __restrict__ ids, int M
         s_flag[pos] = (rank % FR_CHUNK) == 0;
     }
     __syncthreads();
-    const int f = (!extra || tid < FR_MAX_PAIRS) ? s_flag[tid] : 0;   // tid is a slot here
+    const int f = s_flag[tid];   // tid is a slot here
     const unsigned int bal = __ballot_sync(0xffffffffu, f);
-    if (lane == 0 && (!extra || warp < 4)) s_wcnt[warp] = __popc(bal);
+    if (lane == 0) s_wcnt[warp] = __popc(bal);
     __syncthreads();
     int base = 0;
-    for (int w = 0; w < (extra ? min(warp, 4) : warp); ++w) base += s_wcnt[w];
+    for (int w = 0; w < warp; ++w) base += s_wcnt[w];
     const int nitems = s_wcnt[0] + s_wcnt[1] + s_wcnt[2] + s_wcnt[3];
     if (f) {
         const int idx = base + __popc(bal & ((1u << lane) - 1u));
@@ -1600,23 +1583,12 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 // L + 1 tasks are static (task q * gridDim.x + blockIdx.x), so no CTA waits for contended atomics on the task counter
 // before its first weight issue; the counter then hands out tasks from (L + 1) * gridDim.x on. The order argument
 // that rules out a deadlock still holds: no queue holds a down task ahead of a gate_up task.
-// EW (with ST; run 27): a fifth warp, with no ring and no stages, does every task's epilogue and grabs the tasks, so the
-// four streaming warps never run an epilogue (the timeline: the warp that ran the previous epilogue arrives last at
-// almost every barrier, ~2.5 us after the first, and its fence waits behind its own ring's cp.async) and never wait for
-// each other: for task j they write their parts into buffer j & 1 and bar.arrive FULL(j & 1); the epilogue warp
-// bar.syncs it, runs cs_epilogue, stores task j + L + 2 in the queue and bar.arrives FREE(j & 1); a streaming warp
-// bar.syncs FREE((j - 2) & 1) before task j (j >= 2), which makes queue entries up to j + L visible and frees the
-// buffer it writes next. The first L + 2 tasks are static. An epilogue warp waits only for its own CTA's streaming
-// warps, which are past the task it waits for, so the deadlock argument is the one above.
-template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false, bool EW = false>
+template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
     int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out,
     unsigned char* s_ring, float4* s_part) {
-    static_assert(!EW || ST, "the epilogue-warp form takes static first tasks");
-    constexpr int NT = EW ? 160 : 128;
-    constexpr int EW_FULL = 1, EW_FREE = 3;   // named barriers FULL(b) = 1 + b, FREE(b) = 3 + b over NT threads
     __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
     __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
     __shared__ int s_wcnt[4];
@@ -1625,7 +1597,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     TRACE_AT(0, trace_now());
-    const int nitems = small_prologue<NT>(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
 
     int* ctr_task = ws;
@@ -1641,48 +1613,12 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const int spt = min(nsup_gu / sgu, nsup_dn / sdn);
         const int L = (RS - 1 + spt - 1) / spt;
         s_cfg[2] = L;
-        for (int q = 0; q <= L + (EW ? 1 : 0); ++q)
-            s_q[q] = ST ? q * (int)gridDim.x + (int)blockIdx.x : atomicAdd(ctr_task, 1);
+        for (int q = 0; q <= L; ++q) s_q[q] = ST ? q * (int)gridDim.x + (int)blockIdx.x : atomicAdd(ctr_task, 1);
     }
     __syncthreads();
     TRACE_AT(1, trace_now());
     const volatile int* cfg = s_cfg;
     const volatile int* q = s_q;
-
-    if (EW && warp == 4) {   // ---- the epilogue warp: every task's epilogue, in order; the queue
-        int j = 0;
-        for (;; ++j) {
-            const int tj = q[j & (CS_Q - 1)];
-            if (tj >= cfg[1]) break;
-            int grab = 0;
-            if (lane == 0) grab = atomicAdd(ctr_task, 1) + (cfg[2] + 2) * (int)gridDim.x;   // task j + L + 2
-            if (j & 1) named_bar_sync<EW_FULL + 1, NT>(); else named_bar_sync<EW_FULL, NT>();   // FULL(j): the four parts of task j are in buffer j & 1
-#ifdef MOE_TRACE
-            if (lane == 0) {
-                s_trace_j = j;
-                TRACE_TASK(j, 8, trace_now());
-            }
-            __syncwarp();
-#endif
-            cs_epilogue<F1>(cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn), it, s_part + (j & 1) * 128, M, topk,
-                            H, I, nitems, hbuf, Y, topk_w, done_gu, done_dn, out);
-#ifdef MOE_TRACE
-            if (lane == 0) TRACE_TASK(j, 11, trace_now());
-#endif
-            if (lane == 0) s_q[(j + cfg[2] + 2) & (CS_Q - 1)] = grab;
-            __syncwarp();
-            if (j & 1) named_bar_arrive<EW_FREE + 1, NT>(); else named_bar_arrive<EW_FREE, NT>();   // FREE(j): buffer j & 1 read; entry j + L + 2 published
-        }
-        if (lane == 0) {
-            __threadfence();
-            if (atomicAdd(ctr_fin, 1) == (int)(gridDim.x * (blockDim.x / 32)) - 1) {
-                ws[0] = 0;
-                ws[1] = 0;
-                for (int i = 0; i < FR_MAX_PAIRS; ++i) done_gu[i] = 0;
-            }
-        }
-        return;
-    }
 
     // ---- issuer: this warp's part of every task of the CTA's sequence, RS - 1 stages ahead
     const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
@@ -1719,15 +1655,11 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
 
     int ready = -1;          // last item whose gate_up tiles this warp saw complete
     unsigned int rslot = 0;
-    int j = 0;
-    for (;; ++j) {
-        if (EW && j >= 2) {   // FREE(j - 2): its buffer and queue entries <= j + L
-            if (j & 1) named_bar_sync<EW_FREE + 1, NT>(); else named_bar_sync<EW_FREE, NT>();
-        }
+    for (int j = 0;; ++j) {
         const int tj = q[j & (CS_Q - 1)];
         if (tj >= cfg[1]) break;
         int grab = 0;
-        if (!EW && tid == 0)   // task j + L + 1; used only before the barrier
+        if (tid == 0)   // task j + L + 1; used only before the barrier
             grab = atomicAdd(ctr_task, 1) + (ST ? (cfg[2] + 1) * (int)gridDim.x : 0);
         const CsTask tk = cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
         const bool gu = tk.gu;
@@ -1769,19 +1701,10 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         else cs_stages<true, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 4 + warp, trace_now());
 #endif
-        if (EW) {
-            __syncwarp();
-            if (j & 1) named_bar_arrive<EW_FULL + 1, NT>(); else named_bar_arrive<EW_FULL, NT>();   // FULL(j): this warp's part is in buf
-#ifdef MOE_TRACE
-            if (tid == 0) TRACE_TASK(j, 3, trace_now());
-            TRACE_AT(3, (unsigned long long)(j + 1));
-#endif
-            continue;
-        }
-        if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
         __syncthreads();   // barrier j: every part of task j is in buf; task j + L + 1 is in the queue
 #ifdef MOE_TRACE
         if (tid == 0) TRACE_TASK(j, 3, trace_now());
@@ -1801,9 +1724,6 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 11, trace_now());
 #endif
-    }
-    if (EW && j >= 1) {   // FREE(j - 1): every arrival matched
-        if ((j - 1) & 1) named_bar_sync<EW_FREE + 1, NT>(); else named_bar_sync<EW_FREE, NT>();
     }
     TRACE_AT(2, trace_now());
     cp_async_wait<0>();
@@ -1836,29 +1756,25 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
 // RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44); F1: one fence per
 // publish and acquire loads (x4e_r3f); SR: the h wait spins relaxed, then one acquire (x4e_r3fs); ST: static first
-// tasks (x4e_r3fst); EW: the epilogue warp (x4e_r3fste, x4e_r4fste; TPB threads, BPS blocks per SM).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST, EW, TPB, BPS)                                          \
-    extern "C" __global__ void __launch_bounds__(TPB, BPS) NAME(                                                   \
+// tasks (x4e_r3fst).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST)                                                               \
+    extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST, EW>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn,  \
-                                                              hbuf, Y, ws, out, s_ring, s_part);                     \
+        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, \
+                                                          Y,                                                         \
+                                                      ws,                                                            \
+                                              out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false, false, 128, 5)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false, false, 128, 5)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false, false, 128, 5)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false, false, 128, 5)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false, false, 128, 5)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true, false, 128, 5)
-// x4e_r3fst with the epilogue warp (EW; block 160, 4 CTAs per SM at 96 registers: 16 streaming warps per SM instead of
-// 20), with a 3-stage ring and with a 4-stage ring (three stages in flight, to make up the in-flight bytes)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fste, 4, true, 3, true, true, true, true, 160, 4)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r4fste, 4, true, 4, true, true, true, true, 160, 4)
-// ... and at 5 CTAs per SM (20 streaming warps, as x4e_r3fst): ptxas fits it in 72 registers with 16 bytes spilled
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fste5, 4, true, 3, true, true, true, true, 160, 5)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
 
 // ===================================================================================================
 // Warp-split form of the one-launch kernel (moe_small_wsplit_*; workbench/moe/fused.py "ws" variants).

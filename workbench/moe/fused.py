@@ -38,9 +38,8 @@ SMALL_PATH = {"enabled": True}   # the benchmark switches it off to time the fou
 # per resident warp)) or None for no split (moe_small_fused, version 3).
 # The split-K forms (moe_int4.cu, moe_small_splitk_s<RS>, RS ring stages) pick each phase's split on the
 # device (splitk_choice); "_max" always takes the largest split (a control at M >= 4).
-# The CTA-split form (moe_small_ctasplit) takes ("cta", rule[, threads per block, default 128]): the four warps of a
-# CTA share each task's tiles and K range (workbench/moe/ctasplit.py: ctasplit_splits; rule "ring", "max" or a fixed
-# (gate_up, down) pair).
+# The CTA-split form (moe_small_ctasplit) takes ("cta", rule): the four warps of a CTA share each task's tiles
+# and K range (workbench/moe/ctasplit.py: ctasplit_splits; rule "ring", "max" or a fixed (gate_up, down) pair).
 SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     "v3": ("moe_small_fused", None),
     "splitk_s3": ("moe_small_splitk_s3", (4, 2, 2)),
@@ -66,11 +65,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
     # ... and with the h wait spinning on relaxed loads, then one acquire (x4e_r3fs; run 22, moe_small_r3fs*.json)
     # ... and with each CTA's first tasks static, no atomics before the first weight issue (x4e_r3fst; run 23)
-    # ... and with a fifth warp that runs every epilogue (x4e_r3fste, x4e_r4fste: 4-stage ring, x4e_r3fste5: 5 CTAs per SM;
-    # run 27b): ("cta", rule,
-    # threads per block)
-    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp, 160)) for k in ("r3fste", "r4fste", "r3fste5")
-       for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs", "r3fst")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     # the warp-split form (run 25): every warp on its own, units of one K part of one tile, split-K partials reduced
@@ -353,8 +347,8 @@ def wsplit_splits(hidden: int, intermediate: int, rule: str | tuple[int, int], r
     return sgu, sdn
 
 
-def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused", threads: int = THREADS) -> int:
-    """CTAs of a one-launch kernel that fit on the device at once (occupancy at ``threads`` per block x SMs)."""
+def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused") -> int:
+    """CTAs of a one-launch kernel that fit on the device at once (occupancy x SMs)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if (idx, name) not in _GRID:
         sms = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -363,11 +357,11 @@ def _small_grid(kernel, device: torch.device, name: str = "moe_small_fused", thr
             from cupy.cuda import driver
 
             fptr = getattr(kernel, "ptr", None) or kernel.kernel.ptr
-            per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, threads, 0))
+            per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, THREADS, 0))
         except Exception:  # noqa: BLE001 - estimate from registers (64K per SM, allocated per warp in 256s)
             regs = int(getattr(kernel, "num_regs", 128))
             per_warp = ((regs * 32 + 255) // 256) * 256
-            per_sm = max(1, min(65536 // (per_warp * (threads // 32)), 2048 // threads))
+            per_sm = max(1, min(65536 // (per_warp * (THREADS // 32)), 2048 // THREADS))
         _GRID[(idx, name)] = max(1, per_sm) * sms
     return _GRID[(idx, name)]
 
@@ -481,8 +475,7 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         raise RuntimeError(f"the one-launch path does not run M={m}, topk={k} (fused.SMALL_TABLE {SMALL_TABLE})")
     kname, spec = SMALL_VARIANTS[variant]
     kern = _kernel(kname, options)
-    threads = spec[2] if spec is not None and spec[0] == "cta" and len(spec) > 2 else THREADS
-    grid = _small_grid(kern, dev, kname + "".join(options), threads)
+    grid = _small_grid(kern, dev, kname + "".join(options))
     if spec is None:
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
         ws = _small_workspace(dev, h)
@@ -493,7 +486,7 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         sgu, sdn = ctasplit_splits(h, i, spec[1])
         ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
         ws = _ctasplit_workspace(dev, h)
-        launch(kern, (grid,), (threads,),
+        launch(kern, (grid,), (THREADS,),
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
         return out
     if spec[0] == "ws":
