@@ -110,7 +110,12 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # Run 25 (moe_small_wsplit*.json, 42799f6; block small_wsplit): by run 23b's rule (report.split_rule_rows) the
 # warp-split kernel replaces the CTA-split one at M = 2 (wsplit_r3 at (2, 1)) and M = 3-16 (at (1, 1): no split-K,
 # every warp a whole tile's K); at M = 1 its split forms are far behind and x4e_r3fst stays.
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "wsplit_r3_g2d1"), (16, "wsplit_r3_g1d1")]
+# Run 27 (moe_small_il*.json, moe_small_ew*.json, moe_small_ew5*.json: six processes in three device sessions, code
+# ecf3f6f / 08fe44a / 584fb2f, each timing x4e_r3fst at (4, 1) beside wsplit_r3_g2d1 at M = 2; report.RUN27_RULE):
+# by run 23b's rule x4e_r3fst at (4, 1) replaces wsplit_r3_g2d1 at M = 2 (one replay: mean +0.2 points, no row's
+# mean below -0.1; in-graph it leads in all twelve rows).
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3fst_g4d1"),
+                                             (16, "wsplit_r3_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

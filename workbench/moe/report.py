@@ -870,6 +870,75 @@ def block_small_nb() -> str:
             + markdown_table(split_rule_rows(SMALL_NB, NB_CANDIDATES, NB_DISPATCHED)))
 
 
+SMALL_RUN27 = ("moe_small_il", "moe_small_il_2", "moe_small_ew", "moe_small_ew_2", "moe_small_ew5", "moe_small_ew5_2")
+TRACE_RUN27 = ("moe_ctasplit_trace_r3fst", "moe_ctasplit_trace_il", "moe_ctasplit_trace_moe_small_ew",
+               "moe_ctasplit_trace_moe_small_ew5")   # run 27: the dispatched M = 1 kernel's timeline, then 27a's and 27b's
+
+
+RUN27_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "wsplit_r3_g2d1"))   # the dispatch when run 27 ran (run 25's)
+
+
+def run27_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule over run 27's six processes at M = 1-2 with the paths every one of them timed (x4e_r3fst at (4, 2)
+    and at (4, 1), wsplit_r3_g2d1): one replay, as the rule was written; then the same differences in-graph."""
+    cands = ("ctasplit_x4e_r3fst", "ctasplit_x4e_r3fst_g4d1", "wsplit_r3_g2d1")
+    rows = split_rule_rows(SMALL_RUN27, cands, RUN27_DISPATCHED)
+    for r, (lo, hi, disp) in zip(rows, RUN27_DISPATCHED):
+        deltas = []
+        for name in SMALL_RUN27:
+            doc = plots.load_moe_small(name=name)
+            for row in (doc or {"results": {"rows": []}})["results"]["rows"]:
+                a, b = row.get(f"{r['best candidate']}_ingraph_pct_of_copy"), row.get(f"{disp}_ingraph_pct_of_copy")
+                if lo <= row["m"] <= hi and a is not None and b is not None:
+                    deltas.append(a - b)
+        r["in-graph: rows ahead / rows"] = f"{sum(d > 0 for d in deltas)} / {len(deltas)}"
+        r["in-graph mean"] = f"{sum(deltas) / len(deltas):+.1f}" if deltas else "-"
+    return rows
+
+
+def three_timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of a ``--small-compare --in-graph-all`` run: per (routing, M) and one-launch path, % of copy in one replay /
+    queued / in-graph ("-" where a timing is missing)."""
+    def f(r: dict[str, Any], key: str) -> str:
+        return "-" if r.get(key) is None else f"{r[key]:.1f}"
+
+    out = []
+    for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
+        row: dict[str, Any] = {"routing": r["routing"], "M": r["m"]}
+        for path in plots.one_launch_paths(doc):
+            row[path] = " / ".join(f(r, f"{path}_{k}pct_of_copy") for k in ("", "queued_", "ingraph_"))
+        out.append(row)
+    return out
+
+
+def block_small_run27() -> str:
+    """Run 27: the interleaved task order (27a) and the epilogue warp (27b) beside the dispatch at M = 1-2, every path
+    timed three ways, two processes each; then the timelines at M = 1."""
+    parts = []
+    for name in SMALL_RUN27:
+        doc = plots.load_moe_small(name=name)
+        if not doc:
+            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
+            continue
+        p, res = doc["provenance"], doc["results"]
+        parts.append(f"`{name}.json` (code {str(p.get('git_commit'))[:7]}; copy {res['copy_gb_per_s']:.0f} GB/s in the "
+                     f"same run; grids {', '.join(f'{k} {v}' for k, v in (doc['parameters'].get('grid_ctas') or {}).items())}; "
+                     f"parity {len(res['checks'])} checks, worst rel. error {_worst_rel_err(res['checks']):.2e}, all ok = "
+                     f"{res['all_checks_ok']}), % of copy one replay / queued / in-graph:\n\n"
+                     + markdown_table(three_timing_rows(doc)))
+    for name in TRACE_RUN27:
+        doc = plots.load_moe_trace(name=name)
+        if not doc:
+            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
+            continue
+        parts.append(f"Timeline `{name}.json` (code {str(doc['provenance'].get('git_commit'))[:7]}; as the block "
+                     "`ctasplit_trace`; for the epilogue-warp forms `last = prev. epilogue warp` has no meaning and "
+                     "the barrier time is warp 0's arrival):\n\n" + markdown_table(plots.trace_rows(doc)))
+    parts.append("Run 23b's rule over the six processes (one replay; the in-graph columns compare the same paths "
+                 "in-graph):\n\n" + markdown_table(run27_rule_rows()))
+    return "\n".join(parts)
+
+
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
 
 
@@ -1040,6 +1109,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "tuning": block_tuning,
     "small_wsplit": block_small_wsplit,
     "small_nb": block_small_nb,
+    "small_run27": block_small_run27,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
     "diag_decomposition": ceiling_report.block_diag_decomposition,
