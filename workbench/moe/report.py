@@ -896,6 +896,56 @@ def run27_rule_rows() -> list[dict[str, Any]]:
     return rows
 
 
+RUN27_PAIRS = {   # run 27's forms against x4e_r3fst at the same split
+    "moe_small_il": (("ctasplit_x4e_r3fsti", "ctasplit_x4e_r3fst"), ("ctasplit_x4e_r3fsti2", "ctasplit_x4e_r3fst"),
+                     ("ctasplit_x4e_r3fsti_g4d1", "ctasplit_x4e_r3fst_g4d1")),
+    "moe_small_ew": (("ctasplit_x4e_r3fste", "ctasplit_x4e_r3fst"), ("ctasplit_x4e_r4fste", "ctasplit_x4e_r3fst"),
+                     ("ctasplit_x4e_r3fste_g4d1", "ctasplit_x4e_r3fst_g4d1"),
+                     ("ctasplit_x4e_r4fste_g4d1", "ctasplit_x4e_r3fst_g4d1")),
+    "moe_small_ew5": (("ctasplit_x4e_r3fste5", "ctasplit_x4e_r3fst"),
+                      ("ctasplit_x4e_r3fste5_g4d1", "ctasplit_x4e_r3fst_g4d1")),
+}
+
+
+def run27_delta_rows() -> list[dict[str, Any]]:
+    """Per run 27 form (against x4e_r3fst at its split) and M: the difference in points of % of copy, one replay and
+    in-graph, as min .. max over the routings and the two processes."""
+    out = []
+    for base, pairs in RUN27_PAIRS.items():
+        docs = [plots.load_moe_small(name=n) for n in (base, f"{base}_2")]
+        for new, old in pairs:
+            by_m: dict[int, dict[str, list[float]]] = {}
+            for doc in docs:
+                for r in (doc or {"results": {"rows": []}})["results"]["rows"]:
+                    d = by_m.setdefault(r["m"], {"": [], "ingraph_": []})
+                    for k in d:
+                        a, b = r.get(f"{new}_{k}pct_of_copy"), r.get(f"{old}_{k}pct_of_copy")
+                        if a is not None and b is not None:
+                            d[k].append(a - b)
+            for m in sorted(by_m):
+                d = by_m[m]
+                out.append({"runs": f"{base}, _2", "form": new, "against": old, "M": m, "rows": len(d[""]),
+                            **{lab: (f"{min(v):+.1f} .. {max(v):+.1f}" if v else "-")
+                               for lab, v in (("one replay", d[""]), ("in-graph", d["ingraph_"]))}})
+    return out
+
+
+def run27_wait_rows() -> list[dict[str, Any]]:
+    """Run 27's timelines at M = 1: the down tasks' total wait for h (us, summed over the CTAs; median over the traced
+    calls) per file, variant and routing."""
+    out = []
+    for name in TRACE_RUN27:
+        doc = plots.load_moe_trace(name=name)
+        if not doc:
+            continue
+        for key, smp in doc["samples"].items():
+            variant, routing, m = key.split("/")
+            waits = sorted(s["down_wait_us_total"] for s in smp["summaries"])
+            out.append({"file": name, "variant": variant, "routing": routing, "M": m.lstrip("m"),
+                        "down tasks' wait for h, us summed over CTAs": f"{waits[len(waits) // 2]:.0f}"})
+    return out
+
+
 def three_timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of a ``--small-compare --in-graph-all`` run: per (routing, M) and one-launch path, % of copy in one replay /
     queued / in-graph ("-" where a timing is missing)."""
@@ -934,6 +984,9 @@ def block_small_run27() -> str:
         parts.append(f"Timeline `{name}.json` (code {str(doc['provenance'].get('git_commit'))[:7]}; as the block "
                      "`ctasplit_trace`; for the epilogue-warp forms `last = prev. epilogue warp` has no meaning and "
                      "the barrier time is warp 0's arrival):\n\n" + markdown_table(plots.trace_rows(doc)))
+    parts.append("The down tasks' waits for h in those timelines:\n\n" + markdown_table(run27_wait_rows()))
+    parts.append("Each form against x4e_r3fst at the same split, points of % of copy (min .. max over both routings and "
+                 "both processes):\n\n" + markdown_table(run27_delta_rows()))
     parts.append("Run 23b's rule over the six processes (one replay; the in-graph columns compare the same paths "
                  "in-graph):\n\n" + markdown_table(run27_rule_rows()))
     return "\n".join(parts)
