@@ -718,6 +718,35 @@ def block_engine_share() -> str:
             + markdown_table(rows))
 
 
+def block_verify_clocks() -> str:
+    """The clock probe (verify_probe.run_clock_probe): the floor's bf16 GEMM and the verify kernel, each back to back
+    for seconds, with SM clock and power from nvidia-smi; against the short-run rate the floor uses."""
+    doc = load_measurement("ddtree_verify_clock_probe", "h200")
+    if not doc:
+        return "data/measurements/h200/ddtree_verify_clock_probe.json is not committed.\n"
+    res, par = doc["results"], doc["parameters"]
+    head = load_measurement("ddtree_verify", "h200")
+    rows = []
+    for r in res["rows"]:
+        rows.append({"phase": r["phase"], "replays": r["replays"], "s": f"{r['seconds']:.1f}",
+                     "first 5 ms / call": f"{r['first5_ms_per_call']:.4f}",
+                     "second half ms / call": f"{r['second_half_ms_per_call']:.4f}",
+                     "slower by %": f"{r['slowdown_pct']:.1f}", "SM MHz median (min)": f"{r['sm_mhz_median']:.0f} "
+                     f"({r['sm_mhz_min']:.0f})", "power W median (max)": f"{r['power_w_median']:.0f} "
+                     f"({r['power_w_max']:.0f})", "throttle reasons": ", ".join(r["reasons"]) or "-",
+                     "TFLOP/s first 5 / second half": (f"{r['first5_tflops']:.0f} / {r['second_half_tflops']:.0f}"
+                                                       if "first5_tflops" in r else "-")})
+    short = res.get("short_run_bf16_tflops")
+    ref = (f"; the headline file's floor rate: {head['results']['bf16_matmul_tflops']:.0f} TFLOP/s "
+           f"(code {head['provenance']['git_commit'][:7]})") if head else ""
+    return (f"From `data/measurements/h200/ddtree_verify_clock_probe.json` (code {doc['provenance']['git_commit'][:7]}, "
+            f"{doc['provenance']['date_utc']}; `python -m workbench.ddtree.verify_probe --clocks`): each phase "
+            f"{par['seconds']:.0f} s back to back (GEMM {par['gemm_n']}^3, {par['gemm_per_graph']} per graph; verify "
+            f"{par['verify_calls_per_graph']} calls per graph, prefix {par['prefix']}), nvidia-smi every "
+            f"{par['smi_period_ms']} ms; idle SM clock {res['idle_sm_mhz_median']:.0f} MHz; the floor's short-run "
+            f"rate measured in the same process: {short:.0f} TFLOP/s{ref}.\n\n" + markdown_table(rows))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "provenance": block_provenance,
     "tree-goals": block_tree_goals,
@@ -743,6 +772,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-cluster": block_verify_cluster,
     "verify-cluster-probe": block_verify_cluster_probe,
     "engine-share": block_engine_share,
+    "verify-clocks": block_verify_clocks,
 }
 
 
