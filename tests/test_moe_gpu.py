@@ -459,3 +459,28 @@ def test_wsplit_parity_split2(splitk_on, m):
     ex = random_int4_experts(8, 1536, 1536, device="cuda", seed=21 + m)
     res = check_case(ex, m, "uniform", torch.Generator().manual_seed(m), topk=8)
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
+
+
+# ---- x4e_r3fst with one more static task per CTA (x4e_r3fstd, run 27c): the same tasks, the first grab one task later
+
+SD_BASE = {f"ctasplit_x4e_r3fstd{sfx}": f"ctasplit_x4e_r3fst{sfx}" for sfx in ("", "_g4d1", "_g2d1", "_g1d1")}
+
+
+@pytest.mark.parametrize("splitk_on", list(SD_BASE), indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 9, 16])
+def test_static_deeper_parity_and_equal_to_r3fst_kimi_shape(splitk_on, m):
+    """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to x4e_r3fst at the same split."""
+    _assert_parity_and_equal_to(splitk_on, SD_BASE[splitk_on], m, 130 + m, 140 + m)
+
+
+@pytest.mark.parametrize("splitk_on", ["ctasplit_x4e_r3fstd", "ctasplit_x4e_r3fstd_g1d1"], indirect=True)
+def test_static_deeper_edge_cases_and_graph_replays(small, splitk_on):
+    """Invalid and duplicate ids, every M edge (fewer tasks than the static ones at the smallest shapes), and replays
+    of one graph (every counter left zero)."""
+    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
+
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(9), 8):
+        assert res["ok"], res
+    for m in (1, 4, 16):
+        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
+        assert res["ok"], res

@@ -1582,8 +1582,12 @@ __device__ __forceinline__ void cs_stages(float (&acc)[4], const __nv_bfloat16* 
 // the SM's L1 (where the gate/up activations of the SM's other warps live) once per iteration. ST: each CTA's first
 // L + 1 tasks are static (task q * gridDim.x + blockIdx.x), so no CTA waits for contended atomics on the task counter
 // before its first weight issue; the counter then hands out tasks from (L + 1) * gridDim.x on. The order argument
-// that rules out a deadlock still holds: no queue holds a down task ahead of a gate_up task.
-template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false>
+// that rules out a deadlock still holds: no queue holds a down task ahead of a gate_up task. SD (with ST; run 27c): one
+// more static task per CTA (L + 2), so the first grab from the counter happens at task 1 instead of task 0: in
+// x4e_r3fst's timeline the first stages begin ~4 us after the prologue, while every CTA's thread 0 waits in the same
+// contended returning atomic (the epilogue-warp form, whose streaming warps grab nothing, started them ~2 us earlier).
+// Every CTA still takes its tasks in increasing number, so the deadlock argument is unchanged.
+template <int RS, int XD = 2, bool XEND = false, bool F1 = false, bool SR = false, bool ST = false, bool SD = false>
 __device__ __forceinline__ void moe_small_ctasplit_body(
     const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,
     const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,
@@ -1613,7 +1617,9 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const int spt = min(nsup_gu / sgu, nsup_dn / sdn);
         const int L = (RS - 1 + spt - 1) / spt;
         s_cfg[2] = L;
-        for (int q = 0; q <= L; ++q) s_q[q] = ST ? q * (int)gridDim.x + (int)blockIdx.x : atomicAdd(ctr_task, 1);
+        static_assert(!SD || ST, "SD deepens the static first tasks");
+        for (int q = 0; q <= L + (SD ? 1 : 0); ++q)
+            s_q[q] = ST ? q * (int)gridDim.x + (int)blockIdx.x : atomicAdd(ctr_task, 1);
     }
     __syncthreads();
     TRACE_AT(1, trace_now());
@@ -1659,8 +1665,8 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         const int tj = q[j & (CS_Q - 1)];
         if (tj >= cfg[1]) break;
         int grab = 0;
-        if (tid == 0)   // task j + L + 1; used only before the barrier
-            grab = atomicAdd(ctr_task, 1) + (ST ? (cfg[2] + 1) * (int)gridDim.x : 0);
+        if (tid == 0 && !(SD && j == 0))   // task j + L + 1 (static at j = 0 with SD); used only before the barrier
+            grab = atomicAdd(ctr_task, 1) + (ST ? (cfg[2] + 1 + (SD ? 1 : 0)) * (int)gridDim.x : 0);
         const CsTask tk = cs_decode(tj, cfg[0], sgu, sdn, tiles_gu, tiles_dn);
         const bool gu = tk.gu;
         const int item = tk.item, part = warp % tk.s, nper = (gu ? nsup_gu : nsup_dn) / tk.s;
@@ -1701,7 +1707,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
         else cs_stages<true, RS, XD, XEND>(acc, xp + 8 * t, nper, ring, rslot, issue);
         float4* buf = s_part + (j & 1) * 128;
         buf[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        if (tid == 0) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
+        if (tid == 0 && !(SD && j == 0)) s_q[(j + cfg[2] + 1) & (CS_Q - 1)] = grab;
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(j, 4 + warp, trace_now());
 #endif
@@ -1756,25 +1762,26 @@ extern "C" __global__ void __launch_bounds__(128, 5) moe_small_ctasplit(
 // stage's activations loaded after the stage's last step into the same registers (x4e: no buffer-rotation moves);
 // RS ring stages per warp (x4e_r3: 3, two in flight, 35 KB of shared memory per CTA instead of 44); F1: one fence per
 // publish and acquire loads (x4e_r3f); SR: the h wait spins relaxed, then one acquire (x4e_r3fs); ST: static first
-// tasks (x4e_r3fst).
-#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST)                                                               \
+// tasks (x4e_r3fst); SD: one more static task, no grab at task 0 (x4e_r3fstd, run 27c).
+#define MOE_CTASPLIT_KERNEL(NAME, XD, XEND, RS, F1, SR, ST, SD)                                                             \
     extern "C" __global__ void __launch_bounds__(128, 5) NAME(                                                      \
         const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,          \
         const int* __restrict__ ids, const float* __restrict__ topk_w, int M, int topk, int E, int H, int I,        \
         int sgu, int sdn, __nv_bfloat16* hbuf, float* Y, int* ws, __nv_bfloat16* __restrict__ out) {                \
         __shared__ __align__(16) unsigned char s_ring[4 * RS * FR_STAGE_U4 * 16];                                    \
         __shared__ float4 s_part[2 * 128];                                                                           \
-        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, \
+        moe_small_ctasplit_body<RS, XD, XEND, F1, SR, ST, SD>(Fgu, Fdn, X, ids, topk_w, M, topk, E, H, I, sgu, sdn, hbuf, \
                                                           Y,                                                         \
                                                       ws,                                                            \
                                               out, s_ring, s_part);                                                  \
     }
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false)
-MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4, 4, false, CS_RS, false, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e, 4, true, CS_RS, false, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3, 4, true, 3, false, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3f, 4, true, 3, true, false, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fs, 4, true, 3, true, true, false, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fst, 4, true, 3, true, true, true, false)
+MOE_CTASPLIT_KERNEL(moe_small_ctasplit_x4e_r3fstd, 4, true, 3, true, true, true, true)
 
 // ===================================================================================================
 // Warp-split form of the one-launch kernel (moe_small_wsplit_*; workbench/moe/fused.py "ws" variants).

@@ -1109,7 +1109,16 @@ SMALL_EW_PREDICTION = (
     "EW forms 2-4 points behind x4e_r3fst at M = 1 with 16 streaming warps per SM): x4e_r3fste5, the same at 5 CTAs "
     "per SM (72 registers, 16 bytes spilled), is ahead of x4e_r3fst at M = 1 if the warp count was what cost the "
     "EW forms; refuted if not.")
-SMALL_PREDICTIONS = {"moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_SD_PREDICTION = (
+    "Run 27c, written before its first run: in x4e_r3fst's timeline (moe_ctasplit_trace_r3fst.json) the first stages "
+    "begin ~5.3 us after the first CTA's entry, ~4 us after the prologue ends, while every CTA's thread 0 issues the "
+    "same contended returning atomic for its task L + 1 at task 0; in the epilogue-warp form, whose streaming warps "
+    "grab nothing, they began at ~3 us. x4e_r3fstd (L + 2 static tasks per CTA, the first grab at task 1) starts its "
+    "first stages 1.5-3 us earlier in its timeline and is 1-4% faster than x4e_r3fst at M = 1 (split (4, 2)) in one "
+    "replay and in-graph in every row of both processes, and at M = 2 at (4, 1) ahead of x4e_r3fst at (4, 1) by "
+    "0-3%. Outputs bit-identical to x4e_r3fst (gpu tests). Refuted if it is not ahead of x4e_r3fst at M = 1 on average "
+    "in-graph.")
+SMALL_PREDICTIONS = {"moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,

@@ -65,7 +65,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... and with one fence per publish and acquire loads for the h waits (x4e_r3f; moe_small_r3f*.json)
     # ... and with the h wait spinning on relaxed loads, then one acquire (x4e_r3fs; run 22, moe_small_r3fs*.json)
     # ... and with each CTA's first tasks static, no atomics before the first weight issue (x4e_r3fst; run 23)
-    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp)) for k in ("r3", "r3f", "r3fs", "r3fst")
+    # ... and with one more static task per CTA, so the first counter grab is at task 1 (x4e_r3fstd; run 27c)
+    **{f"ctasplit_x4e_{k}{sfx}": (f"moe_small_ctasplit_x4e_{k}", ("cta", sp))
+       for k in ("r3", "r3f", "r3fs", "r3fst", "r3fstd")
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     # the warp-split form (run 25): every warp on its own, units of one K part of one tile, split-K partials reduced
     # by the last part to arrive; ("ws", rule, ring stages); "wsplit_r3" takes ctasplit_splits' "ring" rule
