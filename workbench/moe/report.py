@@ -871,8 +871,10 @@ def block_small_nb() -> str:
 
 
 SMALL_RUN27 = ("moe_small_il", "moe_small_il_2", "moe_small_ew", "moe_small_ew_2", "moe_small_ew5", "moe_small_ew5_2")
+SMALL_RUN27C = ("moe_small_sd", "moe_small_sd_2")   # run 27c, after the M = 2 dispatch change
 TRACE_RUN27 = ("moe_ctasplit_trace_r3fst", "moe_ctasplit_trace_il", "moe_ctasplit_trace_moe_small_ew",
-               "moe_ctasplit_trace_moe_small_ew5")   # run 27: the dispatched M = 1 kernel's timeline, then 27a's and 27b's
+               "moe_ctasplit_trace_moe_small_ew5", "moe_ctasplit_trace_moe_small_sd")   # run 27: the dispatched M = 1
+# kernel's timeline, then 27a's, 27b's and 27c's
 
 
 RUN27_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "wsplit_r3_g2d1"))   # the dispatch when run 27 ran (run 25's)
@@ -904,7 +906,9 @@ RUN27_PAIRS = {   # run 27's forms against x4e_r3fst at the same split
                      ("ctasplit_x4e_r4fste_g4d1", "ctasplit_x4e_r3fst_g4d1")),
     "moe_small_ew5": (("ctasplit_x4e_r3fste5", "ctasplit_x4e_r3fst"),
                       ("ctasplit_x4e_r3fste5_g4d1", "ctasplit_x4e_r3fst_g4d1")),
+    "moe_small_sd": (("ctasplit_x4e_r3fstd", "ctasplit_x4e_r3fst"), ("ctasplit_x4e_r3fstd_g4d1", "ctasplit_x4e_r3fst_g4d1")),
 }
+RUN27C_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "ctasplit_x4e_r3fst_g4d1"))   # the dispatch when 27c ran
 
 
 def run27_delta_rows() -> list[dict[str, Any]]:
@@ -965,7 +969,7 @@ def block_small_run27() -> str:
     """Run 27: the interleaved task order (27a) and the epilogue warp (27b) beside the dispatch at M = 1-2, every path
     timed three ways, two processes each; then the timelines at M = 1."""
     parts = []
-    for name in SMALL_RUN27:
+    for name in SMALL_RUN27 + SMALL_RUN27C:
         doc = plots.load_moe_small(name=name)
         if not doc:
             parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
@@ -987,8 +991,11 @@ def block_small_run27() -> str:
     parts.append("The down tasks' waits for h in those timelines:\n\n" + markdown_table(run27_wait_rows()))
     parts.append("Each form against x4e_r3fst at the same split, points of % of copy (min .. max over both routings and "
                  "both processes):\n\n" + markdown_table(run27_delta_rows()))
-    parts.append("Run 23b's rule over the six processes (one replay; the in-graph columns compare the same paths "
-                 "in-graph):\n\n" + markdown_table(run27_rule_rows()))
+    parts.append("Run 23b's rule over the six processes of 27a and 27b (one replay; the in-graph columns compare the "
+                 "same paths in-graph):\n\n" + markdown_table(run27_rule_rows()))
+    parts.append("Run 23b's rule over 27c's two processes, against the dispatch it ran beside (one replay):\n\n"
+                 + markdown_table(split_rule_rows(SMALL_RUN27C, ("ctasplit_x4e_r3fstd", "ctasplit_x4e_r3fstd_g4d1"),
+                                                  RUN27C_DISPATCHED)))
     return "\n".join(parts)
 
 
