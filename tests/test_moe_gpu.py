@@ -169,21 +169,31 @@ def test_splitk_parity_kimi_shape(splitk_on, m):
     assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-@pytest.mark.parametrize("splitk_on", ["splitk_s3_max", "splitk_s4"], indirect=True)
-def test_splitk_edge_cases_graph_replays_and_determinism(small, splitk_on):
+def _assert_edge_cases_replays_and_determinism(small, edge_seed: int, replay_ms, same_inputs=()) -> None:
+    """The forced one-launch kernel on the small experts: small_path_edge_checks (invalid and duplicate ids, every M
+    edge) with generator seed ``edge_seed``; replays of one graph at each M of ``replay_ms`` (the kernel's counters
+    must be left zero for the next replay); and for each (M, seed, routing) of ``same_inputs`` two calls on the same
+    inputs, bit-identical (determinism)."""
     from workbench.moe.bench import check_graph_replay, small_path_edge_checks
 
-    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
+    for res in small_path_edge_checks(small, torch.Generator().manual_seed(edge_seed), 8):
         assert res["ok"], res
-    for m in (1, 4):   # the counters (task, reduction, done) must be left zero for the next replay
+    for m in replay_ms:
         res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
         assert res["ok"], res
-    g = torch.Generator().manual_seed(4)
-    ids, w = make_routing(2, 16, 8, "uniform", g)
-    x = torch.randn(2, 1024, generator=g).bfloat16().cuda()
-    a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
-    b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
-    assert torch.equal(a, b)
+    for m, seed, routing in same_inputs:
+        g = torch.Generator().manual_seed(seed)
+        ids, w = make_routing(m, 16, 8, routing, g)
+        x = torch.randn(m, 1024, generator=g).bfloat16().cuda()
+        a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+        b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("splitk_on", ["splitk_s3_max", "splitk_s4"], indirect=True)
+def test_splitk_edge_cases_graph_replays_and_determinism(small, splitk_on):
+    # the counters (task, reduction, done) must be left zero for the next replay
+    _assert_edge_cases_replays_and_determinism(small, 5, (1, 4), [(2, 4, "uniform")])
 
 
 @pytest.mark.parametrize("splitk_on", ["splitk_s3"], indirect=True)
@@ -225,20 +235,8 @@ def test_ctasplit_parity_kimi_shape(splitk_on, m):
 @pytest.mark.parametrize("splitk_on", CTASPLIT + ["ctasplit_x4e_r3", "ctasplit_x4e_r3f", "ctasplit_x4e_r3fs",
                                        "ctasplit_x4e_r3fst"], indirect=True)
 def test_ctasplit_edge_cases_graph_replays_and_determinism(small, splitk_on):
-    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
-
-    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
-        assert res["ok"], res
-    for m in (1, 4, 16):   # the counters (task, done_gu, done_dn, fin) must be left zero for the next replay
-        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
-        assert res["ok"], res
-    for m in (2, 16):
-        g = torch.Generator().manual_seed(4 + m)
-        ids, w = make_routing(m, 16, 8, "skewed", g)
-        x = torch.randn(m, 1024, generator=g).bfloat16().cuda()
-        a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
-        b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
-        assert torch.equal(a, b)
+    # the counters (task, done_gu, done_dn, fin) must be left zero for the next replay
+    _assert_edge_cases_replays_and_determinism(small, 5, (1, 4, 16), [(m, 4 + m, "skewed") for m in (2, 16)])
 
 
 @pytest.mark.parametrize("splitk_on", ["ctasplit"], indirect=True)
@@ -436,20 +434,7 @@ def test_wsplit_parity_and_equal_to_ctasplit_kimi_shape(splitk_on, m):
 @pytest.mark.parametrize("splitk_on", ["wsplit_r3", "wsplit_r3_g1d1", "wsplit_r4"], indirect=True)
 def test_wsplit_edge_cases_graph_replays_and_determinism(small, splitk_on):
     """Invalid and duplicate ids, every M edge, replays of one graph (every counter left zero), determinism."""
-    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
-
-    for res in small_path_edge_checks(small, torch.Generator().manual_seed(5), 8):
-        assert res["ok"], res
-    for m in (1, 4, 16):
-        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
-        assert res["ok"], res
-    for m in (1, 16):
-        g = torch.Generator().manual_seed(40 + m)
-        ids, w = make_routing(m, 16, 8, "skewed", g)
-        x = torch.randn(m, 1024, generator=g).bfloat16().cuda()
-        a = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
-        b = fused_moe_int4(x, ids.cuda(), w.cuda(), small)
-        assert torch.equal(a, b)
+    _assert_edge_cases_replays_and_determinism(small, 5, (1, 4, 16), [(m, 40 + m, "skewed") for m in (1, 16)])
 
 
 @pytest.mark.parametrize("splitk_on", ["wsplit_r3"], indirect=True)
@@ -477,10 +462,4 @@ def test_static_deeper_parity_and_equal_to_r3fst_kimi_shape(splitk_on, m):
 def test_static_deeper_edge_cases_and_graph_replays(small, splitk_on):
     """Invalid and duplicate ids, every M edge (fewer tasks than the static ones at the smallest shapes), and replays
     of one graph (every counter left zero)."""
-    from workbench.moe.bench import check_graph_replay, small_path_edge_checks
-
-    for res in small_path_edge_checks(small, torch.Generator().manual_seed(9), 8):
-        assert res["ok"], res
-    for m in (1, 4, 16):
-        res = check_graph_replay(small, m, torch.Generator().manual_seed(m), 8, replays=4)
-        assert res["ok"], res
+    _assert_edge_cases_replays_and_determinism(small, 9, (1, 4, 16))

@@ -646,6 +646,26 @@ __device__ __forceinline__ float ld_cg_f32(const float* p) {
     return r;
 }
 
+// out[m, row0 .. row0 + rows) = bf16(sum over k ascending of Y[m * topk + k, n]) for every token m, by one warp, in one
+// fp32 chain (fixed order); NaN for a token with an invalid id (s_e[pair] < 0). Y [P, H] f32 is written by other warps
+// of this launch: read through L2. (The split-K kernels' form also sums over the parts: splitk_down.)
+__device__ __forceinline__ void sum_rows_over_k(const int* s_e, const float* Y, __nv_bfloat16* __restrict__ out, int M,
+                                                int topk, int H, int row0, int rows) {
+    const int lane = threadIdx.x & 31;
+    for (int idx = lane; idx < M * rows; idx += 32) {
+        const int m = idx / rows, n = row0 + (idx - m * rows);
+        bool ok = true;
+        for (int k = 0; k < topk; ++k) ok = ok && s_e[m * topk + k] >= 0;
+        float sum = __int_as_float(0x7fc00000);
+        if (ok) {
+            sum = 0.f;
+            for (int k = 0; k < topk; ++k) sum += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
+        }
+        out[(long long)m * H + n] = __float2bfloat16(sum);
+    }
+}
+
+
 __device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
     int r;
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");
@@ -691,6 +711,22 @@ __device__ __forceinline__ void cp_async_stage(unsigned int d, const uint4* src,
 template <int RS>
 __device__ __forceinline__ unsigned int ring_next(unsigned int slot) {
     return slot == (RS - 1) * FR_STAGE_U4 * 16 ? 0u : slot + FR_STAGE_U4 * 16;
+}
+
+// One issue step of a per-warp ring (the issuers of the CTA-split and warp-split kernels): while the unit being
+// issued has stages left, copy its next one from `src` into slot `wslot` of the ring at `dst0` (this lane's address)
+// and step `src` by `stride`; commit a cp.async group either way (empty at the end, so the wait counts stay fixed)
+// and move to the next slot.
+template <int RS>
+__device__ __forceinline__ void ring_issue_stage(unsigned int dst0, unsigned int& wslot, const uint4*& src, int stride,
+                                                 int& left, bool scale_lane) {
+    if (left > 0) {
+        cp_async_stage(dst0 + wslot, src, scale_lane);
+        src += stride;
+        --left;
+    }
+    cp_async_commit();
+    wslot = ring_next<RS>(wslot);
 }
 
 // (w & 0x000F000F) | 0x43004300 in ONE instruction (written in C, ptxas emits an AND and an OR).
@@ -858,6 +894,25 @@ struct SmallItems {
     const int* icnt;    // item slot count (<= FR_CHUNK)
 };
 
+// Down's outputs of one lane's mma fragment (rows n0 and n0 + 8 of H; columns col0 + 2t and col0 + 2t + 1 of the item
+// starting at slot0, those below cnt): Y[pair, n] = routing weight of the pair x y. Y: f32 [P, H].
+__device__ __forceinline__ void store_weighted_y(const SmallItems& it, int slot0, int cnt, int col0,
+                                                 const float* __restrict__ topk_w, float* Y, int H, int n0, float lo0,
+                                                 float lo1, float hi0, float hi1) {
+    const int t = threadIdx.x & 3;
+    const float lo[2] = {lo0, lo1}, hi[2] = {hi0, hi1};
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+        const int col = col0 + 2 * t + cc;
+        if (col < cnt) {
+            const int pair = it.sorted[slot0 + col];
+            const float wgt = __ldg(topk_w + pair);
+            Y[(long long)pair * H + n0] = wgt * lo[cc];
+            Y[(long long)pair * H + n0 + 8] = wgt * hi[cc];
+        }
+    }
+}
+
 template <int NT>
 __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, int tile, const uint4* __restrict__ Fgu,
                                               const __nv_bfloat16* __restrict__ X, int topk, int H, int I,
@@ -899,7 +954,7 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
                                            const float* __restrict__ topk_w, int M, int topk, int H, int I,
                                            float* Y, const int* done_gu, int* done_dn, __nv_bfloat16* __restrict__ out,
                                            unsigned char* ring) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = H / 16, nsup = I / (64 * FR_SUB);
     const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
@@ -914,16 +969,7 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
     const int n0 = 16 * tile + g;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-            const int col = 8 * n + 2 * t + cc;
-            if (col < cnt) {
-                const int pair = it.sorted[slot0 + col];
-                const float wgt = __ldg(topk_w + pair);
-                Y[(long long)pair * H + n0] = wgt * acc[n][cc];
-                Y[(long long)pair * H + n0 + 8] = wgt * acc[n][2 + cc];
-            }
-        }
+        store_weighted_y(it, slot0, cnt, 8 * n, topk_w, Y, H, n0, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
     fence_acq_rel_gpu();
     __syncwarp();
     int last = 0;
@@ -936,17 +982,7 @@ __device__ __forceinline__ void small_down(const SmallItems& it, int item, int t
     if (!last) return;
     fence_acq_rel_gpu();
     // every item has written its rows of this tile: out[m, tile rows] = sum_k Y (k ascending)
-    for (int idx = lane; idx < M * 16; idx += 32) {
-        const int m = idx >> 4, n = 16 * tile + (idx & 15);
-        bool ok = true;
-        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
-        float s = __int_as_float(0x7fc00000);
-        if (ok) {
-            s = 0.f;
-            for (int k = 0; k < topk; ++k) s += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
-        }
-        out[(long long)m * H + n] = __float2bfloat16(s);
-    }
+    sum_rows_over_k(it.e, Y, out, M, topk, H, 16 * tile, 16);
     __syncwarp();
     if (lane == 0) done_dn[tile] = 0;
 }
@@ -1189,7 +1225,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
                                             const float* __restrict__ topk_w, int M, int topk, int H, int I,
                                             float* ypart, const int* done_gu, int* done_dn,
                                             __nv_bfloat16* __restrict__ out, unsigned char* ring) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = H / 16, nsup = I / (64 * FR_SUB), nper = nsup / sdn;
     const int P = M * topk;
@@ -1206,16 +1242,7 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
     float* yp = ypart + (long long)part * P * H;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-            const int col = 8 * n + 2 * t + cc;
-            if (col < cnt) {
-                const int pair = it.sorted[slot0 + col];
-                const float wgt = __ldg(topk_w + pair);
-                yp[(long long)pair * H + n0] = wgt * acc[n][cc];
-                yp[(long long)pair * H + n0 + 8] = wgt * acc[n][2 + cc];
-            }
-        }
+        store_weighted_y(it, slot0, cnt, 8 * n, topk_w, yp, H, n0, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
     fence_acq_rel_gpu();
     __syncwarp();
     int last = 0;
@@ -1472,18 +1499,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                 const float4 a = buf[(r * s + pp) * 32 + lane];
                 v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
             }
-            const int n0 = 16 * (grp * ntile + r) + g;
-            const float lo[2] = {v.x, v.y}, hi[2] = {v.z, v.w};
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const int c = 2 * t + cc;
-                if (c < cnt) {
-                    const int pair = it.sorted[slot0 + c];
-                    const float wgt = __ldg(topk_w + pair);
-                    Y[(long long)pair * H + n0] = wgt * lo[cc];
-                    Y[(long long)pair * H + n0 + 8] = wgt * hi[cc];
-                }
-            }
+            store_weighted_y(it, slot0, cnt, 0, topk_w, Y, H, 16 * (grp * ntile + r) + g, v.x, v.y, v.z, v.w);
         }
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
@@ -1503,18 +1519,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
         if (last) {
             fence_acq_rel_gpu();
             // every item has written the group's rows: out[m, rows] = sum over k ascending of Y
-            const int rows = 16 * ntile;
-            for (int idx = lane; idx < M * rows; idx += 32) {
-                const int m = idx / rows, n = rows * grp + (idx - m * rows);
-                bool ok = true;
-                for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
-                float sum = __int_as_float(0x7fc00000);
-                if (ok) {
-                    sum = 0.f;
-                    for (int k = 0; k < topk; ++k) sum += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
-                }
-                out[(long long)m * H + n] = __float2bfloat16(sum);
-            }
+            sum_rows_over_k(it.e, Y, out, M, topk, H, 16 * ntile * grp, 16 * ntile);
             __syncwarp();
             if (lane == 0) done_dn[grp] = 0;
         }
@@ -1647,14 +1652,7 @@ __device__ __forceinline__ void moe_small_ctasplit_body(
                 ileft = nper;
             }
         }
-        if (ileft > 0) {
-            const unsigned int d = dst0 + wslot;
-            cp_async_stage(d, isrc, scale_lane);
-            isrc += istride;
-            --ileft;
-        }
-        cp_async_commit();
-        wslot = ring_next<RS>(wslot);
+        ring_issue_stage<RS>(dst0, wslot, isrc, istride, ileft, scale_lane);
     };
 #pragma unroll
     for (int s = 0; s < RS - 1; ++s) issue();
@@ -1872,14 +1870,7 @@ __device__ __forceinline__ void moe_small_wsplit_body(
                 ileft = nper;
             }
         }
-        if (ileft > 0) {
-            const unsigned int d = dst0 + wslot;
-            cp_async_stage(d, isrc, scale_lane);
-            isrc += istride;
-            --ileft;
-        }
-        cp_async_commit();
-        wslot = ring_next<RS>(wslot);
+        ring_issue_stage<RS>(dst0, wslot, isrc, istride, ileft, scale_lane);
     };
 #pragma unroll
     for (int i = 0; i < RS - 1; ++i) issue();
@@ -1970,17 +1961,7 @@ __device__ __forceinline__ void moe_small_wsplit_body(
                     atomicAdd(done_gu + item, 1);
                 }
             } else {
-                const int n0 = 16 * un.tile + g;
-#pragma unroll
-                for (int cc = 0; cc < 2; ++cc) {
-                    const int c = 2 * t + cc;
-                    if (c < cnt) {
-                        const int pair = it.sorted[slot0 + c];
-                        const float wgt = __ldg(topk_w + pair);
-                        Y[(long long)pair * H + n0] = wgt * acc[cc];
-                        Y[(long long)pair * H + n0 + 8] = wgt * acc[2 + cc];
-                    }
-                }
+                store_weighted_y(it, slot0, cnt, 0, topk_w, Y, H, 16 * un.tile + g, acc[0], acc[1], acc[2], acc[3]);
                 __syncwarp();
                 int lastd = 0;
                 if (lane == 0) {
@@ -1989,17 +1970,7 @@ __device__ __forceinline__ void moe_small_wsplit_body(
                     if (lastd) fence_acq_rel_gpu();
                 }
                 if (__shfl_sync(0xffffffffu, lastd, 0)) {   // every item has written the tile's rows
-                    for (int idx = lane; idx < M * 16; idx += 32) {
-                        const int m = idx >> 4, n = 16 * un.tile + (idx & 15);
-                        bool ok = true;
-                        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
-                        float sum = __int_as_float(0x7fc00000);
-                        if (ok) {
-                            sum = 0.f;
-                            for (int k = 0; k < topk; ++k) sum += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
-                        }
-                        out[(long long)m * H + n] = __float2bfloat16(sum);
-                    }
+                    sum_rows_over_k(it.e, Y, out, M, topk, H, 16 * un.tile, 16);
                     __syncwarp();
                     if (lane == 0) done_dn[un.tile] = 0;
                 }
@@ -2071,6 +2042,17 @@ __device__ __forceinline__ int touched_experts(const int* __restrict__ ids, int 
 // check != 0 (tests): each thread also XORs its reduction into sink[1] and adds its count of words read to sink[2].
 // grid: any; block: a multiple of 32, at most 1024. ids: int32 [P], entries outside [0, E) ignored; E <= 1024;
 // the host keeps (touched experts x (ngu + ndn) + grid x block x U) below 2^32.
+// The read kernels' result: sink[0] is written only where a thread's XOR of what it read equals `never` (so the loads
+// stay); check != 0 (tests): the XOR into sink[1] and the count of 16-byte words read added to sink[2].
+__device__ __forceinline__ void sink_reads(unsigned int acc, unsigned int words, unsigned int never, int check,
+                                           unsigned int* sink) {
+    if (acc == never) sink[0] = acc;
+    if (check) {
+        atomicXor(sink + 1, acc);
+        atomicAdd(sink + 2, words);
+    }
+}
+
 template <int U>
 __device__ __forceinline__ void stream_touched_body(const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn,
                                                     const int* __restrict__ ids, int P, int E, unsigned int ngu,
@@ -2099,11 +2081,7 @@ __device__ __forceinline__ void stream_touched_body(const uint4* __restrict__ Fg
 #pragma unroll
         for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
-    if (acc == never) sink[0] = acc;
-    if (check) {
-        atomicXor(sink + 1, acc);
-        atomicAdd(sink + 2, words);
-    }
+    sink_reads(acc, words, never, check, sink);
 }
 
 #define MOE_STREAM_TOUCHED_KERNEL(U)                                                                              \
@@ -2236,11 +2214,7 @@ __device__ __forceinline__ void stream_ring_body(const uint4* __restrict__ Fgu, 
         }
     }
     cp_async_wait<0>();
-    if (acc == never) sink[0] = acc;
-    if (check) {
-        atomicXor(sink + 1, acc);
-        atomicAdd(sink + 2, words);
-    }
+    sink_reads(acc, words, never, check, sink);
 }
 
 #define MOE_STREAM_RING_KERNEL(RS)                                                                                 \

@@ -486,22 +486,24 @@ def block_small_ctasplit_sb() -> str:
     return _small_run_block(SMALL_CTASPLIT_SB)
 
 
+def _trace_table(name: str, note: str = "") -> str:
+    """One committed trace run (``python -m workbench.moe.trace``): its provenance and command, then its rows
+    (:func:`plots.trace_rows`); ``note`` is appended to the sentence before the table."""
+    doc = plots.load_moe_trace(name=name)
+    if not doc:
+        return f"data/measurements/h200/{name}.json is not committed.\n"
+    p, par = doc["provenance"], doc["parameters"]
+    return (f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, "
+            f"{p.get('date_utc')}; `python -m workbench.moe.trace --m {' '.join(map(str, par['m_values']))}"
+            + (f" --variants {' '.join(par['variants'])}" if "variants" in par else "")
+            + f"`, {par['calls']} traced calls per row, medians): times in us from the first CTA's "
+            "entry; `task`, `arrive spread`, `last = prev. epilogue warp`, `epilogue`, `fence` as "
+            f"gate_up / down{note}.\n\n" + markdown_table(plots.trace_rows(doc)))
+
+
 def block_ctasplit_trace() -> str:
     """Timelines of the CTA-split kernels from the -DMOE_TRACE build, one table per committed run."""
-    parts = []
-    for name in TRACE_FILES:
-        doc = plots.load_moe_trace(name=name)
-        if not doc:
-            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
-            continue
-        p, par = doc["provenance"], doc["parameters"]
-        parts.append(f"From `data/measurements/h200/{name}.json` (code {str(p.get('git_commit'))[:7]}, "
-                     f"{p.get('date_utc')}; `python -m workbench.moe.trace --m {' '.join(map(str, par['m_values']))}"
-                     + (f" --variants {' '.join(par['variants'])}" if "variants" in par else "")
-                     + f"`, {par['calls']} traced calls per row, medians): times in us from the first CTA's "
-                     "entry; `task`, `arrive spread`, `last = prev. epilogue warp`, `epilogue`, `fence` as "
-                     "gate_up / down.\n\n" + markdown_table(plots.trace_rows(doc)))
-    return "\n".join(parts)
+    return "\n".join(_trace_table(name) for name in TRACE_FILES)
 
 
 _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_executed.sum": "instructions (M)",
@@ -980,14 +982,8 @@ def block_small_run27() -> str:
                      f"parity {len(res['checks'])} checks, worst rel. error {_worst_rel_err(res['checks']):.2e}, all ok = "
                      f"{res['all_checks_ok']}), % of copy one replay / queued / in-graph:\n\n"
                      + markdown_table(three_timing_rows(doc)))
-    for name in TRACE_RUN27:
-        doc = plots.load_moe_trace(name=name)
-        if not doc:
-            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
-            continue
-        parts.append(f"Timeline `{name}.json` (code {str(doc['provenance'].get('git_commit'))[:7]}; as the block "
-                     "`ctasplit_trace`; for the epilogue-warp forms `last = prev. epilogue warp` has no meaning and "
-                     "the barrier time is warp 0's arrival):\n\n" + markdown_table(plots.trace_rows(doc)))
+    parts += [_trace_table(name, "; for the epilogue-warp forms `last = prev. epilogue warp` has no meaning and the "
+                                 "barrier time is warp 0's arrival") for name in TRACE_RUN27]
     parts.append("The down tasks' waits for h in those timelines:\n\n" + markdown_table(run27_wait_rows()))
     parts.append("Each form against x4e_r3fst at the same split, points of % of copy (min .. max over both routings and "
                  "both processes):\n\n" + markdown_table(run27_delta_rows()))
