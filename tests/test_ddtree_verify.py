@@ -230,9 +230,11 @@ def test_wgmma_kernel_builds_for_sm90a_without_spills_or_serialisation():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_wgmma_variants_build_without_spills():
-    # every -D build that python -m workbench.ddtree.verify_bench times beside the default (WGMMA_VARIANTS)
-    opts = sorted({tuple(v.get("_options", ())) for v in VB.WGMMA_VARIANTS.values()} - {()})
-    assert opts and set(VB.WGMMA_VARIANTS) <= set(VB._named_variants())
+    # every -D build that python -m workbench.ddtree.verify_bench times beside the default (WGMMA_VARIANTS, and
+    # SLOTRING_VARIANTS for h200_slotring.sh)
+    variants = {**VB.WGMMA_VARIANTS, **VB.SLOTRING_VARIANTS}
+    opts = sorted({tuple(v.get("_options", ())) for v in variants.values()} - {()})
+    assert opts and set(variants) <= set(VB._named_variants())
     for o, err in zip(opts, _sm90a_reports(opts)):
         report = _entry_report(err, "ddtree_verify_wgmma_bf16")
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (o, report)
@@ -373,6 +375,30 @@ def test_gpu_parity_single_request_without_prepare_and_variants():
     assert len(cases) >= 6 + 3 * len(VB.WGMMA_VARIANTS)
     rows = VB.verify_parity_rows(cases, "cuda", seed=3)
     assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
+
+
+@pytest.mark.gpu
+def test_gpu_slotring_variant_equals_the_default():
+    # VERIFY_WG_SLOTRING only changes where the gather reads the slot indices: outputs bit-identical to the
+    # default's on fresh random inputs (single request: short, tile-unaligned and tail-reaching chunks; batched),
+    # and within the parity tolerance of the float64 reference
+    if V.wgmma_unavailable_reason() is None:
+        import torch
+
+        kw = VB.SLOTRING_VARIANTS["slotring"]
+        for i, (h, p, cl) in enumerate(((8, 4096 + 37, None), (64, 777, None), (8, 1000, 64), (8, 20, None),
+                                        (8, [0, 5000, 70, 20000], None))):
+            st = V.random_verify_inputs(33, h, p, torch.bfloat16, "cuda", seed=100 + i)
+            fn = V.verify_attention_batched if isinstance(p, list) else V.verify_attention
+            o0, l0 = fn(**st, impl="wgmma", chunk_len=cl)
+            o1, l1 = fn(**st, chunk_len=cl, **kw)
+            assert torch.equal(o0, o1) and torch.equal(l0, l1), (h, p, cl)
+        rows = VB.verify_parity_rows(
+            [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=4096 + 37, dtype="bfloat16", repeats=1,
+                  variant="slotring") for h in (8, 64)], "cuda", seed=5)
+        assert all(r["pass"] for r in rows), rows
+    else:
+        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
 
 
 @pytest.mark.gpu

@@ -453,6 +453,8 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         why = wgmma_unavailable_reason()
         if why is not None:
             raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
+    if kind == "wgmma" and kv_cache.shape[0] > 2**31 - 1:  # the kernel may carry slot indices in 32 bits
+        raise ValueError(f"kv_cache has {kv_cache.shape[0]} rows; impl='wgmma' allows at most 2**31 - 1")
     rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)

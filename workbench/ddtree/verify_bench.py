@@ -532,7 +532,25 @@ def _named_variants() -> dict[str, dict[str, Any]]:
     """Variants ``--variants`` may name (name -> keyword arguments of :func:`verify_attention`)."""
     return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
-            "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")}}
+            "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")},
+            **SLOTRING_VARIANTS}
+
+
+# The slot indices of the next tile through shared memory (VERIFY_WG_SLOTRING, ddtree_verify.cu), and its
+# gather-alone build; run by workbench/ddtree/h200_slotring.sh beside the default.
+SLOTRING_VARIANTS = {
+    "slotring": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=1",)},
+    "slotring_diag_gather": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=1", "-DVERIFY_WG_DIAG=1")},
+    "diag_gather": {"impl": "wgmma", "_options": ("-DVERIFY_WG_DIAG=1",)},   # the default's gathers alone
+}
+SLOTRING_PREDICTION = (
+    "Written before the first run (code of this commit): the gather probe (ddtree_gather_probe.json) put the "
+    "verify kernel's gather at 1.7-1.9 us per 64-key tile with one tile in flight and 1.2-1.3 us with two, so a "
+    "tile's gather is bound by its round trip, of which the dependent load of the tile's slot indices from "
+    "global memory is one part (about 0.5-0.8 us under load). With the slot indices in shared memory a tile "
+    "ahead (slotring), the gather-alone build takes 1.1-1.5 us per tile, and the kernel 2.2-2.4 us per tile "
+    "instead of 2.6-2.7: 5-15% less per call at prefix 64k-128k, little change at 4k. Outputs bit-identical "
+    "to the default's.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -514,6 +514,9 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_TPK
 #define VERIFY_WG_TPK 4  // threads per key row in the tile gather: 4 or 8 (tuning variant)
 #endif
+#ifndef VERIFY_WG_SLOTRING
+#define VERIFY_WG_SLOTRING 0  // 1: slot indices one tile ahead through shared memory (variant, see the loop)
+#endif
 #ifndef VERIFY_WG_PAIR_BAR
 #define VERIFY_WG_PAIR_BAR 1  // 1: row-max exchange on a named barrier per warp pair, 0: block barrier
 #endif
@@ -536,6 +539,9 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #define VERIFY_V_SBO 1024  // MN-major V: bytes between 8-key groups
 #endif
 
+#if VERIFY_WG_SLOTRING && (VERIFY_WG_PREFETCH || VERIFY_WG_TPK != 4 || !VERIFY_WG_S1)
+#error "VERIFY_WG_SLOTRING needs VERIFY_WG_S1=1, VERIFY_WG_TPK=4 and VERIFY_WG_PREFETCH=0"
+#endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // byte offset of 16-byte chunk c (0..71) of row r (0..63) in a [64 x 576] bf16 tile, swizzled blocks
 __device__ __forceinline__ u32 sw128(int r, int c) {
@@ -677,10 +683,30 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     constexpr int KPT = 1;
     const int lkey0 = tid >> 2;
 #endif
+    // VERIFY_WG_SLOTRING: the slot indices of tile t (t >= 1) reach shared memory (low 32 bits, u32 ring of
+    // two tiles in red[64..191], free during the loop with VERIFY_WG_S1) by cp.async in the commit group of
+    // tile t - 1, so the gather of tile t reads them with a shared load after barrier (X) instead of issuing a
+    // dependent global load first (the gather probe, ddtree_gather_probe.json: one tile in flight is bound by
+    // its round trip). Slot values are < 2^31 (checked on the host).
+#if VERIFY_WG_SLOTRING
+    const u32* sSlot = reinterpret_cast<const u32*>(red + 64);
+    const u32 sSlot_a = smem_u32(red + 64);
+    auto prefetch_slots = [&](int tile) {  // slots of `tile` into ring half tile & 1, by threads 0..63
+        const int key = key_begin + tile * MMA_KEYS + tid;
+        if (tile < ntiles && tid < MMA_KEYS && key < min(key_end, P))
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sSlot_a + ((tile & 1) * 64 + tid) * 4),
+                         "l"(slots + off_b + key)
+                         : "memory");
+    };
+#endif
     auto row_src = [&](int tile, int k) -> const bf16_t* {
         const int key = key_begin + tile * MMA_KEYS + lkey0 + 32 * k;
         if (key >= key_end) return nullptr;
+#if VERIFY_WG_SLOTRING
+        if (key < P) return kv + (long long)(tile > 0 ? sSlot[(tile & 1) * 64 + lkey0] : slots[off_b + key]) * kv_stride;
+#else
         if (key < P) return kv + slots[off_b + key] * kv_stride;
+#endif
         return tail + ((long long)b * T + (key - P)) * DK;
     };
     auto load_tile = [&](const bf16_t* const* src, int stage) {
@@ -702,6 +728,9 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #pragma unroll
     for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
     load_tile(next_src, 0);
+#if VERIFY_WG_SLOTRING
+    prefetch_slots(1);
+#endif
     cp_async_commit();
     // single-request form: ancestor masks of this block's nodes (node_lo..) when its chunk reaches the
     // tail; parents staged in sP (free until the first softmax) and walked there, under the loads above
@@ -749,6 +778,9 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #pragma unroll
             for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
             load_tile(next_src, (it + 1) & 1);
+#if VERIFY_WG_SLOTRING
+            prefetch_slots(it + 2);  // into the ring half tile `it`'s slots used (read a tile ago)
+#endif
             cp_async_commit();
 #endif
         }
