@@ -7,7 +7,7 @@
 set -u
 source "$(dirname "$0")/../moe/h200_common.sh"
 h200_begin ws
-timeout 90 python3 -m pytest -q -m gpu tests/test_ddtree_verify.py -p no:cacheprovider -x \
+timeout 60 python3 -m pytest -v -m gpu tests/test_ddtree_verify.py -p no:cacheprovider -x \
   -k "warp_specialised" > "$R/logs/ws_parity.txt" 2>&1
 rc=$?
 echo "ws parity rc=$rc" >> "$R/logs/ws_parity.txt"

@@ -1067,7 +1067,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 //
 // impl="wgmma_ws" (version 15, not the default): three warpgroups (384 threads), 48-key tiles.
 //   warpgroup 0   holds the latent part of the block's Q [64 x 512] in registers as wgmma A fragments (128
-//                 registers a thread; setmaxnreg 192) and, per key tile, computes S = Q K^T (wgmma m64n48k16:
+//                 registers a thread; setmaxnreg 184) and, per key tile, computes S = Q K^T (wgmma m64n48k16:
 //                 32 k-steps with A from registers, the 4 rope k-steps with A from shared memory), so S reads
 //                 the key tile and not Q as well from shared memory; then the online softmax, writing P (bf16)
 //                 and the rows' rescale factors;
@@ -1080,6 +1080,8 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 // [48 x 576] in 64-column blocks of 48 rows x 128 B, 128-byte swizzle) | Q rope [64 x 64] 8,192 | sP [64 x 48]
 // in rows of 128 B 8,192 | red 1,024 | svis 1,024 (+ 1,024 alignment slack) = 185,344. Q's latent part passes
 // once through stages 1-2 on its way to the registers.
+// Registers: setmaxnreg moves registers only within the CTA's own allocation (384 x 168 = 64,512 at launch:
+// the first run, with 192 + 2 x 160, hung in warpgroup 0's setmaxnreg.inc), so 184 + 2 x 160 per thread.
 // Named barriers (count 384 unless said): K0 / K1 (key tile t landed and fenced, by the parity of t: 1-2 arrive,
 // 0 waits), PFULL (P(t) and its factors written: 0 arrives, 1-2 wait), PFREE (P.V(t) done: 1-2 arrive, 0 waits
 // before writing P(t+1)), Q (warpgroup 0's Q copies landed, 128), STAGE12 (Q is in registers: stages 1-2 free),
@@ -1206,7 +1208,7 @@ ddtree_verify_wgmma_ws_bf16(TC_ARGS, long long p_single, const long long* __rest
     };
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n" ::: "memory");
         cp_async_wait_all();
         fence_async_smem();  // Q rope: cp.async writes -> wgmma reads
         nbar_sync<WS_BAR_Q>(128);
