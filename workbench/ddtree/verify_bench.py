@@ -47,8 +47,8 @@ def default_parity_cases(device: Any = "cpu") -> list[dict[str, Any]]:
                                   repeats=3 if p < 100000 else 1))
         cases.append(dict(kernel="verify_attention_batched", nodes=33, heads=8, prefix=[0, 5000, 70, 20000],
                           dtype=dt, repeats=2))
-    for tag in ("wgmma", "wgmma_ws", "mma"):
-        if tag.startswith("wgmma") and wgmma_unavailable_reason() is not None:
+    for tag in ("wgmma", "mma"):
+        if tag == "wgmma" and wgmma_unavailable_reason() is not None:
             continue
         for heads in (8, 64):
             for p in (100, 4096 + 37, 131072):
@@ -536,21 +536,7 @@ def _named_variants() -> dict[str, dict[str, Any]]:
     return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")},
-            **SLOTRING_VARIANTS, **WS_VARIANTS}
-
-
-# The warp-specialised kernel (impl="wgmma_ws", version 15): warpgroup 0 holds Q in registers and computes S and the
-# softmax, warpgroups 1-2 run P.V and gather, 48-key tiles in three stages; run by workbench/ddtree/h200_ws.sh.
-WS_VARIANTS = {"ws": {"impl": "wgmma_ws"}}
-WS_PREDICTION = (
-    "Written before the first run (code of this commit): per 64 keys the default (slot ring) takes about 2.4-2.6 us "
-    "of which its compute alone is 1.7-1.8 us; here S reads only the key tile from shared memory (Q in registers), "
-    "two 48-key tiles are in flight while one is consumed (96 keys against 64), and S(t+1) overlaps P.V(t), so a "
-    "tile is bound by the tensor work (about 1.1-1.2 us per 64 keys at the measured rate) or the gather (1.3-1.6 "
-    "us per 64 keys with that much in flight), with the per-tile barriers on top: 1.6-2.0 us per 64 keys, 0.7-0.85x "
-    "the default's time at prefix 64k-128k (H = 8 and 64), 0.8-1.0x at 16k, and no gain at 4k, where the fixed part "
-    "dominates. Outputs within the parity tolerance of the float64 reference (not bit-identical to the default: "
-    "48-key tiles change the order of the sums).")
+            **SLOTRING_VARIANTS}
 
 
 # The slot indices of the next tile through shared memory (VERIFY_WG_SLOTRING, ddtree_verify.cu), and its
@@ -558,6 +544,7 @@ WS_PREDICTION = (
 SLOTRING_VARIANTS = {
     "slotring": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=1",)},
     "slotring_diag_gather": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=1", "-DVERIFY_WG_DIAG=1")},
+    # the gathers alone of the default before the slot ring (ddtree_verify_slotring.json's diag_gather)
     "diag_gather": {"impl": "wgmma", "_options": ("-DVERIFY_WG_DIAG=1", "-DVERIFY_WG_SLOTRING=0")},
 }
 SLOTRING_PREDICTION = (
