@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from workbench import REPO_ROOT, papers
 from workbench.ddtree.bench import goal_rows, kernel_results_rows, load_kernel_results
@@ -28,7 +28,8 @@ VERIFY_RUNS = (("3f244a8", "b971816", "first mma kernel, timed per eager call"),
                ("32bdb2b", "62fb1b2", "mma kernel after the warp-specialised variant was dropped, CUDA-graph timed"),
                ("a26b7c4", "ba63b37", "wgmma kernel (sm_90a) the default, CUDA-graph timed"),
                ("82e9399", "5de266b", "wgmma kernel with pair barriers and lazy rescale, CUDA-graph timed"),
-               ("5731fb7", "1e272c7", "the same wgmma default, ping-pong kernels measured beside it"))
+               ("5731fb7", "1e272c7", "the same wgmma default, ping-pong kernels measured beside it"),
+               ("9ebc967", "98aa2b5", "S by warpgroup 0 alone, no prepare launch, one-pass merge (versions 8-10)"))
 # Which commit introduced each tree-build method (git log workbench/kernels/ddtree_tree.cu);
 # "small_v1" is the kernel that was "small" until e108f3c; "small_br" is e108f3c's "small" (its per-pop
 # lane updates as branches), "small" since 712d5f0 the same kernel with those updates as selects.
@@ -375,7 +376,7 @@ PINGPONG_PREDICTED = {(8, 4096): (0.032, 0.032), (8, 16384): (0.046, 0.045), (8,
 # Measurement files of the probes (workbench.ddtree.verify_probe) and ncu reports, by the code they measured.
 PROBE_FILES = (("ddtree_verify_probe_d33d069", "d33d069"), ("ddtree_verify_probe", "0929e2e"),
                ("ddtree_verify_probe_g1_f9c5bfa", "f9c5bfa"), ("ddtree_verify_probe_8c7598f", "8c7598f"),
-               ("ddtree_verify_probe_98aa2b5", "98aa2b5"))
+               ("ddtree_verify_probe_98aa2b5", "98aa2b5"), ("ddtree_verify_probe_f0061e9", "f0061e9"))
 NCU_LAUNCHES = "data/measurements/h200/ddtree_verify_ncu_d33d069.txt"
 NCU_SECTIONS = "data/measurements/h200/ddtree_verify_ncu_e95fa7b.txt"
 G1_FILE = "ddtree_verify_g1_f9c5bfa"
@@ -414,16 +415,73 @@ def block_verify_chain() -> str:
     rows = []
     for p in doc["results"]["points"]:
         v = {k: x["median_ms"] for k, x in p.get("variants", {}).items()}
-        if not {"wgmma_5de266b", "s1_prepare_merge1", "s1_merge1"} <= set(v):
+        if not {"wgmma_5de266b", "s1_prepare_merge1", "s1_merge1", "wgmma_98aa2b5"} <= set(v):
             return "The committed ddtree_verify.json has no chain of variants.\n"
         rows.append({"H": p["heads"], "prefix": p["prefix"], "wgmma_5de266b ms": _ms(v["wgmma_5de266b"], 4),
                      "S1 (us)": f"{(v['s1_prepare_merge1'] - v['wgmma_5de266b']) * 1e3:+.1f}",
                      "no prepare (us)": f"{(v['s1_merge1'] - v['s1_prepare_merge1']) * 1e3:+.1f}",
-                     "one-pass merge (us)": f"{(p['median_ms'] - v['s1_merge1']) * 1e3:+.1f}",
+                     "one-pass merge (us)": f"{(v['wgmma_98aa2b5'] - v['s1_merge1']) * 1e3:+.1f}",
+                     "slot ring (us)": f"{(p['median_ms'] - v['wgmma_98aa2b5']) * 1e3:+.1f}",
                      "default ms": _ms(p["median_ms"], 4),
                      "default / wgmma_5de266b": f"{p['median_ms'] / v['wgmma_5de266b']:.2f}"})
     return (f"Code {doc['provenance']['git_commit'][:7]}, ddtree_verify.json; each step's change of the median "
             "graph-replay time (negative: faster).\n\n" + markdown_table(rows))
+
+
+GATHER_FILE = "ddtree_gather_probe"
+SLOTRING_FILE = "ddtree_verify_slotring"
+WS_FILE = "ddtree_verify_ws"
+
+
+def block_verify_gather_probe() -> str:
+    """The gather alone by three ways of issuing it, at one and two tiles in flight (workbench.ddtree.gather_probe)."""
+    from workbench.ddtree.gather_probe import gather_rows_table
+
+    doc = _need_file(GATHER_FILE)
+    res = doc["results"]
+    bad = res["layout_check"]
+    return (f"From `{GATHER_FILE}.json` (code {doc['provenance']['git_commit'][:7]}, {doc['provenance']['date_utc']}; "
+            "`python -m workbench.ddtree.gather_probe`): in-graph time per call; `d1` / `d2`: one / two tiles in "
+            "flight; `verify_diag_gather` and `verify_attention`: the verify kernel's gather-alone build and its "
+            "attention launch at the same point, same process. Layout check (mismatching 16-byte chunks, every "
+            f"method and depth): {', '.join(f'{k} {v}' for k, v in bad.items())}.\n\n"
+            + markdown_table(gather_rows_table(res)))
+
+
+def _variant_rows(doc: dict[str, Any], names: Sequence[str]) -> list[dict[str, Any]]:
+    rows = []
+    for p in doc["results"]["points"]:
+        row: dict[str, Any] = {"H": p["heads"], "prefix": p["prefix"], "default one replay us": _us(p["median_ms"]),
+                               "default in-graph us": _us(p["batched_ms"])}
+        for n in names:
+            v = p["variants"].get(n, {})
+            row[f"{n} one replay us"] = _us(v.get("median_ms"))
+            row[f"{n} in-graph us"] = _us(v.get("batched_ms"))
+            row[f"{n} / default, one replay"] = _ratio(v.get("median_ms"), p["median_ms"])
+        rows.append(row)
+    return rows
+
+
+def block_verify_slotring() -> str:
+    doc = _need_file(SLOTRING_FILE)
+    names = ("slotring", "diag_gather", "slotring_diag_gather")
+    return (f"From `{SLOTRING_FILE}.json` (code {doc['provenance']['git_commit'][:7]}, all in one process; `default` "
+            "was then the kernel without the slot ring; `diag_gather` / `slotring_diag_gather`: the gathers alone "
+            "(`-DVERIFY_WG_DIAG=1`) without / with it).\n\n" + markdown_table(_variant_rows(doc, names)))
+
+
+def block_verify_ws() -> str:
+    doc = _need_file(WS_FILE)
+    san = {}
+    for tool in ("memcheck", "racecheck"):
+        path = REPO_ROOT / "data/measurements/h200" / f"{WS_FILE}_logs" / f"{tool}.txt"
+        if path.exists():
+            m = re.search(r"(ERROR|RACECHECK) SUMMARY: (\d+)", path.read_text())
+            san[tool] = m.group(2) if m else "-"
+    return (f"From `{WS_FILE}.json` (code {doc['provenance']['git_commit'][:7]}, all in one process; `ws`: the "
+            "warp-specialised kernel, `wgmma_98aa2b5`: the default before the slot ring); memcheck errors "
+            f"{san.get('memcheck', '-')}, racecheck hazards {san.get('racecheck', '-')} (`{WS_FILE}_logs/`).\n\n"
+            + markdown_table(_variant_rows(doc, ("ws", "wgmma_98aa2b5"))))
 
 
 def _ncu_launch_rows() -> list[dict[str, Any]]:
@@ -773,6 +831,9 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-cluster-probe": block_verify_cluster_probe,
     "engine-share": block_engine_share,
     "verify-clocks": block_verify_clocks,
+    "verify-gather-probe": block_verify_gather_probe,
+    "verify-slotring": block_verify_slotring,
+    "verify-ws": block_verify_ws,
 }
 
 

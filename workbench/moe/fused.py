@@ -116,7 +116,10 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # ecf3f6f / 08fe44a / 584fb2f, each timing x4e_r3fst at (4, 1) beside wsplit_r3_g2d1 at M = 2; report.RUN27_RULE):
 # by run 23b's rule x4e_r3fst at (4, 1) replaces wsplit_r3_g2d1 at M = 2 (one replay: mean +0.2 points, no row's
 # mean below -0.1; in-graph it leads in all twelve rows).
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3fst_g4d1"),
+# Run 27c (moe_small_sd*.json, 412a5af; report.SMALL_RUN27C): by run 23b's rule x4e_r3fstd (one more static first
+# task per CTA) at (4, 1) replaces x4e_r3fst at (4, 1) at M = 2 (one replay: mean +0.2 points, worst row +0.1); at
+# M = 1 it does not (mean -0.4).
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3fstd_g4d1"),
                                              (16, "wsplit_r3_g1d1")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
