@@ -484,6 +484,41 @@ def block_verify_ws() -> str:
             + markdown_table(_variant_rows(doc, ("ws", "wgmma_98aa2b5"))))
 
 
+def verify_bound_rows() -> list[dict[str, Any]]:
+    """Per headline point, what any kernel of this family (64 query rows per tensor-core block, the key range split
+    over chunks whose partials a second launch merges) needs at least, in-graph: two graph nodes (the file's
+    ``graph_node_ms``) plus the larger of the row blocks' gathers of every key row at the fastest L2 -> SM rate the
+    gather probe measured and the tensor work with the query rows padded to 64 at the file's matmul rate; no prologue,
+    fill, partial writes or merge work counted. Against what 50% of the floor allows."""
+    doc, probe = _verify(), _need_file(GATHER_FILE)
+    res = doc["results"]
+    best = max((p["l2_to_sm_tb_s"], name) for pt in probe["results"]["points"] for name, p in pt["paths"].items()
+               if not name.startswith("verify"))
+    rows = []
+    for p in res["points"]:
+        rb = -(-(p["nodes"] * p["heads"]) // 64)
+        keys = p["prefix"] + p["nodes"]
+        gather_us = rb * keys * TILE_BYTES / 64 / (best[0] * 1e12) * 1e6
+        tensor_us = 2.0 * rb * 64 * keys * (576 + 512) / (res["bf16_matmul_tflops"] * 1e12) * 1e6
+        bound = 2 * res["graph_node_ms"] * 1e3 + max(gather_us, tensor_us)
+        allow = 2 * p["floor_ms"] * 1e3
+        rows.append({"H": p["heads"], "prefix": p["prefix"], "50% of floor allows us": f"{allow:.1f}",
+                     "two nodes us": f"{2 * res['graph_node_ms'] * 1e3:.1f}", "gathers us": f"{gather_us:.1f}",
+                     "tensor work (64-row blocks) us": f"{tensor_us:.1f}", "lower bound us": f"{bound:.1f}",
+                     "bound / allowance": f"{bound / allow:.2f}", "in-graph now us": _us(p.get("batched_ms"))})
+    return rows
+
+
+def block_verify_bound() -> str:
+    doc, probe = _verify(), _need_file(GATHER_FILE)
+    best = max((p["l2_to_sm_tb_s"], name) for pt in probe["results"]["points"] for name, p in pt["paths"].items()
+               if not name.startswith("verify"))
+    return (f"Code {doc['provenance']['git_commit'][:7]} (ddtree_verify.json: floor, matmul rate "
+            f"{doc['results']['bf16_matmul_tflops']:.0f} TFLOP/s, graph node {doc['results']['graph_node_ms'] * 1e3:.1f} "
+            f"us) and `{GATHER_FILE}.json` (fastest gather: {best[1]}, {best[0]:.2f} TB/s L2 -> SMs); "
+            "`report.verify_bound_rows`.\n\n" + markdown_table(verify_bound_rows()))
+
+
 def _ncu_launch_rows() -> list[dict[str, Any]]:
     path = REPO_ROOT / NCU_LAUNCHES
     if not path.exists():
@@ -834,6 +869,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-gather-probe": block_verify_gather_probe,
     "verify-slotring": block_verify_slotring,
     "verify-ws": block_verify_ws,
+    "verify-bound": block_verify_bound,
 }
 
 
