@@ -36,3 +36,30 @@ def test_gather_rejects_bad_arguments():
         GP.gather(kv, slots, 1, 64, "cp_async", 3)
     with pytest.raises(ValueError, match="tmap"):
         GP.gather(kv, slots, 1, 64, "tma_rows", 1)
+
+
+def test_committed_probe_and_bound_tables():
+    """The committed gather probe (ddtree_gather_probe.json) and the per-point lower bound built on it: every method
+    and depth landed its rows correctly, every point has every path, and the bound is the larger of gathers and tensor
+    work plus two graph nodes."""
+    from workbench.ddtree import report as R
+    from workbench.measure import load_measurement
+
+    doc = load_measurement("ddtree_gather_probe")
+    if doc is None:
+        pytest.skip("no committed ddtree_gather_probe.json")
+    res = doc["results"]
+    assert set(res["layout_check"].values()) == {0}
+    rows = GP.gather_rows_table(res)
+    paths = {f"{m}/d{d}" for m in GP.METHODS for d in GP.DEPTHS} | {"verify_diag_gather", "verify_attention"}
+    assert len(rows) == len(res["points"]) * len(paths)
+    for pt in res["points"]:
+        assert set(pt["paths"]) == paths
+        assert pt["l2_to_sm_bytes"] == pt["tiles_total"] * GP.TILE_BYTES
+    bound = R.verify_bound_rows()
+    assert len(bound) == len(load_measurement("ddtree_verify")["results"]["points"])
+    for r in bound:
+        parts = float(r["two nodes us"]) + max(float(r["gathers us"]), float(r["tensor work (64-row blocks) us"]))
+        assert float(r["lower bound us"]) == pytest.approx(parts, abs=0.11)
+        assert float(r["bound / allowance"]) == pytest.approx(float(r["lower bound us"]) / float(r["50% of floor allows us"]),
+                                                              abs=0.011)
