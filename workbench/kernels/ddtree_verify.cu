@@ -1063,6 +1063,353 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #endif
 }
 
+// ---------------------------------------------------------------- warp-specialised wgmma kernel (variant)
+//
+// impl="wgmma_ws" (version 16, not the default; version 15 at ea52bfc was this without the slot ring and with one P
+// buffer, measured slower than the default): three warpgroups (384 threads), 48-key tiles.
+//   warpgroup 0   holds the latent part of the block's Q [64 x 512] in registers as wgmma A fragments (128
+//                 registers a thread; setmaxnreg 184) and, per key tile, computes S = Q K^T (wgmma m64n48k16:
+//                 32 k-steps with A from registers, the 4 rope k-steps with A from shared memory), so S reads
+//                 the key tile and not Q as well from shared memory; then the online softmax, writing P (bf16)
+//                 and the rows' rescale factors;
+//   warpgroups 1-2 (setmaxnreg 160) hold O[:, 256(g-1) .. 256g) and run P.V (m64n256k16 x 3, the key tile as
+//                 MN-major V), and gather the key tiles (cp.async, 4 threads per key row, 192 of them).
+// With Q out of shared memory there are three key stages: two tiles in flight while one is consumed (the gather
+// probe: a tile's gather 1.2-1.3 us with two 64-key tiles in flight against 1.7-1.9 with one), and S(t+1) runs
+// while P.V(t) does. 64-key tiles do not fit: Q in registers (144) leaves warpgroups 1-2 fewer registers than their
+// O and P.V need (ptxas ignores setmaxnreg then). Shared memory (from a 1024-aligned base): 3 stages (3 x 55,296,
+// [48 x 576] in 64-column blocks of 48 rows x 128 B, 128-byte swizzle) | Q rope [64 x 64] 8,192 | sP [64 x 48]
+// in rows of 128 B 8,192 | red 1,024 | svis 1,024 (+ 1,024 alignment slack) = 185,344. Q's latent part passes
+// once through stages 1-2 on its way to the registers.
+// Version 16 against 15: (a) the slot indices of tile u reach shared memory (a ring of three tiles) with tile
+// u - 2's copies, so the gather of tile u, issued by warpgroups 1-2 right after their P.V, starts without a
+// dependent global load (in version 15 that load sat on their chain every tile); (b) P and its rescale factors are
+// double-buffered, so warpgroup 0 writes P(t) once P.V(t - 2), not P.V(t - 1), is done.
+// Registers: setmaxnreg moves registers only within the CTA's own allocation (384 x 168 = 64,512 at launch), so
+// 184 + 2 x 160 per thread.
+// Named barriers (count 384 unless said), each pair alternating by the parity of the tile so that no phase can take
+// an arrival meant for the next: K0 / K1 (key tile t landed and fenced: 1-2 arrive, 0 waits), PF0 / PF1 (P(t) and
+// its factors written: 0 arrives, 1-2 wait), PE0 / PE1 (P.V(t) done: 1-2 arrive, 0 waits before writing P(t + 2)),
+// Q (warpgroup 0's Q copies landed, 128), STAGE12 (Q is in registers: stages 1-2 free), END (row sums written).
+#define WS_THREADS 384
+#define WS_KEYS 48
+#define WS_BLK (WS_KEYS * 128)       // one 64-column block of a key stage: 6,144 bytes
+#define WS_STAGE (9 * WS_BLK)        // 55,296
+#define WS_QR (3 * WS_STAGE)         // Q rope [64 x 64]
+#define WS_P (WS_QR + 8192)          // P [2][64 x 48], rows of 128 bytes
+#define WS_RED (WS_P + 2 * 8192)     // red: [0, 128) rescale factors of P buffers 0 / 1, [128, 192) row sums
+#define WS_SLOT (WS_RED + 2048)      // after red and svis: slot ring u32 [3][48]
+#define WS_SMEM_USED (WS_SLOT + 3 * WS_KEYS * 4)
+#define WS_BAR_K0 1
+#define WS_BAR_K1 2
+#define WS_BAR_PF0 3
+#define WS_BAR_PF1 4
+#define WS_BAR_PE0 5
+#define WS_BAR_PE1 6
+#define WS_BAR_Q 7
+#define WS_BAR_STAGE12 8
+#define WS_BAR_END 9
+#define WS_BAR_G 10                  // warpgroups 1-2 only (256): the prologue's slot ring
+
+template <int ID>
+__device__ __forceinline__ void nbar_sync(int n) { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(n) : "memory"); }
+template <int ID>
+__device__ __forceinline__ void nbar_arrive(int n) { asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(n) : "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_n() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// byte offset of 16-byte chunk c (0..71) of key row r (0..47) in a 48-key stage
+__device__ __forceinline__ u32 sw128_48(int r, int c) {
+    return (u32)((c >> 3) * WS_BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WS_D24 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),          \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+#define WS_R24 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23"
+// S += A B, A [64 x 16] from registers (a: this thread's 4 words, the m16n8k16 A fragment of its warp's 16 rows),
+// B [16 x 48] through a K-major shared-memory descriptor
+__device__ __forceinline__ void wgmma_m64n48_rs(float* d, const u32* a, unsigned long long db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {" WS_R24 "}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+                 : WS_D24
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+// the same with A through a K-major shared-memory descriptor
+__device__ __forceinline__ void wgmma_m64n48_ss(float* d, unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {" WS_R24 "}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+                 : WS_D24
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+ddtree_verify_wgmma_ws_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
+    const u32 raw_a = smem_u32(smem);
+    const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
+    const u32 sK_a = raw_a + pad;          // three key stages
+    const u32 sQl_a = sK_a + WS_STAGE;     // Q latent [64 x 512] staged in stages 1-2 (64-row blocks) before the loop
+    const u32 sQr_a = sK_a + WS_QR;
+    const u32 sP_a = sK_a + WS_P;
+    unsigned char* sP = smem + pad + WS_P;
+    float* red = reinterpret_cast<float*>(smem + pad + WS_RED);
+    u32* svis = reinterpret_cast<u32*>(red + 256);
+    const u32* sSlot = reinterpret_cast<const u32*>(smem + pad + WS_SLOT);
+    const u32 sSlot_a = sK_a + WS_SLOT;
+
+    ChunkWork cw;
+    if (!wg_chunk_work(cw, chunk_start, offsets, B, T, H, chunk_len, p_single)) return;
+    const int g = blockIdx.y;
+    const int b = cw.b, P = cw.P, M = cw.M, row0 = cw.row0, key_begin = cw.key_begin, key_end = cw.key_end;
+    const long long off_b = cw.off_b;
+    const int ntiles = (key_end - key_begin + WS_KEYS - 1) / WS_KEYS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int r_lo = 16 * (warp & 3) + gq;  // this thread's rows: r_lo and r_lo + 8
+    const int gt = tid - 128;                // warpgroups 1-2: gather thread (key gt >> 2 < 48, chunks (gt & 3) + 4i)
+
+    // tiles 0 and 1 read their slot indices from global memory; tile u >= 2 from the ring (tile u % 3), where they
+    // arrived with tile u - 2's copies (landed before tile u is issued: see the group order in warpgroups 1-2)
+    auto row_src = [&](int tile) -> const bf16_t* {
+        const int key = key_begin + tile * WS_KEYS + (gt >> 2);
+        if (gt >= 4 * WS_KEYS || key >= key_end) return nullptr;
+        if (key < P)
+            return kv + (long long)(tile >= 2 ? sSlot[(tile % 3) * WS_KEYS + (gt >> 2)] : slots[off_b + key]) * kv_stride;
+        return tail + ((long long)b * T + (key - P)) * DK;
+    };
+    auto load_tile = [&](const bf16_t* src, int tile) {  // into stage tile % 3, with tile + 2's slots; one group
+        if (tile < ntiles && gt < 4 * WS_KEYS) {
+            const u32 base = sK_a + (tile % 3) * WS_STAGE;
+#pragma unroll
+            for (int i = 0; i < 18; ++i) {
+                const int c = (gt & 3) + 4 * i;
+                cp_async16(base + sw128_48(gt >> 2, c), src ? src + c * 8 : tail, src ? 16 : 0);
+            }
+        }
+        const int skey = key_begin + (tile + 2) * WS_KEYS + gt;   // the slots of tile + 2, by threads gt < 48
+        if (gt < WS_KEYS && tile + 2 < ntiles && skey < min(key_end, P))
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sSlot_a + (((tile + 2) % 3) * WS_KEYS + gt) * 4),
+                         "l"(slots + off_b + skey)
+                         : "memory");
+        cp_async_commit();
+    };
+
+    if (wg == 0) {  // Q: latent chunks to stages 1-2 (64-row blocks of 8 KB), rope chunks to sQr; rows past M zero
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = (tid >> 2) + 32 * half;
+            const bool ok = row0 + r < M;
+            const long long grow = (long long)b * M + row0 + r;
+#pragma unroll
+            for (int i = 0; i < 18; ++i) {
+                const int c = (tid & 3) + 4 * i;
+                const bf16_t* src = c < 64 ? q_lat + grow * DV + c * 8 : q_rope + grow * DR + (c - 64) * 8;
+                const u32 dst = c < 64 ? sQl_a + (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4)
+                                       : sQr_a + swz64(r, c - 64);
+                cp_async16(dst, ok ? src : q_lat, ok ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    } else {
+        load_tile(row_src(0), 0);
+    }
+    const bool own_vis = chunk_start == nullptr && key_end > P;  // block-uniform
+    if (own_vis) wg_own_vis(svis, reinterpret_cast<int*>(sP), parents, T, W, H, row0, tid, WS_THREADS);
+    auto visible = [&](int node, int t) -> bool {  // tail key t visible to the query rows of node `node`?
+        if (node >= T) return true;  // padding row: anything finite
+        if (own_vis) return (svis[(node - row0 / H) * W + (t >> 5)] >> (t & 31)) & 1u;
+        return tail_visible(vis, b, T, W, node, t);
+    };
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n" ::: "memory");
+        cp_async_wait_all();
+        fence_async_smem();  // Q rope: cp.async writes -> wgmma reads
+        nbar_sync<WS_BAR_Q>(128);
+        u32 qf[32][4];
+#pragma unroll
+        for (int ks = 0; ks < 32; ++ks) {
+            const int r = 16 * warp + (lane & 15), c = 2 * ks + (lane >> 4);
+            ldsm_x4(sQl_a + (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4), qf[ks][0], qf[ks][1], qf[ks][2],
+                    qf[ks][3]);
+        }
+        nbar_arrive<WS_BAR_STAGE12>(WS_THREADS);
+        float m_run[2] = {NEG_INF, NEG_INF};
+        float l_run[2] = {0.f, 0.f};
+        for (int it = 0; it < ntiles; ++it) {
+            if (it & 1) nbar_sync<WS_BAR_K1>(WS_THREADS);
+            else nbar_sync<WS_BAR_K0>(WS_THREADS);
+            const u32 kb = sK_a + (it % 3) * WS_STAGE;
+            float s[24];
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < 32; ++ks)
+                wgmma_m64n48_rs(s, qf[ks], wg_desc(kb + (ks >> 2) * WS_BLK + (ks & 3) * 32, 16, 1024), ks > 0);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                wgmma_m64n48_ss(s, wg_desc(sQr_a + ks * 32, 16, 1024), wg_desc(kb + 8 * WS_BLK + ks * 32, 16, 1024), 1);
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 24; ++i) reg_fence(s[i]);
+            const int kt0 = key_begin + it * WS_KEYS;
+            const bool need_mask = (kt0 + WS_KEYS > key_end) || (kt0 + WS_KEYS > P);
+            float rmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int j = 0; j < 6; ++j)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float v = s[4 * j + c] * scale_log2;
+                    if (need_mask) {
+                        const int key = kt0 + 8 * j + 2 * tq + (c & 1);
+                        const int row = row0 + r_lo + 8 * (c >> 1);
+                        bool ok = key < key_end;
+                        if (ok && key >= P) ok = visible(row / H, key - P);
+                        if (!ok) v = NEG_INF;
+                    }
+                    s[4 * j + c] = v;
+                    rmax[c >> 1] = fmaxf(rmax[c >> 1], v);
+                }
+            float alpha[2], muse[2], lsum[2] = {0.f, 0.f};
+            bool moved = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = rmax[h];
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+                v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+                const float m_new = fmaxf(m_run[h], v);
+                muse[h] = m_new == NEG_INF ? 0.f : m_new;
+                alpha[h] = fast_exp2(m_run[h] - muse[h]);
+                moved |= m_new != m_run[h];
+                m_run[h] = m_new;
+            }
+            u32 pk[12];
+#pragma unroll
+            for (int j = 0; j < 6; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float p0 = fast_exp2(s[4 * j + 2 * h] - muse[h]);
+                    const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse[h]);
+                    lsum[h] += p0 + p1;
+                    pk[2 * j + h] = pack_bf16x2(p0, p1);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + lsum[h];
+            if (it >= 2) {  // P.V(it - 2) has read this P buffer and its factors
+                if (it & 1) nbar_sync<WS_BAR_PE1>(WS_THREADS);
+                else nbar_sync<WS_BAR_PE0>(WS_THREADS);
+            }
+            unsigned char* pb = sP + (it & 1) * 8192;
+#pragma unroll
+            for (int j = 0; j < 6; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = r_lo + 8 * h;
+                    *reinterpret_cast<u32*>(pb + r * 128 + ((j ^ (r & 7)) << 4) + 4 * tq) = pk[2 * j + h];
+                }
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (tq == 0) red[(it & 1) * 64 + r_lo + 8 * h] = moved ? alpha[h] : 1.f;
+            fence_async_smem();  // sP written by ordinary stores, read by wgmma
+            if (it & 1) nbar_arrive<WS_BAR_PF1>(WS_THREADS);
+            else nbar_arrive<WS_BAR_PF0>(WS_THREADS);
+        }
+        // row sums for warpgroups 1-2 (red[128..]), and lse
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float v = l_run[h];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            const int r = r_lo + 8 * h;
+            if (tq == 0) {
+                red[128 + r] = v;
+                if (row0 + r < M)
+                    lse_part[(long long)g * M + row0 + r] = v > 0.f ? (m_run[h] + __log2f(v)) * LN2F : NEG_INF;
+            }
+        }
+        nbar_arrive<WS_BAR_END>(WS_THREADS);
+    } else {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n" ::: "memory");
+        const int og = wg - 1;  // output columns 256 og .. 256 og + 255
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+        nbar_sync<WS_BAR_STAGE12>(WS_THREADS);  // Q is in warpgroup 0's registers: stages 1-2 are free
+        load_tile(row_src(1), 1);
+        cp_async_wait_n<1>();  // group 0: tile 0 and the slots of tile 2
+        fence_async_smem();    // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        nbar_arrive<WS_BAR_K0>(WS_THREADS);
+        nbar_sync<WS_BAR_G>(256);  // every gather thread's group 0 landed: tile 2's slots visible to all
+        load_tile(row_src(2), 2);
+        if (ntiles > 1) {
+            cp_async_wait_n<1>();  // group 1: tile 1 and the slots of tile 3
+            fence_async_smem();
+            nbar_arrive<WS_BAR_K1>(WS_THREADS);
+        }
+        // In the loop, tile it + 3 reads the slots group it + 1 brought: that group landed in every gather thread
+        // by the wait at the end of iteration it - 1 (or above), and the PF barrier at the top of iteration it
+        // orders those waits before the reads.
+        for (int it = 0; it < ntiles; ++it) {
+            if (it & 1) nbar_sync<WS_BAR_PF1>(WS_THREADS);
+            else nbar_sync<WS_BAR_PF0>(WS_THREADS);
+            const float a0 = red[(it & 1) * 64 + r_lo], a1 = red[(it & 1) * 64 + r_lo + 8];
+            if (a0 != 1.f || a1 != 1.f) {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    acc[4 * j + 0] *= a0;
+                    acc[4 * j + 1] *= a0;
+                    acc[4 * j + 2] *= a1;
+                    acc[4 * j + 3] *= a1;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            const u32 kb = sK_a + (it % 3) * WS_STAGE;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 3; ++kk)
+                wgmma_m64n256_ss_tb(acc, wg_desc(sP_a + (it & 1) * 8192 + kk * 32, 16, 1024),
+                                    wg_desc(kb + og * 4 * WS_BLK + kk * 2048, WS_BLK, 1024), 1);
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+            if (it + 2 < ntiles) {  // warpgroup 0 writes P(it + 2) into this buffer
+                if (it & 1) nbar_arrive<WS_BAR_PE1>(WS_THREADS);
+                else nbar_arrive<WS_BAR_PE0>(WS_THREADS);
+            }
+            load_tile(row_src(it + 3), it + 3);  // into the stage of tile `it`: S(it) and P.V(it) are done with it
+            if (it + 2 < ntiles) {
+                cp_async_wait_n<1>();  // tile it + 2 (every group but the newest)
+                fence_async_smem();
+                if (it & 1) nbar_arrive<WS_BAR_K1>(WS_THREADS);
+                else nbar_arrive<WS_BAR_K0>(WS_THREADS);
+            }
+        }
+        cp_async_wait_all();
+        nbar_sync<WS_BAR_END>(WS_THREADS);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r_lo + 8 * h;
+            if (row0 + r >= M) continue;
+            const float l = red[128 + r];
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            float* dst = o_part + ((long long)g * M + row0 + r) * DV + 256 * og + 2 * tq;
+#pragma unroll
+            for (int j = 0; j < 32; ++j)
+                *reinterpret_cast<float2*>(dst + 8 * j) =
+                    make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+        }
+    }
+#else
+    asm volatile("trap;");
+#endif
+}
+
 // ---------------------------------------------------------------- CUDA-core kernel (f32 or bf16)
 //
 // Block: 16 query rows x one key chunk, 256 threads, 32-key tiles.
