@@ -378,26 +378,6 @@ def test_gpu_parity_single_request_without_prepare_and_variants():
 
 
 @pytest.mark.gpu
-def test_gpu_parity_warp_specialised_kernel():
-    # impl="wgmma_ws": fresh random inputs against the float64 reference over its edge cases: no prefix, one key,
-    # tile-unaligned prefixes, H = 64 (33 row blocks), chunks of one 48-key tile (the tail split across chunks and
-    # three stages cycling with one or two tiles), many nodes per block (H = 1), T = 128 (no prepare launch) and
-    # T = 129 (prepare), batched requests of different lengths; outputs poisoned before each run
-    if V.wgmma_unavailable_reason() is not None:
-        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
-    k = "verify_attention[wgmma_ws]"
-    cases = [dict(kernel=k, nodes=33, heads=h, prefix=p, dtype="bfloat16", repeats=2)
-             for h, p in ((8, 0), (8, 1), (8, 777), (64, 3000), (8, 4133), (8, 20000))]
-    cases += [dict(kernel=k, nodes=n, heads=h, prefix=p, dtype="bfloat16", repeats=2, chunk_len=c)
-              for n, h, p, c in ((33, 8, 1000, 48), (33, 8, 1000, 96), (33, 8, 1000, 144), (100, 1, 500, None),
-                                 (128, 2, 300, None), (129, 2, 300, 96))]
-    cases.append(dict(kernel="verify_attention_batched[wgmma_ws]", nodes=17, heads=8, prefix=[0, 300, 65, 5000],
-                      dtype="bfloat16", repeats=2))
-    rows = VB.verify_parity_rows(cases, "cuda", seed=11)
-    assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
-
-
-@pytest.mark.gpu
 def test_gpu_slotring_variant_equals_the_default():
     # VERIFY_WG_SLOTRING only changes where the gather reads the slot indices: outputs bit-identical to the
     # default's on fresh random inputs (single request: short, tile-unaligned and tail-reaching chunks; batched),
@@ -422,7 +402,7 @@ def test_gpu_slotring_variant_equals_the_default():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["auto", "mma", "wgmma_ws"])
+@pytest.mark.parametrize("impl", ["auto", "mma"])
 def test_gpu_no_host_sync_and_cuda_graph(impl):
     if impl != "auto" and V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernels unavailable: {V.wgmma_unavailable_reason()}")

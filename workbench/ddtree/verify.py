@@ -74,13 +74,9 @@ _MMA_SMEM = 230_400
 _WGMMA_SMEM = 232_448  # + 1 KB for the single-request form's in-kernel ancestor masks
 _NOPREP_MAX_T = 128   # single-request form without the prepare launch: (nodes of a block) x ceil(T/32) <= 256 words
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "wgmma_ws", "mma", "simple")
+_IMPLS = ("auto", "wgmma", "mma", "simple")
 _WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
 _WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
-_WS_KERNEL = "ddtree_verify_wgmma_ws_bf16"  # impl="wgmma_ws": 3 warpgroups, 48-key tiles, 3 stages (version 16)
-_WS_SMEM = 194_112
-_WS_THREADS = 384
-_WS_KEYS = 48
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
@@ -368,9 +364,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
-    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"wgmma_ws"`` (bf16,
-    sm_90a, a variant: three warpgroups, Q in registers, 48-key tiles in three
-    stages, S of the next tile beside P.V of this one), ``"mma"`` (bf16
+    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
     tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
     or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
     the keys per thread block. ``out``/``lse`` may be given preallocated.
@@ -453,21 +447,20 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     tail = tail_kv.contiguous()
 
     kind = impl if impl != "auto" else auto_impl(dtype)
-    if kind in ("mma", "wgmma", "wgmma_ws") and dtype != torch.bfloat16:
+    if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
         raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind in ("wgmma", "wgmma_ws"):
+    if kind == "wgmma":
         why = wgmma_unavailable_reason()
         if why is not None:
             raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
-    if kind in ("wgmma", "wgmma_ws") and kv_cache.shape[0] > 2**31 - 1:  # the kernel may carry slot indices in 32 bits
+    if kind == "wgmma" and kv_cache.shape[0] > 2**31 - 1:  # the kernel may carry slot indices in 32 bits
         raise ValueError(f"kv_cache has {kv_cache.shape[0]} rows; impl='wgmma' allows at most 2**31 - 1")
-    rows = _MMA_ROWS if kind in ("mma", "wgmma", "wgmma_ws") else _SIMPLE_ROWS
+    rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
     per_sm = 2 if kind == "simple" else 1
-    rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len,
-                               key_align=_WS_KEYS if kind == "wgmma_ws" else 64)
+    rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
     # single request, wgmma kernel, T <= 128: no prepare launch (the kernel reads P and parents itself)
-    noprep = single and kind in ("wgmma", "wgmma_ws") and T <= _NOPREP_MAX_T and _prepare is not True
+    noprep = single and kind == "wgmma" and T <= _NOPREP_MAX_T and _prepare is not True
 
     i32 = dict(dtype=torch.int32, device=dev)
     if not noprep:
@@ -504,10 +497,6 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
                 args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
                 shared_mem=_WGMMA_SMEM)
-    elif kind == "wgmma_ws":
-        _launch(_kernel(_WS_KERNEL, _WS_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), _WS_THREADS,
-                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
-                shared_mem=_WS_SMEM)
     elif kind == "mma":
         _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
                 shared_mem=_MMA_SMEM)

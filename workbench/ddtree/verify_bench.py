@@ -536,22 +536,7 @@ def _named_variants() -> dict[str, dict[str, Any]]:
     return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")},
-            **SLOTRING_VARIANTS, **WS_VARIANTS}
-
-
-# The warp-specialised kernel (impl="wgmma_ws"): warpgroup 0 holds Q in registers and computes S and the softmax,
-# warpgroups 1-2 run P.V and gather, 48-key tiles in three stages. Version 15 (ea52bfc, ddtree_verify_ws.json) was
-# slower than the default; version 16 adds a slot ring and a second P buffer. Run by workbench/ddtree/h200_ws.sh.
-WS_VARIANTS = {"ws16": {"impl": "wgmma_ws"}}
-WS16_PREDICTION = (
-    "Written before the first run of version 16 (code of this commit): version 15 took about 2.5 us per 48-key tile "
-    "at H = 64 128k, three times its tensor work. In it warpgroups 1-2 loaded the next gather's slot index from "
-    "global memory and waited for it after every P.V, on the chain that feeds P.V, and warpgroup 0 could write P(t+1) "
-    "only after P.V(t). With the slot ring and two P buffers a tile should cost about the larger of warpgroup 0's S "
-    "and softmax and warpgroups 1-2's P.V plus the gather's issue and landing: 1.2-1.7 us per 64 keys, 0.55-0.75x "
-    "the default's time (slot ring, two warpgroups) at prefix 64k-128k, 0.7-1.0x at 16k, no gain at 4k. If the "
-    "gather's landing (the wait for tile t + 2 in warpgroups 1-2) still binds, 0.9-1.1x. Outputs within the parity "
-    "tolerance of the float64 reference.")
+            **SLOTRING_VARIANTS}
 
 
 # The slot indices of the next tile through shared memory (VERIFY_WG_SLOTRING, ddtree_verify.cu), and its
