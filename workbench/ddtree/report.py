@@ -431,6 +431,7 @@ def block_verify_chain() -> str:
 GATHER_FILE = "ddtree_gather_probe"
 SLOTRING_FILE = "ddtree_verify_slotring"
 WS_FILE = "ddtree_verify_ws"
+WS16_FILE = "ddtree_verify_ws16"
 
 
 def block_verify_gather_probe() -> str:
@@ -470,18 +471,26 @@ def block_verify_slotring() -> str:
             "(`-DVERIFY_WG_DIAG=1`) without / with it).\n\n" + markdown_table(_variant_rows(doc, names)))
 
 
-def block_verify_ws() -> str:
-    doc = _need_file(WS_FILE)
+def _ws_block(name: str, names: Sequence[str], legend: str) -> str:
+    doc = _need_file(name)
     san = {}
     for tool in ("memcheck", "racecheck"):
-        path = REPO_ROOT / "data/measurements/h200" / f"{WS_FILE}_logs" / f"{tool}.txt"
+        path = REPO_ROOT / "data/measurements/h200" / f"{name}_logs" / f"{tool}.txt"
         if path.exists():
             m = re.search(r"(ERROR|RACECHECK) SUMMARY: (\d+)", path.read_text())
             san[tool] = m.group(2) if m else "-"
-    return (f"From `{WS_FILE}.json` (code {doc['provenance']['git_commit'][:7]}, all in one process; `ws`: the "
-            "warp-specialised kernel, `wgmma_98aa2b5`: the default before the slot ring); memcheck errors "
-            f"{san.get('memcheck', '-')}, racecheck hazards {san.get('racecheck', '-')} (`{WS_FILE}_logs/`).\n\n"
-            + markdown_table(_variant_rows(doc, ("ws", "wgmma_98aa2b5"))))
+    return (f"From `{name}.json` (code {doc['provenance']['git_commit'][:7]}, all in one process; {legend}); memcheck "
+            f"errors {san.get('memcheck', '-')}, racecheck hazards {san.get('racecheck', '-')} (`{name}_logs/`).\n\n"
+            + markdown_table(_variant_rows(doc, names)))
+
+
+def block_verify_ws() -> str:
+    return _ws_block(WS_FILE, ("ws", "wgmma_98aa2b5"), "`ws`: version 15, `wgmma_98aa2b5`: the default before the slot "
+                                                       "ring, `default`: the slot ring")
+
+
+def block_verify_ws16() -> str:
+    return _ws_block(WS16_FILE, ("ws16",), "`ws16`: version 16, `default`: the slot ring")
 
 
 def verify_bound_rows() -> list[dict[str, Any]]:
@@ -869,6 +878,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-gather-probe": block_verify_gather_probe,
     "verify-slotring": block_verify_slotring,
     "verify-ws": block_verify_ws,
+    "verify-ws16": block_verify_ws16,
     "verify-bound": block_verify_bound,
 }
 
