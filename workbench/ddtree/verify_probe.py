@@ -75,15 +75,18 @@ def _input_sets(heads: int, prefix: int, nodes: int, seed: int, n_sets: int | No
 
 
 def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[str, dict[str, Any]] | None = None,
-                     reps: int = 40, seed: int = 0) -> dict[str, Any]:
+                     reps: int = 40, seed: int = 0, in_graph: bool = False) -> dict[str, Any]:
     """Replay times (ms, medians) of each launch of one call alone and of the whole call.
 
     ``variants``: name -> keyword arguments of :func:`verify_attention` (default ``{"default": {}}``).
+    ``in_graph``: also each launch alone and the whole call captured back to back in one graph
+    (:func:`workbench.measure.time_in_graph`, keys ``<stage>_in_graph``, ``call_in_graph``): their device time
+    without the replay's own cost.
     Returns ``{"points": {variant: {"prepare" (None without that launch), "attention", "merge", "sum",
     "call"} medians},
     "samples": {...}}``."""
     from workbench.kernels import launch
-    from workbench.measure import median
+    from workbench.measure import median, time_in_graph
 
     variants = variants or {"default": {}}
     sets = _input_sets(heads, prefix, nodes, seed)
@@ -108,9 +111,18 @@ def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[st
             s = _replay_ms(fns, reps)
             samples[f"{name}.{stage}"] = s
             per[stage] = median(s)
-        s = _replay_ms([lambda st=st: V.verify_attention(**st, check=False, **kw) for st in sets], reps)
+            if in_graph:
+                s, _ = time_in_graph(fns, max(10, reps // 2))
+                samples[f"{name}.{stage}_in_graph"] = s
+                per[f"{stage}_in_graph"] = median(s)
+        call_fns = [lambda st=st: V.verify_attention(**st, check=False, **kw) for st in sets]
+        s = _replay_ms(call_fns, reps)
         samples[f"{name}.call"] = s
         per["call"] = median(s)
+        if in_graph:
+            s, _ = time_in_graph(call_fns, max(10, reps // 2))
+            samples[f"{name}.call_in_graph"] = s
+            per["call_in_graph"] = median(s)
         per["sum"] = sum(per[k] or 0.0 for k in _STAGES)
         res[name] = per
     return {"heads": heads, "prefix": prefix, "nodes": nodes, "kv_sets": len(sets), "points": res,
@@ -157,11 +169,13 @@ def chunk_sweep(heads: int, prefix: int, chunk_lens: Sequence[int | None], nodes
 
 def probe_table(results: dict[str, Any]) -> str:
     """Plain-text table of the breakdown and the chunk sweep."""
-    lines = [f"{'H':>3} {'P':>7} {'variant':<18} {'prepare':>8} {'attn':>8} {'merge':>8} {'sum':>8} {'call':>8}  (ms)"]
+    ig = ("attention_in_graph", "merge_in_graph", "call_in_graph")
+    lines = [f"{'H':>3} {'P':>7} {'variant':<18} {'prepare':>8} {'attn':>8} {'merge':>8} {'sum':>8} {'call':>8}"
+             f" {'attn ig':>8} {'merge ig':>8} {'call ig':>8}  (ms; ig: in-graph)"]
     for b in results.get("breakdown", []):
         for name, v in b["points"].items():
-            cells = " ".join(f"{v[k]:>8.4f}" if v[k] is not None else f"{'-':>8}"
-                             for k in ("prepare", "attention", "merge", "sum", "call"))
+            cells = " ".join(f"{v[k]:>8.4f}" if v.get(k) is not None else f"{'-':>8}"
+                             for k in ("prepare", "attention", "merge", "sum", "call", *ig))
             if v.get("failed"):
                 cells += f"  FAILED: {v['failed'][:80]}"
             label = name if b.get("nodes", 33) == 33 else f"{name} T={b['nodes']}"
@@ -272,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--extra-notes", default="", help="text appended to the file's notes")
     ap.add_argument("--ncu", action="store_true", help="one call per point and variant inside cudaProfilerStart/Stop")
     ap.add_argument("--clocks", action="store_true", help="run_clock_probe instead (ddtree_verify_clock_probe.json)")
+    ap.add_argument("--in-graph", action="store_true",
+                    help="also time each launch and the call back to back in one graph (launch_breakdown in_graph)")
     args = ap.parse_args(argv)
     if args.clocks:
         print(run_clock_probe(args.out))
@@ -316,13 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "chunk_sweep": [r["samples"] for r in results["chunk_sweep"]]}
         return write_measurement(args.name, out_dir=args.out,
                                  parameters=dict(points=args.points, variants=args.variants, sweep=args.sweep,
-                                                 reps=args.reps),
+                                                 reps=args.reps, in_graph=args.in_graph),
                                  results=res, samples=samples,
                                  notes=PROBE_NOTES + (" " + args.extra_notes if args.extra_notes else ""))
 
     for H, P, *nt in points:
         results["breakdown"].append(launch_breakdown(H, P, nodes=nt[0] if nt else 33, variants=variants,
-                                                     reps=args.reps))
+                                                     reps=args.reps, in_graph=args.in_graph))
         print(probe_table({"breakdown": results["breakdown"][-1:]}), flush=True)
         write(False)
     for spec in args.sweep:
