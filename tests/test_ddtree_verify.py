@@ -312,7 +312,7 @@ def test_bench_and_probe_write_named_files_with_extra_notes(tmp_path, monkeypatc
     monkeypatch.setattr(VP, "minimal_nodes", lambda reps=200: {"nodes_1_ms": 0.01, "nodes_3_ms": 0.01,
                                                                "nodes_1_samples": [0.01]})
 
-    def fake_breakdown(H, P, nodes=33, variants=None, reps=40, seed=0):
+    def fake_breakdown(H, P, nodes=33, variants=None, reps=40, seed=0, in_graph=False):
         calls.append((H, P, nodes, tuple(variants)))
         pts = {n: dict(prepare=None, attention=0.1, merge=0.01, sum=0.11, call=0.1) for n in variants}
         return {"heads": H, "prefix": P, "nodes": nodes, "kv_sets": 2, "points": pts,
