@@ -493,6 +493,30 @@ def block_verify_ws16() -> str:
     return _ws_block(WS16_FILE, ("ws16",), "`ws16`: version 16, `default`: the slot ring")
 
 
+INGRAPH_PROBE_FILE = "ddtree_verify_probe_ingraph"
+
+
+def block_verify_ingraph_breakdown() -> str:
+    """The call's launches in-graph (verify_probe --in-graph): attention and merge alone, the call, and the attention
+    launch without its partial-output stores (-DVERIFY_WG_NOSTORE=1, a diagnostic build)."""
+    doc = _need_file(INGRAPH_PROBE_FILE)
+    rows = []
+    for b in doc["results"]["breakdown"]:
+        d, n = b["points"]["default"], b["points"].get("nostore", {})
+        rows.append({"H": b["heads"], "prefix": b["prefix"], "attention us": _us(d.get("attention_in_graph")),
+                     "merge us": _us(d.get("merge_in_graph")), "call us": _us(d.get("call_in_graph")),
+                     "merge / call": _ratio(d.get("merge_in_graph"), d.get("call_in_graph")),
+                     "attention without the partial stores us": _us(n.get("attention_in_graph")),
+                     "stores us": f"{(d['attention_in_graph'] - n['attention_in_graph']) * 1e3:+.1f}"
+                     if n.get("attention_in_graph") else "-"})
+    mn = doc["results"]["minimal_nodes"]
+    return (f"From `{INGRAPH_PROBE_FILE}.json` (code {doc['provenance']['git_commit'][:7]}; `python -m "
+            "workbench.ddtree.verify_probe --in-graph`): each launch alone and the whole call, each captured back to "
+            "back in one graph over the rotated KV sets, per call; `stores`: the attention launch's time minus that of "
+            f"its build without the partial-output stores. A graph of one minimal node replayed alone: "
+            f"{mn['nodes_1_ms'] * 1e3:.1f} us in this process.\n\n" + markdown_table(rows))
+
+
 def verify_bound_rows() -> list[dict[str, Any]]:
     """Per headline point, what any kernel of this family (64 query rows per tensor-core block, the key range split
     over chunks whose partials a second launch merges) needs at least, in-graph: two graph nodes (the file's
@@ -880,6 +904,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-ws": block_verify_ws,
     "verify-ws16": block_verify_ws16,
     "verify-bound": block_verify_bound,
+    "verify-ingraph-breakdown": block_verify_ingraph_breakdown,
 }
 
 
