@@ -378,22 +378,6 @@ def test_gpu_parity_single_request_without_prepare_and_variants():
 
 
 @pytest.mark.gpu
-def test_gpu_parity_merge_v3():
-    # VERIFY_MERGE_V3: fresh random inputs against the float64 reference: one chunk, a few, many (H = 8, 26 chunks),
-    # empty prefixes and chunks that see no key of a row (batched, prefix 0), bf16 and float32 outputs
-    cases = [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=p, dtype="bfloat16", repeats=2,
-                  variant="merge3") for h, p in ((8, 0), (8, 777), (64, 3000), (8, 20000))]
-    cases.append(dict(kernel="verify_attention_batched[wgmma]", nodes=17, heads=8, prefix=[0, 300, 65, 5000],
-                      dtype="bfloat16", repeats=2, variant="merge3"))
-    cases.append(dict(kernel="verify_attention[simple]", nodes=33, heads=8, prefix=2000, dtype="float32", repeats=1,
-                      variant="merge3"))
-    if V.wgmma_unavailable_reason() is not None:
-        cases = cases[-1:]
-    rows = VB.verify_parity_rows(cases, "cuda", seed=21)
-    assert all(r["pass"] for r in rows), [r for r in rows if not r["pass"]]
-
-
-@pytest.mark.gpu
 def test_gpu_slotring_variant_equals_the_default():
     # VERIFY_WG_SLOTRING only changes where the gather reads the slot indices: outputs bit-identical to the
     # default's on fresh random inputs (single request: short, tile-unaligned and tail-reaching chunks; batched),

@@ -536,18 +536,7 @@ def _named_variants() -> dict[str, dict[str, Any]]:
     return {"mma": {"impl": "mma"}, **WGMMA_VARIANTS,
             "wgmma_prefetch": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PREFETCH=1",)},
             "wgmma_a26b7c4": {"impl": "wgmma", "_options": ("-DVERIFY_WG_PAIR_BAR=0", "-DVERIFY_WG_LAZY_RESCALE=0")},
-            **SLOTRING_VARIANTS, **MERGE3_VARIANTS}
-
-
-# The one-pass merge without block reductions (VERIFY_MERGE_V3, ddtree_verify.cu); run by h200_merge3.sh.
-MERGE3_VARIANTS = {"merge3": {"impl": "wgmma", "_merge_options": ("-DVERIFY_MERGE_V3=1",)}}
-MERGE3_PREDICTION = (
-    "Written before the first run (code of this commit): in-graph the merge launch takes 6-11 us per call "
-    "(ddtree_verify_probe_ingraph.json), far more than its bytes at L2 rates; each of its blocks waits for the chunks' "
-    "lse values, two block reductions and the weights before its data loads. With every thread merging its own 4 dims "
-    "in one pass (the lse values and the data of up to 16 chunks in flight together, an online log-sum-exp, no "
-    "barrier) the merge takes 3-5 us in-graph, and a call is 4-7 us faster at H = 8 4k-16k and H = 64 4k, 2-5 us at "
-    "long prefixes. Outputs within the parity tolerance (not bit-identical: the lse is summed in another order).")
+            **SLOTRING_VARIANTS}
 
 
 # The slot indices of the next tile through shared memory (VERIFY_WG_SLOTRING, ddtree_verify.cu), and its

@@ -1257,78 +1257,10 @@ __device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float 
     m = mx;
 }
 
-#ifndef VERIFY_MERGE_V3
-#define VERIFY_MERGE_V3 0  // 1: one pass, no block reductions (verify_merge_v3), a variant
-#endif
-#define MERGE_V3_DEEP 16
-
-// VERIFY_MERGE_V3: every thread merges its 4 dims of the row over the chunks on its own, in one pass with an online
-// log-sum-exp (running max m, sum s, and the dims rescaled when m moves), the chunks' lse values read by every thread
-// (the same address across the block) together with its data, MERGE_V3_DEEP chunks' loads in flight at once: no
-// dependent lse pass, no block barrier. The in-graph breakdown (ddtree_verify_probe_ingraph.json) put the merge at
-// several us per call, far more than its bytes take at L2 rates.
-template <typename TOut>
-__device__ __forceinline__ void verify_merge_v3(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                                                const int* __restrict__ chunk_start, TOut* __restrict__ out,
-                                                float* __restrict__ lse_out, int B, int M, int n_single) {
-    const long long row = blockIdx.x;
-    if (row >= (long long)B * M) return;
-    const int b = (int)(row / M);
-    const int r = (int)(row % M);
-    const int c0 = chunk_start ? chunk_start[b] : 0, c1 = chunk_start ? chunk_start[b + 1] : n_single;
-    const int tid = threadIdx.x;
-    const float4* src = reinterpret_cast<const float4*>(o_part + ((long long)c0 * M + r) * DV) + tid;
-    const long long step = (long long)M * (DV / 4);  // float4s between chunks
-    float m = NEG_INF, sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int base = 0; base < c1 - c0; base += MERGE_V3_DEEP) {
-        const int n = min(MERGE_V3_DEEP, c1 - c0 - base);
-        float l[MERGE_V3_DEEP];
-        float4 v[MERGE_V3_DEEP];
-#pragma unroll
-        for (int u = 0; u < MERGE_V3_DEEP; ++u) {
-            if (u < n) {
-                l[u] = lse_part[(long long)(c0 + base + u) * M + r];
-                v[u] = src[(base + u) * step];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < MERGE_V3_DEEP; ++u) {
-            if (u >= n || l[u] == NEG_INF) continue;
-            if (l[u] > m) {  // the running max moves: rescale what is summed so far
-                const float a = m == NEG_INF ? 0.f : expf(m - l[u]);
-                sum *= a;
-                acc.x *= a;
-                acc.y *= a;
-                acc.z *= a;
-                acc.w *= a;
-                m = l[u];
-            }
-            const float w = expf(l[u] - m);
-            sum += w;
-            acc.x = fmaf(w, v[u].x, acc.x);
-            acc.y = fmaf(w, v[u].y, acc.y);
-            acc.z = fmaf(w, v[u].z, acc.z);
-            acc.w = fmaf(w, v[u].w, acc.w);
-        }
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    TOut* dst = out + row * DV + 4 * tid;
-    store_out(dst + 0, acc.x * inv);
-    store_out(dst + 1, acc.y * inv);
-    store_out(dst + 2, acc.z * inv);
-    store_out(dst + 3, acc.w * inv);
-    if (tid == 0) lse_out[row] = m == NEG_INF ? NEG_INF : m + logf(sum);
-}
-
 template <typename TOut>
 __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                              const int* __restrict__ chunk_start, TOut* __restrict__ out,
                                              float* __restrict__ lse_out, int B, int M, int n_single) {
-#if VERIFY_MERGE_V3
-    verify_merge_v3<TOut>(o_part, lse_part, chunk_start, out, lse_out, B, M, n_single);
-    return;
-#endif
     __shared__ float sh[8];
     __shared__ float sw[MERGE_THREADS];
     const long long row = blockIdx.x;
