@@ -517,6 +517,25 @@ def block_verify_ingraph_breakdown() -> str:
             f"{mn['nodes_1_ms'] * 1e3:.1f} us in this process.\n\n" + markdown_table(rows))
 
 
+MERGE3_FILES = ("ddtree_verify_probe_merge3", "ddtree_verify_merge3")
+
+
+def block_verify_merge3() -> str:
+    """Version 17: the one-pass merge beside the default, in-graph per launch and per call (both files one process each)."""
+    probe, bench = (_need_file(n) for n in MERGE3_FILES)
+    rows = []
+    for b in probe["results"]["breakdown"]:
+        d, m = b["points"]["default"], b["points"]["merge3"]
+        rows.append({"H": b["heads"], "prefix": b["prefix"], "merge alone us (default)": _us(d["merge_in_graph"]),
+                     "merge alone us (merge3)": _us(m["merge_in_graph"]),
+                     "call - attention us (default)": _us(d["call_in_graph"] - d["attention_in_graph"]),
+                     "call us (default)": _us(d["call_in_graph"]), "call us (merge3)": _us(m["call_in_graph"])})
+    text = (f"`{MERGE3_FILES[0]}.json` (code {probe['provenance']['git_commit'][:7]}, `verify_probe --in-graph`; each "
+            "launch alone and the call back to back in one graph, KV rotated over input sets):\n\n" + markdown_table(rows))
+    return (text + f"\n\n`{MERGE3_FILES[1]}.json` (the benchmark of both in one process):\n\n"
+            + markdown_table(_variant_rows(bench, ("merge3",))))
+
+
 def verify_bound_rows() -> list[dict[str, Any]]:
     """Per headline point, what any kernel of this family (64 query rows per tensor-core block, the key range split
     over chunks whose partials a second launch merges) needs at least, in-graph: two graph nodes (the file's
@@ -905,6 +924,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-ws16": block_verify_ws16,
     "verify-bound": block_verify_bound,
     "verify-ingraph-breakdown": block_verify_ingraph_breakdown,
+    "verify-merge3": block_verify_merge3,
 }
 
 
