@@ -382,23 +382,20 @@ def test_gpu_slotring_variant_equals_the_default():
     # VERIFY_WG_SLOTRING only changes where the gather reads the slot indices: outputs bit-identical to the
     # default's on fresh random inputs (single request: short, tile-unaligned and tail-reaching chunks; batched),
     # and within the parity tolerance of the float64 reference
-    if V.wgmma_unavailable_reason() is None:
-        import torch
-
-        kw = VB.SLOTRING_VARIANTS["slotring"]
-        for i, (h, p, cl) in enumerate(((8, 4096 + 37, None), (64, 777, None), (8, 1000, 64), (8, 20, None),
-                                        (8, [0, 5000, 70, 20000], None))):
-            st = V.random_verify_inputs(33, h, p, torch.bfloat16, "cuda", seed=100 + i)
-            fn = V.verify_attention_batched if isinstance(p, list) else V.verify_attention
-            o0, l0 = fn(**st, impl="wgmma", chunk_len=cl)
-            o1, l1 = fn(**st, chunk_len=cl, **kw)
-            assert torch.equal(o0, o1) and torch.equal(l0, l1), (h, p, cl)
-        rows = VB.verify_parity_rows(
-            [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=4096 + 37, dtype="bfloat16", repeats=1,
-                  variant="slotring") for h in (8, 64)], "cuda", seed=5)
-        assert all(r["pass"] for r in rows), rows
-    else:
+    if V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
+    kw = VB.SLOTRING_VARIANTS["slotring"]
+    for i, (h, p, cl) in enumerate(((8, 4096 + 37, None), (64, 777, None), (8, 1000, 64), (8, 20, None),
+                                    (8, [0, 5000, 70, 20000], None))):
+        st = V.random_verify_inputs(33, h, p, torch.bfloat16, "cuda", seed=100 + i)
+        fn = V.verify_attention_batched if isinstance(p, list) else V.verify_attention
+        o0, l0 = fn(**st, impl="wgmma", chunk_len=cl)
+        o1, l1 = fn(**st, chunk_len=cl, **kw)
+        assert torch.equal(o0, o1) and torch.equal(l0, l1), (h, p, cl)
+    rows = VB.verify_parity_rows(
+        [dict(kernel="verify_attention[wgmma]", nodes=33, heads=h, prefix=4096 + 37, dtype="bfloat16", repeats=1,
+              variant="slotring") for h in (8, 64)], "cuda", seed=5)
+    assert all(r["pass"] for r in rows), rows
 
 
 @pytest.mark.gpu

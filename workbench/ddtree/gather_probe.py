@@ -198,17 +198,8 @@ def gather_rows_table(results: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append({"H": pt["heads"], "prefix": pt["prefix"], "grid": f"{pt['row_blocks']} x {pt['chunks']}",
                          "tiles per CTA": pt["tiles_per_cta_max"], "path": name, "in-graph us": round(p["ms"] * 1e3, 1),
                          "us per tile": round(p["us_per_tile"], 2), "L2 -> SM TB/s": round(p["l2_to_sm_tb_s"], 2),
-                         "cp_async d1 / path": round(base / p["ms"], 2) if base else None})
+                         "cp_async d1 / path": round(base / p["ms"], 2) if base else "-"})
     return rows
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(no rows)"
-    keys = list(rows[0])
-    out = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
-    out += ["| " + " | ".join("" if r[k] is None else str(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(out)
 
 
 NOTES = (
@@ -232,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from workbench.kernels import require_gpu
     from workbench.measure import write_measurement
+    from workbench.papers import markdown_table
 
     require_gpu("gather_probe")
     results: dict[str, Any] = {"prediction": GATHER_PREDICTION, "layout_check": check_layouts(), "points": []}
@@ -242,11 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pt = probe_point(H, P, reps=args.reps)
         samples[f"H{H}_P{P}"] = pt.pop("samples")
         results["points"].append(pt)
-        print(_table(gather_rows_table({"points": [pt]})), flush=True)
+        print(markdown_table(gather_rows_table({"points": [pt]})), flush=True)
     path = write_measurement(args.name, out_dir=args.out, parameters=dict(points=args.points, reps=args.reps),
                              results=results, samples=samples, notes=NOTES)
     print(f"wrote {path}")
-    print(_table(gather_rows_table(results)))
+    print(markdown_table(gather_rows_table(results)))
     return 0
 
 

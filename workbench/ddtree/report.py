@@ -536,16 +536,21 @@ def block_verify_merge3() -> str:
             + markdown_table(_variant_rows(bench, ("merge3",))))
 
 
-def verify_bound_rows() -> list[dict[str, Any]]:
+def _fastest_gather(probe: dict[str, Any]) -> tuple[float, str]:
+    """(L2 -> SM TB/s, path) of the fastest gather the gather probe timed (its own paths, not the verify kernel's)."""
+    return max((p["l2_to_sm_tb_s"], name) for pt in probe["results"]["points"] for name, p in pt["paths"].items()
+               if not name.startswith("verify"))
+
+
+def verify_bound_rows(doc: dict[str, Any] | None = None, probe: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per headline point, what any kernel of this family (64 query rows per tensor-core block, the key range split
     over chunks whose partials a second launch merges) needs at least, in-graph: two graph nodes (the file's
     ``graph_node_ms``) plus the larger of the row blocks' gathers of every key row at the fastest L2 -> SM rate the
     gather probe measured and the tensor work with the query rows padded to 64 at the file's matmul rate; no prologue,
     fill, partial writes or merge work counted. Against what 50% of the floor allows."""
-    doc, probe = _verify(), _need_file(GATHER_FILE)
+    doc, probe = doc or _verify(), probe or _need_file(GATHER_FILE)
     res = doc["results"]
-    best = max((p["l2_to_sm_tb_s"], name) for pt in probe["results"]["points"] for name, p in pt["paths"].items()
-               if not name.startswith("verify"))
+    best = _fastest_gather(probe)
     rows = []
     for p in res["points"]:
         rb = -(-(p["nodes"] * p["heads"]) // 64)
@@ -563,12 +568,11 @@ def verify_bound_rows() -> list[dict[str, Any]]:
 
 def block_verify_bound() -> str:
     doc, probe = _verify(), _need_file(GATHER_FILE)
-    best = max((p["l2_to_sm_tb_s"], name) for pt in probe["results"]["points"] for name, p in pt["paths"].items()
-               if not name.startswith("verify"))
+    best = _fastest_gather(probe)
     return (f"Code {doc['provenance']['git_commit'][:7]} (ddtree_verify.json: floor, matmul rate "
             f"{doc['results']['bf16_matmul_tflops']:.0f} TFLOP/s, graph node {doc['results']['graph_node_ms'] * 1e3:.1f} "
             f"us) and `{GATHER_FILE}.json` (fastest gather: {best[1]}, {best[0]:.2f} TB/s L2 -> SMs); "
-            "`report.verify_bound_rows`.\n\n" + markdown_table(verify_bound_rows()))
+            "`report.verify_bound_rows`.\n\n" + markdown_table(verify_bound_rows(doc, probe)))
 
 
 def _ncu_launch_rows() -> list[dict[str, Any]]:

@@ -103,26 +103,22 @@ def launch_breakdown(heads: int, prefix: int, nodes: int = 33, variants: dict[st
             res[name]["failed"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
             continue
         per: dict[str, float | None] = {}
+
+        def timed(key: str, fns: list) -> None:  # one replay per sample, and back to back in one graph if asked
+            s = _replay_ms(fns, reps)
+            samples[f"{name}.{key}"] = s
+            per[key] = median(s)
+            if in_graph:
+                s, _ = time_in_graph(fns, max(10, reps // 2))
+                samples[f"{name}.{key}_in_graph"] = s
+                per[f"{key}_in_graph"] = median(s)
+
         for stage in _STAGES:
             if stage not in recs[0]:
                 per[stage] = None  # no such launch (single request without prepare)
                 continue
-            fns = [lambda r=r[stage]: launch(r[0], r[1], r[2], r[3], shared_mem=r[4]) for r in recs]
-            s = _replay_ms(fns, reps)
-            samples[f"{name}.{stage}"] = s
-            per[stage] = median(s)
-            if in_graph:
-                s, _ = time_in_graph(fns, max(10, reps // 2))
-                samples[f"{name}.{stage}_in_graph"] = s
-                per[f"{stage}_in_graph"] = median(s)
-        call_fns = [lambda st=st: V.verify_attention(**st, check=False, **kw) for st in sets]
-        s = _replay_ms(call_fns, reps)
-        samples[f"{name}.call"] = s
-        per["call"] = median(s)
-        if in_graph:
-            s, _ = time_in_graph(call_fns, max(10, reps // 2))
-            samples[f"{name}.call_in_graph"] = s
-            per["call_in_graph"] = median(s)
+            timed(stage, [lambda r=r[stage]: launch(r[0], r[1], r[2], r[3], shared_mem=r[4]) for r in recs])
+        timed("call", [lambda st=st: V.verify_attention(**st, check=False, **kw) for st in sets])
         per["sum"] = sum(per[k] or 0.0 for k in _STAGES)
         res[name] = per
     return {"heads": heads, "prefix": prefix, "nodes": nodes, "kv_sets": len(sets), "points": res,

@@ -1060,7 +1060,8 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         for (int j = 0; j < 32; ++j)
             *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
 #else
-        if (inv == 12345.f) *dst = acc[0] + acc[127];  // keep the accumulators alive; never taken in practice
+        // keep the P.V accumulators alive (without a use of them nvcc drops every P.V wgmma); never taken in practice
+        if (inv == 12345.f) *dst = acc[0] + acc[127];
 #endif
         if (wg == 0 && tq == 0)
             lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
