@@ -59,7 +59,29 @@ def test_committed_probe_and_bound_tables():
     bound = R.verify_bound_rows()
     assert len(bound) == len(load_measurement("ddtree_verify")["results"]["points"])
     for r in bound:
-        parts = float(r["two nodes us"]) + max(float(r["gathers us"]), float(r["tensor work (64-row blocks) us"]))
-        assert float(r["lower bound us"]) == pytest.approx(parts, abs=0.11)
-        assert float(r["bound / allowance"]) == pytest.approx(float(r["lower bound us"]) / float(r["50% of floor allows us"]),
-                                                              abs=0.011)
+        parts = (float(r["two nodes us"]) + max(float(r["bytes into SMs us"]), float(r["tensor work us"]))
+                 + float(r["merge reads us"]))
+        assert float(r["bound, merge launch us"]) == pytest.approx(parts, abs=0.11)
+        assert float(r["/ allowance"]) == pytest.approx(float(r["bound, merge launch us"])
+                                                        / float(r["50% of floor allows us"]), rel=0.02)
+        assert float(r["bound, one launch us"]) < float(r["bound, merge launch us"])
+
+
+def test_split_merge_bound_by_hand():
+    """One point worked by hand: 128 rows (two blocks), 6400 keys, 4 SMs, round rates. C = 2 fills the SMs:
+    bytes (2 x 128 + 2 x 6400) x 1152 B / 1e12 B/s = 15.04 us, tensor 2 x 128 x 6400 x 1088 / 1e14 = 17.83 us,
+    merge 2 x 128 x 512 x 2 B / 1e12 = 0.26 us; two nodes of 1 us. C = 1 leaves half the SMs idle (double time)
+    and C = 3 (6 blocks on 4 SMs) still has the busiest SM at 1/4 of the work with a larger merge."""
+    from workbench.ddtree.report import split_merge_bound
+
+    b = split_merge_bound(128, 6400, 2, sms=4, gather_bytes_per_s=1e12, matmul_flops_per_s=1e14, node_s=1e-6)
+    assert b["chunks"] == 2
+    assert b["bytes_s"] == pytest.approx((2 * 128 + 2 * 6400) * 1152 / 1e12)
+    assert b["tensor_s"] == pytest.approx(2 * 128 * 6400 * 1088 / 1e14)
+    assert b["merge_s"] == pytest.approx(2 * 128 * 512 * 2 / 1e12)
+    assert b["total_s"] == pytest.approx(2e-6 + b["tensor_s"] + b["merge_s"])
+    unpadded = split_merge_bound(72, 6400, 1, sms=4, gather_bytes_per_s=1e12, matmul_flops_per_s=1e14, node_s=1e-6,
+                                 pad_rows=False)
+    assert unpadded["tensor_s"] == pytest.approx(2 * 72 * 6400 * 1088 / 1e14)
+    with pytest.raises(ValueError, match="launches 1 or 2"):
+        split_merge_bound(128, 6400, 3, sms=4, gather_bytes_per_s=1e12, matmul_flops_per_s=1e14, node_s=1e-6)
