@@ -463,3 +463,35 @@ def test_static_deeper_edge_cases_and_graph_replays(small, splitk_on):
     """Invalid and duplicate ids, every M edge (fewer tasks than the static ones at the smallest shapes), and replays
     of one graph (every counter left zero)."""
     _assert_edge_cases_replays_and_determinism(small, 9, (1, 4, 16))
+
+
+# ---- the phased form (two launches, whole-K tiles, no counters; run 28): bit-identical to version 3
+
+@pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4"], indirect=True)
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_phased_parity_and_equal_to_v3_kimi_shape(splitk_on, m):
+    """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to version 3 (moe_small_fused: the same
+    whole-K fragment steps and the same order of sums); at M = 1 a token routed twice to one expert."""
+    _assert_parity_and_equal_to(splitk_on, "v3", m, 150 + m, 160 + m)
+
+
+@pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4"], indirect=True)
+def test_phased_edge_cases_graph_replays_and_determinism(small, splitk_on):
+    """Invalid and duplicate ids, every M edge, replays of one graph of both launches, determinism."""
+    _assert_edge_cases_replays_and_determinism(small, 5, (1, 4, 16), [(m, 40 + m, "skewed") for m in (1, 16)])
+
+
+@pytest.mark.parametrize("splitk_on", ["phased_r4"], indirect=True)
+def test_phased_small_grids_stride(small, splitk_on, monkeypatch):
+    """Grids far below one task per warp and one CTA per tile (both kernels stride): the same outputs as the full
+    grids, at M = 1 and 16."""
+    from workbench.moe import fused
+
+    g = torch.Generator().manual_seed(77)
+    ids, w = make_routing(16, 16, 8, "uniform", g)
+    x = torch.randn(16, 1024, generator=g).bfloat16().cuda()
+    full = [fused_moe_int4(x[:m], ids[:m].cuda(), w[:m].cuda(), small) for m in (1, 16)]
+    monkeypatch.setattr(fused, "phased_grids", lambda *a: (3, 5))
+    tiny = [fused_moe_int4(x[:m], ids[:m].cuda(), w[:m].cuda(), small) for m in (1, 16)]
+    for a, b in zip(full, tiny):
+        assert torch.equal(a, b)

@@ -1118,7 +1118,17 @@ SMALL_SD_PREDICTION = (
     "replay and in-graph in every row of both processes, and at M = 2 at (4, 1) ahead of x4e_r3fst at (4, 1) by "
     "0-3%. Outputs bit-identical to x4e_r3fst (gpu tests). Refuted if it is not ahead of x4e_r3fst at M = 1 on average "
     "in-graph.")
-SMALL_PREDICTIONS = {"moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_PHASED_PREDICTION = (
+    "Run 28, written before its first run. The phased form (two launches: gate/up with whole-K tiles, one task per "
+    "warp at M = 1, then down with the sum over k in shared memory per 16-row tile; no counters, fences or atomics) "
+    "streams like run 24's ring kernel (96-98% of the read kernel) in each launch, and pays one more launch boundary "
+    "(~2-3 us in-graph) and its ramp. Predicted at M = 1 (Kimi, 198 MB): phased_r4 in-graph 53-58 us (80-88% of "
+    "copy) against x4e_r3fst's ~64 us, one replay 57-62 us (76-82%); phased_r3 within 3% of phased_r4 (fewer bytes "
+    "in flight per warp: 2048 warps x 2 stages = 9.4 MB). At M = 2 (4096 gate/up tasks on 2048-2640 warps, up to "
+    "4 items per down warp) ahead of x4e_r3fstd at (4, 1) by 0-8% in-graph. At M = 4 behind the warp-split kernel "
+    "(no split, about two tasks per warp with a drained ring between them). Outputs bit-identical to version 3 "
+    "(gpu tests). Refuted if phased_r4 is not ahead of x4e_r3fst at M = 1 in-graph on average over both routings.")
+SMALL_PREDICTIONS = {"moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,

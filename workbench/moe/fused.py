@@ -75,6 +75,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
        for sfx, sp in (("", "ring"), ("_g4d1", (4, 1)), ("_g2d1", (2, 1)), ("_g1d1", (1, 1)))},
     # (run 26's x4e_r3nb, the CTA-split kernel without its block barrier, was slower everywhere: reverted, in git
     # history at a62ea3b; moe_small_nb*.json)
+    # the phased form (run 28): two launches (gate/up, then down with the sum over k per tile), whole-K tiles, no
+    # counters, fences or atomics; ("ph", ring stages); the down kernel is the name with "_gu_" -> "_dn_"
+    **{f"phased_r{rs}": (f"moe_small_phased_gu_r{rs}", ("ph", rs)) for rs in (3, 4)},
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -265,7 +268,7 @@ def work_items(topk_ids: torch.Tensor, num_experts: int, chunk: int = 8) -> int:
 def splitk_splits(items: int, hidden: int, intermediate: int, variant: str, grid_ctas: int) -> tuple[int, int]:
     """(gate_up split, down split) moe_small_splitk takes for ``items`` work items on ``grid_ctas`` CTAs."""
     spec = SMALL_VARIANTS[variant][1]
-    if spec is None:
+    if spec is None or spec[0] == "ph":   # version 3 and the phased form: whole-K tasks
         return (1, 1)
     if spec[0] in ("cta", "ws"):
         raise ValueError(f"{variant} is a CTA-split or warp-split form: its splits are "
@@ -499,6 +502,11 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         launch(kern, (grid,), (THREADS,),
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
         return out
+    if spec[0] == "ph":
+        dname = kname.replace("_gu_", "_dn_")
+        grids = phased_grids(p, e, h, i, grid, _small_grid(_kernel(dname, options), dev, dname + "".join(options)))
+        return _phased(kern, _kernel(dname, options), grids, gu_frag, dn_frag, hidden, ids, wts, (m, k, e, h, i),
+                       hbuf, out)
     if spec[0] == "ws":
         sgu, sdn = wsplit_splits(h, i, spec[1], spec[2])
         gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
@@ -515,4 +523,28 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     ws = _splitk_workspace(dev, h, i)
     launch(kern, (grid,), (THREADS,),
            (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, want, hbuf, gpart, ypart, ws, out))
+    return out
+
+
+def phased_grids(pairs: int, num_experts: int, hidden: int, intermediate: int, resident_gu: int,
+                 resident_dn: int) -> tuple[int, int]:
+    """(gate/up CTAs, down CTAs) of the phased form: enough four-warp CTAs for one whole-K task per warp at the most
+    work items ``pairs`` can make (:func:`max_work_items`, chunks of 8), and one CTA per 16-row tile of the output,
+    each capped at the CTAs resident at once (both kernels stride over what is left)."""
+    if min(pairs, num_experts, hidden, intermediate, resident_gu, resident_dn) < 1:
+        raise ValueError(f"need positive pairs, experts, shapes and resident CTAs, got {pairs}, {num_experts}, "
+                         f"{hidden}, {intermediate}, {resident_gu}, {resident_dn}")
+    tasks = max_work_items(pairs, num_experts, 8) * (intermediate // 8)
+    return (min(resident_gu, -(-tasks // (THREADS // 32))), min(resident_dn, hidden // 16))
+
+
+def _phased(gu_kern, dn_kern, grids: tuple[int, int], gu_frag: torch.Tensor, dn_frag: torch.Tensor,
+            hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, dims: tuple[int, int, int, int, int],
+            hbuf: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The phased form's two launches on the current stream (moe_int4.cu, "Phased form"), at ``grids``
+    (:func:`phased_grids`)."""
+    m, k, e, h, i = dims
+    grid_gu, grid_dn = grids
+    launch(gu_kern, (grid_gu,), (THREADS,), (gu_frag, hidden, ids, m, k, e, h, i, hbuf, out))
+    launch(dn_kern, (grid_dn,), (THREADS,), (dn_frag, hbuf, ids, wts, m, k, e, h, i, out))
     return out
