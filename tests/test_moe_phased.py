@@ -26,3 +26,35 @@ def test_phased_grids_kimi(m, want_gu):
 def test_phased_grids_refuse_empty(bad):
     with pytest.raises(ValueError, match="need positive"):
         phased_grids(*bad)
+
+
+def test_launch_structs_match_cuda_h():
+    """CUlaunchAttribute is 72 bytes (id, padding, a 64-byte union) and CUlaunchConfig 56 (stream at 32)."""
+    import ctypes
+
+    from workbench.kernels import _LaunchAttr, _LaunchConfig
+
+    assert ctypes.sizeof(_LaunchAttr) == 72 and _LaunchAttr.value.offset == 8
+    assert ctypes.sizeof(_LaunchConfig) == 56 and _LaunchConfig.hStream.offset == 32
+
+
+def test_launch_dependent_refuses_bad_shapes():
+    from workbench.kernels import launch_dependent
+
+    with pytest.raises(ValueError, match="positive int grid and block"):
+        launch_dependent(None, (2, 1), 128, ())
+    with pytest.raises(ValueError, match="positive int grid and block"):
+        launch_dependent(None, 0, 128, ())
+
+
+def test_breakdown_refuses_other_variants_and_formats_rows():
+    import torch
+
+    from workbench.moe.phased import breakdown, table_rows
+
+    with pytest.raises(ValueError, match="phased form"):
+        breakdown([], 1, "uniform", "ctasplit_x4e_r3fst", torch.Generator())
+    part = {"one_replay_ms": 0.03, "in_graph_ms": 0.028}
+    row = table_rows([{"variant": "phased_r3", "m": 1, "routing": "uniform", "gu": part, "dn": part, "gu+dn": part,
+                       "boundary_one_replay_ms": -0.03, "boundary_in_graph_ms": -0.028}])[0]
+    assert row["gu us"] == "30.0 / 28.0" and row["both - parts us"] == "-30.0 / -28.0"

@@ -15,6 +15,7 @@ compile check (tests/test_kernels_compile.py).
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 from pathlib import Path
 from typing import Any, Sequence
@@ -196,6 +197,17 @@ def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
     they are, so wrap other scalar types in numpy. CuPy raises if the launch
     itself fails.
     """
+    conv = _kernel_args(args)
+    grid = (grid,) if isinstance(grid, int) else tuple(grid)
+    block = (block,) if isinstance(block, int) else tuple(block)
+    stream = torch_stream()
+    with stream:
+        kernel(grid, block, tuple(conv), shared_mem=shared_mem, stream=stream)
+
+
+def _kernel_args(args: Sequence[Any]) -> list[Any]:
+    """:func:`launch`'s argument conversion: torch CUDA tensors -> uint64 device pointers, Python ints and bools ->
+    int32, floats -> float32, numpy scalars as they are."""
     import numpy as np
     import torch
 
@@ -211,8 +223,59 @@ def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
             conv.append(np.float32(a))
         else:
             conv.append(a)
-    grid = (grid,) if isinstance(grid, int) else tuple(grid)
-    block = (block,) if isinstance(block, int) else tuple(block)
-    stream = torch_stream()
-    with stream:
-        kernel(grid, block, tuple(conv), shared_mem=shared_mem, stream=stream)
+    return conv
+
+
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6   # cuda.h, CUlaunchAttributeID
+
+
+def launch_dependent(kernel: Any, grid: int, block: int, args: Sequence[Any]) -> None:
+    """Launch ``kernel`` (1-D grid and block, no dynamic shared memory) on torch's current stream with programmatic
+    dependent launch: it may begin while the kernel before it on the stream is still running, and must itself
+    execute ``griddepcontrol.wait`` before it reads what that kernel writes (the kernel before it lets it start
+    early with ``griddepcontrol.launch_dependents``). Through the driver's ``cuLaunchKernelEx`` (CuPy has no launch
+    attributes); works under CUDA-graph capture. ``args`` as :func:`launch`'s."""
+    import numpy as np
+    import torch
+
+    if not (isinstance(grid, int) and isinstance(block, int)) or grid < 1 or block < 1:
+        raise ValueError(f"launch_dependent takes a positive int grid and block, got {grid!r}, {block!r}")
+    cu = _libcuda()
+    values = []
+    for a in _kernel_args(args):
+        ctype = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int32): ctypes.c_int32,
+                 np.dtype(np.float32): ctypes.c_float}.get(np.asarray(a).dtype)
+        if ctype is None:
+            raise ValueError(f"launch_dependent: unsupported argument type {type(a).__name__}")
+        values.append(ctype(a.item() if hasattr(a, "item") else a))
+    params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+    attr = _LaunchAttr(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    cfg = _LaunchConfig(grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+                        ctypes.pointer(attr), 1)
+    fptr = getattr(kernel, "ptr", None) or kernel.kernel.ptr
+    err = cu.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(fptr), params, None)
+    if err != 0:
+        name = ctypes.c_char_p()
+        cu.cuGetErrorName(err, ctypes.byref(name))
+        raise RuntimeError(f"cuLaunchKernelEx failed: {name.value.decode() if name.value else err}")
+
+
+class _LaunchAttr(ctypes.Structure):
+    """CUlaunchAttribute (cuda.h): the id, 4 bytes of padding, a 64-byte value union (an int here)."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h)."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuLaunchKernelEx.restype = ctypes.c_int
+    return lib

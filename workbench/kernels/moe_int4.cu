@@ -793,7 +793,9 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // XEND (XD = FR_SUB): the whole next stage's activations are loaded after the stage's last step, into the same
 // registers, instead of each step's refill right after its use (which ptxas at 96 registers sinks to the stage's
 // end anyway, then rotates the buffers with moves that wait for the loads).
-template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false>
+// GDC: after the first weight copies are issued, griddepcontrol.wait (the phased form's down launch under programmatic
+// dependent launch: the weights do not depend on the previous launch, the activations do).
+template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -819,6 +821,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     };
 #pragma unroll
     for (int q = 0; q < RS - 1; ++q) issue();
+    if (GDC) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (wait != nullptr) {
         if (lane == 0) {   // relaxed polling (an acquire load per poll would invalidate L1 each time), one fence
             while (ld_relaxed_gpu(wait) < target) __nanosleep(128);
@@ -2252,7 +2255,7 @@ MOE_STREAM_RING_KERNEL(4)
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-template <int RS>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2261,6 +2264,7 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
     __shared__ int s_wcnt[4];
     const int warp = threadIdx.x >> 5;
+    if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
     const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
@@ -2271,7 +2275,7 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     }
 }
 
-template <int RS>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
                                             int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out,
@@ -2291,7 +2295,8 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
             const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
             const __nv_bfloat16* const xr[1] = {hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
             float acc[1][4];
-            frag_gemm<1, false, RS, FR_SUB, true>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+            frag_gemm<1, false, RS, FR_SUB, true, PDL>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
+                                                       ring);
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {   // lane (g, t): rows g and g + 8 of the tile, columns 2t and 2t + 1
                 const int col = 2 * t + cc;
@@ -2319,19 +2324,23 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
     }
 }
 
-// GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages.
-#define MOE_PHASED_KERNELS(GU, DN, RS)                                                                             \
+// GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages;
+// PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
+// at once, and DN's warps issue their first weight stages before griddepcontrol.wait, which returns when GU has
+// completed and its h is visible; launched without the attribute, both instructions do nothing).
+#define MOE_PHASED_KERNELS(GU, DN, RS, PDL)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_gate_up<RS>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                     \
+        phased_gate_up<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_down<RS>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                                   \
+        phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)

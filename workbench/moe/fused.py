@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
-from workbench.kernels import gpu_available, launch, load_module
+from workbench.kernels import gpu_available, launch, launch_dependent, load_module
 from workbench.moe.ctasplit import ctasplit_splits
 from workbench.moe.packing import Int4Experts
 from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
@@ -78,6 +78,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # the phased form (run 28): two launches (gate/up, then down with the sum over k per tile), whole-K tiles, no
     # counters, fences or atomics; ("ph", ring stages); the down kernel is the name with "_gu_" -> "_dn_"
     **{f"phased_r{rs}": (f"moe_small_phased_gu_r{rs}", ("ph", rs)) for rs in (3, 4)},
+    # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
+    # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
+    "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -503,10 +506,7 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
         return out
     if spec[0] == "ph":
-        dname = kname.replace("_gu_", "_dn_")
-        grids = phased_grids(p, e, h, i, grid, _small_grid(_kernel(dname, options), dev, dname + "".join(options)))
-        return _phased(kern, _kernel(dname, options), grids, gu_frag, dn_frag, hidden, ids, wts, (m, k, e, h, i),
-                       hbuf, out)
+        return phased_launcher(experts, m, k, variant, options)(hidden, ids, wts, hbuf, out)
     if spec[0] == "ws":
         sgu, sdn = wsplit_splits(h, i, spec[1], spec[2])
         gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
@@ -538,13 +538,40 @@ def phased_grids(pairs: int, num_experts: int, hidden: int, intermediate: int, r
     return (min(resident_gu, -(-tasks // (THREADS // 32))), min(resident_dn, hidden // 16))
 
 
+def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, options: tuple[str, ...] = ()):
+    """The phased form ``variant`` (a :data:`SMALL_VARIANTS` key of kind "ph") for M tokens of ``topk`` experts:
+    a callable ``run(hidden, ids, wts, hbuf, out, parts="gu+dn")`` that launches it on the current stream, with
+    hidden bf16 [M, H], ids int32 [M * topk], wts float32 [M * topk], hbuf bf16 [M * topk, I] (h, written by the
+    gate/up launch), out bf16 [M, H]; ``parts`` as :func:`_phased`'s."""
+    kname, spec = SMALL_VARIANTS[variant]
+    if spec is None or spec[0] != "ph":
+        raise ValueError(f"{variant} is not a phased form (kind 'ph'): {spec}")
+    e, h, i, dev = experts.num_experts, experts.hidden, experts.intermediate, experts.device
+    dname = kname.replace("_gu_", "_dn_")
+    gu, dn = _kernel(kname, options), _kernel(dname, options)
+    key = "".join(options)
+    grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key))
+    gu_frag, dn_frag = experts.fragments()
+
+    def run(hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, hbuf: torch.Tensor, out: torch.Tensor,
+            parts: str = "gu+dn") -> torch.Tensor:
+        return _phased(gu, dn, grids, gu_frag, dn_frag, hidden, ids, wts, (m, topk, e, h, i), hbuf, out,
+                       pdl=spec[2:] == ("pdl",), parts=parts)
+    return run
+
+
 def _phased(gu_kern, dn_kern, grids: tuple[int, int], gu_frag: torch.Tensor, dn_frag: torch.Tensor,
             hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, dims: tuple[int, int, int, int, int],
-            hbuf: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            hbuf: torch.Tensor, out: torch.Tensor, *, pdl: bool = False, parts: str = "gu+dn") -> torch.Tensor:
     """The phased form's two launches on the current stream (moe_int4.cu, "Phased form"), at ``grids``
-    (:func:`phased_grids`)."""
+    (:func:`phased_grids`); ``pdl``: the down launch with programmatic dependent launch. ``parts`` "gu" or "dn"
+    launches one of them alone (workbench.moe.phased's breakdown; "dn" reads the h a previous "gu" left)."""
     m, k, e, h, i = dims
     grid_gu, grid_dn = grids
-    launch(gu_kern, (grid_gu,), (THREADS,), (gu_frag, hidden, ids, m, k, e, h, i, hbuf, out))
-    launch(dn_kern, (grid_dn,), (THREADS,), (dn_frag, hbuf, ids, wts, m, k, e, h, i, out))
+    if parts not in ("gu+dn", "gu", "dn"):
+        raise ValueError(f"parts must be 'gu+dn', 'gu' or 'dn', got {parts!r}")
+    if "gu" in parts:
+        launch(gu_kern, (grid_gu,), (THREADS,), (gu_frag, hidden, ids, m, k, e, h, i, hbuf, out))
+    if "dn" in parts:
+        (launch_dependent if pdl else launch)(dn_kern, grid_dn, THREADS, (dn_frag, hbuf, ids, wts, m, k, e, h, i, out))
     return out
