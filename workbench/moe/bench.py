@@ -1128,7 +1128,14 @@ SMALL_PHASED_PREDICTION = (
     "4 items per down warp) ahead of x4e_r3fstd at (4, 1) by 0-8% in-graph. At M = 4 behind the warp-split kernel "
     "(no split, about two tasks per warp with a drained ring between them). Outputs bit-identical to version 3 "
     "(gpu tests). Refuted if phased_r4 is not ahead of x4e_r3fst at M = 1 in-graph on average over both routings.")
-SMALL_PREDICTIONS = {"moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_PDL_PREDICTION = (
+    "Run 28b, written before its first run, after the first comparison of the phased form: phased_r3_pdl launches "
+    "the down kernel with programmatic dependent launch, so its CTAs (one fits beside gate/up's on an SM at M = 1) "
+    "group the pairs and issue their first weight stages while gate/up finishes, and griddepcontrol.wait holds "
+    "them until h is complete. Predicted: 1.5-3 us less per call than phased_r3 at M = 1-2 in one replay and "
+    "in-graph (2-4 points of copy at M = 1), outputs bit-identical. Refuted if it is not ahead of phased_r3 at "
+    "M = 1 in-graph on average over both routings.")
+SMALL_PREDICTIONS = {"moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
