@@ -16,13 +16,13 @@ from workbench.moe.fused import SMALL_TABLE, SMALL_VARIANT, SMALL_VARIANTS, spli
 
 
 def test_variant_registered_and_dispatched_at_m1():
-    """moe_small_xend*.json (H200): the CTA-split kernel (activations loaded a stage ahead, XEND) at M = 1-2."""
+    """The CTA-split forms stay registered (dispatched at M = 1-2 until run 28) and every registered kernel exists."""
     assert SMALL_VARIANTS["ctasplit"] == ("moe_small_ctasplit", ("cta", "ring"))
     assert SMALL_VARIANTS["ctasplit_max"] == ("moe_small_ctasplit", ("cta", "max"))
     assert SMALL_VARIANTS["ctasplit_g2d1"] == ("moe_small_ctasplit", ("cta", (2, 1)))
     assert SMALL_VARIANTS["ctasplit_x4"] == ("moe_small_ctasplit_x4", ("cta", "ring"))
     assert SMALL_VARIANTS["ctasplit_x4e"] == ("moe_small_ctasplit_x4e", ("cta", "ring"))
-    assert SMALL_VARIANT["name"] is None and SMALL_TABLE[0] == (1, "ctasplit_x4e_r3fst")
+    assert SMALL_VARIANT["name"] is None and SMALL_TABLE[0] == (16, "phased_r3_pdl")   # since run 28
     src = (KERNEL_DIR / "moe_int4.cu").read_text()   # every registered kernel is defined in the source
     for kernel, _ in SMALL_VARIANTS.values():
         assert re.search(rf"\b{kernel}\(", src) or f"({kernel}," in src, kernel

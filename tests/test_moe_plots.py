@@ -52,8 +52,7 @@ def test_dispatched_label_follows_the_variant():
         assert plots.dispatched_label(1, 8) == "splitk_s3"     # a forced kernel wherever one launch runs
         assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
         fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
-        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9)] == ["ctasplit_x4e_r3fst", "ctasplit_x4e_r3fstd_g4d1",
-                                                                       "wsplit_r3_g1d1", "wsplit_r3_g1d1"]
+        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9, 17)] == ["phased_r3_pdl"] * 4 + ["four_launch"]
         saved_table = list(fused.SMALL_TABLE)
         try:
             fused.set_small_table([(1, None), (16, True)])

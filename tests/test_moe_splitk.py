@@ -24,23 +24,20 @@ KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs
 
 
 def test_default_variant_and_table_as_measured():
-    """moe_small_r3fst*.json (5fd4788), moe_small_wsplit*.json (42799f6), run 27's six processes and run 27c's two,
-    H200: ctasplit_x4e_r3fst at M = 1, x4e_r3fstd at the fixed split (4, 1) at M = 2, the warp-split kernel with a
-    3-stage ring unsplit at M = 3-16 (run 23b's rule, report.split_rule_rows; report.run27_rule_rows for run 27's M = 2
-    change, then the rule over 27c's processes)."""
-    from workbench.moe.report import RUN27C_DISPATCHED, SMALL_RUN27C, run27_rule_rows, split_rule_rows
+    """Run 28's processes (moe_small_phased*.json, moe_small_pdl*.json), H200: the phased form with programmatic
+    dependent launch at every M <= 16 (run 23b's rule, report.run28_rule_rows, from the committed files); before it,
+    run 27c's rule had put x4e_r3fstd at (4, 1) at M = 2 and kept x4e_r3fst at M = 1."""
+    from workbench.moe.report import RUN27C_DISPATCHED, SMALL_RUN27C, run28_rule_rows, split_rule_rows
 
     assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3fstd_g4d1"), (16, "wsplit_r3_g1d1")]
-    assert [small_variant_for(m, 8) for m in (1, 2, 3, 4, 5, 16, 17)] == [
-        "ctasplit_x4e_r3fst", "ctasplit_x4e_r3fstd_g4d1", "wsplit_r3_g1d1", "wsplit_r3_g1d1", "wsplit_r3_g1d1",
-        "wsplit_r3_g1d1", None]
-    rule = {r["M range"]: r for r in run27_rule_rows()}   # the committed files say so
-    assert rule["2-2"]["best candidate"] == "ctasplit_x4e_r3fst_g4d1" and rule["2-2"]["replaces"] == "yes"
+    assert SMALL_TABLE == [(16, "phased_r3_pdl")]
+    assert [small_variant_for(m, 8) for m in (1, 2, 3, 16, 17)] == ["phased_r3_pdl"] * 4 + [None]
+    rule = run28_rule_rows()   # the committed files say so
+    assert all(r["replaces"] == "yes" for r in rule), rule
+    assert {r["best candidate"] for r in rule if r["processes"].startswith("moe_small_pdl")} == {"phased_r3_pdl"}
     rule = {r["M range"]: r for r in split_rule_rows(SMALL_RUN27C, ("ctasplit_x4e_r3fstd", "ctasplit_x4e_r3fstd_g4d1"),
                                                      RUN27C_DISPATCHED)}
     assert rule["2-2"]["best candidate"] == "ctasplit_x4e_r3fstd_g4d1" and rule["2-2"]["replaces"] == "yes"
-    assert rule["1-1"]["replaces"] == "no"
     with pytest.raises(ValueError, match="small variant"):
         set_small_variant("splitk_s9")
     saved = list(SMALL_TABLE)

@@ -36,6 +36,9 @@ BUILDS: dict[str, tuple[str, ...]] = {
 }
 # the decomposition's second run: which part of the task structure costs the 8 us the ring kernel does not pay
 BUILDS_ACT = {k: BUILDS[k] for k in ("default", "nomath_nowait", "noact", "nomath_nowait_noact")}
+# The kernel the NOMATH / NOWAIT builds change (the CTA-split kernel's stage loop and h wait; dispatched at M = 1 when
+# runs 24-27 used them): the decomposition forces it, whatever fused.SMALL_TABLE dispatches now.
+DIAG_VARIANT = "ctasplit_x4e_r3fst"
 READ_CONFIG = (8, 512, 4)   # the read kernel's launch shape fastest at most rows of moe_stream_ceiling.json
 
 DECOMPOSITION_PREDICTION = (
@@ -68,11 +71,11 @@ CLOCK_PREDICTION = (
 def run_decomposition(out_dir: str | Path | None, m_values=(1, 2, 16), routing: str = "uniform", reps: int = 20,
                       seed: int = 0, builds: dict[str, tuple[str, ...]] | None = None,
                       name: str = "moe_diag_decomposition", prediction: str = DECOMPOSITION_PREDICTION) -> Path:
-    """Per M: the dispatched one-launch kernel in each build of ``builds`` (default :data:`BUILDS`) and the read
+    """Per M: the one-launch kernel :data:`DIAG_VARIANT` in each build of ``builds`` (default :data:`BUILDS`) and the read
     kernel (:data:`READ_CONFIG`), one replay / queued / in-graph, % of copy by bench.bytes_moved for all; each
     row also gives every build's in-graph time minus the read kernel's (``<build>_ingraph_over_read_us``)."""
     from workbench.measure import write_measurement
-    from workbench.moe.bench import KIMI, kimi_run, path_name, time_ours, time_ours_in_graph
+    from workbench.moe.bench import KIMI, kimi_run, time_ours, time_ours_in_graph
     from workbench.moe.ceiling import time_read, timing_fields
 
     builds = BUILDS if builds is None else builds
@@ -82,12 +85,12 @@ def run_decomposition(out_dir: str | Path | None, m_values=(1, 2, 16), routing: 
     rows, checks, samples = [], [], {}
 
     for m in m_values:
-        row: dict[str, Any] = {"routing": routing, "m": m, "path": path_name(m, K)}
+        row: dict[str, Any] = {"routing": routing, "m": m, "path": f"small_{DIAG_VARIANT}"}
         t = time_read(experts, banks, m, routing, gen, reps, READ_CONFIG, K)
         samples[f"m{m}/read"] = t
         row.update(timing_fields("read", t, bpe, m, copy_gbps, K, H))
         for build, options in builds.items():
-            with fused.diagnostic_build(options):
+            with fused.forced_small_variant(DIAG_VARIANT), fused.diagnostic_build(options):
                 o = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=True)
                 ig = time_ours_in_graph(banks, m, routing, gen, reps, topk=K)
             checks.append({**ig["check"], "build": build, "required": build == "default"})

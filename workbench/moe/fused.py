@@ -3,10 +3,11 @@
 On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
-launch, the kernel that table names for M (:data:`SMALL_VARIANTS`: the CTA-split ``moe_small_ctasplit_x4e_r3fst``
-at M = 1, the warp-split ``moe_small_wsplit_r3`` at the split (2, 1) at M = 2 and unsplit at M = 3-16 on the H200,
-each with a 3-stage ring); grouping, gate/up with SiLU, down and the sum over
-k in one kernel, weights in the fragment layout of :meth:`Int4Experts.fragments`,
+launch or launch pair, the kernel that table names for M (:data:`SMALL_VARIANTS`; on the H200 at M = 1-16 the phased
+form ``phased_r3_pdl``: a gate/up launch and a down launch with the sum over k, the second under programmatic
+dependent launch; the one-launch CTA-split and warp-split kernels remain as variants): grouping, gate/up with SiLU,
+down and the sum over k without the four-launch path's align and combine kernels, weights in the fragment layout of
+:meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
 the compressed-tensors packing, so a full model pays its expert memory twice;
 ``set_small_path(False)`` keeps only the four-launch path and no copy). Otherwise four launches:
@@ -125,8 +126,11 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # Run 27c (moe_small_sd*.json, 412a5af; report.SMALL_RUN27C): by run 23b's rule x4e_r3fstd (one more static first
 # task per CTA) at (4, 1) replaces x4e_r3fst at (4, 1) at M = 2 (one replay: mean +0.2 points, worst row +0.1); at
 # M = 1 it does not (mean -0.4).
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "ctasplit_x4e_r3fst"), (2, "ctasplit_x4e_r3fstd_g4d1"),
-                                             (16, "wsplit_r3_g1d1")]
+# Run 28 (moe_small_phased*.json, 44bb7ad; moe_small_pdl*.json, ac0a0ce; report.run28_rule_rows, block small_run28): the
+# phased form (two launches, no counters) passes run 23b's rule against every dispatched kernel at every M <= 16, and
+# its PDL variant passes it against the phased form at M = 1-2 and 3-16 (one replay); so one kernel pair runs at
+# M = 1-16. (Before: x4e_r3fst at M = 1, x4e_r3fstd at (4, 1) at M = 2, wsplit_r3 unsplit at M = 3-16.)
+SMALL_TABLE: list[tuple[int, str | None]] = [(16, "phased_r3_pdl")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

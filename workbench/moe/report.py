@@ -995,6 +995,57 @@ def block_small_run27() -> str:
     return "\n".join(parts)
 
 
+SMALL_RUN28 = ("moe_small_phased", "moe_small_phased_2")        # run 28: the phased form at M = 1, 2, 4
+SMALL_RUN28_HI = ("moe_small_phased_hi", "moe_small_phased_hi_2")   # ... at M = 3, 5, 8, 9, 16
+SMALL_RUN28B = ("moe_small_pdl", "moe_small_pdl_2")             # run 28b: with programmatic dependent launch, M = 1-2
+SMALL_RUN28B_HI = ("moe_small_pdl_hi", "moe_small_pdl_hi_2")    # ... at M = 3, 4, 5, 8, 9, 16
+RUN28_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "ctasplit_x4e_r3fstd_g4d1"), (3, 16, "wsplit_r3_g1d1"))
+
+
+def run28_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule for run 28: each pair of processes against the dispatch of the time (at M = 2 the pdl processes
+    timed x4e_r3fst at (4, 2), not the dispatched x4e_r3fstd at (4, 1): the phased processes compare with that), and
+    phased_r3_pdl against phased_r3."""
+    rows = []
+    for names, cands, disp in (
+            (SMALL_RUN28, ("phased_r3", "phased_r4"), RUN28_DISPATCHED[:2] + ((4, 4, "wsplit_r3_g1d1"),)),
+            (SMALL_RUN28_HI, ("phased_r3",), RUN28_DISPATCHED[2:]),
+            (SMALL_RUN28B, ("phased_r3", "phased_r3_pdl"), ((1, 2, "ctasplit_x4e_r3fst"),)),
+            (SMALL_RUN28B_HI, ("phased_r3", "phased_r3_pdl"), RUN28_DISPATCHED[2:]),
+            (SMALL_RUN28B, ("phased_r3_pdl",), ((1, 2, "phased_r3"),)),
+            (SMALL_RUN28B_HI, ("phased_r3_pdl",), ((3, 16, "phased_r3"),))):
+        rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, disp)]
+    return rows
+
+
+def block_small_run28() -> str:
+    """Run 28: the phased form (two launches) and its PDL variant beside the dispatch, every path timed three ways, two
+    processes per M range; where a call's time goes (moe_phased_breakdown.json); the rule."""
+    from workbench.measure import load_measurement
+    from workbench.moe.phased import table_rows
+
+    parts = []
+    for name in SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI:
+        doc = plots.load_moe_small(name=name)
+        if not doc:
+            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
+            continue
+        p, res = doc["provenance"], doc["results"]
+        parts.append(f"`{name}.json` (code {str(p.get('git_commit'))[:7]}; copy {res['copy_gb_per_s']:.0f} GB/s in the "
+                     f"same run; parity {len(res['checks'])} checks, worst rel. error "
+                     f"{_worst_rel_err(res['checks']):.2e}, all ok = {res['all_checks_ok']}), % of copy one replay / "
+                     "queued / in-graph:\n\n" + markdown_table(three_timing_rows(doc)))
+    bd = load_measurement("moe_phased_breakdown")
+    if bd:
+        parts.append(f"Each launch alone and both (`moe_phased_breakdown.json`, code "
+                     f"{str(bd['provenance'].get('git_commit'))[:7]}; `python -m workbench.moe.phased`), us per call, "
+                     "one replay / in-graph; `both - parts`: both launches minus the two alone (negative: a part alone "
+                     "pays a launch and a ramp that both together hide, or, with PDL, the two overlap):\n\n"
+                     + markdown_table(table_rows(bd["results"])))
+    parts.append("Run 23b's rule (one replay), per pair of processes:\n\n" + markdown_table(run28_rule_rows()))
+    return "\n".join(parts)
+
+
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
 
 
@@ -1166,6 +1217,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_wsplit": block_small_wsplit,
     "small_nb": block_small_nb,
     "small_run27": block_small_run27,
+    "small_run28": block_small_run28,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
     "diag_decomposition": ceiling_report.block_diag_decomposition,
