@@ -1135,7 +1135,14 @@ SMALL_PDL_PREDICTION = (
     "them until h is complete. Predicted: 1.5-3 us less per call than phased_r3 at M = 1-2 in one replay and "
     "in-graph (2-4 points of copy at M = 1), outputs bit-identical. Refuted if it is not ahead of phased_r3 at "
     "M = 1 in-graph on average over both routings.")
-SMALL_PREDICTIONS = {"moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_EVEN_PREDICTION = (
+    "Run 28c, written before its first run, after the dispatch check at 1e009b4 (phased_r3_pdl one replay 78.1-78.4% "
+    "at M = 2 skewed): its gate/up launch has 2640 warps and 14-15 items x 256 tasks there, so one round of 2640 and "
+    "a second of ~1000-1200 with the rest idle. phased_r3_pdl_even lets only ceil(tasks / r) warps take tasks, r = "
+    "ceil(tasks / warps) each: full rounds. Predicted: at M = 2 1-4% faster than phased_r3_pdl (both routings), at "
+    "M = 1 the same kernel work (2048 tasks on 2048 warps) within noise, at M = 3-16 within +-2%. Outputs "
+    "bit-identical. Refuted if it is not ahead of phased_r3_pdl at M = 2 on average over routings and processes.")
+SMALL_PREDICTIONS = {"moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
