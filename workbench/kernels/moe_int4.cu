@@ -2255,10 +2255,7 @@ MOE_STREAM_RING_KERNEL(4)
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-// EVEN: of the launch's nw warps only act = ceil(tasks / r) take tasks, r = ceil(tasks / nw) each (the last fewer), so
-// the rounds are full: at M = 2 with 14 items (3584 tasks) on 2640 warps, 1792 warps take 2 tasks each instead of
-// 2640 taking one and 944 a second while the rest idle.
-template <int RS, bool PDL = false, bool EVEN = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2271,14 +2268,8 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
-    const int tiles = I / 8, tasks = nitems * tiles;
-    int nw = gridDim.x * MOE_WARPS, first = blockIdx.x * MOE_WARPS + warp;   // nw: the warps that take tasks
-    if (EVEN && tasks > 0) {
-        const int r = (tasks + nw - 1) / nw;   // tasks per warp (rounds)
-        nw = (tasks + r - 1) / r;               // <= the launch's warps
-        if (first >= nw) first = tasks;
-    }
-    for (int task = first; task < tasks; task += nw) {
+    const int tiles = I / 8, tasks = nitems * tiles, nw = gridDim.x * MOE_WARPS;
+    for (int task = blockIdx.x * MOE_WARPS + warp; task < tasks; task += nw) {
         const int item = task / tiles, tile = task - item * tiles;
         small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
     }
@@ -2334,15 +2325,15 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 }
 
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages;
-// EVEN: even gate/up rounds (phased_gate_up); PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
+// PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
 // at once, and DN's warps issue their first weight stages before griddepcontrol.wait, which returns when GU has
 // completed and its h is visible; launched without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, RS, PDL, EVEN)                                                                  \
+#define MOE_PHASED_KERNELS(GU, DN, RS, PDL)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_gate_up<RS, PDL, EVEN>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                          \
+        phased_gate_up<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
@@ -2350,8 +2341,8 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true, false)
-// the PDL pair with even gate/up rounds (its down kernel is r3p's, compiled under a second name)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3pe, moe_small_phased_dn_r3pe, 3, true, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
+// (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
+// 475fe6f; moe_small_even*.json)

@@ -82,8 +82,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
     # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
     "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
-    # ... and only as many gate/up warps take tasks as give every one of them the same number (moe_int4.cu, EVEN)
-    "phased_r3_pdl_even": ("moe_small_phased_gu_r3pe", ("ph", 3, "pdl")),
+    # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
+    # 475fe6f; moe_small_even*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
