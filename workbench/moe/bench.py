@@ -1142,7 +1142,14 @@ SMALL_EVEN_PREDICTION = (
     "ceil(tasks / warps) each: full rounds. Predicted: at M = 2 1-4% faster than phased_r3_pdl (both routings), at "
     "M = 1 the same kernel work (2048 tasks on 2048 warps) within noise, at M = 3-16 within +-2%. Outputs "
     "bit-identical. Refuted if it is not ahead of phased_r3_pdl at M = 2 on average over routings and processes.")
-SMALL_PREDICTIONS = {"moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_SEQ_PREDICTION = (
+    "Run 28d, written before its first run, after 28c: the phased breakdown (moe_phased_breakdown.json) has the down "
+    "launch alone at ~3.0 TB/s in-graph at M = 1 against ~3.8 for gate/up; its warps take 2 items each at M = 1 (4 at "
+    "M = 2) and drain their ring between them, as gate/up warps do between their tasks from M = 2. phased_r3_pdl_seq "
+    "runs each warp's tasks and items through one ring (frag_gemm_units). Predicted: against phased_r3_pdl, 1-2 us "
+    "less at M = 1 (+2-3 points one replay and in-graph), 2-5 us less at M = 2 (+2-4 points), 0-3% faster at M = "
+    "3-16; outputs bit-identical. Refuted if it is not ahead at M = 1-2 on average over routings and processes.")
+SMALL_PREDICTIONS = {"moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
