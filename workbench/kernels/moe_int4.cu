@@ -2235,106 +2235,6 @@ MOE_STREAM_RING_KERNEL(3)
 MOE_STREAM_RING_KERNEL(4)
 
 
-// One unit of a warp's sequence for frag_gemm_units: a tile's weights from wt (stage stride sstride uint4, nsup stages
-// of 256 K) against one activation row xr (bf16, the unit's K range).
-struct FragUnit {
-    const uint4* wt;
-    long long sstride;
-    int nsup;
-    const __nv_bfloat16* xr;
-};
-
-// frag_gemm (NT = 1, activations a whole stage ahead, XEND) over a warp's sequence of `nunits` units without draining
-// the ring between them: the issuer runs RS - 1 stages ahead across unit boundaries (unit_at(u) gives unit u, called
-// by the issuer and by the consumer), the next stage's activations are read from the next unit's row at a unit's last
-// stage, and after a unit's last stage epi(u, acc) gets its sums (the same fragment steps in the same order as
-// frag_gemm, so the same values) and acc restarts from zero. GDC: griddepcontrol.wait after the first issues.
-template <int RS, bool GDC, typename UnitAt, typename Epi>
-__device__ __forceinline__ void frag_gemm_units(int nunits, UnitAt unit_at, Epi epi, unsigned char* ring) {
-    if (nunits <= 0) return;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
-    const bool scale_lane = lane < 16;
-    int iu = 0;                      // unit being issued
-    FragUnit iun = unit_at(0);
-    const uint4* src = iun.wt + lane;
-    int ileft = iun.nsup;            // its stages not yet issued
-    unsigned int wslot = 0;
-    auto issue = [&]() {
-        if (ileft == 0 && iu + 1 < nunits) {
-            iun = unit_at(++iu);
-            src = iun.wt + lane;
-            ileft = iun.nsup;
-        }
-        if (ileft > 0) {
-            cp_async_stage(dst0 + wslot, src, scale_lane);
-            src += iun.sstride;
-            --ileft;
-        }
-        cp_async_commit();
-        wslot = ring_next<RS>(wslot);
-    };
-#pragma unroll
-    for (int q = 0; q < RS - 1; ++q) issue();
-    if (GDC) asm volatile("griddepcontrol.wait;" ::: "memory");
-    int cu = 0, j = 0;               // unit being consumed, its stage
-    int cn = unit_at(0).nsup;
-    const __nv_bfloat16* xp = unit_at(0).xr + 8 * t;
-    uint4 xb[FR_SUB][2];
-#pragma unroll
-    for (int d = 0; d < FR_SUB; ++d) {
-        xb[d][0] = ld_x16<false>(xp + 64 * d);
-        xb[d][1] = ld_x16<false>(xp + 64 * d + 32);
-    }
-    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-    unsigned int rslot = 0;
-#pragma unroll 1
-    while (true) {
-        cp_async_wait<RS - 2>();
-        __syncwarp();
-        issue();
-        const unsigned char* st = ring + rslot;
-        const bool last = j + 1 == cn;
-        int nn = 0;
-        const __nv_bfloat16* xn = xp + 256;
-        if (last) {   // the next unit's first stage (or, after the last unit, a re-read of this row: unused)
-            if (cu + 1 < nunits) {
-                const FragUnit nu = unit_at(cu + 1);
-                xn = nu.xr + 8 * t;
-                nn = nu.nsup;
-            } else {
-                xn = xp;
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < FR_SUB; ++q) {
-            const uint4 w = *reinterpret_cast<const uint4*>(st + q * (FR_U4 * 16) + lane * 16);
-            const uint2 sc = *reinterpret_cast<const uint2*>(st + q * (FR_U4 * 16) + 512 + g * 8);
-            const uint4 xc[1][2] = {{xb[q][0], xb[q][1]}};
-            frag_step<1>(acc, w, sc, xc);
-        }
-#pragma unroll
-        for (int d = 0; d < FR_SUB; ++d) {
-            xb[d][0] = ld_x16<false>(xn + 64 * d);
-            xb[d][1] = ld_x16<false>(xn + 64 * d + 32);
-        }
-        xp = xn;
-        rslot = ring_next<RS>(rslot);
-        if (last) {
-            epi(cu, acc);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
-            if (++cu == nunits) break;
-            cn = nn;
-            j = 0;
-        } else {
-            ++j;
-        }
-    }
-    cp_async_wait<0>();
-    __syncwarp();
-}
-
 // ===================================================================================================
 // Phased form (run 28; fused variants "phased_r3" / "phased_r4"): the one-launch kernels' work in TWO launches
 // with no task machinery, for M = 1-2 where every one-launch form stays below 80% of the copy.
@@ -2355,8 +2255,7 @@ __device__ __forceinline__ void frag_gemm_units(int nunits, UnitAt unit_at, Epi 
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-// SEQ: each warp's tasks through one ring without draining between them (frag_gemm_units).
-template <int RS, bool PDL = false, bool SEQ = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2370,38 +2269,13 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     const int tiles = I / 8, tasks = nitems * tiles, nw = gridDim.x * MOE_WARPS;
-    if (SEQ) {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, gw = blockIdx.x * MOE_WARPS + warp;
-        const int nsup = H / (64 * FR_SUB);
-        auto unit_at = [&](int u) -> FragUnit {
-            const int task = gw + u * nw, item = task / tiles, tile = task - item * tiles;
-            const int slot0 = it.islot[item], cnt = it.icnt[item];
-            return FragUnit{Fgu + ((long long)it.ie[item] * nsup * tiles + tile) * FR_STAGE_U4,
-                            (long long)tiles * FR_STAGE_U4, nsup,
-                            X + (long long)(it.sorted[slot0 + (g < cnt ? g : 0)] / topk) * H};
-        };
-        auto epi = [&](int u, const float (&acc)[1][4]) {   // as small_gate_up: h = SiLU(gate) * up
-            const int task = gw + u * nw, item = task / tiles, tile = task - item * tiles;
-            const int slot0 = it.islot[item], cnt = it.icnt[item];
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const int col = 2 * t + cc;
-                if (col < cnt) {
-                    const float gt = acc[0][cc], up = acc[0][2 + cc];
-                    hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
-                }
-            }
-        };
-        frag_gemm_units<RS, false>(gw < tasks ? (tasks - gw + nw - 1) / nw : 0, unit_at, epi, ring);
-    } else {
-        for (int task = blockIdx.x * MOE_WARPS + warp; task < tasks; task += nw) {
-            const int item = task / tiles, tile = task - item * tiles;
-            small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
-        }
+    for (int task = blockIdx.x * MOE_WARPS + warp; task < tasks; task += nw) {
+        const int item = task / tiles, tile = task - item * tiles;
+        small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
     }
 }
 
-template <int RS, bool PDL = false, bool SEQ = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
                                             int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out,
@@ -2416,28 +2290,7 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     const int tiles = H / 16, nsup = I / (64 * FR_SUB);
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        if (SEQ) {   // this warp's items w, w + 4, ... through one ring
-            auto unit_at = [&](int u) -> FragUnit {
-                const int item = warp + MOE_WARPS * u, slot0 = it.islot[item], cnt = it.icnt[item];
-                return FragUnit{Fdn + ((long long)it.ie[item] * nsup * tiles + tile) * FR_STAGE_U4,
-                                (long long)tiles * FR_STAGE_U4, nsup, hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
-            };
-            auto epi = [&](int u, const float (&acc)[1][4]) {
-                const int item = warp + MOE_WARPS * u, slot0 = it.islot[item], cnt = it.icnt[item];
-#pragma unroll
-                for (int cc = 0; cc < 2; ++cc) {
-                    const int col = 2 * t + cc;
-                    if (col < cnt) {
-                        const int pair = it.sorted[slot0 + col];
-                        const float wgt = __ldg(topk_w + pair);
-                        s_y[pair * 16 + g] = wgt * acc[0][cc];
-                        s_y[pair * 16 + g + 8] = wgt * acc[0][2 + cc];
-                    }
-                }
-            };
-            frag_gemm_units<RS, PDL>(warp < nitems ? (nitems - warp + MOE_WARPS - 1) / MOE_WARPS : 0, unit_at, epi, ring);
-        }
-        for (int item = SEQ ? nitems : warp; item < nitems; item += MOE_WARPS) {
+        for (int item = warp; item < nitems; item += MOE_WARPS) {
             const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
             const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
             const __nv_bfloat16* const xr[1] = {hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
@@ -2472,26 +2325,25 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 }
 
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages;
-// SEQ: continuous rings (phased_gate_up); PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
+// PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
 // at once, and DN's warps issue their first weight stages before griddepcontrol.wait, which returns when GU has
 // completed and its h is visible; launched without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, RS, PDL, SEQ)                                                                   \
+#define MOE_PHASED_KERNELS(GU, DN, RS, PDL)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_gate_up<RS, PDL, SEQ>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                           \
+        phased_gate_up<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_down<RS, PDL, SEQ>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                         \
+        phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true, false)
-// the PDL pair with each warp's tasks (gate/up) and items (down) through one ring (SEQ, run 28d)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3ps, moe_small_phased_dn_r3ps, 3, true, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
-// 475fe6f; moe_small_even*.json)
+// 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
+// slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json)
