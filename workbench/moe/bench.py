@@ -1149,7 +1149,15 @@ SMALL_SEQ_PREDICTION = (
     "runs each warp's tasks and items through one ring (frag_gemm_units). Predicted: against phased_r3_pdl, 1-2 us "
     "less at M = 1 (+2-3 points one replay and in-graph), 2-5 us less at M = 2 (+2-4 points), 0-3% faster at M = "
     "3-16; outputs bit-identical. Refuted if it is not ahead at M = 1-2 on average over routings and processes.")
-SMALL_PREDICTIONS = {"moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_DN4_PREDICTION = (
+    "Run 28e, written before its first run, after 28d: the down launch alone runs at ~72% of the read kernel's rate "
+    "in-graph at M = 1 (moe_phased_breakdown.json) with 2 items x 8 stages per warp and 2 stages in flight, so about "
+    "8 dependent round trips per warp; a 4-stage ring (3 in flight, 4 CTAs per SM still hold all 448 tiles) cuts "
+    "them to about 6. Predicted: phased_r3_pdl_dn4 1-3 us less per call than phased_r3_pdl at M = 1-2 (+1.5-4 "
+    "points), the down launch alone 2-4 us less; phased_r4_pdl (gate/up at 4 stages too) behind phased_r3_pdl_dn4 "
+    "(as run 28's r4 trailed r3). Outputs bit-identical. Refuted if phased_r3_pdl_dn4 is not ahead of "
+    "phased_r3_pdl at M = 1-2 on average.")
+SMALL_PREDICTIONS = {"moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
