@@ -10,7 +10,6 @@ def test_phased_variants_name_both_kernels():
         assert (kname, spec) == (f"moe_small_phased_gu_r{rs}", ("ph", rs))
         assert kname.replace("_gu_", "_dn_") == f"moe_small_phased_dn_r{rs}"
     assert splitk_splits(8, 7168, 2048, "phased_r4", 660) == (1, 1)   # whole-K tasks
-    assert SMALL_VARIANTS["phased_r3_pdl_dn4"][1][3] == "moe_small_phased_dn_r4p"   # a down kernel named explicitly
 
 
 @pytest.mark.parametrize("m,want_gu", [(1, 512), (2, 660), (16, 660)])

@@ -36,9 +36,10 @@ def test_default_variant_and_table_as_measured():
     taken = [r for r in rule if r["processes"].startswith(("moe_small_phased", "moe_small_pdl"))]
     assert len(taken) == 8 and all(r["replaces"] == "yes" for r in taken), taken
     assert {r["best candidate"] for r in taken if r["processes"].startswith("moe_small_pdl")} == {"phased_r3_pdl"}
-    # 28c (even rounds) and 28d (one ring per warp) lost at M >= 2 (28c's M = 1 is the same work as phased_r3_pdl's)
+    # 28c (even rounds), 28d (one ring per warp) and 28e (4-stage rings) lost; 28c's M = 1 does phased_r3_pdl's work
     lost = {(r["processes"], r["M range"]): r["replaces"] for r in rule if r not in taken}
-    assert all(v == "no" for (p, m), v in lost.items() if p.startswith("moe_small_seq") or m != "1-1"), lost
+    assert len(lost) == 9 and all(v == "no" for (p, m), v in lost.items() if p.startswith(("moe_small_seq",
+                                                                                            "moe_small_dn4")) or m != "1-1"), lost
     rule = {r["M range"]: r for r in split_rule_rows(SMALL_RUN27C, ("ctasplit_x4e_r3fstd", "ctasplit_x4e_r3fstd_g4d1"),
                                                      RUN27C_DISPATCHED)}
     assert rule["2-2"]["best candidate"] == "ctasplit_x4e_r3fstd_g4d1" and rule["2-2"]["replaces"] == "yes"

@@ -2344,7 +2344,7 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4p, moe_small_phased_dn_r4p, 4, true)   // run 28e: a deeper down ring
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
-// slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json)
+// slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
+// phased_r4_pdl and phased_r3_pdl_dn4, were slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json)

@@ -82,13 +82,10 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
     # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
     "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
-    # run 28e: the down launch with a 4-stage ring (three stages in flight per warp), gate/up with 3 or 4; a fourth
-    # spec entry names the down kernel where it is not the gate/up name with "_gu_" -> "_dn_"
-    "phased_r4_pdl": ("moe_small_phased_gu_r4p", ("ph", 4, "pdl")),
-    "phased_r3_pdl_dn4": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl", "moe_small_phased_dn_r4p")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
-    # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json)
+    # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
+    # phased_r4_pdl and phased_r3_pdl_dn4, slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -558,7 +555,7 @@ def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, optio
     if spec is None or spec[0] != "ph":
         raise ValueError(f"{variant} is not a phased form (kind 'ph'): {spec}")
     e, h, i, dev = experts.num_experts, experts.hidden, experts.intermediate, experts.device
-    dname = spec[3] if len(spec) > 3 else kname.replace("_gu_", "_dn_")
+    dname = kname.replace("_gu_", "_dn_")
     gu, dn = _kernel(kname, options), _kernel(dname, options)
     key = "".join(options)
     grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key))
@@ -567,7 +564,7 @@ def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, optio
     def run(hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, hbuf: torch.Tensor, out: torch.Tensor,
             parts: str = "gu+dn") -> torch.Tensor:
         return _phased(gu, dn, grids, gu_frag, dn_frag, hidden, ids, wts, (m, topk, e, h, i), hbuf, out,
-                       pdl=spec[2:3] == ("pdl",), parts=parts)
+                       pdl=spec[2:] == ("pdl",), parts=parts)
     return run
 
 

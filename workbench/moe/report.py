@@ -1001,6 +1001,7 @@ SMALL_RUN28B = ("moe_small_pdl", "moe_small_pdl_2")             # run 28b: with 
 SMALL_RUN28B_HI = ("moe_small_pdl_hi", "moe_small_pdl_hi_2")    # ... at M = 3, 4, 5, 8, 9, 16
 SMALL_RUN28C = ("moe_small_even", "moe_small_even_2")            # run 28c: gate/up warps in full rounds (reverted)
 SMALL_RUN28D = ("moe_small_seq", "moe_small_seq_2")              # run 28d: one ring per warp across units (reverted)
+SMALL_RUN28E = ("moe_small_dn4", "moe_small_dn4_2")              # run 28e: 4-stage rings with PDL (reverted)
 RUN28_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "ctasplit_x4e_r3fstd_g4d1"), (3, 16, "wsplit_r3_g1d1"))
 RUN28_AFTER = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (3, 16, "phased_r3_pdl"))   # the dispatch since 1e009b4
 
@@ -1018,7 +1019,8 @@ def run28_rule_rows() -> list[dict[str, Any]]:
             (SMALL_RUN28B, ("phased_r3_pdl",), ((1, 2, "phased_r3"),)),
             (SMALL_RUN28B_HI, ("phased_r3_pdl",), ((3, 16, "phased_r3"),)),
             (SMALL_RUN28C, ("phased_r3_pdl_even",), RUN28_AFTER),
-            (SMALL_RUN28D, ("phased_r3_pdl_seq",), RUN28_AFTER)):
+            (SMALL_RUN28D, ("phased_r3_pdl_seq",), RUN28_AFTER),
+            (SMALL_RUN28E, ("phased_r3_pdl_dn4", "phased_r4_pdl"), RUN28_AFTER[:2] + ((4, 16, "phased_r3_pdl"),))):
         rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, disp)]
     return rows
 
@@ -1030,7 +1032,7 @@ def block_small_run28() -> str:
     from workbench.moe.phased import table_rows
 
     parts = []
-    for name in SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI + SMALL_RUN28C + SMALL_RUN28D:
+    for name in SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI + SMALL_RUN28C + SMALL_RUN28D + SMALL_RUN28E:
         doc = plots.load_moe_small(name=name)
         if not doc:
             parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
@@ -1040,7 +1042,7 @@ def block_small_run28() -> str:
                      f"same run; parity {len(res['checks'])} checks, worst rel. error "
                      f"{_worst_rel_err(res['checks']):.2e}, all ok = {res['all_checks_ok']}), % of copy one replay / "
                      "queued / in-graph:\n\n" + markdown_table(three_timing_rows(doc)))
-    for name in ("moe_phased_breakdown", "moe_phased_breakdown_seq"):
+    for name in ("moe_phased_breakdown", "moe_phased_breakdown_seq", "moe_phased_breakdown_dn4"):
         bd = load_measurement(name)
         if bd:
             parts.append(f"Each launch alone and both (`{name}.json`, code "
