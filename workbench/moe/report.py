@@ -967,21 +967,29 @@ def three_timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def block_small_run27() -> str:
-    """Run 27: the interleaved task order (27a) and the epilogue warp (27b) beside the dispatch at M = 1-2, every path
-    timed three ways, two processes each; then the timelines at M = 1."""
+def three_timing_sections(names: tuple[str, ...], grids: bool = True) -> list[str]:
+    """Per comparison file: its header (code, copy rate, with ``grids`` the launch grids, parity) and
+    :func:`three_timing_rows` (% of copy one replay / queued / in-graph), or a line saying it is not committed."""
     parts = []
-    for name in SMALL_RUN27 + SMALL_RUN27C:
+    for name in names:
         doc = plots.load_moe_small(name=name)
         if not doc:
             parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
             continue
         p, res = doc["provenance"], doc["results"]
+        grid = (f"grids {', '.join(f'{k} {v}' for k, v in (doc['parameters'].get('grid_ctas') or {}).items())}; "
+                if grids else "")
         parts.append(f"`{name}.json` (code {str(p.get('git_commit'))[:7]}; copy {res['copy_gb_per_s']:.0f} GB/s in the "
-                     f"same run; grids {', '.join(f'{k} {v}' for k, v in (doc['parameters'].get('grid_ctas') or {}).items())}; "
-                     f"parity {len(res['checks'])} checks, worst rel. error {_worst_rel_err(res['checks']):.2e}, all ok = "
-                     f"{res['all_checks_ok']}), % of copy one replay / queued / in-graph:\n\n"
-                     + markdown_table(three_timing_rows(doc)))
+                     f"same run; {grid}parity {len(res['checks'])} checks, worst rel. error "
+                     f"{_worst_rel_err(res['checks']):.2e}, all ok = {res['all_checks_ok']}), % of copy one replay / "
+                     "queued / in-graph:\n\n" + markdown_table(three_timing_rows(doc)))
+    return parts
+
+
+def block_small_run27() -> str:
+    """Run 27: the interleaved task order (27a) and the epilogue warp (27b) beside the dispatch at M = 1-2, every path
+    timed three ways, two processes each; then the timelines at M = 1."""
+    parts = three_timing_sections(SMALL_RUN27 + SMALL_RUN27C)
     parts += [_trace_table(name, "; for the epilogue-warp forms `last = prev. epilogue warp` has no meaning and the "
                                  "barrier time is warp 0's arrival") for name in TRACE_RUN27]
     parts.append("The down tasks' waits for h in those timelines:\n\n" + markdown_table(run27_wait_rows()))
@@ -1031,17 +1039,8 @@ def block_small_run28() -> str:
     from workbench.measure import load_measurement
     from workbench.moe.phased import table_rows
 
-    parts = []
-    for name in SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI + SMALL_RUN28C + SMALL_RUN28D + SMALL_RUN28E:
-        doc = plots.load_moe_small(name=name)
-        if not doc:
-            parts.append(f"data/measurements/h200/{name}.json is not committed.\n")
-            continue
-        p, res = doc["provenance"], doc["results"]
-        parts.append(f"`{name}.json` (code {str(p.get('git_commit'))[:7]}; copy {res['copy_gb_per_s']:.0f} GB/s in the "
-                     f"same run; parity {len(res['checks'])} checks, worst rel. error "
-                     f"{_worst_rel_err(res['checks']):.2e}, all ok = {res['all_checks_ok']}), % of copy one replay / "
-                     "queued / in-graph:\n\n" + markdown_table(three_timing_rows(doc)))
+    parts = three_timing_sections(SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI + SMALL_RUN28C
+                                  + SMALL_RUN28D + SMALL_RUN28E, grids=False)
     for name in ("moe_phased_breakdown", "moe_phased_breakdown_seq", "moe_phased_breakdown_dn4"):
         bd = load_measurement(name)
         if bd:
