@@ -201,7 +201,16 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
     "s1_merge1": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=0",), "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
     # + the one-pass merge: the default of e95fa7b..98aa2b5; the default adds the slot ring (version 14)
     "wgmma_98aa2b5": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=0",)},
+    # the default with the merge under programmatic dependent launch (version 18, PDL_MERGE_PREDICTION)
+    "pdl_merge": {"impl": "wgmma", "_options": ("-DVERIFY_PDL_TRIGGER=1",), "_merge_options": ("-DVERIFY_MERGE_PDL=1",)},
 }
+PDL_MERGE_PREDICTION = (
+    "Version 18, written before its run, after the MoE kernel's run 28b (the down launch under programmatic dependent "
+    "launch saved ~3 us a call): pdl_merge launches the merge with PDL; the attention kernel lets it be scheduled from "
+    "its start, and the merge waits on griddepcontrol before reading the partials. The in-graph breakdown "
+    "(ddtree_verify_probe_ingraph.json) put the merge at 6-12 us of a call, of which its own reads are a few us. "
+    "Predicted: 1-4 us less per call in-graph and in one replay at every point, outputs bit-identical; no point crosses "
+    "50% of the floor. Refuted if it is not faster in-graph on average over the eight points.")
 
 
 def _time_rotating(fns: Sequence[Any], reps: int, warmup: int, graph: bool) -> tuple[list[float], str]:
