@@ -404,8 +404,9 @@ def test_gpu_pdl_merge_equals_the_default_in_and_out_of_graphs():
     # directly and replayed from a CUDA graph (single request and batched)
     if V.wgmma_unavailable_reason() is not None:
         pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
-    kw = VB.WGMMA_VARIANTS["pdl_merge"]
-    for i, (h, p) in enumerate(((8, 4096 + 37), (64, 777), (8, [0, 5000, 70, 20000]))):
+    for i, (name, h, p) in enumerate((("pdl_merge", 8, 4096 + 37), ("pdl_merge_late", 8, 4096 + 37),
+                                      ("pdl_merge", 64, 777), ("pdl_merge_late", 8, [0, 5000, 70, 20000]))):
+        kw = VB.WGMMA_VARIANTS[name]
         st = V.random_verify_inputs(33, h, p, torch.bfloat16, "cuda", seed=200 + i)
         fn = V.verify_attention_batched if isinstance(p, list) else V.verify_attention
         o0, l0 = fn(**st, impl="wgmma")

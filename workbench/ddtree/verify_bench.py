@@ -203,6 +203,9 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
     "wgmma_98aa2b5": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=0",)},
     # the default with the merge under programmatic dependent launch (version 18, PDL_MERGE_PREDICTION)
     "pdl_merge": {"impl": "wgmma", "_options": ("-DVERIFY_PDL_TRIGGER=1",), "_merge_options": ("-DVERIFY_MERGE_PDL=1",)},
+    # ... with the trigger after the tile loop (version 18b, PDL_MERGE_LATE_PREDICTION)
+    "pdl_merge_late": {"impl": "wgmma", "_options": ("-DVERIFY_PDL_TRIGGER=2",),
+                       "_merge_options": ("-DVERIFY_MERGE_PDL=1",)},
 }
 PDL_MERGE_PREDICTION = (
     "Version 18, written before its run, after the MoE kernel's run 28b (the down launch under programmatic dependent "
@@ -211,6 +214,14 @@ PDL_MERGE_PREDICTION = (
     "(ddtree_verify_probe_ingraph.json) put the merge at 6-12 us of a call, of which its own reads are a few us. "
     "Predicted: 1-4 us less per call in-graph and in one replay at every point, outputs bit-identical; no point crosses "
     "50% of the floor. Refuted if it is not faster in-graph on average over the eight points.")
+PDL_MERGE_LATE_PREDICTION = (
+    "Version 18b, written before its run, after version 18 (ddtree_verify_pdl.json: slower in-graph at 6 of 8 points, "
+    "by up to 5 us at H = 64 64k): with the trigger at the attention kernel's start, merge CTAs, scheduled from the "
+    "first wave on, sit on the SMs and can keep later waves of attention CTAs (232 KB of shared memory each) off them. "
+    "pdl_merge_late triggers after the tile loop, so the merge is scheduled once every attention CTA is in its "
+    "epilogue. Predicted: not slower than the default at any point beyond noise (+-1 us), 0.5-2 us faster in-graph "
+    "where a call is short (H = 8 4k-16k, H = 64 4k); outputs bit-identical. Refuted if it is slower in-graph on "
+    "average over the eight points.")
 
 
 def _time_rotating(fns: Sequence[Any], reps: int, warmup: int, graph: bool) -> tuple[list[float], str]:

@@ -530,8 +530,8 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
 #endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
 #ifndef VERIFY_PDL_TRIGGER
-#define VERIFY_PDL_TRIGGER 0  // 1: the wgmma kernel lets a merge launched with PDL start early (variant pdl_merge)
-#endif
+#define VERIFY_PDL_TRIGGER 0  // 1 / 2: the wgmma kernel lets a merge launched with PDL be scheduled from its start /
+#endif                        // once every CTA has left its tile loop (variants pdl_merge / pdl_merge_late)
 #ifndef VERIFY_WG_NOSTORE
 #define VERIFY_WG_NOSTORE 0  // diagnostic (timing only, wrong outputs): 1 = the partial outputs are not stored
 #endif
@@ -682,7 +682,7 @@ __device__ __forceinline__ void wg_own_vis(u32* svis, int* stage, const long lon
 extern "C" __global__ void __launch_bounds__(256, 1)
 ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#if VERIFY_PDL_TRIGGER
+#if VERIFY_PDL_TRIGGER == 1
     asm volatile("griddepcontrol.launch_dependents;");   // the merge launch (PDL) may be scheduled from now on
 #endif
     extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
@@ -1045,6 +1045,9 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     }
 
     // ---- epilogue: row sums of both halves, normalise, store this warpgroup's 256 dims
+#if VERIFY_PDL_TRIGGER == 2
+    asm volatile("griddepcontrol.launch_dependents;");   // the merge (PDL) is scheduled once every CTA is this far
+#endif
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
