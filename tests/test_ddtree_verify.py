@@ -399,30 +399,6 @@ def test_gpu_slotring_variant_equals_the_default():
 
 
 @pytest.mark.gpu
-def test_gpu_pdl_merge_equals_the_default_in_and_out_of_graphs():
-    # version 18: the merge under programmatic dependent launch computes what the default does, bit for bit, launched
-    # directly and replayed from a CUDA graph (single request and batched)
-    if V.wgmma_unavailable_reason() is not None:
-        pytest.skip(f"wgmma kernel unavailable: {V.wgmma_unavailable_reason()}")
-    for i, (name, h, p) in enumerate((("pdl_merge", 8, 4096 + 37), ("pdl_merge_late", 8, 4096 + 37),
-                                      ("pdl_merge", 64, 777), ("pdl_merge_late", 8, [0, 5000, 70, 20000]))):
-        kw = VB.WGMMA_VARIANTS[name]
-        st = V.random_verify_inputs(33, h, p, torch.bfloat16, "cuda", seed=200 + i)
-        fn = V.verify_attention_batched if isinstance(p, list) else V.verify_attention
-        o0, l0 = fn(**st, impl="wgmma")
-        o1, l1 = fn(**st, **kw)
-        assert torch.equal(o0, o1) and torch.equal(l0, l1), (h, p)
-        out, lse = torch.empty_like(o0), torch.empty_like(l0)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn(**st, check=False, out=out, lse=lse, **kw)
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, o0) and torch.equal(lse, l0), (h, p)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["auto", "mma"])
 def test_gpu_no_host_sync_and_cuda_graph(impl):
     if impl != "auto" and V.wgmma_unavailable_reason() is not None:

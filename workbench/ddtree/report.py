@@ -536,6 +536,19 @@ def block_verify_merge3() -> str:
             + markdown_table(_variant_rows(bench, ("merge3",))))
 
 
+PDL_FILES = (("ddtree_verify_pdl", ("pdl_merge",)), ("ddtree_verify_pdl_late", ("pdl_merge", "pdl_merge_late")))
+
+
+def block_verify_pdl() -> str:
+    """Versions 18 / 18b: the merge under programmatic dependent launch beside the default, one process per file."""
+    parts = []
+    for name, variants in PDL_FILES:
+        doc = _need_file(name)
+        parts.append(f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}, all in one process):\n\n"
+                     + markdown_table(_variant_rows(doc, variants)))
+    return "\n\n".join(parts)
+
+
 def _fastest_gather(probe: dict[str, Any]) -> tuple[float, str]:
     """(L2 -> SM TB/s, path) of the fastest gather the gather probe timed (its own paths, not the verify kernel's)."""
     return max((p["l2_to_sm_tb_s"], name) for pt in probe["results"]["points"] for name, p in pt["paths"].items()
@@ -970,6 +983,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "verify-ws": block_verify_ws,
     "verify-ws16": block_verify_ws16,
     "verify-bound": block_verify_bound,
+    "verify-pdl": block_verify_pdl,
     "verify-ingraph-breakdown": block_verify_ingraph_breakdown,
     "verify-merge3": block_verify_merge3,
 }

@@ -63,7 +63,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from workbench.kernels import launch as _launch
-from workbench.kernels import launch_dependent as _launch_dependent
 
 D_LATENT = 512  # kv_lora_rank: c_kv width and output width
 D_ROPE = 64     # qk_rope_head_dim
@@ -361,9 +360,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     prefix length as an argument and builds the ancestor masks it needs in
     shared memory (``_prepare=True`` forces the prepare launch, a tuning
     variant). ``_options`` / ``_merge_options``: ``-D`` options of the
-    attention / merge kernel builds, tuning variants; a merge option
-    ``-DVERIFY_MERGE_PDL=1`` also launches the merge with programmatic
-    dependent launch.)
+    attention / merge kernel builds, tuning variants.)
 
     ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
     cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
@@ -507,11 +504,8 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
         name = "ddtree_verify_simple_bf16" if dtype == torch.bfloat16 else "ddtree_verify_simple_f32"
         _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
-    # a merge built with -DVERIFY_MERGE_PDL=1 waits on griddepcontrol first, so it may go with programmatic dependent
-    # launch: scheduled while the attention kernel runs (which lets it start early under -DVERIFY_PDL_TRIGGER=1)
-    launch_merge = _launch_dependent if "-DVERIFY_MERGE_PDL=1" in _merge_options else _launch
-    launch_merge(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
-                 (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
+    _launch(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
+            (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
     return out, lse
 
 

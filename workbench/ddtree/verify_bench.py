@@ -201,11 +201,8 @@ WGMMA_VARIANTS: dict[str, dict[str, Any]] = {
     "s1_merge1": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=0",), "_merge_options": ("-DVERIFY_MERGE_V1=1",)},
     # + the one-pass merge: the default of e95fa7b..98aa2b5; the default adds the slot ring (version 14)
     "wgmma_98aa2b5": {"impl": "wgmma", "_options": ("-DVERIFY_WG_SLOTRING=0",)},
-    # the default with the merge under programmatic dependent launch (version 18, PDL_MERGE_PREDICTION)
-    "pdl_merge": {"impl": "wgmma", "_options": ("-DVERIFY_PDL_TRIGGER=1",), "_merge_options": ("-DVERIFY_MERGE_PDL=1",)},
-    # ... with the trigger after the tile loop (version 18b, PDL_MERGE_LATE_PREDICTION)
-    "pdl_merge_late": {"impl": "wgmma", "_options": ("-DVERIFY_PDL_TRIGGER=2",),
-                       "_merge_options": ("-DVERIFY_MERGE_PDL=1",)},
+    # (versions 18 / 18b, pdl_merge / pdl_merge_late, the merge under programmatic dependent launch, were not faster:
+    # reverted, in git history at 6f5017e; ddtree_verify_pdl*.json; their predictions below)
 }
 PDL_MERGE_PREDICTION = (
     "Version 18, written before its run, after the MoE kernel's run 28b (the down launch under programmatic dependent "

@@ -529,9 +529,6 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 #ifndef VERIFY_WG_DIAG
 #define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
 #endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
-#ifndef VERIFY_PDL_TRIGGER
-#define VERIFY_PDL_TRIGGER 0  // 1 / 2: the wgmma kernel lets a merge launched with PDL be scheduled from its start /
-#endif                        // once every CTA has left its tile loop (variants pdl_merge / pdl_merge_late)
 #ifndef VERIFY_WG_NOSTORE
 #define VERIFY_WG_NOSTORE 0  // diagnostic (timing only, wrong outputs): 1 = the partial outputs are not stored
 #endif
@@ -682,9 +679,6 @@ __device__ __forceinline__ void wg_own_vis(u32* svis, int* stage, const long lon
 extern "C" __global__ void __launch_bounds__(256, 1)
 ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restrict__ parents) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#if VERIFY_PDL_TRIGGER == 1
-    asm volatile("griddepcontrol.launch_dependents;");   // the merge launch (PDL) may be scheduled from now on
-#endif
     extern __shared__ __align__(128) unsigned char smem[];  // realigned to 1024 below
     const u32 raw_a = smem_u32(smem);
     const u32 pad = (1024u - (raw_a & 1023u)) & 1023u;
@@ -1045,9 +1039,6 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     }
 
     // ---- epilogue: row sums of both halves, normalise, store this warpgroup's 256 dims
-#if VERIFY_PDL_TRIGGER == 2
-    asm volatile("griddepcontrol.launch_dependents;");   // the merge (PDL) is scheduled once every CTA is this far
-#endif
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1255,9 +1246,6 @@ __device__ __forceinline__ float block_sum128(float v, float* sh) {
     return (sh[0] + sh[1]) + (sh[2] + sh[3]);
 }
 
-#ifndef VERIFY_MERGE_PDL
-#define VERIFY_MERGE_PDL 0  // 1: griddepcontrol.wait first (the host launches the merge with PDL: variant pdl_merge)
-#endif
 #ifndef VERIFY_MERGE_V1
 #define VERIFY_MERGE_V1 0  // 1: the previous merge (two passes over the lse values, weighted sum 4 deep)
 #endif
@@ -1276,9 +1264,6 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
                                              float* __restrict__ lse_out, int B, int M, int n_single) {
     __shared__ float sh[8];
     __shared__ float sw[MERGE_THREADS];
-#if VERIFY_MERGE_PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");   // launched early (PDL): the partials are complete from here
-#endif
     const long long row = blockIdx.x;
     if (row >= (long long)B * M) return;
     const int b = (int)(row / M);
