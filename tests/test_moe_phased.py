@@ -1,7 +1,7 @@
 """The phased form of the small-M path (two launches, moe_int4.cu "Phased form"): its host-side plan, on the CPU."""
 import pytest
 
-from workbench.moe.fused import SMALL_VARIANTS, max_work_items, phased_grids, splitk_splits
+from workbench.moe.fused import SMALL_VARIANTS, max_work_items, phased_grids, phased_spec, splitk_splits
 
 
 def test_phased_variants_name_both_kernels():
@@ -10,6 +10,10 @@ def test_phased_variants_name_both_kernels():
         assert (kname, spec) == (f"moe_small_phased_gu_r{rs}", ("ph", rs))
         assert kname.replace("_gu_", "_dn_") == f"moe_small_phased_dn_r{rs}"
     assert splitk_splits(8, 7168, 2048, "phased_r4", 660) == (1, 1)   # whole-K tasks
+    assert phased_spec("phased_r3_pdl") == SMALL_VARIANTS["phased_r3_pdl"]
+    for other in ("ctasplit_x4e_r3fst", "v3", "no_such_variant"):
+        with pytest.raises(ValueError, match="phased form"):
+            phased_spec(other)
 
 
 @pytest.mark.parametrize("m,want_gu", [(1, 512), (2, 660), (16, 660)])

@@ -498,6 +498,8 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     if variant is None:
         raise RuntimeError(f"the one-launch path does not run M={m}, topk={k} (fused.SMALL_TABLE {SMALL_TABLE})")
     kname, spec = SMALL_VARIANTS[variant]
+    if spec is not None and spec[0] == "ph":   # two launches, each with its own kernel and grid
+        return phased_launcher(experts, m, k, variant, options)(hidden, ids, wts, hbuf, out)
     kern = _kernel(kname, options)
     grid = _small_grid(kern, dev, kname + "".join(options))
     if spec is None:
@@ -513,8 +515,6 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         launch(kern, (grid,), (THREADS,),
                (gu_frag, dn_frag, hidden, ids, wts, m, k, e, h, i, sgu, sdn, hbuf, ybuf, ws, out))
         return out
-    if spec[0] == "ph":
-        return phased_launcher(experts, m, k, variant, options)(hidden, ids, wts, hbuf, out)
     if spec[0] == "ws":
         sgu, sdn = wsplit_splits(h, i, spec[1], spec[2])
         gpart = torch.empty(sgu * p * (i // 8) * 16 if sgu > 1 else 1, dtype=torch.float32, device=dev)
@@ -546,14 +546,21 @@ def phased_grids(pairs: int, num_experts: int, hidden: int, intermediate: int, r
     return (min(resident_gu, -(-tasks // (THREADS // 32))), min(resident_dn, hidden // 16))
 
 
+def phased_spec(variant: str) -> tuple[str, tuple]:
+    """(gate/up kernel name, spec) of the phased form ``variant``; a clear error for any other name."""
+    kname, spec = SMALL_VARIANTS.get(variant, ("", None))
+    if spec is None or spec[0] != "ph":
+        raise ValueError(f"variant must be a phased form, one of "
+                         f"{[v for v, (_, s) in SMALL_VARIANTS.items() if s and s[0] == 'ph']}, got {variant!r}")
+    return kname, spec
+
+
 def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, options: tuple[str, ...] = ()):
     """The phased form ``variant`` (a :data:`SMALL_VARIANTS` key of kind "ph") for M tokens of ``topk`` experts:
     a callable ``run(hidden, ids, wts, hbuf, out, parts="gu+dn")`` that launches it on the current stream, with
     hidden bf16 [M, H], ids int32 [M * topk], wts float32 [M * topk], hbuf bf16 [M * topk, I] (h, written by the
     gate/up launch), out bf16 [M, H]; ``parts`` as :func:`_phased`'s."""
-    kname, spec = SMALL_VARIANTS[variant]
-    if spec is None or spec[0] != "ph":
-        raise ValueError(f"{variant} is not a phased form (kind 'ph'): {spec}")
+    kname, spec = phased_spec(variant)
     e, h, i, dev = experts.num_experts, experts.hidden, experts.intermediate, experts.device
     dname = kname.replace("_gu_", "_dn_")
     gu, dn = _kernel(kname, options), _kernel(dname, options)

@@ -18,7 +18,7 @@ import torch
 
 from workbench.measure import capture_graphs, median, time_cuda, time_in_graph, write_measurement
 from workbench.moe.bench import make_routing, second_bank
-from workbench.moe.fused import SMALL_VARIANTS, phased_launcher
+from workbench.moe.fused import phased_launcher, phased_spec
 from workbench.moe.packing import Int4Experts, random_int4_experts
 
 PARTS = ("gu", "dn", "gu+dn")
@@ -28,9 +28,7 @@ def breakdown(banks: list[Int4Experts], m: int, routing: str, variant: str, gen:
               calls: int = 16, topk: int = 8) -> dict[str, Any]:
     """Per part of ``PARTS``: median ms of one graph replay of one call (the calls in turn, so no replay finds its
     weights in L2 from the one before) and per call in-graph, with the samples."""
-    if SMALL_VARIANTS.get(variant, ("", None))[1] is None or SMALL_VARIANTS[variant][1][0] != "ph":
-        raise ValueError(f"variant must be a phased form, one of "
-                         f"{[v for v, (_, s) in SMALL_VARIANTS.items() if s and s[0] == 'ph']}, got {variant!r}")
+    phased_spec(variant)
     if not banks or m < 1 or calls < 1:
         raise ValueError(f"need weight banks, m >= 1 and calls >= 1; got {len(banks)} banks, m={m}, calls={calls}")
     e, h, i = banks[0].num_experts, banks[0].hidden, banks[0].intermediate
