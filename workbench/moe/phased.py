@@ -7,6 +7,11 @@ replay on an idle GPU and in-graph (``calls`` calls back to back in one graph, p
 boundary between the launches costs (negative: they overlap). Run on the H200:
 
     python -m workbench.moe.phased --m 1 2 --variants phased_r3 phased_r3_pdl --out DIR
+
+``--hidden`` sets H (default Kimi's 7168; a multiple of 256). The down launch has one CTA per 16 output rows, so
+H = 7168 gives 448 tiles, 3.4 per SM of the H200's 132 (52 SMs hold 4, 80 hold 3), and H = 8448 gives 528, 4 on every
+SM: if the down launch is bound by its busiest SM, it takes about as long at both; if by the DRAM, 8448 / 7168 times
+as long (the tile-balance probe of run 29).
 """
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (variant, M, routing): each part in us, one replay / in-graph, and the boundary."""
     rows = []
     for r in results:
-        row = {"variant": r["variant"], "M": r["m"], "routing": r["routing"]}
+        row = {"variant": r["variant"], "H": r.get("hidden", 7168), "M": r["m"], "routing": r["routing"]}
         for parts in PARTS:
             row[f"{parts} us"] = f"{r[parts]['one_replay_ms'] * 1e3:.1f} / {r[parts]['in_graph_ms'] * 1e3:.1f}"
         row["both - parts us"] = f"{r['boundary_one_replay_ms'] * 1e3:+.1f} / {r['boundary_in_graph_ms'] * 1e3:+.1f}"
@@ -83,19 +88,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["phased_r3"])
     ap.add_argument("--routings", nargs="+", default=["uniform", "skewed"])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--hidden", type=int, nargs="+", default=[7168], help="H values (multiples of 256)")
     ap.add_argument("--name", default="moe_phased_breakdown")
     ap.add_argument("--out", type=Path, default=None, help="folder for the measurement JSON (default: data/)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the phased breakdown needs a CUDA GPU")
-    bank = random_int4_experts(384, 7168, 2048, device="cuda", seed=0)
-    banks = [bank, second_bank(bank, seed=1)]
+    bad = [h for h in args.hidden if h < 256 or h % 256]
+    if bad:
+        raise SystemExit(f"--hidden values must be positive multiples of 256 (the gate/up K stage), got {bad}")
     gen = torch.Generator().manual_seed(0)
-    results = [breakdown(banks, m, routing, v, gen, reps=args.reps) for v in args.variants for m in args.m
-               for routing in args.routings]
+    results = []
+    for hidden in args.hidden:
+        bank = random_int4_experts(384, hidden, 2048, device="cuda", seed=0)
+        banks = [bank, second_bank(bank, seed=1)]
+        for v in args.variants:
+            for m in args.m:
+                for routing in args.routings:
+                    results.append({"hidden": hidden, **breakdown(banks, m, routing, v, gen, reps=args.reps)})
+        del bank, banks
+        torch.cuda.empty_cache()
     path = write_measurement(args.name, parameters={"m_values": args.m, "variants": args.variants,
                                                     "routings": args.routings, "reps": args.reps, "calls": 16,
-                                                    "shape": "Kimi K2.6: 384 experts, H 7168, I 2048, top-8",
+                                                    "hidden": args.hidden,
+                                                    "shape": "Kimi K2.6: 384 experts, H 7168 (or --hidden), I 2048, "
+                                                             "top-8",
                                                     "timing": "one graph replay of one call on an idle GPU / per call "
                                                               "of 16 back to back in one graph, medians"},
                              results=results, out_dir=args.out)
