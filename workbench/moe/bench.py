@@ -1157,7 +1157,17 @@ SMALL_DN4_PREDICTION = (
     "points), the down launch alone 2-4 us less; phased_r4_pdl (gate/up at 4 stages too) behind phased_r3_pdl_dn4 "
     "(as run 28's r4 trailed r3). Outputs bit-identical. Refuted if phased_r3_pdl_dn4 is not ahead of "
     "phased_r3_pdl at M = 1-2 on average.")
-SMALL_PREDICTIONS = {"moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_C2_PREDICTION = (
+    "Run 29, written before its first run, after the profile and tile-balance probe (moe_phased_balance.json, "
+    "logs in run29): the down launch alone is 21.9 us in-graph at M = 1 (66 MB, ~3.0 TB/s against gate/up's ~3.8), "
+    "with 20% achieved occupancy (at most 16 warps an SM at 112 registers, 13.6 on average with 448 CTAs on 132 SMs) "
+    "and long-scoreboard stalls first; at H = 8448 (4 CTAs on every SM) it reads 1.18x the bytes in 1.10x the time. "
+    "phased_r3_pdl_c2 runs the down launch as clusters of two CTAs per tile (95 registers, up to five CTAs an SM, each "
+    "warp half the items: one at M = 1). Predicted: the down launch alone 2-4 us faster in-graph at M = 1 and 3-6 us at "
+    "M = 2; the pair 1.5-4 us less per call at M = 1-2 than phased_r3_pdl (+2-5 points of copy), at M = 4 no worse "
+    "than -1 point; outputs bit-identical. Refuted if it is not ahead of phased_r3_pdl at M = 1-2 on average over "
+    "routings, one replay and in-graph.")
+SMALL_PREDICTIONS = {"moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
