@@ -2324,112 +2324,34 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
     }
 }
 
-// Cluster form of the down launch (run 29; fused variant "phased_r3_pdl_c2"): a CLUSTER of two CTAs per 16-row
-// output tile instead of one CTA, so each warp takes half as many items (one at M = 1) and twice the CTAs share the
-// down work; launch bounds (128, 5) let five CTAs (20 warps) sit on an SM where the one-CTA form has at most four
-// and on average 3.4 (448 tiles on 132 SMs). CTA rank r of the cluster: warp w takes the items r + 2w, r + 2w + 8,
-// ...; each w_pair * y goes into rank 0's s_y (distributed shared memory: mapa + st.shared::cluster); a cluster
-// barrier (release / acquire) makes them visible; rank 0 sums over k in the same fixed order as phased_down and
-// writes the tile. Every item's value and the order of the sum are phased_down's, so the outputs are bit-identical
-// to it (and to version 3). A first barrier phase (arrive after the prologue, wait before the first remote store)
-// makes sure the partner CTA has started before its shared memory is written. grid: exactly 2 x H/16 CTAs (cluster
-// dims (2, 1, 1) in the kernel; one tile per cluster, no loop).
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
-
-// st.shared::cluster of v at the address of *local in the shared memory of the cluster's CTA rank
-__device__ __forceinline__ void store_cluster_rank(float* local, unsigned int rank, float v) {
-    unsigned int remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote)
-                 : "r"(static_cast<unsigned int>(__cvta_generic_to_shared(local))), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
-}
-
-template <int RS, bool PDL = false>
-__device__ __forceinline__ void phased_down_c2(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
-                                               const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
-                                               int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out,
-                                               unsigned char* s_ring) {
-    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
-    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
-    __shared__ int s_wcnt[4];
-    __shared__ float s_y[FR_MAX_PAIRS * 16];   // rank 0's is the tile's; rank 1's is unused
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int rank = blockIdx.x & 1, tile = blockIdx.x >> 1, tiles = H / 16, nsup = I / (64 * FR_SUB);
-    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
-    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
-    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
-    cluster_arrive_relaxed();   // phase 1: this CTA has started
-    bool started = false;       // phase 1 waited: the partner has started, its shared memory may be written
-    for (int item = rank + 2 * warp; item < nitems; item += 2 * MOE_WARPS) {
-        const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
-        const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
-        const __nv_bfloat16* const xr[1] = {hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
-        float acc[1][4];
-        frag_gemm<1, false, RS, FR_SUB, true, PDL>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
-                                                   ring);
-        if (!started) {
-            cluster_wait_acquire();
-            started = true;
-        }
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {   // lane (g, t): rows g and g + 8 of the tile, columns 2t and 2t + 1
-            const int col = 2 * t + cc;
-            if (col < cnt) {
-                const int pair = it.sorted[slot0 + col];
-                const float wgt = __ldg(topk_w + pair);
-                store_cluster_rank(&s_y[pair * 16 + g], 0, wgt * acc[0][cc]);
-                store_cluster_rank(&s_y[pair * 16 + g + 8], 0, wgt * acc[0][2 + cc]);
-            }
-        }
-    }
-    if (!started) cluster_wait_acquire();
-    cluster_arrive_release();   // phase 2: this CTA's stores into rank 0's s_y are done
-    cluster_wait_acquire();
-    if (rank != 0) return;
-    for (int idx = tid; idx < M * 16; idx += blockDim.x) {
-        const int m = idx >> 4, r = idx & 15;
-        bool ok = true;
-        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
-        float sum = __int_as_float(0x7fc00000);
-        if (ok) {
-            sum = 0.f;
-            for (int k = 0; k < topk; ++k) sum += s_y[(m * topk + k) * 16 + r];
-        }
-        out[(long long)m * H + 16 * tile + r] = __float2bfloat16(sum);
-    }
-}
-
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 5) moe_small_phased_dn_r3p_c2(
-    const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,
-    const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) {
-    __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * 3 * FR_STAGE_U4 * 16];
-    phased_down_c2<3, true>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);
-}
-
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages;
+// GB / DB: their launch bounds' CTAs per SM (5 and 4: 96 and 112 registers; run 29's _g6 pair: 6, at most 80
+// registers, so 24 gate/up warps an SM where 5 gives 20, and _g6d5: also the down kernel at 5, at most 96);
 // PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
 // at once, and DN's warps issue their first weight stages before griddepcontrol.wait, which returns when GU has
 // completed and its h is visible; launched without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, RS, PDL)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
+#define MOE_PHASED_KERNELS(GU, DN, RS, PDL, GB, DB)                                                                \
+    extern "C" __global__ void __launch_bounds__(128, GB) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_gate_up<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
+    extern "C" __global__ void __launch_bounds__(128, DB) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false, 5, 4)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false, 5, 4)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true, 5, 4)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_g6, moe_small_phased_dn_r3p_g6, 3, true, 6, 4)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_g6d5, moe_small_phased_dn_r3p_g6d5, 3, true, 6, 5)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
-// phased_r4_pdl and phased_r3_pdl_dn4, were slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json)
+// phased_r4_pdl and phased_r3_pdl_dn4, were slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json;
+// run 29's phased_r3_pdl_c2, the down launch as clusters of two CTAs per tile writing into rank 0's shared memory,
+// bit-identical but its down launch ~4 us slower at M = 1 (896 CTAs in 1.4 waves, 8-stage chains): reverted, in git
+// history at 00df147; moe_small_c2*.json)

@@ -1167,7 +1167,16 @@ SMALL_C2_PREDICTION = (
     "M = 2; the pair 1.5-4 us less per call at M = 1-2 than phased_r3_pdl (+2-5 points of copy), at M = 4 no worse "
     "than -1 point; outputs bit-identical. Refuted if it is not ahead of phased_r3_pdl at M = 1-2 on average over "
     "routings, one replay and in-graph.")
-SMALL_PREDICTIONS = {"moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_G6_PREDICTION = (
+    "Run 29b, written before its first run, after 29 (c2 refuted: its down launch ~4 us slower at M = 1 in 1.4 waves "
+    "of 8-stage chains; moe_small_c2*.json). The gate/up launch at M = 2 has 4096 tasks on 2640 warps (1.55 rounds; "
+    "Nsight: SMs active 75% of its elapsed cycles against 89% at M = 1). phased_r3_pdl_g6: gate/up at launch bounds "
+    "(128, 6), 79 registers, no spills, 3168 warps (1.29 rounds at M = 2); phased_r3_pdl_g6d5: also the down kernel at "
+    "(128, 5), 96 registers, so more of its CTAs fit beside gate/up's under PDL. Predicted: g6 +1-3 points of copy at "
+    "M = 2 (one replay and in-graph), within 1 point at M = 1, -0..-3 at M = 4 (2.5 rounds against 3.0); g6d5 a further "
+    "+0.5-1.5 at M = 1-2. Outputs bit-identical. Refuted if neither is ahead of phased_r3_pdl at M = 2 on average over "
+    "routings and processes.")
+SMALL_PREDICTIONS = {"moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,

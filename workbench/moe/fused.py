@@ -82,13 +82,15 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
     # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
     "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
-    # ... with the down launch as clusters of two CTAs per output tile (run 29; "c2": kernel name + "_c2", grid
-    # 2 x H/16): each warp half the items, up to five CTAs an SM
-    "phased_r3_pdl_c2": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl", "c2")),
+    # ... with gate/up at launch bounds (128, 6) (<= 80 registers: 24 warps an SM, run 29), and the down kernel also
+    # at (128, 5) (<= 96 registers; more of its CTAs fit beside gate/up's while PDL lets them start)
+    **{f"phased_r3_pdl_{k}": (f"moe_small_phased_gu_r3p_{k}", ("ph", 3, "pdl")) for k in ("g6", "g6d5")},
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
-    # phased_r4_pdl and phased_r3_pdl_dn4, slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json)
+    # phased_r4_pdl and phased_r3_pdl_dn4, slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json;
+    # run 29's phased_r3_pdl_c2, the down launch as two-CTA clusters per tile, slower at M = 1-4: reverted, in git
+    # history at 00df147; moe_small_c2*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -565,20 +567,16 @@ def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, optio
     gate/up launch), out bf16 [M, H]; ``parts`` as :func:`_phased`'s."""
     kname, spec = phased_spec(variant)
     e, h, i, dev = experts.num_experts, experts.hidden, experts.intermediate, experts.device
-    cluster = "c2" in spec[2:]
-    dname = kname.replace("_gu_", "_dn_") + ("_c2" if cluster else "")
+    dname = kname.replace("_gu_", "_dn_")
     gu, dn = _kernel(kname, options), _kernel(dname, options)
     key = "".join(options)
-    grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key),
-                         1 if cluster else _small_grid(dn, dev, dname + key))
-    if cluster:   # one cluster of two CTAs per 16-row output tile, no loop (moe_int4.cu, phased_down_c2)
-        grids = (grids[0], 2 * (h // 16))
+    grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key))
     gu_frag, dn_frag = experts.fragments()
 
     def run(hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, hbuf: torch.Tensor, out: torch.Tensor,
             parts: str = "gu+dn") -> torch.Tensor:
         return _phased(gu, dn, grids, gu_frag, dn_frag, hidden, ids, wts, (m, topk, e, h, i), hbuf, out,
-                       pdl="pdl" in spec[2:], parts=parts)
+                       pdl=spec[2:] == ("pdl",), parts=parts)
     return run
 
 
