@@ -54,6 +54,47 @@ def test_default_variant_and_table_as_measured():
         set_small_table(saved)
 
 
+def test_run29_candidates_not_dispatched():
+    """Run 29's committed processes (moe_small_c2*.json, moe_small_g6*.json): the two-CTA-cluster down launch loses at
+    every M range; g6 passes run 23b's rule only at M = 2, by less than the spread between processes (and loses
+    in-graph there), so the table keeps phased_r3_pdl."""
+    from workbench.moe.report import run29_rule_rows
+
+    rule = {(r["processes"].split(",")[0], r["M range"]): r for r in run29_rule_rows()}
+    assert len(rule) == 6
+    assert all(rule[("moe_small_c2", m)]["replaces"] == "no" for m in ("1-1", "2-2", "4-16"))
+    assert all(rule[("moe_small_g6", m)]["replaces"] == "no" for m in ("1-1", "4-16"))
+    g6 = rule[("moe_small_g6", "2-2")]
+    assert g6["best candidate"] == "phased_r3_pdl_g6" and abs(float(g6["mean"])) < 1.0
+    assert SMALL_TABLE == [(16, "phased_r3_pdl")]
+
+
+def test_ncu_printout_parsed_with_units(tmp_path, monkeypatch):
+    """report.ncu_kernel_metrics: the last launch of each kernel, byte counts in bytes and times in us whatever unit
+    ncu printed; ncu_balance_rows: the SM-balance ratios."""
+    from workbench.moe import report
+
+    text = """  moe_k (4, 1, 1)x(128, 1, 1), Context 1
+    dram__bytes_read.sum                     Mbyte        66.12
+    Duration                         ms        1.50
+  moe_k (4, 1, 1)x(128, 1, 1), Context 1
+    dram__bytes_read.sum                     Gbyte         1.85
+    gpc__cycles_elapsed.max                  cycle       1,000
+    sm__cycles_active.avg                    cycle      800.00
+    sm__cycles_active.max                    cycle         880
+    Duration                         us       441.44
+"""
+    (tmp_path / "ncu.txt").write_text(text)
+    monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
+    mt = report.ncu_kernel_metrics("ncu.txt")
+    assert list(mt) == ["moe_k"] and mt["moe_k"]["dram__bytes_read.sum"] == pytest.approx(1.85e9)
+    assert mt["moe_k"]["Duration"] == pytest.approx(441.44)
+    (row,) = report.ncu_balance_rows(("ncu.txt",))
+    assert row["MB read"] == "1850.0" and row["SM active max / mean"] == "1.100"
+    assert row["SM active mean / elapsed"] == "0.800" and row["achieved occupancy %"] == "-"
+    assert report.ncu_kernel_metrics("missing.txt") == {}
+
+
 @pytest.mark.parametrize("items,want", [(8, (4, 2)), (16, (2, 1)), (15, (2, 1)), (31, (1, 1)), (109, (1, 1))])
 def test_splitk_splits_kimi(items, want):
     """want = 2 x 3168 warps: M = 1 (8 items) -> gate_up 4 (8192 tasks), down 2 (7168); M = 2 -> 2, 1; M >= 4 -> 1, 1."""

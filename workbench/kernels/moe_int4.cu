@@ -2325,33 +2325,31 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 }
 
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages;
-// GB / DB: their launch bounds' CTAs per SM (5 and 4: 96 and 112 registers; run 29's _g6 pair: 6, at most 80
-// registers, so 24 gate/up warps an SM where 5 gives 20, and _g6d5: also the down kernel at 5, at most 96);
 // PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
 // at once, and DN's warps issue their first weight stages before griddepcontrol.wait, which returns when GU has
 // completed and its h is visible; launched without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, RS, PDL, GB, DB)                                                                \
-    extern "C" __global__ void __launch_bounds__(128, GB) GU(                                                       \
+#define MOE_PHASED_KERNELS(GU, DN, RS, PDL)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_gate_up<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, DB) DN(                                                       \
+    extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false, 5, 4)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false, 5, 4)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true, 5, 4)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_g6, moe_small_phased_dn_r3p_g6, 3, true, 6, 4)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_g6d5, moe_small_phased_dn_r3p_g6d5, 3, true, 6, 5)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
 // phased_r4_pdl and phased_r3_pdl_dn4, were slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json;
 // run 29's phased_r3_pdl_c2, the down launch as clusters of two CTAs per tile writing into rank 0's shared memory,
 // bit-identical but its down launch ~4 us slower at M = 1 (896 CTAs in 1.4 waves, 8-stage chains): reverted, in git
-// history at 00df147; moe_small_c2*.json)
+// history at 00df147; moe_small_c2*.json; run 29b's launch bounds (128, 6) for gate/up (_g6, 79 registers) and also
+// (128, 5) for down (_g6d5, 96): _g6 level with phased_r3_pdl at M = 1-2 and behind at M = 4, _g6d5 behind
+// everywhere: reverted, in git history at 5593ac9; moe_small_g6*.json)

@@ -82,15 +82,13 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
     # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
     "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
-    # ... with gate/up at launch bounds (128, 6) (<= 80 registers: 24 warps an SM, run 29), and the down kernel also
-    # at (128, 5) (<= 96 registers; more of its CTAs fit beside gate/up's while PDL lets them start)
-    **{f"phased_r3_pdl_{k}": (f"moe_small_phased_gu_r3p_{k}", ("ph", 3, "pdl")) for k in ("g6", "g6d5")},
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
     # phased_r4_pdl and phased_r3_pdl_dn4, slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json;
     # run 29's phased_r3_pdl_c2, the down launch as two-CTA clusters per tile, slower at M = 1-4: reverted, in git
-    # history at 00df147; moe_small_c2*.json)
+    # history at 00df147; moe_small_c2*.json; run 29b's phased_r3_pdl_g6 / _g6d5, launch bounds (128, 6) for gate/up
+    # and (128, 5) for down, level or behind: reverted, in git history at 5593ac9; moe_small_g6*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16

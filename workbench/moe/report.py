@@ -512,6 +512,34 @@ _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_
 _STALLS = ("long_scoreboard", "membar", "wait", "barrier", "math_pipe_throttle", "not_selected")
 
 
+def ncu_kernel_metrics(path: str) -> dict[str, dict[str, float]]:
+    """Per kernel name (its last launch) of an Nsight Compute printout (``ncu --section ... --metrics ...``): every
+    "name [unit] value" line, as floats, byte counts in bytes and times in us; {} when the file is not committed."""
+    import re
+
+    f = REPO_ROOT / path
+    if not f.exists():
+        return {}
+    by_kernel: dict[str, dict[str, float]] = {}
+    cur = None
+    for line in f.read_text().splitlines():
+        head = re.match(r"^  (moe_\w+) \(", line)
+        if head:
+            cur = head.group(1)
+            by_kernel[cur] = {}
+            continue
+        m = re.match(r"^\s{4}(\S.*?)\s{2,}(\S+\s+)?([\d.,]+)\s*$", line)
+        if cur and m:
+            unit = (m.group(2) or "").strip()
+            by_kernel[cur][m.group(1).strip()] = float(m.group(3).replace(",", "")) * _NCU_UNITS.get(unit, 1.0)
+    return by_kernel
+
+
+# ncu's units -> the factor to bytes (byte counts) or to us (times)
+_NCU_UNITS = {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "ns": 1e-3, "ms": 1e3, "msecond": 1e3,
+              "usecond": 1.0, "nsecond": 1e-3}
+
+
 def ncu_m1_rows(files: tuple[str, ...] = NCU_M1_FILES) -> list[dict[str, Any]]:
     """Per kernel (the last launch of each name) of every Nsight Compute file in ``files`` (the M = 1 ones by
     default): duration, DRAM, instructions, issue rate, occupancy and the main stall reasons (cycles per issued
@@ -519,30 +547,40 @@ def ncu_m1_rows(files: tuple[str, ...] = NCU_M1_FILES) -> list[dict[str, Any]]:
     import re
 
     out = []
+    order = ["file", "kernel", *_NCU_M1_KEYS.values(), *(f"stall {k}" for k in _STALLS)]
     for path in files:
-        f = REPO_ROOT / path
-        if not f.exists():
-            continue
-        by_kernel: dict[str, dict[str, Any]] = {}
-        cur = None
-        for line in f.read_text().splitlines():
-            head = re.match(r"^  (moe_\w+) \(", line)
-            if head:
-                cur = head.group(1)
-                by_kernel[cur] = {"file": path.rsplit("/", 1)[-1], "kernel": cur}
+        for kernel, metrics in ncu_kernel_metrics(path).items():
+            if kernel in ("moe_align", "moe_combine"):
                 continue
-            m = re.match(r"^\s{4}(\S.*?)\s{2,}(\S+\s+)?([\d.,]+)\s*$", line)
-            if not (cur and m):
-                continue
-            key, val = m.group(1).strip(), float(m.group(3).replace(",", ""))
-            if key in _NCU_M1_KEYS:
-                by_kernel[cur][_NCU_M1_KEYS[key]] = f"{val / 1e6:.1f}" if key.startswith("smsp") else f"{val:.3g}"
-            st = re.match(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", key)
-            if st and st.group(1) in _STALLS:
-                by_kernel[cur][f"stall {st.group(1)}"] = f"{val:.2f}"
-        order = ["file", "kernel", *_NCU_M1_KEYS.values(), *(f"stall {k}" for k in _STALLS)]
-        out += [{k: r.get(k, "-") for k in order} for r in by_kernel.values()
-                if r["kernel"] not in ("moe_align", "moe_combine")]
+            row: dict[str, Any] = {"file": path.rsplit("/", 1)[-1], "kernel": kernel}
+            for key, val in metrics.items():
+                if key in _NCU_M1_KEYS:
+                    row[_NCU_M1_KEYS[key]] = f"{val / 1e6:.1f}" if key.startswith("smsp") else f"{val:.3g}"
+                st = re.match(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", key)
+                if st and st.group(1) in _STALLS:
+                    row[f"stall {st.group(1)}"] = f"{val:.2f}"
+            out.append({k: row.get(k, "-") for k in order})
+    return out
+
+
+def ncu_balance_rows(files: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per kernel of each Nsight Compute file (run 29's, with the SM-cycle metrics): duration, DRAM % of peak and
+    bytes read, achieved occupancy, and how evenly the SMs are busy: the busiest SM's active cycles over the mean,
+    and the mean SM's active cycles over the elapsed cycles (the rest is launch, ramp and tail)."""
+    out = []
+    for path in files:
+        for kernel, mt in ncu_kernel_metrics(path).items():
+            avg, mx, el = (mt.get(k) for k in ("sm__cycles_active.avg", "sm__cycles_active.max",
+                                               "gpc__cycles_elapsed.max"))
+
+            def val(key: str, scale: float = 1.0) -> str:
+                return f"{mt[key] * scale:.1f}" if key in mt else "-"
+
+            out.append({"file": path.rsplit("/", 1)[-1], "kernel": kernel, "us": val("Duration"),
+                        "DRAM % peak": val("DRAM Throughput"), "MB read": val("dram__bytes_read.sum", 1e-6),
+                        "achieved occupancy %": val("Achieved Occupancy"),
+                        "SM active max / mean": f"{mx / avg:.3f}" if avg and mx else "-",
+                        "SM active mean / elapsed": f"{avg / el:.3f}" if avg and el else "-"})
     return out
 
 
@@ -1053,6 +1091,51 @@ def block_small_run28() -> str:
     return "\n".join(parts)
 
 
+SMALL_RUN29 = ("moe_small_c2", "moe_small_c2_2")    # run 29: the down launch as two-CTA clusters (reverted)
+SMALL_RUN29B = ("moe_small_g6", "moe_small_g6_2")   # run 29b: launch bounds 6 (gate/up) and 5 (down) (reverted)
+NCU_RUN29 = tuple(f"data/measurements/h200/moe_phased_ncu_m{m}_7c79a85.txt" for m in (1, 2, 16))
+RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "phased_r3_pdl"))
+
+
+def run29_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule for run 29's candidates against the dispatched phased_r3_pdl, per pair of processes."""
+    rows = []
+    for names, cands in ((SMALL_RUN29, ("phased_r3_pdl_c2",)), (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5"))):
+        rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, RUN29_DISPATCHED)]
+    return rows
+
+
+def block_small_run29() -> str:
+    """Run 29: what bounds the down launch (the tile-balance probe, Nsight Compute of the dispatched pair), then the
+    two-CTA-cluster down launch (29) and the launch-bounds pairs (29b) beside the dispatch, with the rule."""
+    from workbench.measure import load_measurement
+    from workbench.moe.phased import table_rows
+
+    parts = []
+    bal = load_measurement("moe_phased_balance")
+    if bal:
+        parts.append(f"The tile-balance probe (`moe_phased_balance.json`, code {str(bal['provenance'].get('git_commit'))[:7]}; "
+                     "`python -m workbench.moe.phased --hidden 7168 8448 --routings uniform`): H = 8448 puts 4 down "
+                     "CTAs on every SM, H = 7168 4 on 52 SMs and 3 on 80; us per call, one replay / in-graph:\n\n"
+                     + markdown_table(table_rows(bal["results"])))
+    if any((REPO_ROOT / f).exists() for f in NCU_RUN29):
+        parts.append("Nsight Compute of the dispatched pair (`--clock-control none`, uniform routing, each kernel "
+                     "alone; `MS=\"1 2 16\" RACE=0 bash workbench/moe/h200_ncu_m1.sh`):\n\n"
+                     + markdown_table(ncu_balance_rows(NCU_RUN29))
+                     + "\n\nIssue rate and stalls (cycles per issued instruction):\n\n"
+                     + markdown_table(ncu_m1_rows(NCU_RUN29)))
+    parts += three_timing_sections(SMALL_RUN29 + SMALL_RUN29B, grids=False)
+    for name in ("moe_phased_breakdown_c2", "moe_phased_breakdown_g6"):
+        bd = load_measurement(name)
+        if bd:
+            parts.append(f"Each launch alone and both (`{name}.json`, code "
+                         f"{str(bd['provenance'].get('git_commit'))[:7]}), us per call, one replay / in-graph:\n\n"
+                         + markdown_table(table_rows(bd["results"])))
+    parts.append("Run 23b's rule (one replay) against the dispatched phased_r3_pdl, per pair of processes:\n\n"
+                 + markdown_table(run29_rule_rows()))
+    return "\n".join(parts)
+
+
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
 
 
@@ -1225,6 +1308,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_nb": block_small_nb,
     "small_run27": block_small_run27,
     "small_run28": block_small_run28,
+    "small_run29": block_small_run29,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
     "diag_decomposition": ceiling_report.block_diag_decomposition,
