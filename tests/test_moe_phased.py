@@ -62,3 +62,15 @@ def test_breakdown_refuses_other_variants_and_formats_rows():
     row = table_rows([{"variant": "phased_r3", "m": 1, "routing": "uniform", "gu": part, "dn": part, "gu+dn": part,
                        "boundary_one_replay_ms": -0.03, "boundary_in_graph_ms": -0.028}])[0]
     assert row["gu us"] == "30.0 / 28.0" and row["both - parts us"] == "-30.0 / -28.0"
+
+
+def test_breakdown_rejects_unknown_build():
+    """workbench.moe.phased.breakdown: a build that is not a diag.ALL_BUILDS key is refused before any GPU work."""
+    import torch
+
+    from workbench.moe.diag import ALL_BUILDS, BUILDS, FRAG_BUILDS
+    from workbench.moe.phased import breakdown
+
+    assert set(ALL_BUILDS) == set(BUILDS) | set(FRAG_BUILDS) and "nomath_frag_noact" in ALL_BUILDS
+    with pytest.raises(ValueError, match="build must be one of"):
+        breakdown([], 1, "uniform", "phased_r3", torch.Generator(), build="nomath_everything")

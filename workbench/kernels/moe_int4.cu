@@ -870,7 +870,13 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
                     xb[q % XD][n][1] = ld_x16<COHERENT>(p + 32);
                 }
             }
+#ifdef MOE_DIAG_NOMATH_FRAG   // diagnostic build (workbench/moe/diag.py FRAG_BUILDS): loads kept, math one add
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+                acc[n][0] += __uint_as_float((w.x ^ w.y ^ w.z ^ w.w ^ sc.x ^ sc.y ^ xc[n][0].x ^ xc[n][1].w) & 0x007fffffu);
+#else
             frag_step<NT>(acc, w, sc, xc);
+#endif
         }
         if (XEND) {
 #pragma unroll

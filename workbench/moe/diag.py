@@ -34,6 +34,13 @@ BUILDS: dict[str, tuple[str, ...]] = {
     "noact": ("-DMOE_DIAG_NOACT",),
     "nomath_nowait_noact": ("-DMOE_DIAG_NOMATH", "-DMOE_DIAG_NOWAIT", "-DMOE_DIAG_NOACT"),
 }
+# builds of frag_gemm, the stage loop of version 3, the split-K and the phased kernels (run 29c: the phased pair's
+# breakdown per build, workbench.moe.phased --builds): its math replaced by one add (the loads kept), and with "noact"
+FRAG_BUILDS: dict[str, tuple[str, ...]] = {
+    "nomath_frag": ("-DMOE_DIAG_NOMATH_FRAG",),
+    "nomath_frag_noact": ("-DMOE_DIAG_NOMATH_FRAG", "-DMOE_DIAG_NOACT"),
+}
+ALL_BUILDS = {**BUILDS, **FRAG_BUILDS}
 # the decomposition's second run: which part of the task structure costs the 8 us the ring kernel does not pay
 BUILDS_ACT = {k: BUILDS[k] for k in ("default", "nomath_nowait", "noact", "nomath_nowait_noact")}
 # The kernel the NOMATH / NOWAIT builds change (the CTA-split kernel's stage loop and h wait; dispatched at M = 1 when

@@ -23,6 +23,7 @@ import torch
 
 from workbench.measure import capture_graphs, median, time_cuda, time_in_graph, write_measurement
 from workbench.moe.bench import make_routing, second_bank
+from workbench.moe.diag import ALL_BUILDS
 from workbench.moe.fused import phased_launcher, phased_spec
 from workbench.moe.packing import Int4Experts, random_int4_experts
 
@@ -30,14 +31,19 @@ PARTS = ("gu", "dn", "gu+dn")
 
 
 def breakdown(banks: list[Int4Experts], m: int, routing: str, variant: str, gen: torch.Generator, reps: int = 20,
-              calls: int = 16, topk: int = 8) -> dict[str, Any]:
+              calls: int = 16, topk: int = 8, build: str = "default") -> dict[str, Any]:
     """Per part of ``PARTS``: median ms of one graph replay of one call (the calls in turn, so no replay finds its
-    weights in L2 from the one before) and per call in-graph, with the samples."""
+    weights in L2 from the one before) and per call in-graph, with the samples. ``build``: a key of
+    ``workbench.moe.diag.ALL_BUILDS`` (diagnostic builds of moe_int4.cu: "noact" replaces the stage loops' activation
+    loads by values made from their addresses, "nomath_frag" frag_gemm's math by one add; their outputs are wrong by
+    design and only their times mean something)."""
     phased_spec(variant)
+    if build not in ALL_BUILDS:
+        raise ValueError(f"build must be one of {sorted(ALL_BUILDS)}, got {build!r}")
     if not banks or m < 1 or calls < 1:
         raise ValueError(f"need weight banks, m >= 1 and calls >= 1; got {len(banks)} banks, m={m}, calls={calls}")
     e, h, i = banks[0].num_experts, banks[0].hidden, banks[0].intermediate
-    runs = [phased_launcher(b, m, topk, variant) for b in banks]
+    runs = [phased_launcher(b, m, topk, variant, ALL_BUILDS[build]) for b in banks]
     x = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
     inputs = []
     for _ in range(calls):
@@ -54,7 +60,7 @@ def breakdown(banks: list[Int4Experts], m: int, routing: str, variant: str, gen:
     for j in range(calls):   # every call's h exists before a "dn" alone reads it
         call(j, "gu")()
     torch.cuda.synchronize()
-    out: dict[str, Any] = {"m": m, "routing": routing, "variant": variant, "calls": calls}
+    out: dict[str, Any] = {"m": m, "routing": routing, "variant": variant, "calls": calls, "build": build}
     for parts in PARTS:
         graphs = capture_graphs([call(j, parts) for j in range(calls)])
         turn = iter(range(1 << 30))
@@ -72,7 +78,8 @@ def table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (variant, M, routing): each part in us, one replay / in-graph, and the boundary."""
     rows = []
     for r in results:
-        row = {"variant": r["variant"], "H": r.get("hidden", 7168), "M": r["m"], "routing": r["routing"]}
+        row = {"variant": r["variant"] + ("" if r.get("build", "default") == "default" else f" ({r['build']} build)"),
+               "H": r.get("hidden", 7168), "M": r["m"], "routing": r["routing"]}
         for parts in PARTS:
             row[f"{parts} us"] = f"{r[parts]['one_replay_ms'] * 1e3:.1f} / {r[parts]['in_graph_ms'] * 1e3:.1f}"
         row["both - parts us"] = f"{r['boundary_one_replay_ms'] * 1e3:+.1f} / {r['boundary_in_graph_ms'] * 1e3:+.1f}"
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--routings", nargs="+", default=["uniform", "skewed"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--hidden", type=int, nargs="+", default=[7168], help="H values (multiples of 256)")
+    ap.add_argument("--builds", nargs="+", default=["default"], choices=sorted(ALL_BUILDS),
+                    help="builds of moe_int4.cu (workbench.moe.diag.ALL_BUILDS; e.g. noact: no activation loads)")
     ap.add_argument("--name", default="moe_phased_breakdown")
     ap.add_argument("--out", type=Path, default=None, help="folder for the measurement JSON (default: data/)")
     args = ap.parse_args(argv)
@@ -105,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.variants:
             for m in args.m:
                 for routing in args.routings:
-                    results.append({"hidden": hidden, **breakdown(banks, m, routing, v, gen, reps=args.reps)})
+                    for build in args.builds:
+                        results.append({"hidden": hidden, **breakdown(banks, m, routing, v, gen, reps=args.reps,
+                                                                      build=build)})
         del bank, banks
         torch.cuda.empty_cache()
     path = write_measurement(args.name, parameters={"m_values": args.m, "variants": args.variants,
                                                     "routings": args.routings, "reps": args.reps, "calls": 16,
-                                                    "hidden": args.hidden,
+                                                    "hidden": args.hidden, "builds": args.builds,
                                                     "shape": "Kimi K2.6: 384 experts, H 7168 (or --hidden), I 2048, "
                                                              "top-8",
                                                     "timing": "one graph replay of one call on an idle GPU / per call "
