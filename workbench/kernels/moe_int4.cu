@@ -754,6 +754,9 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const unsigned int word = wq[2 * gr + h];
+#ifdef MOE_DIAG_NODEQ_FRAG   // diagnostic build (diag.py FRAG_BUILDS): the mma on the raw words, no dequantisation
+            const unsigned int a0 = word, a1 = word ^ 0x1u, a2 = word ^ 0x2u, a3 = word ^ 0x3u;
+#else
             unsigned int a0 = nib_pair(word);
             unsigned int a1 = nib_pair(word >> 4);
             unsigned int a2 = nib_pair(word >> 8);
@@ -764,11 +767,16 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
                 a2 = bf2_sub(a2, 0x43084308u);
                 a3 = bf2_sub(a3, 0x43084308u);
             }
+#endif
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 const unsigned int b0 = h == 0 ? xq[n][gr].x : xq[n][gr].z;
                 const unsigned int b1 = h == 0 ? xq[n][gr].y : xq[n][gr].w;
+#ifdef MOE_DIAG_NOMMA_FRAG   // diagnostic build (diag.py FRAG_BUILDS): the dequantisation kept, the mma one add
+                tmp[n][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1) & 0x007fffffu);
+#else
                 mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
+#endif
             }
         }
         const float s_lo = __uint_as_float(sw[gr] << 16);           // row g

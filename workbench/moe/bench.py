@@ -645,8 +645,9 @@ def small_path_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_reps: int = 8,
-                  seed: int = 0, include_peers: bool = True, tune_reps: int = 10) -> Path:
-    """Checks, ceilings, variant tuning, then the sweep over ``m_values`` x routings; returns the JSON path."""
+                  seed: int = 0, include_peers: bool = True, tune_reps: int = 10, name: str = "moe_bandwidth") -> Path:
+    """Checks, ceilings, variant tuning, then the sweep over ``m_values`` x routings; returns the JSON path
+    (``name``.json: moe_bandwidth, or another name for a repeat of the sweep kept beside it)."""
     from workbench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -847,7 +848,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
              "outside the timed region and are timed as CUDA-graph replays. floor_ms = max(bytes / copy "
              "bandwidth, flops / bf16 matmul rate), both measured in this run. " + SMALL_PATH_PREDICTION
              + " " + small_path_outcome(rows) + " " + IN_GRAPH_PREDICTION)
-    return write_measurement("moe_bandwidth", parameters=params, results=results,
+    return write_measurement(name, parameters=params, results=results,
                              samples={"ceilings": {"copy": copy, "matmul": mm}, "timings": samples},
                              notes=notes, out_dir=out_dir)
 
@@ -1369,6 +1370,8 @@ def format_table(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for moe_bandwidth.json (default data/measurements/<gpu>)")
+    ap.add_argument("--name", default="moe_bandwidth",
+                    help="measurement name of the sweep (a repeat: moe_bandwidth_repeat, kept beside the dispatch's)")
     ap.add_argument("--m", type=int, nargs="*", default=list(M_VALUES), help="token counts to sweep")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--peer-reps", type=int, default=8)
@@ -1454,7 +1457,7 @@ def main(argv: list[str] | None = None) -> int:
         print("sanitize checks ok" if ok else "sanitize checks FAILED")
         return 0 if ok else 1
     path = run_benchmark(args.out, m_values=tuple(args.m), reps=args.reps, peer_reps=args.peer_reps,
-                         include_peers=not args.no_peers, tune_reps=args.tune_reps)
+                         include_peers=not args.no_peers, tune_reps=args.tune_reps, name=args.name)
     doc = json.loads(Path(path).read_text())
     print(f"wrote {path}")
     print(format_table(doc))

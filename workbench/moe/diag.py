@@ -35,10 +35,14 @@ BUILDS: dict[str, tuple[str, ...]] = {
     "nomath_nowait_noact": ("-DMOE_DIAG_NOMATH", "-DMOE_DIAG_NOWAIT", "-DMOE_DIAG_NOACT"),
 }
 # builds of frag_gemm, the stage loop of version 3, the split-K and the phased kernels (run 29c: the phased pair's
-# breakdown per build, workbench.moe.phased --builds): its math replaced by one add (the loads kept), and with "noact"
+# breakdown per build, workbench.moe.phased --builds): its math replaced by one add (the loads kept), and with "noact";
+# run 29d splits the math: frag_step's dequantisation kept and its mma replaced by one add ("nomma_frag"), or the
+# mma kept on the raw words ("nodeq_frag")
 FRAG_BUILDS: dict[str, tuple[str, ...]] = {
     "nomath_frag": ("-DMOE_DIAG_NOMATH_FRAG",),
     "nomath_frag_noact": ("-DMOE_DIAG_NOMATH_FRAG", "-DMOE_DIAG_NOACT"),
+    "nomma_frag": ("-DMOE_DIAG_NOMMA_FRAG",),
+    "nodeq_frag": ("-DMOE_DIAG_NODEQ_FRAG",),
 }
 ALL_BUILDS = {**BUILDS, **FRAG_BUILDS}
 # the decomposition's second run: which part of the task structure costs the 8 us the ring kernel does not pay
