@@ -645,9 +645,9 @@ def small_path_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_reps: int = 8,
-                  seed: int = 0, include_peers: bool = True, tune_reps: int = 10, name: str = "moe_bandwidth") -> Path:
+                  seed: int = 0, include_peers: bool = True, tune_reps: int = 10, measurement: str = "moe_bandwidth") -> Path:
     """Checks, ceilings, variant tuning, then the sweep over ``m_values`` x routings; returns the JSON path
-    (``name``.json: moe_bandwidth, or another name for a repeat of the sweep kept beside it)."""
+    (``measurement``.json: moe_bandwidth, or another name for a repeat of the sweep kept beside it)."""
     from workbench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -848,7 +848,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
              "outside the timed region and are timed as CUDA-graph replays. floor_ms = max(bytes / copy "
              "bandwidth, flops / bf16 matmul rate), both measured in this run. " + SMALL_PATH_PREDICTION
              + " " + small_path_outcome(rows) + " " + IN_GRAPH_PREDICTION)
-    return write_measurement(name, parameters=params, results=results,
+    return write_measurement(measurement, parameters=params, results=results,
                              samples={"ceilings": {"copy": copy, "matmul": mm}, "timings": samples},
                              notes=notes, out_dir=out_dir)
 
@@ -1177,7 +1177,16 @@ SMALL_G6_PREDICTION = (
     "M = 2 (one replay and in-graph), within 1 point at M = 1, -0..-3 at M = 4 (2.5 rounds against 3.0); g6d5 a further "
     "+0.5-1.5 at M = 1-2. Outputs bit-identical. Refuted if neither is ahead of phased_r3_pdl at M = 2 on average over "
     "routings and processes.")
-SMALL_PREDICTIONS = {"moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_CM_PREDICTION = (
+    "Run 29e, written before its first run, after the diagnostic builds (moe_phased_builds*.json): without the "
+    "dequantisation (nodeq_frag) the down launch alone is ~1.5 us faster at M = 1 and ~36 us (14%) at M = 16 in-graph, "
+    "the gate/up launch ~48 us faster in-graph at M = 16 (the power cap); without the mma (nomma_frag) nothing moves. "
+    "phased_r3_pdl_cm drops the four bf16x2 subtractions a word and adds one mma with A = -136 (64 HADD2 out, 16 HMMA "
+    "and ~30 register moves in, per stage of the down kernel: about a quarter of what nodeq removes). Predicted: "
+    "+0.3-1 point of copy at M = 1-2 (one replay and in-graph), +1-3 in-graph at M = 16, outputs within 2e-3 of "
+    "version 3's by norm, rel. error <= 1e-2. Refuted if it is not ahead of phased_r3_pdl at M = 1-2 on average over "
+    "routings and processes.")
+SMALL_PREDICTIONS = {"moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
@@ -1457,7 +1466,7 @@ def main(argv: list[str] | None = None) -> int:
         print("sanitize checks ok" if ok else "sanitize checks FAILED")
         return 0 if ok else 1
     path = run_benchmark(args.out, m_values=tuple(args.m), reps=args.reps, peer_reps=args.peer_reps,
-                         include_peers=not args.no_peers, tune_reps=args.tune_reps, name=args.name)
+                         include_peers=not args.no_peers, tune_reps=args.tune_reps, measurement=args.name)
     doc = json.loads(Path(path).read_text())
     print(f"wrote {path}")
     print(format_table(doc))
