@@ -55,18 +55,29 @@ def test_default_variant_and_table_as_measured():
 
 
 def test_run29_candidates_not_dispatched():
-    """Run 29's committed processes (moe_small_c2*.json, moe_small_g6*.json): the two-CTA-cluster down launch loses at
-    every M range; g6 passes run 23b's rule only at M = 2, by less than the spread between processes (and loses
-    in-graph there), so the table keeps phased_r3_pdl."""
+    """Run 29's committed processes (moe_small_c2*.json, moe_small_g6*.json, moe_small_cm*.json): the two-CTA-cluster
+    down launch and the correction mma lose at every M range; g6 passes run 23b's rule only at M = 2, by less than the
+    spread between processes (and loses in-graph there), so the table keeps phased_r3_pdl."""
     from workbench.moe.report import run29_rule_rows
 
     rule = {(r["processes"].split(",")[0], r["M range"]): r for r in run29_rule_rows()}
-    assert len(rule) == 6
-    assert all(rule[("moe_small_c2", m)]["replaces"] == "no" for m in ("1-1", "2-2", "4-16"))
+    assert len(rule) == 9
+    assert all(rule[(n, m)]["replaces"] == "no" for n in ("moe_small_c2", "moe_small_cm") for m in ("1-1", "2-2", "4-16"))
     assert all(rule[("moe_small_g6", m)]["replaces"] == "no" for m in ("1-1", "4-16"))
     g6 = rule[("moe_small_g6", "2-2")]
     assert g6["best candidate"] == "phased_r3_pdl_g6" and abs(float(g6["mean"])) < 1.0
     assert SMALL_TABLE == [(16, "phased_r3_pdl")]
+
+
+def test_sweep_repeat_rows_pair_the_two_sweeps():
+    """report.sweep_repeat_rows: the five goal rows of moe_bandwidth.json and its repeat side by side, and one row per
+    (routing, M <= 16) present in both, from the committed files."""
+    from workbench.moe.report import sweep_repeat_rows
+
+    goals, rows = sweep_repeat_rows()
+    assert len(goals) == 5 and all(g["moe_bandwidth"].endswith(("(met)", "(not met)")) for g in goals)
+    assert len(rows) == 12 and {r["M"] for r in rows} == {1, 2, 4, 8, 9, 16}
+    assert all(len(r["one replay ms"].split(" / ")) == 2 for r in rows)
 
 
 def test_ncu_printout_parsed_with_units(tmp_path, monkeypatch):

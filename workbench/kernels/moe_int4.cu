@@ -739,16 +739,9 @@ __device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
 // One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups. A register r of chunk kc is
 // nib_pair(word >> 4r) = the bf16 pair (128 + u) (one shift, one LOP3), minus 136 by one exact bf16x2
 // subtraction; the group scale multiplies the fp32 partial sum of its two chunks.
-// CM (run 29e, "correction mma"): no subtraction; the chunk's mma runs on (128 + u) and a second mma with every A
-// element -136 adds -136 x (the column's activation sum over the chunk) to the same fp32 partial sum: four bf16x2
-// subtractions a word become one mma, on the tensor pipe the default form leaves mostly idle. The partial sum then
-// holds terms ~136/8 times larger than its result before they cancel (about 5 of fp32's 24 bits), so the outputs
-// differ from version 3's in the last bits of the fp32 sums, not bit-identical.
-// kneg: bf16x2 (-136, -136), made opaque by the caller (frag_gemm) so it stays in one register (ptxas otherwise
-// rematerialises the constant before each correction mma).
-template <int NT, bool CM = false>
+template <int NT>
 __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, const uint2 sc,
-                                          const uint4 (&xq)[NT][2], unsigned int kneg = 0xC308C308u) {
+                                          const uint4 (&xq)[NT][2]) {
     const unsigned int wq[4] = {w.x, w.y, w.z, w.w};
     const unsigned int sw[2] = {sc.x, sc.y};
 #pragma unroll
@@ -768,7 +761,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
             unsigned int a1 = nib_pair(word >> 4);
             unsigned int a2 = nib_pair(word >> 8);
             unsigned int a3 = nib_pair(word >> 12);
-            if (!CM) {   // exact: (128 + u) - 136 = q in [-8, 7]
+            {   // exact: (128 + u) - 136 = q in [-8, 7]
                 a0 = bf2_sub(a0, 0x43084308u);
                 a1 = bf2_sub(a1, 0x43084308u);
                 a2 = bf2_sub(a2, 0x43084308u);
@@ -783,7 +776,6 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
                 tmp[n][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1) & 0x007fffffu);
 #else
                 mma_bf16(tmp[n], a0, a1, a2, a3, b0, b1);
-                if (CM) mma_bf16(tmp[n], kneg, kneg, kneg, kneg, b0, b1);   // every A element bf16 -136
 #endif
             }
         }
@@ -810,8 +802,8 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // registers, instead of each step's refill right after its use (which ptxas at 96 registers sinks to the stage's
 // end anyway, then rotates the buffers with moves that wait for the loads).
 // GDC: after the first weight copies are issued, griddepcontrol.wait (the phased form's down launch under programmatic
-// dependent launch: the weights do not depend on the previous launch, the activations do). CM: frag_step's.
-template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false, bool CM = false>
+// dependent launch: the weights do not depend on the previous launch, the activations do).
+template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -861,8 +853,6 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
             xb[d][n][1] = ld_x16<COHERENT>(xp[n] + 64 * d + 32);
         }
     unsigned int rslot = 0;
-    unsigned int kneg = 0xC308C308u;   // bf16x2 (-136, -136) for CM's correction mma, opaque so it stays in a register
-    if (CM) asm volatile("mov.b32 %0, 0xC308C308;" : "=r"(kneg));
 #pragma unroll 1
     for (int j = 0; j < nsup; ++j) {
         cp_async_wait<RS - 2>();   // stage j has landed (this lane's copies)
@@ -893,7 +883,7 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
             for (int n = 0; n < NT; ++n)
                 acc[n][0] += __uint_as_float((w.x ^ w.y ^ w.z ^ w.w ^ sc.x ^ sc.y ^ xc[n][0].x ^ xc[n][1].w) & 0x007fffffu);
 #else
-            frag_step<NT, CM>(acc, w, sc, xc, kneg);
+            frag_step<NT>(acc, w, sc, xc);
 #endif
         }
         if (XEND) {
@@ -941,8 +931,7 @@ __device__ __forceinline__ void store_weighted_y(const SmallItems& it, int slot0
 }
 
 // PUBLISH = false (the phased form): no fence or done_gu count after h is stored (the launch boundary orders it).
-// CM: frag_step's.
-template <int NT, bool PUBLISH = true, int RS = FR_S, int XDP = 0, bool XEND = false, bool CM = false>
+template <int NT, bool PUBLISH = true, int RS = FR_S, int XDP = 0, bool XEND = false>
 __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, int tile, const uint4* __restrict__ Fgu,
                                               const __nv_bfloat16* __restrict__ X, int topk, int H, int I,
                                               __nv_bfloat16* __restrict__ hbuf, int* done_gu,
@@ -958,7 +947,7 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
         xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H;
     }
     float acc[NT][4];
-    frag_gemm<NT, false, RS, XDP, XEND, false, CM>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+    frag_gemm<NT, false, RS, XDP, XEND>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -2280,7 +2269,7 @@ MOE_STREAM_RING_KERNEL(4)
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-template <int RS, bool PDL = false, bool CM = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2296,11 +2285,11 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     const int tiles = I / 8, tasks = nitems * tiles, nw = gridDim.x * MOE_WARPS;
     for (int task = blockIdx.x * MOE_WARPS + warp; task < tasks; task += nw) {
         const int item = task / tiles, tile = task - item * tiles;
-        small_gate_up<1, false, RS, FR_SUB, true, CM>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
+        small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
     }
 }
 
-template <int RS, bool PDL = false, bool CM = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
                                             int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out,
@@ -2320,7 +2309,7 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
             const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
             const __nv_bfloat16* const xr[1] = {hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
             float acc[1][4];
-            frag_gemm<1, false, RS, FR_SUB, true, PDL, CM>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
+            frag_gemm<1, false, RS, FR_SUB, true, PDL>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
                                                        ring);
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {   // lane (g, t): rows g and g + 8 of the tile, columns 2t and 2t + 1
@@ -2350,27 +2339,25 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 }
 
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); RS ring stages;
-// CM: frag_step's correction mma (run 29e, "_cm");
 // PDL: programmatic dependent launch (the host launches DN with programmatic stream serialisation: GU lets it start
 // at once, and DN's warps issue their first weight stages before griddepcontrol.wait, which returns when GU has
 // completed and its h is visible; launched without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, RS, PDL, CM)                                                                        \
+#define MOE_PHASED_KERNELS(GU, DN, RS, PDL)                                                                        \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_gate_up<RS, PDL, CM>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                            \
+        phased_gate_up<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_down<RS, PDL, CM>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                          \
+        phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_cm, moe_small_phased_dn_r3p_cm, 3, true, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -2379,4 +2366,6 @@ MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_cm, moe_small_phased_dn_r3p_cm, 3, tr
 // bit-identical but its down launch ~4 us slower at M = 1 (896 CTAs in 1.4 waves, 8-stage chains): reverted, in git
 // history at 00df147; moe_small_c2*.json; run 29b's launch bounds (128, 6) for gate/up (_g6, 79 registers) and also
 // (128, 5) for down (_g6d5, 96): _g6 level with phased_r3_pdl at M = 1-2 and behind at M = 4, _g6d5 behind
-// everywhere: reverted, in git history at 5593ac9; moe_small_g6*.json)
+// everywhere: reverted, in git history at 5593ac9; moe_small_g6*.json; run 29e's _cm, frag_step's four bf16x2
+// subtractions a word replaced by a second mma with A = -136 on the same accumulator: 5-17 points slower (two dependent
+// mmas a chunk lengthen the chain), reverted, in git history at 7de299f; moe_small_cm*.json)

@@ -82,16 +82,15 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
     # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
     "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
-    # ... with frag_step's correction mma (run 29e: four bf16x2 subtractions a word become one mma with A = -136;
-    # not bit-identical to version 3, last bits of the fp32 sums)
-    "phased_r3_pdl_cm": ("moe_small_phased_gu_r3p_cm", ("ph", 3, "pdl")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
     # phased_r4_pdl and phased_r3_pdl_dn4, slower at M = 1-2: reverted, in git history at 6fe5fd0; moe_small_dn4*.json;
     # run 29's phased_r3_pdl_c2, the down launch as two-CTA clusters per tile, slower at M = 1-4: reverted, in git
     # history at 00df147; moe_small_c2*.json; run 29b's phased_r3_pdl_g6 / _g6d5, launch bounds (128, 6) for gate/up
-    # and (128, 5) for down, level or behind: reverted, in git history at 5593ac9; moe_small_g6*.json)
+    # and (128, 5) for down, level or behind: reverted, in git history at 5593ac9; moe_small_g6*.json; run 29e's
+    # phased_r3_pdl_cm, a correction mma instead of frag_step's subtractions, 5-17 points slower: reverted, in git
+    # history at 7de299f; moe_small_cm*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16

@@ -1093,6 +1093,8 @@ def block_small_run28() -> str:
 
 SMALL_RUN29 = ("moe_small_c2", "moe_small_c2_2")    # run 29: the down launch as two-CTA clusters (reverted)
 SMALL_RUN29B = ("moe_small_g6", "moe_small_g6_2")   # run 29b: launch bounds 6 (gate/up) and 5 (down) (reverted)
+SMALL_RUN29E = ("moe_small_cm", "moe_small_cm_2")   # run 29e: the correction mma (reverted)
+REPEAT_SWEEP = "moe_bandwidth_repeat"               # the full sweep again at unchanged dispatched SASS (run 29d)
 NCU_RUN29 = tuple(f"data/measurements/h200/moe_phased_ncu_m{m}_7c79a85.txt" for m in (1, 2, 16))
 RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "phased_r3_pdl"))
 
@@ -1100,7 +1102,8 @@ RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "p
 def run29_rule_rows() -> list[dict[str, Any]]:
     """Run 23b's rule for run 29's candidates against the dispatched phased_r3_pdl, per pair of processes."""
     rows = []
-    for names, cands in ((SMALL_RUN29, ("phased_r3_pdl_c2",)), (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5"))):
+    for names, cands in ((SMALL_RUN29, ("phased_r3_pdl_c2",)), (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5")),
+                         (SMALL_RUN29E, ("phased_r3_pdl_cm",))):
         rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, RUN29_DISPATCHED)]
     return rows
 
@@ -1124,8 +1127,16 @@ def block_small_run29() -> str:
                      + markdown_table(ncu_balance_rows(NCU_RUN29))
                      + "\n\nIssue rate and stalls (cycles per issued instruction):\n\n"
                      + markdown_table(ncu_m1_rows(NCU_RUN29)))
-    parts += three_timing_sections(SMALL_RUN29 + SMALL_RUN29B, grids=False)
-    for name in ("moe_phased_breakdown_c2", "moe_phased_breakdown_g6"):
+    for name, what in (("moe_phased_builds", "29c"), ("moe_phased_builds_split", "29d")):
+        bd = load_measurement(name)
+        if bd:
+            parts.append(f"Run {what}: the pair in diagnostic builds (`{name}.json`, code "
+                         f"{str(bd['provenance'].get('git_commit'))[:7]}; `python -m workbench.moe.phased --builds ...`; "
+                         "noact: no activation loads; nomath_frag: frag_gemm's math one add; nomma_frag: the "
+                         "dequantisation kept, the mma one add; nodeq_frag: the mma on the raw words; outputs wrong by "
+                         "design), us per call, one replay / in-graph:\n\n" + markdown_table(table_rows(bd["results"])))
+    parts += three_timing_sections(SMALL_RUN29 + SMALL_RUN29B + SMALL_RUN29E, grids=False)
+    for name in ("moe_phased_breakdown_c2", "moe_phased_breakdown_g6", "moe_phased_breakdown_cm"):
         bd = load_measurement(name)
         if bd:
             parts.append(f"Each launch alone and both (`{name}.json`, code "
@@ -1134,6 +1145,50 @@ def block_small_run29() -> str:
     parts.append("Run 23b's rule (one replay) against the dispatched phased_r3_pdl, per pair of processes:\n\n"
                  + markdown_table(run29_rule_rows()))
     return "\n".join(parts)
+
+
+def sweep_repeat_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """moe_bandwidth.json against its repeat (moe_bandwidth_repeat.json, the same dispatched SASS): the goal rows of
+    each, and per (routing, M <= 16) the copy rate, the one-replay and in-graph ms and % of copy of each; ([], [])
+    when the repeat is not committed."""
+    from workbench.measure import load_measurement
+
+    ref, rep = load_moe_bandwidth(), load_measurement(REPEAT_SWEEP)
+    if not (ref and rep):
+        return [], []
+    goals = []
+    for a, b in zip(goal_rows(ref), goal_rows(rep)):
+        goals.append({"goal": a["goal"], "target": a["target"],
+                      "moe_bandwidth": f"{_f(a['measured (worst)'], '.3g')} ({'met' if a['met'] else 'not met'})",
+                      REPEAT_SWEEP: f"{_f(b['measured (worst)'], '.3g')} ({'met' if b['met'] else 'not met'})"})
+    by = {(r["routing"], r["m"]): r for r in rep["results"]["rows"]}
+    ca, cb = ref["results"]["copy_gb_per_s"], rep["results"]["copy_gb_per_s"]
+    rows = []
+    for r in ref["results"]["rows"]:
+        o = by.get((r["routing"], r["m"]))
+        if r["m"] > 16 or o is None:
+            continue
+        rows.append({"routing": r["routing"], "M": r["m"], "copy GB/s": f"{ca:.0f} / {cb:.0f}",
+                     "one replay ms": f"{r['ms_median']:.4f} / {o['ms_median']:.4f}",
+                     "in-graph ms": f"{_f(r.get('ingraph_ms_median'), '.4f')} / {_f(o.get('ingraph_ms_median'), '.4f')}",
+                     "% of copy one replay": f"{r['pct_of_copy']:.1f} / {o['pct_of_copy']:.1f}",
+                     "% of copy in-graph": f"{_f(r.get('ingraph_pct_of_copy'), '.1f')} / "
+                                           f"{_f(o.get('ingraph_pct_of_copy'), '.1f')}"})
+    return goals, rows
+
+
+def block_sweep_repeat() -> str:
+    """The goal rows and the M <= 16 rows of moe_bandwidth.json beside its repeat at the same dispatched SASS."""
+    from workbench.measure import load_measurement
+
+    goals, rows = sweep_repeat_rows()
+    if not goals:
+        return f"data/measurements/h200/{REPEAT_SWEEP}.json is not committed.\n"
+    ref, rep = load_moe_bandwidth(), load_measurement(REPEAT_SWEEP)
+    return (f"`moe_bandwidth.json` (code {ref['provenance']['git_commit'][:7]}, {ref['provenance']['date_utc']}) and "
+            f"`{REPEAT_SWEEP}.json` (code {rep['provenance']['git_commit'][:7]}, {rep['provenance']['date_utc']}); "
+            "the dispatched kernels' SASS is the same in both. Goal rows (worst over M <= 16, both routings):\n\n"
+            + markdown_table(goals) + "\n\nPer row, reference / repeat:\n\n" + markdown_table(rows))
 
 
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
@@ -1309,6 +1364,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_run27": block_small_run27,
     "small_run28": block_small_run28,
     "small_run29": block_small_run29,
+    "sweep_repeat": block_sweep_repeat,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
     "diag_decomposition": ceiling_report.block_diag_decomposition,
