@@ -512,27 +512,33 @@ _NCU_M1_KEYS = {"Duration": "us", "DRAM Throughput": "DRAM % peak", "smsp__inst_
 _STALLS = ("long_scoreboard", "membar", "wait", "barrier", "math_pipe_throttle", "not_selected")
 
 
-def ncu_kernel_metrics(path: str) -> dict[str, dict[str, float]]:
-    """Per kernel name (its last launch) of an Nsight Compute printout (``ncu --section ... --metrics ...``): every
-    "name [unit] value" line, as floats, byte counts in bytes and times in us; {} when the file is not committed."""
+def _ncu_launches(path: str) -> dict[str, tuple[str, dict[str, tuple[str, float]]]]:
+    """Per kernel name (its last launch) of an Nsight Compute printout (``ncu --section ... --metrics ...``): its grid
+    ("X x Y") and every "name [unit] value" line as (unit, value); {} when the file is not committed."""
     import re
 
     f = REPO_ROOT / path
     if not f.exists():
         return {}
-    by_kernel: dict[str, dict[str, float]] = {}
+    out: dict[str, tuple[str, dict[str, tuple[str, float]]]] = {}
     cur = None
     for line in f.read_text().splitlines():
-        head = re.match(r"^  (moe_\w+) \(", line)
+        head = re.match(r"^  (moe_\w+) \((\d+), (\d+), \d+\)x\(", line)
         if head:
             cur = head.group(1)
-            by_kernel[cur] = {}
+            out[cur] = (f"{head.group(2)} x {head.group(3)}", {})
             continue
         m = re.match(r"^\s{4}(\S.*?)\s{2,}(\S+\s+)?([\d.,]+)\s*$", line)
         if cur and m:
-            unit = (m.group(2) or "").strip()
-            by_kernel[cur][m.group(1).strip()] = float(m.group(3).replace(",", "")) * _NCU_UNITS.get(unit, 1.0)
-    return by_kernel
+            out[cur][1][m.group(1).strip()] = ((m.group(2) or "").strip(), float(m.group(3).replace(",", "")))
+    return out
+
+
+def ncu_kernel_metrics(path: str) -> dict[str, dict[str, float]]:
+    """Per kernel name (its last launch) of an Nsight Compute printout: every metric as a float, byte counts in bytes
+    and times in us; {} when the file is not committed."""
+    return {k: {key: val * _NCU_UNITS.get(unit, 1.0) for key, (unit, val) in mt.items()}
+            for k, (_, mt) in _ncu_launches(path).items()}
 
 
 # ncu's units -> the factor to bytes (byte counts) or to us (times)
@@ -1071,22 +1077,30 @@ def run28_rule_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def block_small_run28() -> str:
-    """Run 28: the phased form (two launches) and its PDL variant beside the dispatch, every path timed three ways, two
-    processes per M range; where a call's time goes (moe_phased_breakdown.json); the rule."""
+def breakdown_sections(names: tuple[str, ...], lead: str, inside: str = "", tail: str = "") -> list[str]:
+    """Per committed file of ``names`` (workbench.moe.phased's breakdowns): "``lead`` (`name.json`, code <sha>``inside``),
+    us per call, one replay / in-graph``tail``:" and its table (:func:`workbench.moe.phased.table_rows`)."""
     from workbench.measure import load_measurement
     from workbench.moe.phased import table_rows
 
-    parts = three_timing_sections(SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI + SMALL_RUN28C
-                                  + SMALL_RUN28D + SMALL_RUN28E, grids=False)
-    for name in ("moe_phased_breakdown", "moe_phased_breakdown_seq", "moe_phased_breakdown_dn4"):
+    parts = []
+    for name in names:
         bd = load_measurement(name)
         if bd:
-            parts.append(f"Each launch alone and both (`{name}.json`, code "
-                         f"{str(bd['provenance'].get('git_commit'))[:7]}; `python -m workbench.moe.phased`), us per "
-                         "call, one replay / in-graph; `both - parts`: both launches minus the two alone (negative: a "
-                         "part alone pays a launch and a ramp that both together hide, or, with PDL, the two "
-                         "overlap):\n\n" + markdown_table(table_rows(bd["results"])))
+            parts.append(f"{lead} (`{name}.json`, code {str(bd['provenance'].get('git_commit'))[:7]}{inside}), us per "
+                         f"call, one replay / in-graph{tail}:\n\n" + markdown_table(table_rows(bd["results"])))
+    return parts
+
+
+def block_small_run28() -> str:
+    """Run 28: the phased form (two launches) and its PDL variant beside the dispatch, every path timed three ways, two
+    processes per M range; where a call's time goes (moe_phased_breakdown.json); the rule."""
+    parts = three_timing_sections(SMALL_RUN28 + SMALL_RUN28_HI + SMALL_RUN28B + SMALL_RUN28B_HI + SMALL_RUN28C
+                                  + SMALL_RUN28D + SMALL_RUN28E, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown", "moe_phased_breakdown_seq", "moe_phased_breakdown_dn4"),
+                                "Each launch alone and both", "; `python -m workbench.moe.phased`",
+                                "; `both - parts`: both launches minus the two alone (negative: a part alone pays a "
+                                "launch and a ramp that both together hide, or, with PDL, the two overlap)")
     parts.append("Run 23b's rule (one replay), per pair of processes:\n\n" + markdown_table(run28_rule_rows()))
     return "\n".join(parts)
 
@@ -1128,20 +1142,13 @@ def block_small_run29() -> str:
                      + "\n\nIssue rate and stalls (cycles per issued instruction):\n\n"
                      + markdown_table(ncu_m1_rows(NCU_RUN29)))
     for name, what in (("moe_phased_builds", "29c"), ("moe_phased_builds_split", "29d")):
-        bd = load_measurement(name)
-        if bd:
-            parts.append(f"Run {what}: the pair in diagnostic builds (`{name}.json`, code "
-                         f"{str(bd['provenance'].get('git_commit'))[:7]}; `python -m workbench.moe.phased --builds ...`; "
-                         "noact: no activation loads; nomath_frag: frag_gemm's math one add; nomma_frag: the "
-                         "dequantisation kept, the mma one add; nodeq_frag: the mma on the raw words; outputs wrong by "
-                         "design), us per call, one replay / in-graph:\n\n" + markdown_table(table_rows(bd["results"])))
+        parts += breakdown_sections((name,), f"Run {what}: the pair in diagnostic builds",
+                                    "; `python -m workbench.moe.phased --builds ...`; noact: no activation loads; "
+                                    "nomath_frag: frag_gemm's math one add; nomma_frag: the dequantisation kept, the "
+                                    "mma one add; nodeq_frag: the mma on the raw words; outputs wrong by design")
     parts += three_timing_sections(SMALL_RUN29 + SMALL_RUN29B + SMALL_RUN29E, grids=False)
-    for name in ("moe_phased_breakdown_c2", "moe_phased_breakdown_g6", "moe_phased_breakdown_cm"):
-        bd = load_measurement(name)
-        if bd:
-            parts.append(f"Each launch alone and both (`{name}.json`, code "
-                         f"{str(bd['provenance'].get('git_commit'))[:7]}), us per call, one replay / in-graph:\n\n"
-                         + markdown_table(table_rows(bd["results"])))
+    parts += breakdown_sections(("moe_phased_breakdown_c2", "moe_phased_breakdown_g6", "moe_phased_breakdown_cm"),
+                                "Each launch alone and both")
     parts.append("Run 23b's rule (one replay) against the dispatched phased_r3_pdl, per pair of processes:\n\n"
                  + markdown_table(run29_rule_rows()))
     return "\n".join(parts)
@@ -1287,27 +1294,18 @@ _NCU_KEYS = ("Duration", "SM Frequency", "DRAM Throughput", "L2 Cache Throughput
 
 def ncu_rows(path: str = NCU_FILE) -> list[dict[str, Any]]:
     """Key metrics per kernel from an Nsight Compute text report (the last launch of each kernel name)."""
-    import re
-
-    f = REPO_ROOT / path
-    if not f.exists():
-        return []
-    by_kernel: dict[str, dict[str, str]] = {}
-    cur = None
-    for line in f.read_text().splitlines():
-        head = re.match(r"^  (moe_\w+) \((\d+), (\d+), 1\)x\((\d+)", line)
-        if head:
-            cur = head.group(1)
-            by_kernel[cur] = {"kernel": cur, "grid": f"{head.group(2)} x {head.group(3)}"}
-            continue
-        m = re.match(r"^\s{4}(.+?)\s{2,}(\S+)?\s+([\d.,]+)\s*$", line)
-        if cur and m and m.group(1).strip() in _NCU_KEYS:
-            key, unit, val = m.group(1).strip(), (m.group(2) or "").strip(), float(m.group(3).replace(",", ""))
+    rows = []
+    for kernel, (grid, mt) in _ncu_launches(path).items():
+        row = {"kernel": kernel, "grid": grid}
+        for key, (unit, val) in mt.items():
+            if key not in _NCU_KEYS:
+                continue
             scale = {"us": 1e-3, "ms": 1.0, "Mbyte": 1e-3, "Gbyte": 1.0}.get(unit)
             if scale is not None:   # durations in ms, bytes in GB
                 val, unit = val * scale, "ms" if unit.endswith("s") else "GB"
-            by_kernel[cur][key + (f" ({unit})" if unit else "")] = f"{val:.3g}"
-    return list(by_kernel.values())
+            row[key + (f" ({unit})" if unit else "")] = f"{val:.3g}"
+        rows.append(row)
+    return rows
 
 
 def block_ncu() -> str:
