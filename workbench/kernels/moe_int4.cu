@@ -2289,6 +2289,62 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     }
 }
 
+// K-split gate/up of the phased form (run 29f; fused variant "phased_r3_pdl_k4"): a CTA per (item, tile) task, its
+// four warps each a quarter of K (warp w: stages [w nsup / 4, (w + 1) nsup / 4), 7 of Kimi's 28), then the four
+// partial sums added in shared memory in a fixed order (warp 0 + 1 + 2 + 3) and h = SiLU(gate) * up stored by warp 0.
+// Why: at M = 2 the whole-K form has 4096 tasks on 2640 warps, a second round half full (Nsight: the gate/up SMs
+// idle a quarter of the kernel's cycles); tasks a quarter as long leave a shorter partial round. Not bit-identical to
+// version 3 (its sum over K runs in one chain); deterministic. grid: min(resident CTAs, tasks bound), striding.
+template <int RS, bool PDL = false>
+__device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
+                                                  const int* __restrict__ ids, int M, int topk, int E, int H, int I,
+                                                  __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
+                                                  unsigned char* s_ring) {
+    __shared__ int s_e[FR_MAX_PAIRS], s_sorted[FR_MAX_PAIRS], s_flag[FR_MAX_PAIRS];
+    __shared__ int s_ie[FR_MAX_PAIRS], s_islot[FR_MAX_PAIRS], s_icnt[FR_MAX_PAIRS];
+    __shared__ int s_wcnt[4];
+    __shared__ float4 s_part[MOE_WARPS - 1][32];   // warps 1-3's partial sums of the task, per lane
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
+    const int nitems = small_prologue(ids, M, topk, E, H, out, s_e, s_sorted, s_flag, s_ie, s_islot, s_icnt, s_wcnt);
+    const SmallItems it{s_e, s_sorted, s_ie, s_islot, s_icnt};
+    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
+    const int tiles = I / 8, tasks = nitems * tiles, nsup = H / (64 * FR_SUB);
+    const int q0 = warp * nsup / MOE_WARPS, q1 = (warp + 1) * nsup / MOE_WARPS;
+    for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
+        const int item = task / tiles, tile = task - item * tiles;
+        const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
+        const uint4* wt = Fgu + ((long long)(ex * nsup + q0) * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, ...]
+        const __nv_bfloat16* const xr[1] = {X + (long long)(it.sorted[slot0 + (g < cnt ? g : 0)] / topk) * H +
+                                            q0 * (64 * FR_SUB)};
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        if (q1 > q0)
+            frag_gemm<1, false, RS, FR_SUB, true>(acc, wt, q1 - q0, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
+                                                  ring);
+        if (warp > 0) s_part[warp - 1][lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int w = 0; w < MOE_WARPS - 1; ++w) {   // fixed order: warp 0's part, then 1, 2, 3
+                const float4 v = s_part[w][lane];
+                acc[0][0] += v.x;
+                acc[0][1] += v.y;
+                acc[0][2] += v.z;
+                acc[0][3] += v.w;
+            }
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const int col = 2 * t + cc;
+                if (col < cnt) {
+                    const float gt = acc[0][cc], up = acc[0][2 + cc];
+                    hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
+                }
+            }
+        }
+        __syncthreads();   // s_part is rewritten by the next task
+    }
+}
+
 template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
@@ -2358,6 +2414,19 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, 3, false)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, 4, false)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, 3, true)
+// run 29f: the K-split gate/up (phased_gate_up_k4) with the PDL down kernel
+extern "C" __global__ void __launch_bounds__(128, 5) moe_small_phased_gu_r3p_k4(
+    const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M, int topk,
+    int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {
+    __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * 3 * FR_STAGE_U4 * 16];
+    phased_gate_up_k4<3, true>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);
+}
+extern "C" __global__ void __launch_bounds__(128, 4) moe_small_phased_dn_r3p_k4(
+    const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,
+    const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) {
+    __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * 3 * FR_STAGE_U4 * 16];
+    phased_down<3, true>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);
+}
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,

@@ -1186,7 +1186,16 @@ SMALL_CM_PREDICTION = (
     "+0.3-1 point of copy at M = 1-2 (one replay and in-graph), +1-3 in-graph at M = 16, outputs within 2e-3 of "
     "version 3's by norm, rel. error <= 1e-2. Refuted if it is not ahead of phased_r3_pdl at M = 1-2 on average over "
     "routings and processes.")
-SMALL_PREDICTIONS = {"moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_K4_PREDICTION = (
+    "Run 29f, written before its first run. At M = 2 the gate/up launch has 4096 (skewed ~3800) whole-K tasks of 28 "
+    "stages on 2640 warps: a second round half full, and Nsight has its SMs idle a quarter of its elapsed cycles "
+    "(moe_phased_ncu_m2_7c79a85.txt). phased_r3_pdl_k4 gives each (item, tile) task to one CTA, its four warps a "
+    "quarter of K each (7 stages), the parts added in shared memory in a fixed order: the same work in units a quarter "
+    "as long, so the partial last round is short. Predicted: +2-5 points of copy at M = 2 one replay, +1-3 in-graph; "
+    "M = 3-4 +0-3; M = 1 -1..-4 (2048 tasks on 660 CTAs: four rounds of quarter tasks with a block barrier each, "
+    "against one round now); M = 16 within 1.5. Outputs within 2e-3 of version 3's by norm. Refuted if it is not "
+    "ahead of phased_r3_pdl at M = 2 on average over routings and processes (one replay).")
+SMALL_PREDICTIONS = {"moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,

@@ -82,6 +82,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the down launch under programmatic dependent launch (kernels.launch_dependent): its CTAs start while
     # gate/up runs, group the pairs and issue their first weight stages, then wait for gate/up's h
     "phased_r3_pdl": ("moe_small_phased_gu_r3p", ("ph", 3, "pdl")),
+    # ... with the gate/up tasks split in K over a CTA's four warps, the parts added in shared memory (run 29f; "k4":
+    # one task per CTA, grid min(resident CTAs, tasks); not bit-identical to version 3)
+    "phased_r3_pdl_k4": ("moe_small_phased_gu_r3p_k4", ("ph", 3, "pdl", "k4")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -571,12 +574,14 @@ def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, optio
     gu, dn = _kernel(kname, options), _kernel(dname, options)
     key = "".join(options)
     grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key))
+    if "k4" in spec[2:]:   # one (item, tile) task per CTA, its K split over the four warps (phased_gate_up_k4)
+        grids = (min(_small_grid(gu, dev, kname + key), max_work_items(m * topk, e, 8) * (i // 8)), grids[1])
     gu_frag, dn_frag = experts.fragments()
 
     def run(hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, hbuf: torch.Tensor, out: torch.Tensor,
             parts: str = "gu+dn") -> torch.Tensor:
         return _phased(gu, dn, grids, gu_frag, dn_frag, hidden, ids, wts, (m, topk, e, h, i), hbuf, out,
-                       pdl=spec[2:] == ("pdl",), parts=parts)
+                       pdl="pdl" in spec[2:], parts=parts)
     return run
 
 
