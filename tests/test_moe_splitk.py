@@ -25,13 +25,15 @@ KIMI_GRID = 132 * 6   # moe_small_fused / moe_small_splitk_s3 on an H200: 6 CTAs
 
 def test_default_variant_and_table_as_measured():
     """Run 28's processes (moe_small_phased*.json, moe_small_pdl*.json), H200: the phased form with programmatic
-    dependent launch at every M <= 16 (run 23b's rule, report.run28_rule_rows, from the committed files); before it,
-    run 27c's rule had put x4e_r3fstd at (4, 1) at M = 2 and kept x4e_r3fst at M = 1."""
+    dependent launch at every M <= 16 (run 23b's rule, report.run28_rule_rows, from the committed files), except at
+    M = 2 its K-split gate/up form since run 29f (test_run29_candidates_not_dispatched); before run 28, run 27c's rule
+    had put x4e_r3fstd at (4, 1) at M = 2 and kept x4e_r3fst at M = 1."""
     from workbench.moe.report import RUN27C_DISPATCHED, SMALL_RUN27C, run28_rule_rows, split_rule_rows
 
     assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(16, "phased_r3_pdl")]
-    assert [small_variant_for(m, 8) for m in (1, 2, 3, 16, 17)] == ["phased_r3_pdl"] * 4 + [None]
+    assert SMALL_TABLE == [(1, "phased_r3_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl")]
+    assert [small_variant_for(m, 8) for m in (1, 2, 3, 16, 17)] == ["phased_r3_pdl", "phased_r3_pdl_k4",
+                                                                   "phased_r3_pdl", "phased_r3_pdl", None]
     rule = run28_rule_rows()   # the committed files say so
     taken = [r for r in rule if r["processes"].startswith(("moe_small_phased", "moe_small_pdl"))]
     assert len(taken) == 8 and all(r["replaces"] == "yes" for r in taken), taken
@@ -55,18 +57,20 @@ def test_default_variant_and_table_as_measured():
 
 
 def test_run29_candidates_not_dispatched():
-    """Run 29's committed processes (moe_small_c2*.json, moe_small_g6*.json, moe_small_cm*.json): the two-CTA-cluster
-    down launch and the correction mma lose at every M range; g6 passes run 23b's rule only at M = 2, by less than the
-    spread between processes (and loses in-graph there), so the table keeps phased_r3_pdl."""
+    """Run 29's committed processes (moe_small_c2*.json, moe_small_g6*.json, moe_small_cm*.json, moe_small_k4*.json):
+    the two-CTA-cluster down launch and the correction mma lose at every M range; g6 passes run 23b's rule only at
+    M = 2, by less than the spread between processes (and loses in-graph there), so it is not dispatched; the K-split
+    gate/up form passes it at M = 2 only (and leads in-graph there too), and runs there."""
     from workbench.moe.report import run29_rule_rows
 
     rule = {(r["processes"].split(",")[0], r["M range"]): r for r in run29_rule_rows()}
-    assert len(rule) == 9
+    assert len(rule) == 12
+    assert [rule[("moe_small_k4", m)]["replaces"] for m in ("1-1", "2-2", "3-16")] == ["no", "yes", "no"]
     assert all(rule[(n, m)]["replaces"] == "no" for n in ("moe_small_c2", "moe_small_cm") for m in ("1-1", "2-2", "4-16"))
     assert all(rule[("moe_small_g6", m)]["replaces"] == "no" for m in ("1-1", "4-16"))
     g6 = rule[("moe_small_g6", "2-2")]
     assert g6["best candidate"] == "phased_r3_pdl_g6" and abs(float(g6["mean"])) < 1.0
-    assert SMALL_TABLE == [(16, "phased_r3_pdl")]
+    assert ("phased_r3_pdl_g6" not in dict(SMALL_TABLE).values()) and (2, "phased_r3_pdl_k4") in SMALL_TABLE
 
 
 def test_sweep_repeat_rows_pair_the_two_sweeps():

@@ -142,7 +142,10 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # phased form (two launches, no counters) passes run 23b's rule against every dispatched kernel at every M <= 16, and
 # its PDL variant passes it against the phased form at M = 1-2 and 3-16 (one replay); so one kernel pair runs at
 # M = 1-16. (Before: x4e_r3fst at M = 1, x4e_r3fstd at (4, 1) at M = 2, wsplit_r3 unsplit at M = 3-16.)
-SMALL_TABLE: list[tuple[int, str | None]] = [(16, "phased_r3_pdl")]
+# Run 29f (moe_small_k4*.json, fe7a863; report.run29_rule_rows, block small_run29): the K-split gate/up form passes
+# run 23b's rule at M = 2 (one replay: mean +0.9 points, worst row -0.0; in-graph ahead in all four rows) and loses at
+# M = 1 and 3-16.
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "phased_r3_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

@@ -1108,6 +1108,7 @@ def block_small_run28() -> str:
 SMALL_RUN29 = ("moe_small_c2", "moe_small_c2_2")    # run 29: the down launch as two-CTA clusters (reverted)
 SMALL_RUN29B = ("moe_small_g6", "moe_small_g6_2")   # run 29b: launch bounds 6 (gate/up) and 5 (down) (reverted)
 SMALL_RUN29E = ("moe_small_cm", "moe_small_cm_2")   # run 29e: the correction mma (reverted)
+SMALL_RUN29F = ("moe_small_k4", "moe_small_k4_2")   # run 29f: the K-split gate/up (dispatched at M = 2)
 REPEAT_SWEEP = "moe_bandwidth_repeat"               # the full sweep again at unchanged dispatched SASS (run 29d)
 NCU_RUN29 = tuple(f"data/measurements/h200/moe_phased_ncu_m{m}_7c79a85.txt" for m in (1, 2, 16))
 RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "phased_r3_pdl"))
@@ -1116,9 +1117,11 @@ RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "p
 def run29_rule_rows() -> list[dict[str, Any]]:
     """Run 23b's rule for run 29's candidates against the dispatched phased_r3_pdl, per pair of processes."""
     rows = []
-    for names, cands in ((SMALL_RUN29, ("phased_r3_pdl_c2",)), (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5")),
-                         (SMALL_RUN29E, ("phased_r3_pdl_cm",))):
-        rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, RUN29_DISPATCHED)]
+    for names, cands, disp in ((SMALL_RUN29, ("phased_r3_pdl_c2",), RUN29_DISPATCHED),
+                               (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5"), RUN29_DISPATCHED),
+                               (SMALL_RUN29E, ("phased_r3_pdl_cm",), RUN29_DISPATCHED),
+                               (SMALL_RUN29F, ("phased_r3_pdl_k4",), RUN29_DISPATCHED[:2] + ((3, 16, "phased_r3_pdl"),))):
+        rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, disp)]
     return rows
 
 
@@ -1146,8 +1149,9 @@ def block_small_run29() -> str:
                                     "; `python -m workbench.moe.phased --builds ...`; noact: no activation loads; "
                                     "nomath_frag: frag_gemm's math one add; nomma_frag: the dequantisation kept, the "
                                     "mma one add; nodeq_frag: the mma on the raw words; outputs wrong by design")
-    parts += three_timing_sections(SMALL_RUN29 + SMALL_RUN29B + SMALL_RUN29E, grids=False)
-    parts += breakdown_sections(("moe_phased_breakdown_c2", "moe_phased_breakdown_g6", "moe_phased_breakdown_cm"),
+    parts += three_timing_sections(SMALL_RUN29 + SMALL_RUN29B + SMALL_RUN29E + SMALL_RUN29F, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown_c2", "moe_phased_breakdown_g6", "moe_phased_breakdown_cm",
+                                 "moe_phased_breakdown_k4"),
                                 "Each launch alone and both")
     parts.append("Run 23b's rule (one replay) against the dispatched phased_r3_pdl, per pair of processes:\n\n"
                  + markdown_table(run29_rule_rows()))
