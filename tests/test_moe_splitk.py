@@ -73,15 +73,15 @@ def test_run29_candidates_not_dispatched():
     assert ("phased_r3_pdl_g6" not in dict(SMALL_TABLE).values()) and (2, "phased_r3_pdl_k4") in SMALL_TABLE
 
 
-def test_sweep_repeat_rows_pair_the_two_sweeps():
-    """report.sweep_repeat_rows: the five goal rows of moe_bandwidth.json and its repeat side by side, and one row per
-    (routing, M <= 16) present in both, from the committed files."""
-    from workbench.moe.report import sweep_repeat_rows
+def test_sweep_repeat_rows_pair_the_sweeps():
+    """report.sweep_repeat_rows: the five goal rows of run 28's sweep, its repeat at the same dispatched SASS and
+    today's sweep side by side, and one row per (routing, M <= 16) present in all, from the committed files."""
+    from workbench.moe.report import SWEEPS, sweep_repeat_rows
 
     goals, rows = sweep_repeat_rows()
-    assert len(goals) == 5 and all(g["moe_bandwidth"].endswith(("(met)", "(not met)")) for g in goals)
+    assert len(goals) == 5 and all(g[n].endswith(("(met)", "(not met)")) for g in goals for n in SWEEPS)
     assert len(rows) == 12 and {r["M"] for r in rows} == {1, 2, 4, 8, 9, 16}
-    assert all(len(r["one replay ms"].split(" / ")) == 2 for r in rows)
+    assert all(len(r["one replay ms"].split(" / ")) == len(SWEEPS) for r in rows)
 
 
 def test_ncu_printout_parsed_with_units(tmp_path, monkeypatch):

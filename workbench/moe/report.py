@@ -1158,48 +1158,54 @@ def block_small_run29() -> str:
     return "\n".join(parts)
 
 
-def sweep_repeat_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """moe_bandwidth.json against its repeat (moe_bandwidth_repeat.json, the same dispatched SASS): the goal rows of
-    each, and per (routing, M <= 16) the copy rate, the one-replay and in-graph ms and % of copy of each; ([], [])
-    when the repeat is not committed."""
+SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth")   # run 28's sweep, its repeat, today's
+
+
+def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The full sweeps ``names`` side by side (by default run 28's moe_bandwidth at 1e009b4, its repeat at the same
+    dispatched SASS, and today's moe_bandwidth): the goal rows of each, and per (routing, M <= 16) the copy rate, the
+    one-replay and in-graph ms and % of copy of each, "a / b / c"; ([], []) unless every file is committed."""
     from workbench.measure import load_measurement
 
-    ref, rep = load_moe_bandwidth(), load_measurement(REPEAT_SWEEP)
-    if not (ref and rep):
+    docs = [load_measurement(n) for n in names]
+    if not all(docs):
         return [], []
     goals = []
-    for a, b in zip(goal_rows(ref), goal_rows(rep)):
-        goals.append({"goal": a["goal"], "target": a["target"],
-                      "moe_bandwidth": f"{_f(a['measured (worst)'], '.3g')} ({'met' if a['met'] else 'not met'})",
-                      REPEAT_SWEEP: f"{_f(b['measured (worst)'], '.3g')} ({'met' if b['met'] else 'not met'})"})
-    by = {(r["routing"], r["m"]): r for r in rep["results"]["rows"]}
-    ca, cb = ref["results"]["copy_gb_per_s"], rep["results"]["copy_gb_per_s"]
-    rows = []
-    for r in ref["results"]["rows"]:
-        o = by.get((r["routing"], r["m"]))
-        if r["m"] > 16 or o is None:
+    for rows in zip(*(goal_rows(d) for d in docs)):
+        goals.append({"goal": rows[0]["goal"], "target": rows[0]["target"],
+                      **{n: f"{_f(r['measured (worst)'], '.3g')} ({'met' if r['met'] else 'not met'})"
+                         for n, r in zip(names, rows)}})
+    by = [{(r["routing"], r["m"]): r for r in d["results"]["rows"]} for d in docs]
+
+    def col(key: str, spec: str, rows: list[dict[str, Any]]) -> str:
+        return " / ".join(_f(r.get(key), spec) for r in rows)
+
+    out = []
+    for r0 in docs[0]["results"]["rows"]:
+        key = (r0["routing"], r0["m"])
+        if r0["m"] > 16 or any(key not in b for b in by):
             continue
-        rows.append({"routing": r["routing"], "M": r["m"], "copy GB/s": f"{ca:.0f} / {cb:.0f}",
-                     "one replay ms": f"{r['ms_median']:.4f} / {o['ms_median']:.4f}",
-                     "in-graph ms": f"{_f(r.get('ingraph_ms_median'), '.4f')} / {_f(o.get('ingraph_ms_median'), '.4f')}",
-                     "% of copy one replay": f"{r['pct_of_copy']:.1f} / {o['pct_of_copy']:.1f}",
-                     "% of copy in-graph": f"{_f(r.get('ingraph_pct_of_copy'), '.1f')} / "
-                                           f"{_f(o.get('ingraph_pct_of_copy'), '.1f')}"})
-    return goals, rows
+        rows = [b[key] for b in by]
+        out.append({"routing": key[0], "M": key[1],
+                    "copy GB/s": " / ".join(f"{d['results']['copy_gb_per_s']:.0f}" for d in docs),
+                    "one replay ms": col("ms_median", ".4f", rows), "in-graph ms": col("ingraph_ms_median", ".4f", rows),
+                    "% of copy one replay": col("pct_of_copy", ".1f", rows),
+                    "% of copy in-graph": col("ingraph_pct_of_copy", ".1f", rows)})
+    return goals, out
 
 
 def block_sweep_repeat() -> str:
-    """The goal rows and the M <= 16 rows of moe_bandwidth.json beside its repeat at the same dispatched SASS."""
+    """The goal rows and the M <= 16 rows of the full sweeps of :data:`SWEEPS` side by side."""
     from workbench.measure import load_measurement
 
     goals, rows = sweep_repeat_rows()
     if not goals:
-        return f"data/measurements/h200/{REPEAT_SWEEP}.json is not committed.\n"
-    ref, rep = load_moe_bandwidth(), load_measurement(REPEAT_SWEEP)
-    return (f"`moe_bandwidth.json` (code {ref['provenance']['git_commit'][:7]}, {ref['provenance']['date_utc']}) and "
-            f"`{REPEAT_SWEEP}.json` (code {rep['provenance']['git_commit'][:7]}, {rep['provenance']['date_utc']}); "
-            "the dispatched kernels' SASS is the same in both. Goal rows (worst over M <= 16, both routings):\n\n"
-            + markdown_table(goals) + "\n\nPer row, reference / repeat:\n\n" + markdown_table(rows))
+        return f"one of {', '.join(f'{n}.json' for n in SWEEPS)} is not committed.\n"
+    heads = "; ".join(f"`{n}.json` (code {d['provenance']['git_commit'][:7]}, {d['provenance']['date_utc']}, "
+                      f"small-M table {d['parameters'].get('small_table')})"
+                      for n, d in ((n, load_measurement(n)) for n in SWEEPS))
+    return (f"{heads}. Goal rows (worst over M <= 16, both routings):\n\n" + markdown_table(goals)
+            + "\n\nPer row, in that order:\n\n" + markdown_table(rows))
 
 
 IN_GRAPH_PROBES = ("moe_in_graph_probe", "moe_in_graph_probe_2")   # run 21's probe, two processes
