@@ -369,3 +369,14 @@ def test_forced_small_variant_restores_table_and_variant():
         with forced_small_variant("v3"):
             raise RuntimeError("inside")
     assert SMALL_TABLE == saved and SMALL_VARIANT["name"] == saved_variant
+
+
+def test_run29g_profile_sections_read_both_kernels():
+    """report.run29g_sections: the committed per-instruction profile of the dispatched pair at M = 1 gives one section
+    per kernel, each with its stage loops and its most-stalled instructions (the down kernel's ring wait among them)."""
+    from workbench.moe.report import run29g_sections
+
+    parts = run29g_sections()
+    assert len(parts) == 2 and "gate/up kernel" in parts[0] and "down kernel" in parts[1]
+    assert all("instructions per stage" in p and "% of stall samples" in p for p in parts)
+    assert "BRA.DIV" in parts[1]

@@ -1110,6 +1110,7 @@ SMALL_RUN29B = ("moe_small_g6", "moe_small_g6_2")   # run 29b: launch bounds 6 (
 SMALL_RUN29E = ("moe_small_cm", "moe_small_cm_2")   # run 29e: the correction mma (reverted)
 SMALL_RUN29F = ("moe_small_k4", "moe_small_k4_2")   # run 29f: the K-split gate/up (dispatched at M = 2)
 REPEAT_SWEEP = "moe_bandwidth_repeat"               # the full sweep again at unchanged dispatched SASS (run 29d)
+PROFILE_RUN29G = "data/measurements/h200/moe_profile_baf7548"   # per-instruction counters of the pair at M = 1
 NCU_RUN29 = tuple(f"data/measurements/h200/moe_phased_ncu_m{m}_7c79a85.txt" for m in (1, 2, 16))
 RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "phased_r3_pdl"))
 
@@ -1155,7 +1156,27 @@ def block_small_run29() -> str:
                                 "Each launch alone and both")
     parts.append("Run 23b's rule (one replay) against the dispatched phased_r3_pdl, per pair of processes:\n\n"
                  + markdown_table(run29_rule_rows()))
+    parts += run29g_sections()
     return "\n".join(parts)
+
+
+def run29g_sections() -> list[str]:
+    """Run 29g: per-SASS-instruction Nsight counters of the dispatched pair at M = 1 (PROFILE_RUN29G): each kernel's
+    stage loop (sass.stage_loop_costs) and its instructions with the most warp-stall samples (ncu_sass_rows)."""
+    from workbench.moe.sass import stage_loop_costs
+
+    parts = []
+    for part in ("gu", "dn"):
+        rel = f"{PROFILE_RUN29G}/sass_phased_r3_pdl_{part}_m1.csv"
+        if not (REPO_ROOT / rel).exists():
+            continue
+        loops = [{k: _f(v, ".3g") for k, v in r.items()} for r in stage_loop_costs(REPO_ROOT / rel)]
+        hot, _ = ncu_sass_rows(rel, top=6)
+        parts.append(f"Run 29g, the {'gate/up' if part == 'gu' else 'down'} kernel at M = 1 (`{rel}`; "
+                     "`SPECS=\"phased_r3_pdl:1\" PARTS=\"gu dn\" bash workbench/moe/h200_profile_dispatched.sh`): its "
+                     "stage loops, then the instructions with the most warp-stall samples:\n\n" + markdown_table(loops)
+                     + "\n\n" + markdown_table(hot))
+    return parts
 
 
 SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth")   # run 28's sweep, its repeat, today's
