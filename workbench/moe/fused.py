@@ -5,7 +5,8 @@ Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
 launch or launch pair, the kernel that table names for M (:data:`SMALL_VARIANTS`; on the H200 at M = 1-16 the phased
 form ``phased_r3_pdl``: a gate/up launch and a down launch with the sum over k, the second under programmatic
-dependent launch; the one-launch CTA-split and warp-split kernels remain as variants): grouping, gate/up with SiLU,
+dependent launch, and at M = 2 ``phased_r3_pdl_k4``, whose gate/up tasks split K over a CTA's four warps; the
+one-launch CTA-split and warp-split kernels remain as variants): grouping, gate/up with SiLU,
 down and the sum over k without the four-launch path's align and combine kernels, weights in the fragment layout of
 :meth:`Int4Experts.fragments`,
 made once and cached: a second copy of the routed experts, as many bytes as
