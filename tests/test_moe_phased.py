@@ -24,9 +24,13 @@ def test_phased_grids_kimi(m, want_gu):
     assert max_work_items(8 * m, 384, 8) * 256 >= 2048
     assert phased_grids(8 * m, 384, 7168, 2048, 660, 660) == (want_gu, 448)
     assert phased_grids(8, 384, 7168, 2048, 660, 300) == (512, 300)
+    # the K-split form: one task per CTA (M = 2: 16 items x 256 tiles, capped at the resident CTAs; M = 1 below it)
+    assert phased_grids(16, 384, 7168, 2048, 660, 660, 1) == (660, 448)
+    assert phased_grids(8, 384, 7168, 2048, 5000, 660, 1) == (2048, 448)
 
 
-@pytest.mark.parametrize("bad", [(0, 384, 7168, 2048, 660, 660), (8, 384, 7168, 2048, 0, 660)])
+@pytest.mark.parametrize("bad", [(0, 384, 7168, 2048, 660, 660), (8, 384, 7168, 2048, 0, 660),
+                                 (8, 384, 7168, 2048, 660, 660, 0)])
 def test_phased_grids_refuse_empty(bad):
     with pytest.raises(ValueError, match="need positive"):
         phased_grids(*bad)

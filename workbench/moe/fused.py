@@ -547,15 +547,16 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
 
 
 def phased_grids(pairs: int, num_experts: int, hidden: int, intermediate: int, resident_gu: int,
-                 resident_dn: int) -> tuple[int, int]:
-    """(gate/up CTAs, down CTAs) of the phased form: enough four-warp CTAs for one whole-K task per warp at the most
-    work items ``pairs`` can make (:func:`max_work_items`, chunks of 8), and one CTA per 16-row tile of the output,
-    each capped at the CTAs resident at once (both kernels stride over what is left)."""
-    if min(pairs, num_experts, hidden, intermediate, resident_gu, resident_dn) < 1:
-        raise ValueError(f"need positive pairs, experts, shapes and resident CTAs, got {pairs}, {num_experts}, "
-                         f"{hidden}, {intermediate}, {resident_gu}, {resident_dn}")
+                 resident_dn: int, tasks_per_cta: int = THREADS // 32) -> tuple[int, int]:
+    """(gate/up CTAs, down CTAs) of the phased form: enough CTAs for the gate/up tasks at the most work items
+    ``pairs`` can make (:func:`max_work_items`, chunks of 8), ``tasks_per_cta`` at a time (four: one whole-K task per
+    warp; one: the K-split form, phased_gate_up_k4, whose four warps share a task), and one CTA per 16-row tile of the
+    output, each capped at the CTAs resident at once (both kernels stride over what is left)."""
+    if min(pairs, num_experts, hidden, intermediate, resident_gu, resident_dn, tasks_per_cta) < 1:
+        raise ValueError(f"need positive pairs, experts, shapes, resident CTAs and tasks per CTA, got {pairs}, "
+                         f"{num_experts}, {hidden}, {intermediate}, {resident_gu}, {resident_dn}, {tasks_per_cta}")
     tasks = max_work_items(pairs, num_experts, 8) * (intermediate // 8)
-    return (min(resident_gu, -(-tasks // (THREADS // 32))), min(resident_dn, hidden // 16))
+    return (min(resident_gu, -(-tasks // tasks_per_cta)), min(resident_dn, hidden // 16))
 
 
 def phased_spec(variant: str) -> tuple[str, tuple]:
@@ -577,9 +578,9 @@ def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, optio
     dname = kname.replace("_gu_", "_dn_")
     gu, dn = _kernel(kname, options), _kernel(dname, options)
     key = "".join(options)
-    grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key))
-    if "k4" in spec[2:]:   # one (item, tile) task per CTA, its K split over the four warps (phased_gate_up_k4)
-        grids = (min(_small_grid(gu, dev, kname + key), max_work_items(m * topk, e, 8) * (i // 8)), grids[1])
+    # the K-split form ("k4", phased_gate_up_k4) runs one (item, tile) task per CTA, its K split over the four warps
+    grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key),
+                         1 if "k4" in spec[2:] else THREADS // 32)
     gu_frag, dn_frag = experts.fragments()
 
     def run(hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, hbuf: torch.Tensor, out: torch.Tensor,
