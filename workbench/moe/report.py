@@ -1188,7 +1188,12 @@ def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, A
     one-replay and in-graph ms and % of copy of each, "a / b / c"; ([], []) unless every file is committed."""
     from workbench.measure import load_measurement
 
-    docs = [load_measurement(n) for n in names]
+    return _sweep_rows(names, [load_measurement(n) for n in names])
+
+
+def _sweep_rows(names: tuple[str, ...], docs: list[dict[str, Any] | None]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`sweep_repeat_rows` on the loaded files ``docs`` of ``names``."""
     if not all(docs):
         return [], []
     goals = []
@@ -1219,12 +1224,12 @@ def block_sweep_repeat() -> str:
     """The goal rows and the M <= 16 rows of the full sweeps of :data:`SWEEPS` side by side."""
     from workbench.measure import load_measurement
 
-    goals, rows = sweep_repeat_rows()
+    docs = [load_measurement(n) for n in SWEEPS]
+    goals, rows = _sweep_rows(SWEEPS, docs)
     if not goals:
         return f"one of {', '.join(f'{n}.json' for n in SWEEPS)} is not committed.\n"
     heads = "; ".join(f"`{n}.json` (code {d['provenance']['git_commit'][:7]}, {d['provenance']['date_utc']}, "
-                      f"small-M table {d['parameters'].get('small_table')})"
-                      for n, d in ((n, load_measurement(n)) for n in SWEEPS))
+                      f"small-M table {d['parameters'].get('small_table')})" for n, d in zip(SWEEPS, docs))
     return (f"{heads}. Goal rows (worst over M <= 16, both routings):\n\n" + markdown_table(goals)
             + "\n\nPer row, in that order:\n\n" + markdown_table(rows))
 
