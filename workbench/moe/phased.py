@@ -16,6 +16,7 @@ as long (the tile-balance probe of run 29).
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,12 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     for hidden in args.hidden:
         bank = random_int4_experts(384, hidden, 2048, device="cuda", seed=0)
         banks = [bank, second_bank(bank, seed=1)]
-        for v in args.variants:
-            for m in args.m:
-                for routing in args.routings:
-                    for build in args.builds:
-                        results.append({"hidden": hidden, **breakdown(banks, m, routing, v, gen, reps=args.reps,
-                                                                      build=build)})
+        for v, m, routing, build in itertools.product(args.variants, args.m, args.routings, args.builds):
+            results.append({"hidden": hidden, **breakdown(banks, m, routing, v, gen, reps=args.reps, build=build)})
         del bank, banks
         torch.cuda.empty_cache()
     path = write_measurement(args.name, parameters={"m_values": args.m, "variants": args.variants,
