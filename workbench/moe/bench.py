@@ -1195,7 +1195,19 @@ SMALL_K4_PREDICTION = (
     "M = 3-4 +0-3; M = 1 -1..-4 (2048 tasks on 660 CTAs: four rounds of quarter tasks with a block barrier each, "
     "against one round now); M = 16 within 1.5. Outputs within 2e-3 of version 3's by norm. Refuted if it is not "
     "ahead of phased_r3_pdl at M = 2 on average over routings and processes (one replay).")
-SMALL_PREDICTIONS = {"moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_PF_PREDICTION = (
+    "Run 30, written before its first run. Run 29g: the down kernel's warps wait on their weight ring (~11% of its "
+    "stall samples at the warp barrier after cp.async.wait, gate/up ~2%), every item restarting the ring with two "
+    "stages in flight; and between the down warps' first two stages (issued before griddepcontrol.wait) and the wait's "
+    "return nothing more of the down weights is requested. L2 prefetches (cp.async.bulk.prefetch.L2: no shared memory, "
+    "no registers held, bit-identical outputs): pfg, each gate/up warp with no task left prefetches its share of the "
+    "down launch's first 4 stages of items 0-3 (16.5 MB at M = 1); pfd, each down item prefetches its stages past the "
+    "ring's first two at its start (6 of 8 at Kimi's I); pfgd both; k4_pfgd both on the K-split gate/up. Predicted, "
+    "one replay at M = 1 against phased_r3_pdl: pfg +1-3 points of copy, pfd +1-3, pfgd +2-5; in-graph each +1-3; "
+    "at M = 2 k4_pfgd against phased_r3_pdl_k4 +1-3; at M = 4 and 16 each within 1.5 of its base. The down launch "
+    "alone in-graph at M = 1 (22.0 us in run 29): pfd 19.5-21 us. Refuted if no pf pair is ahead of its base at "
+    "M = 1 on average over routings and processes (one replay).")
+SMALL_PREDICTIONS = {"moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
