@@ -736,12 +736,6 @@ __device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
     return r;
 }
 
-// Prefetch one 2304-byte ring stage (a tile's 256 K of weights and scales, 16-byte aligned) from global memory into
-// L2, without waiting and without shared memory or registers (sm_90 bulk prefetch).
-__device__ __forceinline__ void prefetch_l2_stage(const uint4* p) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "n"(FR_STAGE_U4 * 16) : "memory");
-}
-
 // One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups. A register r of chunk kc is
 // nib_pair(word >> 4r) = the bf16 pair (128 + u) (one shift, one LOP3), minus 136 by one exact bf16x2
 // subtraction; the group scale multiplies the fp32 partial sum of its two chunks.
@@ -809,10 +803,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // end anyway, then rotates the buffers with moves that wait for the loads).
 // GDC: after the first weight copies are issued, griddepcontrol.wait (the phased form's down launch under programmatic
 // dependent launch: the weights do not depend on the previous launch, the activations do).
-// PFR (run 30): after the first weight copies are issued (before any wait), the unit's other stages are prefetched
-// into L2 (prefetch_l2_stage, one lane a stage), so they are requested from DRAM at once instead of one ring slot at a
-// time; the ring then reads them from L2. Nothing else changes (bit-identical outputs).
-template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false, bool PFR = false>
+template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
                                           int target, unsigned char* ring) {
@@ -838,8 +829,6 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
     };
 #pragma unroll
     for (int q = 0; q < RS - 1; ++q) issue();
-    if (PFR)
-        for (int s = RS - 1 + lane; s < nsup; s += 32) prefetch_l2_stage(wt + s * sstride);
     if (GDC) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (wait != nullptr) {
         if (lane == 0) {   // relaxed polling (an acquire load per poll would invalidate L1 each time), one fence
@@ -2279,27 +2268,8 @@ MOE_STREAM_RING_KERNEL(4)
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-// Run 30 (PFG > 0): a gate/up warp with no task left prefetches into L2 its share of the down launch's first PFG
-// stages of items 0-3 (the items the down CTAs' four warps read first), as 2304-byte stages spread over every warp of
-// the grid (warp gw: stages gw, gw + nw, ...), so the DRAM keeps streaming while the gate/up launch drains and the
-// down launch waits for it. Fdn, H, I as phased_down's; `it`, `nitems` this CTA's item table.
-template <int PFG>
-__device__ __forceinline__ void prefetch_down_head(const uint4* __restrict__ Fdn, const SmallItems& it, int nitems,
-                                                   int H, int I) {
-    if (PFG <= 0) return;
-    const int lane = threadIdx.x & 31, tiles = H / 16, nsup = I / (64 * FR_SUB);
-    const int items = nitems < MOE_WARPS ? nitems : MOE_WARPS, st = PFG < nsup ? PFG : nsup;
-    const int per_item = st * tiles, chunks = items * per_item;
-    const int gw = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MOE_WARPS;
-    for (int c = gw + lane * nw; c < chunks; c += 32 * nw) {
-        const int item = c / per_item, r = c - item * per_item;   // r = stage * tiles + tile: contiguous in Fdn
-        prefetch_l2_stage(Fdn + ((long long)it.ie[item] * nsup * tiles + r) * FR_STAGE_U4);
-    }
-}
-
-template <int RS, bool PDL = false, int PFG = 0>
-__device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn,
-                                               const __nv_bfloat16* __restrict__ X,
+template <int RS, bool PDL = false>
+__device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
                                                unsigned char* s_ring) {
@@ -2313,7 +2283,6 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
         const int item = task / tiles, tile = task - item * tiles;
         small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
     }
-    prefetch_down_head<PFG>(Fdn, it, nitems, H, I);
 }
 
 // K-split gate/up of the phased form (run 29f; fused variant "phased_r3_pdl_k4"): a CTA per (item, tile) task, its
@@ -2322,9 +2291,8 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
 // Why: at M = 2 the whole-K form has 4096 tasks on 2640 warps, a second round half full (Nsight: the gate/up SMs
 // idle a quarter of the kernel's cycles); tasks a quarter as long leave a shorter partial round. Not bit-identical to
 // version 3 (its sum over K runs in one chain); deterministic. grid: min(resident CTAs, tasks bound), striding.
-template <int RS, bool PDL = false, int PFG = 0>
-__device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn,
-                                                  const __nv_bfloat16* __restrict__ X,
+template <int RS, bool PDL = false>
+__device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                   const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
                                                   unsigned char* s_ring) {
@@ -2368,11 +2336,9 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
         }
         __syncthreads();   // s_part is rewritten by the next task
     }
-    prefetch_down_head<PFG>(Fdn, it, nitems, H, I);
 }
 
-// PFD (run 30): each item's frag_gemm prefetches its stages past the ring's first into L2 (frag_gemm's PFR).
-template <int RS, bool PDL = false, bool PFD = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
                                             int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out,
@@ -2389,7 +2355,7 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
             const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
             const __nv_bfloat16* const xr[1] = {hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
             float acc[1][4];
-            frag_gemm<1, false, RS, FR_SUB, true, PDL, PFD>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
+            frag_gemm<1, false, RS, FR_SUB, true, PDL>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
                                                        ring);
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {   // lane (g, t): rows g and g + 8 of the tile, columns 2t and 2t + 1
@@ -2422,34 +2388,25 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 // form (phased_gate_up, or phased_gate_up_k4: run 29f's K-split); RS ring stages; PDL: programmatic dependent launch
 // (the host launches DN with programmatic stream serialisation: GU lets it start at once, and DN's warps issue their
 // first weight stages before griddepcontrol.wait, which returns when GU has completed and its h is visible; launched
-// without the attribute, both instructions do nothing); PFG / PFD: run 30's L2 prefetches of the down weights
-// (prefetch_down_head by the gate/up warps at their end; frag_gemm's PFR in the down warps). Every GU takes Fdn.
-#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL, PFG, PFD)                                                      \
+// without the attribute, both instructions do nothing).
+#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL)                                                                \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
-        const uint4* __restrict__ Fgu, const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ X,        \
-        const int* __restrict__ ids, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf,      \
-        __nv_bfloat16* __restrict__ out) {                                                                         \
+        const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
+        int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        GUBODY<RS, PDL, PFG>(Fgu, Fdn, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                               \
+        GUBODY<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                         \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_down<RS, PDL, PFD>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                         \
+        phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false, 0, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false, 0, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true, 0, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true)
 // run 29f: the K-split gate/up (phased_gate_up_k4) with the PDL down kernel
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true, 0, false)
-// run 30: L2 prefetches of the down weights: by the gate/up warps at their end (pfg, 4 stages of items 0-3), by each
-// down item at its start (pfd), both (pfgd), and both with the K-split gate/up (k4_pfgd)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_pfg, moe_small_phased_dn_r3p_pfg, phased_gate_up, 3, true, 4, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_pfd, moe_small_phased_dn_r3p_pfd, phased_gate_up, 3, true, 0, true)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_pfgd, moe_small_phased_dn_r3p_pfgd, phased_gate_up, 3, true, 4, true)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4_pfgd, moe_small_phased_dn_r3p_k4_pfgd, phased_gate_up_k4, 3, true, 4,
-                   true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -2460,4 +2417,7 @@ MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4_pfgd, moe_small_phased_dn_r3p_k4_p
 // (128, 5) for down (_g6d5, 96): _g6 level with phased_r3_pdl at M = 1-2 and behind at M = 4, _g6d5 behind
 // everywhere: reverted, in git history at 5593ac9; moe_small_g6*.json; run 29e's _cm, frag_step's four bf16x2
 // subtractions a word replaced by a second mma with A = -136 on the same accumulator: 5-17 points slower (two dependent
-// mmas a chunk lengthen the chain), reverted, in git history at 7de299f; moe_small_cm*.json)
+// mmas a chunk lengthen the chain), reverted, in git history at 7de299f; moe_small_cm*.json; run 30's L2 prefetches of
+// the down weights (cp.async.bulk.prefetch.L2) by the gate/up warps at their end (_pfg), by each down item at its start
+// (_pfd), both (_pfgd, _k4_pfgd): 3-10 points slower at M = 1, the down launch alone ~5 us slower with _pfd: reverted,
+// in git history at 4e1a5c6; moe_small_pf*.json)

@@ -86,11 +86,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the gate/up tasks split in K over a CTA's four warps, the parts added in shared memory (run 29f; "k4":
     # one task per CTA, grid min(resident CTAs, tasks); not bit-identical to version 3)
     "phased_r3_pdl_k4": ("moe_small_phased_gu_r3p_k4", ("ph", 3, "pdl", "k4")),
-    # ... with L2 prefetches of the down weights (run 30; bit-identical): "pfg", the gate/up warps with no task left
-    # prefetch the down launch's first 4 stages of items 0-3; "pfd", each down item prefetches its stages past the
-    # ring's first at its start; "pfgd" both
-    **{f"phased_r3_pdl{k4}_{pf}": (f"moe_small_phased_gu_r3p{k4}_{pf}", ("ph", 3, "pdl", *(("k4",) if k4 else ()), pf))
-       for k4, pf in (("", "pfg"), ("", "pfd"), ("", "pfgd"), ("_k4", "pfgd"))},
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -99,7 +94,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # history at 00df147; moe_small_c2*.json; run 29b's phased_r3_pdl_g6 / _g6d5, launch bounds (128, 6) for gate/up
     # and (128, 5) for down, level or behind: reverted, in git history at 5593ac9; moe_small_g6*.json; run 29e's
     # phased_r3_pdl_cm, a correction mma instead of frag_step's subtractions, 5-17 points slower: reverted, in git
-    # history at 7de299f; moe_small_cm*.json)
+    # history at 7de299f; moe_small_cm*.json; run 30's phased_r3_pdl_pfg / _pfd / _pfgd / _k4_pfgd, L2 prefetches of
+    # the down weights, 3-10 points slower at M = 1: reverted, in git history at 4e1a5c6; moe_small_pf*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -606,7 +602,7 @@ def _phased(gu_kern, dn_kern, grids: tuple[int, int], gu_frag: torch.Tensor, dn_
     if parts not in ("gu+dn", "gu", "dn"):
         raise ValueError(f"parts must be 'gu+dn', 'gu' or 'dn', got {parts!r}")
     if "gu" in parts:
-        launch(gu_kern, (grid_gu,), (THREADS,), (gu_frag, dn_frag, hidden, ids, m, k, e, h, i, hbuf, out))
+        launch(gu_kern, (grid_gu,), (THREADS,), (gu_frag, hidden, ids, m, k, e, h, i, hbuf, out))
     if "dn" in parts:
         (launch_dependent if pdl else launch)(dn_kern, grid_dn, THREADS, (dn_frag, hbuf, ids, wts, m, k, e, h, i, out))
     return out

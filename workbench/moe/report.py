@@ -1160,6 +1160,23 @@ def block_small_run29() -> str:
     return "\n".join(parts)
 
 
+SMALL_RUN30 = ("moe_small_pf", "moe_small_pf_2")   # run 30: L2 prefetches of the down weights (reverted)
+RUN30_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl_k4"), (4, 16, "phased_r3_pdl"))
+
+
+def block_small_run30() -> str:
+    """Run 30: the L2-prefetch pairs (pfg, pfd, pfgd, k4_pfgd) beside the dispatch, every path timed three ways, two
+    processes; each launch alone and both; run 23b's rule against the dispatched path of each M."""
+    parts = three_timing_sections(SMALL_RUN30, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown_pf",), "Each launch alone and both")
+    rows = [{"processes": f"{SMALL_RUN30[0]}, _2", **r}
+            for r in split_rule_rows(SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
+                                                   "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED)]
+    parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
+                 + markdown_table(rows))
+    return "\n".join(parts)
+
+
 def run29g_sections() -> list[str]:
     """Run 29g: per-SASS-instruction Nsight counters of the dispatched pair at M = 1 (PROFILE_RUN29G): each kernel's
     stage loop (sass.stage_loop_costs) and its instructions with the most warp-stall samples (ncu_sass_rows)."""
@@ -1398,6 +1415,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_run27": block_small_run27,
     "small_run28": block_small_run28,
     "small_run29": block_small_run29,
+    "small_run30": block_small_run30,
     "sweep_repeat": block_sweep_repeat,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
