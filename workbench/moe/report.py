@@ -1196,7 +1196,7 @@ def run29g_sections() -> list[str]:
     return parts
 
 
-SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth")   # run 28's sweep, its repeat, today's
+SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_bandwidth")   # run 28, its repeat, 29f, 30
 
 
 def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
