@@ -1207,7 +1207,19 @@ SMALL_PF_PREDICTION = (
     "at M = 2 k4_pfgd against phased_r3_pdl_k4 +1-3; at M = 4 and 16 each within 1.5 of its base. The down launch "
     "alone in-graph at M = 1 (22.0 us in run 29): pfd 19.5-21 us. Refuted if no pf pair is ahead of its base at "
     "M = 1 on average over routings and processes (one replay).")
-SMALL_PREDICTIONS = {"moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_EI_PREDICTION = (
+    "Run 30b, written before its first run. The one-replay time at M = 1 has been 57.7-59.0 us in all four full sweeps; "
+    "80% of copy needs <= 58.4 us at 4247 GB/s, so a few tenths of a microsecond decide the goal row. In the gate/up "
+    "kernel every warp waits for the CTA's prologue (ids, a sort through shared memory, five barriers) before it "
+    "issues its first weight stage (Nsight 29g: ~4% of the gate/up kernel's stall samples before the first LDGSTS). "
+    "phased_r3_pdl_ei / phased_r3_pdl_k4_ei: where M x topk <= 32, each warp builds the item table itself with "
+    "shuffles (warp_item_expert), issues its first task's first two stages, and only then runs the prologue; "
+    "bit-identical outputs. Predicted: one replay at M = 1 +0.3-1.5 points of copy against phased_r3_pdl (the "
+    "prologue's sort, ~0.3-0.8 us, hidden behind the first stages' DRAM latency), in-graph +0.3-1.5; at M = 2 "
+    "k4_ei against phased_r3_pdl_k4 +0-1; at M = 4 (32 pairs: the warp's two 32-step shuffle loops cost about what "
+    "they save) -0.5..+0.5. Refuted if ei is not ahead of phased_r3_pdl at M = 1 on average over routings and "
+    "processes (one replay).")
+SMALL_PREDICTIONS = {"moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
