@@ -11,9 +11,6 @@ def test_phased_variants_name_both_kernels():
         assert kname.replace("_gu_", "_dn_") == f"moe_small_phased_dn_r{rs}"
     assert splitk_splits(8, 7168, 2048, "phased_r4", 660) == (1, 1)   # whole-K tasks
     assert phased_spec("phased_r3_pdl") == SMALL_VARIANTS["phased_r3_pdl"]
-    # run 30b's early-issue pairs: their own kernels, the K-split one keeps "k4" (its grid)
-    assert phased_spec("phased_r3_pdl_ei") == ("moe_small_phased_gu_r3p_ei", ("ph", 3, "pdl", "ei"))
-    assert phased_spec("phased_r3_pdl_k4_ei") == ("moe_small_phased_gu_r3p_k4_ei", ("ph", 3, "pdl", "k4", "ei"))
     for other in ("ctasplit_x4e_r3fst", "v3", "no_such_variant"):
         with pytest.raises(ValueError, match="phased form"):
             phased_spec(other)

@@ -803,12 +803,10 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // end anyway, then rotates the buffers with moves that wait for the loads).
 // GDC: after the first weight copies are issued, griddepcontrol.wait (the phased form's down launch under programmatic
 // dependent launch: the weights do not depend on the previous launch, the activations do).
-// pre (run 30b; 0 <= pre <= min(RS - 1, nsup)): the caller has already issued and committed the first `pre` stages into
-// this ring (ring_issue_first), so only the rest of the first RS - 1 are issued here.
 template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
-                                          int target, unsigned char* ring, int pre = 0) {
+                                          int target, unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
@@ -829,14 +827,8 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
         cp_async_commit();
         wslot = ring_next<RS>(wslot);
     };
-    if (pre > 0) {   // stages 0 .. pre - 1 are in flight already
-        src += pre * sstride;
-        left -= pre;
-        wslot = pre * (FR_STAGE_U4 * 16);
-    }
 #pragma unroll
-    for (int q = 0; q < RS - 1; ++q)
-        if (q >= pre) issue();
+    for (int q = 0; q < RS - 1; ++q) issue();
     if (GDC) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (wait != nullptr) {
         if (lane == 0) {   // relaxed polling (an acquire load per poll would invalidate L1 each time), one fence
@@ -943,7 +935,7 @@ template <int NT, bool PUBLISH = true, int RS = FR_S, int XDP = 0, bool XEND = f
 __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, int tile, const uint4* __restrict__ Fgu,
                                               const __nv_bfloat16* __restrict__ X, int topk, int H, int I,
                                               __nv_bfloat16* __restrict__ hbuf, int* done_gu,
-                                              unsigned char* ring, int pre = 0) {
+                                              unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = I / 8, nsup = H / (64 * FR_SUB);
@@ -955,7 +947,7 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
         xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H;
     }
     float acc[NT][4];
-    frag_gemm<NT, false, RS, XDP, XEND>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring, pre);
+    frag_gemm<NT, false, RS, XDP, XEND>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -2276,75 +2268,20 @@ MOE_STREAM_RING_KERNEL(4)
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-// Run 30b (early issue). The work-item table small_prologue builds, computed by one warp alone (shuffles, no shared
-// memory, no barrier) for P = M * topk <= 32 pairs: the pairs with a valid id sorted by (expert, pair id), each
-// expert's run cut into items of <= FR_CHUNK. Returns the expert of item `item` (-1 when item >= nitems) and sets
-// `nitems`; the same items in the same order as small_prologue's.
-__device__ __forceinline__ int warp_item_expert(const int* __restrict__ ids, int P, int E, int item, int& nitems) {
-    const int lane = threadIdx.x & 31;
-    int e = lane < P ? ids[lane] : -1;
-    if (e < 0 || e >= E) e = -1;
-    int pos = 0, rank = 0;   // slot after sorting; rank within the expert's run
-    for (int q = 0; q < P; ++q) {
-        const int eq = __shfl_sync(0xffffffffu, e, q);
-        pos += (eq >= 0) && (eq < e || (eq == e && q < lane));
-        rank += (eq == e) && (q < lane);
-    }
-    const bool start = e >= 0 && rank % FR_CHUNK == 0;   // this pair's slot opens an item
-    int idx = 0;                                          // ... whose index is the items opened at earlier slots
-    for (int q = 0; q < P; ++q) {
-        const int pq = __shfl_sync(0xffffffffu, pos, q);
-        idx += __shfl_sync(0xffffffffu, (int)start, q) && pq < pos;
-    }
-    nitems = __popc(__ballot_sync(0xffffffffu, start));
-    const unsigned int hit = __ballot_sync(0xffffffffu, start && idx == item);
-    return hit ? __shfl_sync(0xffffffffu, e, __ffs(hit) - 1) : -1;
-}
-
-// Issue and commit the first RS - 1 stages (from this lane's first uint4 of `wt`, stepping `sstride` uint4) into this
-// warp's ring, as frag_gemm does first; frag_gemm(..., pre = RS - 1) then carries on from there.
-template <int RS>
-__device__ __forceinline__ void ring_issue_first(unsigned char* ring, const uint4* wt, long long sstride) {
-    const int lane = threadIdx.x & 31;
-    const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
-    const uint4* src = wt + lane;
-#pragma unroll
-    for (int q = 0; q < RS - 1; ++q) {
-        cp_async_stage(dst0 + q * (FR_STAGE_U4 * 16), src, lane < 16);
-        src += sstride;
-        cp_async_commit();
-    }
-}
-
-// EI (run 30b): where P <= 32, each warp finds its first task's expert by warp_item_expert and issues that task's first
-// weight stages before the CTA's prologue (small_items), which then runs while they are in flight.
-template <int RS, bool PDL = false, bool EI = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
                                                unsigned char* s_ring) {
     const int warp = threadIdx.x >> 5;
     if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
-    int pre = 0;
-    if (EI && M * topk <= 32 && H / (64 * FR_SUB) >= RS - 1) {
-        const int task0 = blockIdx.x * MOE_WARPS + warp, tiles = I / 8, nsup = H / (64 * FR_SUB);
-        int n;
-        const int ex = warp_item_expert(ids, M * topk, E, task0 / tiles, n);
-        if (ex >= 0) {   // task0 < n x tiles: it is this warp's first task below
-            ring_issue_first<RS>(s_ring + warp * (RS * FR_STAGE_U4 * 16),
-                                 Fgu + ((long long)ex * nsup * tiles + task0 % tiles) * FR_STAGE_U4,
-                                 (long long)tiles * FR_STAGE_U4);
-            pre = RS - 1;
-        }
-    }
     int nitems;
     const SmallItems it = small_items(ids, M, topk, E, H, out, nitems);
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     const int tiles = I / 8, tasks = nitems * tiles, nw = gridDim.x * MOE_WARPS;
     for (int task = blockIdx.x * MOE_WARPS + warp; task < tasks; task += nw) {
         const int item = task / tiles, tile = task - item * tiles;
-        small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring, pre);
-        pre = 0;
+        small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
     }
 }
 
@@ -2354,7 +2291,7 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
 // Why: at M = 2 the whole-K form has 4096 tasks on 2640 warps, a second round half full (Nsight: the gate/up SMs
 // idle a quarter of the kernel's cycles); tasks a quarter as long leave a shorter partial round. Not bit-identical to
 // version 3 (its sum over K runs in one chain); deterministic. grid: min(resident CTAs, tasks bound), striding.
-template <int RS, bool PDL = false, bool EI = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                   const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2362,19 +2299,6 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
     __shared__ float4 s_part[MOE_WARPS - 1][32];   // warps 1-3's partial sums of the task, per lane
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
-    int pre = 0;
-    if (EI && M * topk <= 32) {   // run 30b: as phased_gate_up's, this warp's quarter of the CTA's first task
-        const int tiles = I / 8, nsup = H / (64 * FR_SUB);
-        const int q0 = warp * nsup / MOE_WARPS, q1 = (warp + 1) * nsup / MOE_WARPS;
-        int n;
-        const int ex = q1 - q0 >= RS - 1 ? warp_item_expert(ids, M * topk, E, blockIdx.x / tiles, n) : -1;
-        if (ex >= 0) {
-            ring_issue_first<RS>(s_ring + warp * (RS * FR_STAGE_U4 * 16),
-                                 Fgu + ((long long)(ex * nsup + q0) * tiles + blockIdx.x % tiles) * FR_STAGE_U4,
-                                 (long long)tiles * FR_STAGE_U4);
-            pre = RS - 1;
-        }
-    }
     int nitems;
     const SmallItems it = small_items(ids, M, topk, E, H, out, nitems);
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
@@ -2389,8 +2313,7 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
         if (q1 > q0)
             frag_gemm<1, false, RS, FR_SUB, true>(acc, wt, q1 - q0, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
-                                                  ring, pre);
-        pre = 0;
+                                                  ring);
         if (warp > 0) s_part[warp - 1][lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
         __syncthreads();
         if (warp == 0) {
@@ -2465,13 +2388,13 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 // form (phased_gate_up, or phased_gate_up_k4: run 29f's K-split); RS ring stages; PDL: programmatic dependent launch
 // (the host launches DN with programmatic stream serialisation: GU lets it start at once, and DN's warps issue their
 // first weight stages before griddepcontrol.wait, which returns when GU has completed and its h is visible; launched
-// without the attribute, both instructions do nothing); EI: run 30b's early issue of the gate/up warps' first stages.
-#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL, EI)                                                            \
+// without the attribute, both instructions do nothing).
+#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL)                                                                \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        GUBODY<RS, PDL, EI>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                     \
+        GUBODY<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                         \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
@@ -2479,14 +2402,11 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true)
 // run 29f: the K-split gate/up (phased_gate_up_k4) with the PDL down kernel
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true, false)
-// run 30b: early issue (EI) of the gate/up warps' first stages, whole-K and K-split
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ei, moe_small_phased_dn_r3p_ei, phased_gate_up, 3, true, true)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4_ei, moe_small_phased_dn_r3p_k4_ei, phased_gate_up_k4, 3, true, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -2500,4 +2420,6 @@ MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4_ei, moe_small_phased_dn_r3p_k4_ei,
 // mmas a chunk lengthen the chain), reverted, in git history at 7de299f; moe_small_cm*.json; run 30's L2 prefetches of
 // the down weights (cp.async.bulk.prefetch.L2) by the gate/up warps at their end (_pfg), by each down item at its start
 // (_pfd), both (_pfgd, _k4_pfgd): 3-10 points slower at M = 1, the down launch alone ~5 us slower with _pfd: reverted,
-// in git history at 4e1a5c6; moe_small_pf*.json)
+// in git history at 4e1a5c6; moe_small_pf*.json; run 30b's _ei / _k4_ei, each gate/up warp's first stages issued before
+// the CTA's prologue (the item table by warp shuffles): level or behind at M = 1-4: reverted, in git history at
+// aded977; moe_small_ei*.json)

@@ -86,10 +86,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the gate/up tasks split in K over a CTA's four warps, the parts added in shared memory (run 29f; "k4":
     # one task per CTA, grid min(resident CTAs, tasks); not bit-identical to version 3)
     "phased_r3_pdl_k4": ("moe_small_phased_gu_r3p_k4", ("ph", 3, "pdl", "k4")),
-    # ... with the gate/up warps' first weight stages issued before the CTA's prologue where M x topk <= 32 (run 30b;
-    # "ei": each warp finds its first task's expert by itself, moe_int4.cu warp_item_expert; bit-identical)
-    "phased_r3_pdl_ei": ("moe_small_phased_gu_r3p_ei", ("ph", 3, "pdl", "ei")),
-    "phased_r3_pdl_k4_ei": ("moe_small_phased_gu_r3p_k4_ei", ("ph", 3, "pdl", "k4", "ei")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -99,7 +95,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # and (128, 5) for down, level or behind: reverted, in git history at 5593ac9; moe_small_g6*.json; run 29e's
     # phased_r3_pdl_cm, a correction mma instead of frag_step's subtractions, 5-17 points slower: reverted, in git
     # history at 7de299f; moe_small_cm*.json; run 30's phased_r3_pdl_pfg / _pfd / _pfgd / _k4_pfgd, L2 prefetches of
-    # the down weights, 3-10 points slower at M = 1: reverted, in git history at 4e1a5c6; moe_small_pf*.json)
+    # the down weights, 3-10 points slower at M = 1: reverted, in git history at 4e1a5c6; moe_small_pf*.json; run 30b's
+    # phased_r3_pdl_ei / _k4_ei, the gate/up warps' first stages issued before the CTA's prologue, level or behind at
+    # M = 1-4: reverted, in git history at aded977; moe_small_ei*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16

@@ -1161,17 +1161,22 @@ def block_small_run29() -> str:
 
 
 SMALL_RUN30 = ("moe_small_pf", "moe_small_pf_2")   # run 30: L2 prefetches of the down weights (reverted)
+SMALL_RUN30B = ("moe_small_ei", "moe_small_ei_2")   # run 30b: early issue before the gate/up prologue (reverted)
 RUN30_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl_k4"), (4, 16, "phased_r3_pdl"))
 
 
 def block_small_run30() -> str:
-    """Run 30: the L2-prefetch pairs (pfg, pfd, pfgd, k4_pfgd) beside the dispatch, every path timed three ways, two
-    processes; each launch alone and both; run 23b's rule against the dispatched path of each M."""
-    parts = three_timing_sections(SMALL_RUN30, grids=False)
-    parts += breakdown_sections(("moe_phased_breakdown_pf",), "Each launch alone and both")
-    rows = [{"processes": f"{SMALL_RUN30[0]}, _2", **r}
-            for r in split_rule_rows(SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
-                                                   "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED)]
+    """Run 30: the L2-prefetch pairs (pfg, pfd, pfgd, k4_pfgd) and run 30b's early-issue pairs (ei, k4_ei) beside the
+    dispatch, every path timed three ways, two processes each; each launch alone and both; run 23b's rule against the
+    dispatched path of each M."""
+    parts = three_timing_sections(SMALL_RUN30 + SMALL_RUN30B, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown_pf", "moe_phased_breakdown_ei"), "Each launch alone and both")
+    rows = [{"processes": f"{names[0]}, _2", **r}
+            for names, cands, disp in ((SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
+                                                      "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED),
+                                       (SMALL_RUN30B, ("phased_r3_pdl_ei", "phased_r3_pdl_k4_ei"),
+                                        RUN30_DISPATCHED[:2] + ((4, 4, "phased_r3_pdl"),)))
+            for r in split_rule_rows(names, cands, disp)]
     parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
                  + markdown_table(rows))
     return "\n".join(parts)
