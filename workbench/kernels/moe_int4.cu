@@ -930,13 +930,29 @@ __device__ __forceinline__ void store_weighted_y(const SmallItems& it, int slot0
     }
 }
 
+// Gate/up's outputs of one lane's mma fragment: h[slot0 + col, 8 tile + g] = bf16(SiLU(gate) x up) for columns
+// col = col0 + 2t and col0 + 2t + 1 of the item starting at slot0, those below cnt (gate: rows g of the fragment, c0 / c1;
+// up: rows g + 8, c2 / c3). hbuf: bf16 [P, I].
+__device__ __forceinline__ void store_h(__nv_bfloat16* __restrict__ hbuf, int slot0, int cnt, int col0, int I, int tile,
+                                        const float (&c)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+        const int col = col0 + 2 * t + cc;
+        if (col < cnt) {
+            const float gt = c[cc], up = c[2 + cc];
+            hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
+        }
+    }
+}
+
 // PUBLISH = false (the phased form): no fence or done_gu count after h is stored (the launch boundary orders it).
 template <int NT, bool PUBLISH = true, int RS = FR_S, int XDP = 0, bool XEND = false>
 __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, int tile, const uint4* __restrict__ Fgu,
                                               const __nv_bfloat16* __restrict__ X, int topk, int H, int I,
                                               __nv_bfloat16* __restrict__ hbuf, int* done_gu,
                                               unsigned char* ring) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = I / 8, nsup = H / (64 * FR_SUB);
     const uint4* wt = Fgu + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, 4, 144]
@@ -949,15 +965,7 @@ __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, in
     float acc[NT][4];
     frag_gemm<NT, false, RS, XDP, XEND>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-            const int col = 8 * n + 2 * t + cc;
-            if (col < cnt) {
-                const float gt = acc[n][cc], up = acc[n][2 + cc];
-                hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
-            }
-        }
+    for (int n = 0; n < NT; ++n) store_h(hbuf, slot0, cnt, 8 * n, I, tile, acc[n]);
     if (!PUBLISH) return;
     fence_acq_rel_gpu();
     __syncwarp();
@@ -1229,15 +1237,7 @@ __device__ __forceinline__ void splitk_gate_up(const SmallItems& it, int item, i
         if (lane == 0) red_gu[item * tiles + tile] = 0;   // every part has arrived: nobody else touches it
     }
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-            const int col = 8 * n + 2 * t + cc;
-            if (col < cnt) {
-                const float gt = acc[n][cc], up = acc[n][2 + cc];
-                hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
-            }
-        }
+    for (int n = 0; n < NT; ++n) store_h(hbuf, slot0, cnt, 8 * n, I, tile, acc[n]);
     fence_acq_rel_gpu();
     __syncwarp();
     if (lane == 0) {
@@ -1482,7 +1482,7 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                                             int H, int I, int nitems, __nv_bfloat16* hbuf, float* Y,
                                             const float* __restrict__ topk_w, int* done_gu, int* done_dn,
                                             __nv_bfloat16* __restrict__ out) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, g = lane >> 2;
     const bool gu = tk.gu;
     const int s = tk.s, item = tk.item, grp = tk.grp;
     const int slot0 = it.islot[item], cnt = it.icnt[item];
@@ -1494,15 +1494,8 @@ __device__ __forceinline__ void cs_epilogue(const CsTask tk, const SmallItems& i
                 const float4 a = buf[(r * s + pp) * 32 + lane];
                 v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
             }
-            const int tile = grp * ntile + r;
-            const float gv[2] = {v.x, v.y}, uv[2] = {v.z, v.w};
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const int c = 2 * t + cc;
-                if (c < cnt)
-                    hbuf[(long long)(slot0 + c) * I + 8 * tile + g] =
-                        __float2bfloat16(gv[cc] / (1.f + __expf(-gv[cc])) * uv[cc]);
-            }
+            const float c[4] = {v.x, v.y, v.z, v.w};
+            store_h(hbuf, slot0, cnt, 0, I, grp * ntile + r, c);
         }
 #ifdef MOE_TRACE
         if (lane == 0) TRACE_TASK(s_trace_j, 9, trace_now());
@@ -1966,13 +1959,7 @@ __device__ __forceinline__ void moe_small_wsplit_body(
         }
         if (finish) {
             if (un.gu) {
-#pragma unroll
-                for (int cc = 0; cc < 2; ++cc) {
-                    const int c = 2 * t + cc;
-                    if (c < cnt)
-                        hbuf[(long long)(slot0 + c) * I + 8 * un.tile + g] =
-                            __float2bfloat16(acc[cc] / (1.f + __expf(-acc[cc])) * acc[2 + cc]);
-                }
+                store_h(hbuf, slot0, cnt, 0, I, un.tile, acc);
                 __syncwarp();
                 if (lane == 0) {
                     fence_acq_rel_gpu();
@@ -2297,7 +2284,7 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
                                                   unsigned char* s_ring) {
     __shared__ float4 s_part[MOE_WARPS - 1][32];   // warps 1-3's partial sums of the task, per lane
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
     int nitems;
     const SmallItems it = small_items(ids, M, topk, E, H, out, nitems);
@@ -2325,14 +2312,7 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
                 acc[0][2] += v.z;
                 acc[0][3] += v.w;
             }
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const int col = 2 * t + cc;
-                if (col < cnt) {
-                    const float gt = acc[0][cc], up = acc[0][2 + cc];
-                    hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
-                }
-            }
+            store_h(hbuf, slot0, cnt, 0, I, tile, acc[0]);
         }
         __syncthreads();   // s_part is rewritten by the next task
     }
