@@ -29,10 +29,11 @@ from workbench.moe.fused import phased_launcher, phased_spec
 from workbench.moe.packing import Int4Experts, random_int4_experts
 
 PARTS = ("gu", "dn", "gu+dn")
+CALLS = 16   # calls per in-graph sample and distinct inputs per part
 
 
 def breakdown(banks: list[Int4Experts], m: int, routing: str, variant: str, gen: torch.Generator, reps: int = 20,
-              calls: int = 16, topk: int = 8, build: str = "default") -> dict[str, Any]:
+              calls: int = CALLS, topk: int = 8, build: str = "default") -> dict[str, Any]:
     """Per part of ``PARTS``: median ms of one graph replay of one call (the calls in turn, so no replay finds its
     weights in L2 from the one before) and per call in-graph, with the samples. ``build``: a key of
     ``workbench.moe.diag.ALL_BUILDS`` (diagnostic builds of moe_int4.cu: "noact" replaces the stage loops' activation
@@ -117,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         del bank, banks
         torch.cuda.empty_cache()
     path = write_measurement(args.name, parameters={"m_values": args.m, "variants": args.variants,
-                                                    "routings": args.routings, "reps": args.reps, "calls": 16,
+                                                    "routings": args.routings, "reps": args.reps, "calls": CALLS,
                                                     "hidden": args.hidden, "builds": args.builds,
                                                     "shape": "Kimi K2.6: 384 experts, H 7168 (or --hidden), I 2048, "
                                                              "top-8",
                                                     "timing": "one graph replay of one call on an idle GPU / per call "
-                                                              "of 16 back to back in one graph, medians"},
+                                                              f"of {CALLS} back to back in one graph, medians"},
                              results=results, out_dir=args.out)
     print(markdown_table(table_rows(results)))
     print(f"wrote {path}")

@@ -1058,12 +1058,18 @@ RUN28_DISPATCHED = ((1, 1, "ctasplit_x4e_r3fst"), (2, 2, "ctasplit_x4e_r3fstd_g4
 RUN28_AFTER = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (3, 16, "phased_r3_pdl"))   # the dispatch since 1e009b4
 
 
+def pairs_rule_rows(specs) -> list[dict[str, Any]]:
+    """:func:`split_rule_rows` for each (pair of processes, candidates, dispatched ranges) of ``specs``, every row
+    headed by the pair ("name, _2")."""
+    return [{"processes": f"{names[0]}, _2", **r} for names, cands, disp in specs
+            for r in split_rule_rows(names, cands, disp)]
+
+
 def run28_rule_rows() -> list[dict[str, Any]]:
     """Run 23b's rule for run 28: each pair of processes against the dispatch of the time (at M = 2 the pdl processes
     timed x4e_r3fst at (4, 2), not the dispatched x4e_r3fstd at (4, 1): the phased processes compare with that), and
     phased_r3_pdl against phased_r3."""
-    rows = []
-    for names, cands, disp in (
+    return pairs_rule_rows((
             (SMALL_RUN28, ("phased_r3", "phased_r4"), RUN28_DISPATCHED[:2] + ((4, 4, "wsplit_r3_g1d1"),)),
             (SMALL_RUN28_HI, ("phased_r3",), RUN28_DISPATCHED[2:]),
             (SMALL_RUN28B, ("phased_r3", "phased_r3_pdl"), ((1, 2, "ctasplit_x4e_r3fst"),)),
@@ -1072,9 +1078,7 @@ def run28_rule_rows() -> list[dict[str, Any]]:
             (SMALL_RUN28B_HI, ("phased_r3_pdl",), ((3, 16, "phased_r3"),)),
             (SMALL_RUN28C, ("phased_r3_pdl_even",), RUN28_AFTER),
             (SMALL_RUN28D, ("phased_r3_pdl_seq",), RUN28_AFTER),
-            (SMALL_RUN28E, ("phased_r3_pdl_dn4", "phased_r4_pdl"), RUN28_AFTER[:2] + ((4, 16, "phased_r3_pdl"),))):
-        rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, disp)]
-    return rows
+            (SMALL_RUN28E, ("phased_r3_pdl_dn4", "phased_r4_pdl"), RUN28_AFTER[:2] + ((4, 16, "phased_r3_pdl"),))))
 
 
 def breakdown_sections(names: tuple[str, ...], lead: str, inside: str = "", tail: str = "") -> list[str]:
@@ -1117,28 +1121,18 @@ RUN29_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl"), (4, 16, "p
 
 def run29_rule_rows() -> list[dict[str, Any]]:
     """Run 23b's rule for run 29's candidates against the dispatched phased_r3_pdl, per pair of processes."""
-    rows = []
-    for names, cands, disp in ((SMALL_RUN29, ("phased_r3_pdl_c2",), RUN29_DISPATCHED),
-                               (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5"), RUN29_DISPATCHED),
-                               (SMALL_RUN29E, ("phased_r3_pdl_cm",), RUN29_DISPATCHED),
-                               (SMALL_RUN29F, ("phased_r3_pdl_k4",), RUN29_DISPATCHED[:2] + ((3, 16, "phased_r3_pdl"),))):
-        rows += [{"processes": f"{names[0]}, _2", **r} for r in split_rule_rows(names, cands, disp)]
-    return rows
+    return pairs_rule_rows(((SMALL_RUN29, ("phased_r3_pdl_c2",), RUN29_DISPATCHED),
+                            (SMALL_RUN29B, ("phased_r3_pdl_g6", "phased_r3_pdl_g6d5"), RUN29_DISPATCHED),
+                            (SMALL_RUN29E, ("phased_r3_pdl_cm",), RUN29_DISPATCHED),
+                            (SMALL_RUN29F, ("phased_r3_pdl_k4",), RUN29_DISPATCHED[:2] + ((3, 16, "phased_r3_pdl"),))))
 
 
 def block_small_run29() -> str:
     """Run 29: what bounds the down launch (the tile-balance probe, Nsight Compute of the dispatched pair), then the
     two-CTA-cluster down launch (29) and the launch-bounds pairs (29b) beside the dispatch, with the rule."""
-    from workbench.measure import load_measurement
-    from workbench.moe.phased import table_rows
-
-    parts = []
-    bal = load_measurement("moe_phased_balance")
-    if bal:
-        parts.append(f"The tile-balance probe (`moe_phased_balance.json`, code {str(bal['provenance'].get('git_commit'))[:7]}; "
-                     "`python -m workbench.moe.phased --hidden 7168 8448 --routings uniform`): H = 8448 puts 4 down "
-                     "CTAs on every SM, H = 7168 4 on 52 SMs and 3 on 80; us per call, one replay / in-graph:\n\n"
-                     + markdown_table(table_rows(bal["results"])))
+    parts = breakdown_sections(("moe_phased_balance",), "The tile-balance probe",
+                               "; `python -m workbench.moe.phased --hidden 7168 8448 --routings uniform`; H = 8448 "
+                               "puts 4 down CTAs on every SM, H = 7168 4 on 52 SMs and 3 on 80")
     if any((REPO_ROOT / f).exists() for f in NCU_RUN29):
         parts.append("Nsight Compute of the dispatched pair (`--clock-control none`, uniform routing, each kernel "
                      "alone; `MS=\"1 2 16\" RACE=0 bash workbench/moe/h200_ncu_m1.sh`):\n\n"
@@ -1171,12 +1165,10 @@ def block_small_run30() -> str:
     dispatched path of each M."""
     parts = three_timing_sections(SMALL_RUN30 + SMALL_RUN30B, grids=False)
     parts += breakdown_sections(("moe_phased_breakdown_pf", "moe_phased_breakdown_ei"), "Each launch alone and both")
-    rows = [{"processes": f"{names[0]}, _2", **r}
-            for names, cands, disp in ((SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
-                                                      "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED),
-                                       (SMALL_RUN30B, ("phased_r3_pdl_ei", "phased_r3_pdl_k4_ei"),
-                                        RUN30_DISPATCHED[:2] + ((4, 4, "phased_r3_pdl"),)))
-            for r in split_rule_rows(names, cands, disp)]
+    rows = pairs_rule_rows(((SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
+                                           "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED),
+                            (SMALL_RUN30B, ("phased_r3_pdl_ei", "phased_r3_pdl_k4_ei"),
+                             RUN30_DISPATCHED[:2] + ((4, 4, "phased_r3_pdl"),))))
     parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
                  + markdown_table(rows))
     return "\n".join(parts)
@@ -1205,9 +1197,9 @@ SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_b
 
 
 def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The full sweeps ``names`` side by side (by default run 28's moe_bandwidth at 1e009b4, its repeat at the same
-    dispatched SASS, and today's moe_bandwidth): the goal rows of each, and per (routing, M <= 16) the copy rate, the
-    one-replay and in-graph ms and % of copy of each, "a / b / c"; ([], []) unless every file is committed."""
+    """The full sweeps ``names`` side by side (by default :data:`SWEEPS`: run 28's, its repeat at the same dispatched
+    SASS, run 29f's and today's moe_bandwidth): the goal rows of each, and per (routing, M <= 16) the copy rate, the
+    one-replay and in-graph ms and % of copy of each, "a / b / ..."; ([], []) unless every file is committed."""
     from workbench.measure import load_measurement
 
     return _sweep_rows(names, [load_measurement(n) for n in names])
