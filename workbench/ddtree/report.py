@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from workbench import REPO_ROOT, papers
 from workbench.ddtree.bench import goal_rows, kernel_results_rows, load_kernel_results
-from workbench.ddtree.verify import _plan
+from workbench.ddtree.verify import D_KV, D_LATENT, _plan
 from workbench.ddtree.verify_bench import verify_benchmark_rows
 from workbench.measure import load_measurement
 from workbench.papers import markdown_table
@@ -555,7 +555,7 @@ def _fastest_gather(probe: dict[str, Any]) -> tuple[float, str]:
                if not name.startswith("verify"))
 
 
-KV_ROW_BYTES = 576 * 2  # one bf16 KV row (latent 512 + rope 64), also one bf16 query row
+KV_ROW_BYTES = D_KV * 2  # one bf16 KV row (latent 512 + rope 64), also one bf16 query row
 PARTIAL_VALUE_BYTES = 2  # the narrowest partial output a merge could read (bf16; the kernel writes float32)
 
 
@@ -581,8 +581,8 @@ def split_merge_bound(rows: int, keys: int, launches: int, *, sms: int, gather_b
     for chunks in range(1, max(2, -(-2 * sms // blocks)) + 1):  # beyond two waves only the merge grows
         share = sms / min(blocks * chunks, sms)  # busiest SM's share of the GPU's work, over 1 / sms
         bytes_s = (chunks * q_rows + blocks * keys) * KV_ROW_BYTES / gather_bytes_per_s * share
-        tensor_s = 2.0 * q_rows * keys * (576 + 512) / matmul_flops_per_s * share
-        merge_s = chunks * rows * 512 * PARTIAL_VALUE_BYTES / gather_bytes_per_s if chunks > 1 else 0.0
+        tensor_s = 2.0 * q_rows * keys * (D_KV + D_LATENT) / matmul_flops_per_s * share
+        merge_s = chunks * rows * D_LATENT * PARTIAL_VALUE_BYTES / gather_bytes_per_s if chunks > 1 else 0.0
         total = launches * node_s + max(bytes_s, tensor_s) + merge_s
         if best is None or total < best["total_s"]:
             best = {"total_s": total, "chunks": chunks, "bytes_s": bytes_s, "tensor_s": tensor_s,
