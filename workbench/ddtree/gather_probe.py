@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 from typing import Any, Sequence
 
 from workbench.ddtree import verify as V
@@ -62,12 +63,11 @@ def encode_row_tensor_map(kv: Any) -> Any:
                          f"{tuple(kv.shape)} {kv.dtype} strides {kv.stride()}")
     if (kv.stride(0) * 2) % 16 or kv.data_ptr() % 16:
         raise ValueError("kv's row stride and address must be multiples of 16 bytes for a tensor map")
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuTensorMapEncodeTiled
-    except (OSError, AttributeError) as e:
-        from workbench.kernels import KernelUnavailable
+    from workbench.kernels import KernelUnavailable, libcuda
 
+    try:
+        fn = libcuda().cuTensorMapEncodeTiled
+    except (OSError, AttributeError) as e:
         raise KernelUnavailable(f"the driver's cuTensorMapEncodeTiled is not available: {e}") from e
     fn.restype = ctypes.c_int
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
@@ -99,6 +99,16 @@ def _kernel(method: int, depth: int) -> Any:
     return k
 
 
+@functools.lru_cache(maxsize=None)
+def _unused_word(device: str) -> Any:
+    """An int32 [1] CUDA tensor for the kernel's check-counter argument when the check is off (and the tensor-map
+    argument of the cp.async and bulk methods): made once per device, outside any graph capture, so a timed gather
+    is one kernel node (a tensor made per call would put a fill kernel into every captured call)."""
+    import torch
+
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 def _smem(depth: int) -> int:
     return (depth + 1) * TILE_BYTES + 1024
 
@@ -117,7 +127,6 @@ def gather(kv: Any, slots: Any, row_blocks: int, chunk_len: int, method: str, de
     (:func:`encode_row_tensor_map` of ``kv``) is needed for ``tma_rows``; ``err`` (a uint32/int32 CUDA
     tensor [1]) turns on the in-kernel check, which adds each mismatching 16-byte chunk to ``err[0]``."""
     import numpy as np
-    import torch
 
     from workbench.kernels import launch
 
@@ -130,7 +139,7 @@ def gather(kv: Any, slots: Any, row_blocks: int, chunk_len: int, method: str, de
     P = int(slots.shape[0])
     if P < 1 or chunk_len < 1 or row_blocks < 1:
         raise ValueError(f"need P >= 1, chunk_len >= 1, row_blocks >= 1; got {P}, {chunk_len}, {row_blocks}")
-    dummy = err if err is not None else torch.zeros(1, dtype=torch.int32, device=kv.device)
+    dummy = err if err is not None else _unused_word(str(kv.device))
     launch(_kernel(METHODS[method], depth), (row_blocks, -(-P // chunk_len)), 256,
            (kv, np.int64(kv.stride(0)), slots, P, chunk_len, tmap if tmap is not None else dummy, err is not None, dummy),
            shared_mem=_smem(depth))
@@ -163,6 +172,7 @@ def probe_point(heads: int, prefix: int, nodes: int = 33, reps: int = 20, seed: 
 
     sets = _input_sets(heads, prefix, nodes, seed)
     tmaps = [encode_row_tensor_map(s["kv_cache"]) for s in sets]
+    _unused_word(str(sets[0]["kv_cache"].device))   # made here, before any capture
     rb, clen, chunks = _grid(heads, prefix, nodes)
     ctas = rb * chunks
     tiles_total = rb * sum(-(-min(clen, prefix - g * clen) // TILE_KEYS) for g in range(chunks))

@@ -240,7 +240,7 @@ def launch_dependent(kernel: Any, grid: int, block: int, args: Sequence[Any]) ->
 
     if not (isinstance(grid, int) and isinstance(block, int)) or grid < 1 or block < 1:
         raise ValueError(f"launch_dependent takes a positive int grid and block, got {grid!r}, {block!r}")
-    cu = _libcuda()
+    cu = libcuda()
     values = []
     for a in _kernel_args(args):
         ctype = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int32): ctypes.c_int32,
@@ -274,7 +274,9 @@ class _LaunchConfig(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=1)
-def _libcuda() -> Any:
+def libcuda() -> Any:
+    """The CUDA driver library through ``ctypes``, loaded once (``OSError`` where there is none), for the calls CuPy
+    does not expose (``cuLaunchKernelEx`` here, ``cuTensorMapEncodeTiled`` in workbench.ddtree.gather_probe)."""
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     lib.cuLaunchKernelEx.restype = ctypes.c_int
