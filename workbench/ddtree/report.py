@@ -429,6 +429,7 @@ def block_verify_chain() -> str:
 
 
 GATHER_FILE = "ddtree_gather_probe"
+GATHER_FIRST_FILE = "ddtree_gather_probe_50b6293"   # the run that led to version 14 (a fill kernel in every timed call)
 SLOTRING_FILE = "ddtree_verify_slotring"
 WS_FILE = "ddtree_verify_ws"
 WS16_FILE = "ddtree_verify_ws16"
@@ -445,7 +446,9 @@ def block_verify_gather_probe() -> str:
             "`python -m workbench.ddtree.gather_probe`): in-graph time per call; `d1` / `d2`: one / two tiles in "
             "flight; `verify_diag_gather` and `verify_attention`: the verify kernel's gather-alone build and its "
             "attention launch at the same point, same process. Layout check (mismatching 16-byte chunks, every "
-            f"method and depth): {', '.join(f'{k} {v}' for k, v in bad.items())}.\n\n"
+            f"method and depth): {', '.join(f'{k} {v}' for k, v in bad.items())}. The run that led to version 14 "
+            f"(`{GATHER_FIRST_FILE}.json`) timed a fill kernel of the probe's unused check counter inside every "
+            "gather call; this file is the re-run without it (`verify_*` paths: today's default kernel).\n\n"
             + markdown_table(gather_rows_table(res)))
 
 
