@@ -73,6 +73,18 @@ def test_run29_candidates_not_dispatched():
     assert ("phased_r3_pdl_g6" not in dict(SMALL_TABLE).values()) and (2, "phased_r3_pdl_k4") in SMALL_TABLE
 
 
+def test_run30_candidates_not_dispatched():
+    """Run 30's and 30b's committed processes (moe_small_pf*.json, moe_small_ei*.json): the L2-prefetch pairs and the
+    early-issue pairs lose by run 23b's rule at every M range they were timed at, and none is in the dispatch."""
+    from workbench.moe.report import run30_rule_rows
+
+    rule = {(r["processes"].split(",")[0], r["M range"]): r for r in run30_rule_rows()}
+    assert set(rule) == {(n, m) for n in ("moe_small_pf", "moe_small_ei") for m in ("1-1", "2-2")} | {
+        ("moe_small_pf", "4-16"), ("moe_small_ei", "4-4")}
+    assert all(r["replaces"] == "no" and float(r["mean"]) < 0 for r in rule.values()), rule
+    assert not any(("_pf" in v or "_ei" in v) for _, v in SMALL_TABLE if v)
+
+
 def test_sweep_repeat_rows_pair_the_sweeps():
     """report.sweep_repeat_rows: the five goal rows of run 28's sweep, its repeat at the same dispatched SASS, run
     29f's sweep and run 30's side by side, and one row per (routing, M <= 16) present in all, from the committed

@@ -1159,18 +1159,23 @@ SMALL_RUN30B = ("moe_small_ei", "moe_small_ei_2")   # run 30b: early issue befor
 RUN30_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl_k4"), (4, 16, "phased_r3_pdl"))
 
 
+def run30_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule for run 30's L2-prefetch pairs and run 30b's early-issue pairs against the dispatched path of
+    each M (phased_r3_pdl, at M = 2 phased_r3_pdl_k4), per pair of processes."""
+    return pairs_rule_rows(((SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
+                                           "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED),
+                            (SMALL_RUN30B, ("phased_r3_pdl_ei", "phased_r3_pdl_k4_ei"),
+                             RUN30_DISPATCHED[:2] + ((4, 4, "phased_r3_pdl"),))))
+
+
 def block_small_run30() -> str:
     """Run 30: the L2-prefetch pairs (pfg, pfd, pfgd, k4_pfgd) and run 30b's early-issue pairs (ei, k4_ei) beside the
     dispatch, every path timed three ways, two processes each; each launch alone and both; run 23b's rule against the
     dispatched path of each M."""
     parts = three_timing_sections(SMALL_RUN30 + SMALL_RUN30B, grids=False)
     parts += breakdown_sections(("moe_phased_breakdown_pf", "moe_phased_breakdown_ei"), "Each launch alone and both")
-    rows = pairs_rule_rows(((SMALL_RUN30, ("phased_r3_pdl_pfg", "phased_r3_pdl_pfd", "phased_r3_pdl_pfgd",
-                                           "phased_r3_pdl_k4_pfgd"), RUN30_DISPATCHED),
-                            (SMALL_RUN30B, ("phased_r3_pdl_ei", "phased_r3_pdl_k4_ei"),
-                             RUN30_DISPATCHED[:2] + ((4, 4, "phased_r3_pdl"),))))
     parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
-                 + markdown_table(rows))
+                 + markdown_table(run30_rule_rows()))
     return "\n".join(parts)
 
 
