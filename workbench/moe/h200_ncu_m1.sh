@@ -23,13 +23,13 @@ for m in ${MS:-1 2}; do
 done
 if [ "${RACE:-1}" = 1 ]; then
   timeout "${RACE_T:-150}" compute-sanitizer --tool racecheck python3 -u -m workbench.moe.bench --sanitize \
-    --variants none --small-variants ${SV:-phased_r3_pdl} > "$OUT/racecheck_s4.txt" 2>&1
-  echo "racecheck rc=$?" >> "$OUT/racecheck_s4.txt"
+    --variants none --small-variants ${SV:-phased_r3_pdl} > "$OUT/racecheck_${SV:-phased_r3_pdl}.txt" 2>&1
+  echo "racecheck rc=$?" >> "$OUT/racecheck_${SV:-phased_r3_pdl}.txt"
 fi
 for m in ${MS:-1 2}; do
   echo "== M=$m"
   grep -E "^  moe_|Duration|DRAM Throughput|dram__bytes_read|inst_executed|sm__cycles_active|gpc__cycles|Achieved Occupancy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|rc=" "$OUT/ncu_m$m.txt" | head -80
   grep -E "^  moe_|stalled_(long_scoreboard|barrier|membar|short_scoreboard|wait|math|mio|lg_throttle|no_instruction|branch|sleeping|not_selected|selected|drain|dispatch|imc|tex|misc)_per" "$OUT/ncu_m$m.txt" | head -60
 done
-[ "${RACE:-1}" = 1 ] && echo "== racecheck" && grep -E "RACECHECK SUMMARY|sanitize checks|rc=|'ok': False|Error|Warning" "$OUT/racecheck_s4.txt" | tail -8
+[ "${RACE:-1}" = 1 ] && echo "== racecheck" && grep -E "RACECHECK SUMMARY|sanitize checks|rc=|'ok': False|Error|Warning" "$OUT/racecheck_${SV:-phased_r3_pdl}.txt" | tail -8
 exit 0
