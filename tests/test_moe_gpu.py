@@ -303,10 +303,12 @@ def test_ctasplit_x4_fixed_splits_parity_kimi_shape(splitk_on, m):
         assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
 
 
-def _assert_parity_and_equal_to(variant: str, base: str, m: int, experts_seed: int, compare_seed: int) -> None:
+def _assert_parity_and_equal_to(variant: str, base: str, m: int, experts_seed: int, compare_seed: int,
+                                rel_tol: float | None = None) -> None:
     """The forced one-launch kernel ``variant``: parity at Kimi shapes under uniform and skewed routing, then, on one
     more routing (at M = 1 a token routed twice to one expert: an item of two columns), outputs bit-identical to
-    ``base``'s (set as the forced kernel here; the splitk_on fixture restores the dispatch)."""
+    ``base``'s (set as the forced kernel here; the splitk_on fixture restores the dispatch), or with ``rel_tol``
+    within that relative distance of them by norm."""
     from workbench.moe.fused import set_small_variant
 
     ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=experts_seed)
@@ -321,7 +323,12 @@ def _assert_parity_and_equal_to(variant: str, base: str, m: int, experts_seed: i
     a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
     set_small_variant(base)
     b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex)
-    assert torch.isfinite(a).all() and torch.equal(a, b), variant
+    assert torch.isfinite(a).all(), variant
+    if rel_tol is None:
+        assert torch.equal(a, b), variant
+    else:
+        a, b = a.float(), b.float()
+        assert (a - b).norm() <= rel_tol * b.norm(), float((a - b).norm() / b.norm())
 
 
 # ---- x4e with a 3-stage ring (x4e_r3; run 19's control, then its own comparison)
@@ -482,22 +489,7 @@ def test_phased_k4_parity_and_close_to_v3_kimi_shape(splitk_on, m):
     """The K-split gate/up form (run 29f): parity at Kimi shapes (uniform and skewed), and within 2e-3 by norm of
     version 3's outputs (the same products; gate/up's sum over K in four fp32 parts added in a fixed order instead of
     one chain, so a few h values round to the neighbouring bf16); at M = 1 a token routed twice to one expert."""
-    from workbench.moe.fused import set_small_variant
-
-    ex = random_int4_experts(24, 7168, 2048, device="cuda", seed=170 + m)
-    for routing in ("uniform", "skewed"):
-        res = check_case(ex, m, routing, torch.Generator().manual_seed(m), topk=8)
-        assert res["path"] == f"small_{splitk_on}" and res["nonfinite"] == 0 and res["rel_err"] <= 1e-2, res
-    g = torch.Generator().manual_seed(180 + m)
-    ids, w = make_routing(m, 24, 8, "uniform", g)
-    if m == 1:
-        ids[0, 1] = ids[0, 0]
-    x = torch.randn(m, 7168, generator=g).bfloat16().cuda()
-    a = fused_moe_int4(x, ids.cuda(), w.cuda(), ex).float()
-    set_small_variant("v3")
-    b = fused_moe_int4(x, ids.cuda(), w.cuda(), ex).float()
-    assert torch.isfinite(a).all()
-    assert (a - b).norm() <= 2e-3 * b.norm(), float((a - b).norm() / b.norm())
+    _assert_parity_and_equal_to(splitk_on, "v3", m, 170 + m, 180 + m, rel_tol=2e-3)
 
 
 @pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4", "phased_r3_pdl", "phased_r3_pdl_k4"], indirect=True)
