@@ -1219,7 +1219,20 @@ SMALL_EI_PREDICTION = (
     "k4_ei against phased_r3_pdl_k4 +0-1; at M = 4 (32 pairs: the warp's two 32-step shuffle loops cost about what "
     "they save) -0.5..+0.5. Refuted if ei is not ahead of phased_r3_pdl at M = 1 on average over routings and "
     "processes (one replay).")
-SMALL_PREDICTIONS = {"moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_FO_PREDICTION = (
+    "Run 31, written before its first run. Run 29d: without the dequantisation (nodeq_frag) the down launch alone "
+    "in-graph is 20.5 us against 22.0 at M = 1 and 219 against 256 at M = 16, the gate/up launch 34.4 against 35.2 "
+    "(M = 1) and 418 against 467 (M = 16). The fold removes the four bf16x2 subtractions of a word (16 of the 44 "
+    "dequantisation instructions of a 64-wide step) and adds per 256-wide stage one mma, two shared loads and two "
+    "PRMT (gate/up: the group sums from a per-CTA table built in the prologue, ~0.3-1 us at M = 1, up to ~4 us at "
+    "M = 16) or two L2 loads and ~11 ALU (down: from h's partial sums, stored by gate/up with three shuffles a tile). "
+    "Predicted, against phased_r3_pdl in the same processes: the down launch alone in-graph at M = 1 (fd) 21.2-21.8 "
+    "us, at M = 16 235-248 us; the gate/up launch alone with the fold (fgd) at M = 1 within 0.5 us of the default, at "
+    "M = 16 440-460 us. One replay at M = 1: fd +0.3-1.2 points of copy, fgd +0-1.5, fg -0.5..+0.8; k4_fd against "
+    "phased_r3_pdl_k4 at M = 2 +0.3-1.2; in-graph at M = 16 fd +1-3, fgd +2-5. Outputs within 2e-3 of version 3's by "
+    "norm (workbench.moe.fold's CPU model: ~1e-4 from the bf16 hi + lo split). Refuted if no fold pair is ahead of "
+    "its base at M = 1 on average over routings and processes (one replay).")
+SMALL_PREDICTIONS = {"moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
