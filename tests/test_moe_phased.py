@@ -1,11 +1,7 @@
 """The phased form of the small-M path (two launches, moe_int4.cu "Phased form"): its host-side plan, on the CPU."""
 import pytest
 
-import torch
-
-from workbench.moe.fused import (FOLD_MAX_HIDDEN, FOLD_TOKENS, SMALL_VARIANTS, max_work_items, phased_grids,
-                                 phased_hbuf, phased_launcher, phased_spec, splitk_splits)
-from workbench.moe.packing import random_int4_experts
+from workbench.moe.fused import SMALL_VARIANTS, max_work_items, phased_grids, phased_spec, splitk_splits
 
 
 def test_phased_variants_name_both_kernels():
@@ -82,23 +78,3 @@ def test_breakdown_rejects_unknown_build():
     assert set(ALL_BUILDS) == set(BUILDS) | set(FRAG_BUILDS) and "nomath_frag_noact" in ALL_BUILDS
     with pytest.raises(ValueError, match="build must be one of"):
         breakdown([], 1, "uniform", "phased_r3", torch.Generator(), build="nomath_everything")
-
-
-def test_fold_variants_scratch_and_shape_limits():
-    """Run 31's folded forms: their own kernels; the folded down launches read h's partial sums (f32 [P, I / 8])
-    stored after h in the scratch; the gate/up fold table refuses M or H beyond what it holds, before any launch."""
-    assert phased_spec("phased_r3_pdl_fgd") == ("moe_small_phased_gu_r3p_fgd", ("ph", 3, "pdl", "fold", "fold_gu"))
-    assert phased_spec("phased_r3_pdl_k4_fd")[1][3] == "k4"   # the K-split grid
-    assert phased_hbuf("phased_r3_pdl", 8, 2048, "cpu").numel() == 8 * 2048
-    assert phased_hbuf("phased_r3_pdl_fg", 8, 2048, "cpu").numel() == 8 * 2048   # gate/up fold only: no sums
-    for v in ("phased_r3_pdl_fd", "phased_r3_pdl_fgd", "phased_r3_pdl_k4_fd"):
-        buf = phased_hbuf(v, 8, 2048, "cpu")
-        assert buf.dtype == torch.bfloat16 and buf.numel() == 8 * 2048 + 8 * 256 * 2
-    with pytest.raises(ValueError, match="multiple of 8"):
-        phased_hbuf("phased_r3_pdl_fd", 8, 100, "cpu")
-    ex = random_int4_experts(4, FOLD_MAX_HIDDEN + 256, 256, seed=0)
-    with pytest.raises(ValueError, match="fold table"):
-        phased_launcher(ex, 1, 8, "phased_r3_pdl_fgd")
-    ex = random_int4_experts(4, 256, 256, seed=0)
-    with pytest.raises(ValueError, match="fold table"):
-        phased_launcher(ex, FOLD_TOKENS + 1, 1, "phased_r3_pdl_fg")

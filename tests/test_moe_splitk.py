@@ -85,6 +85,17 @@ def test_run30_candidates_not_dispatched():
     assert not any(("_pf" in v or "_ei" in v) for _, v in SMALL_TABLE if v)
 
 
+def test_run31_fold_not_dispatched():
+    """Run 31's committed processes (moe_small_fo*.json): every folded pair loses by run 23b's rule at every M range,
+    and none is in the dispatch."""
+    from workbench.moe.report import run31_rule_rows
+
+    rule = {r["M range"]: r for r in run31_rule_rows()}
+    assert set(rule) == {"1-1", "2-2", "4-16"}
+    assert all(r["replaces"] == "no" and float(r["mean"]) < 0 for r in rule.values()), rule
+    assert not any(v.endswith(("_fd", "_fgd", "_fg")) for _, v in SMALL_TABLE if v)
+
+
 def test_sweep_repeat_rows_pair_the_sweeps():
     """report.sweep_repeat_rows: the five goal rows of run 28's sweep, its repeat at the same dispatched SASS, run
     29f's sweep and run 30's side by side, and one row per (routing, M <= 16) present in all, from the committed

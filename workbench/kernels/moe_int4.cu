@@ -736,20 +736,10 @@ __device__ __forceinline__ unsigned int nib_pair(unsigned int w) {
     return r;
 }
 
-// The fold's B operand words of one lane (frag_gemm FOLD): c = -136 x the group sums s0 (group 2t of the stage) and s1
-// (2t + 1); hi = bf16x2 (c0, c1) rounded, lo = bf16x2 of what hi leaves (c - hi), so hi + lo carries ~16 bits of c.
-__device__ __forceinline__ void fold_pair(float s0, float s1, unsigned int& hi, unsigned int& lo) {
-    const float c0 = -136.f * s0, c1 = -136.f * s1;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(c1), "f"(c0));
-    const float r0 = c0 - __uint_as_float(hi << 16), r1 = c1 - __uint_as_float(hi & 0xFFFF0000u);
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
-}
-
 // One 64-wide K step of one 16-row tile: 4 mma chunks, 2 quantisation groups. A register r of chunk kc is
 // nib_pair(word >> 4r) = the bf16 pair (128 + u) (one shift, one LOP3), minus 136 by one exact bf16x2
 // subtraction; the group scale multiplies the fp32 partial sum of its two chunks.
-// FOLD (run 31): the subtractions left out, the A fragment is q + 136; frag_gemm's fold adds -136 x scale x group sum.
-template <int NT, bool FOLD = false>
+template <int NT>
 __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, const uint2 sc,
                                           const uint4 (&xq)[NT][2]) {
     const unsigned int wq[4] = {w.x, w.y, w.z, w.w};
@@ -771,7 +761,7 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
             unsigned int a1 = nib_pair(word >> 4);
             unsigned int a2 = nib_pair(word >> 8);
             unsigned int a3 = nib_pair(word >> 12);
-            if (!FOLD) {   // exact: (128 + u) - 136 = q in [-8, 7]
+            {   // exact: (128 + u) - 136 = q in [-8, 7]
                 a0 = bf2_sub(a0, 0x43084308u);
                 a1 = bf2_sub(a1, 0x43084308u);
                 a2 = bf2_sub(a2, 0x43084308u);
@@ -813,25 +803,15 @@ __device__ __forceinline__ void frag_step(float (&acc)[NT][4], const uint4 w, co
 // end anyway, then rotates the buffers with moves that wait for the loads).
 // GDC: after the first weight copies are issued, griddepcontrol.wait (the phased form's down launch under programmatic
 // dependent launch: the weights do not depend on the previous launch, the activations do).
-// FOLD (run 31; NT = 1): frag_step without its subtractions (A = q + 136, so each group adds 136 x scale x its sum of
-// x), and per stage one mma on a second accumulator `cor` that takes it back: A[row][k] = the scale of row for the
-// stage's group k mod 8 (this lane's: step t's scale words), B[k][col] = the bf16 hi (k < 8) and lo (k >= 8) halves of
-// -136 x the sum of column col's activations over the group (fold_pair). `fold`: FOLD = 1, this lane's column's row
-// of a uint2 table [stage][4] (fold_table: the (hi, lo) words of lane t); FOLD = 2, this lane's column's row of f32
-// partial sums [I / 8] (store_h's: one per 8 activations; four make a group), read one stage ahead like x.
-template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false, int FOLD = 0>
+template <int NT, bool COHERENT, int RS = FR_S, int XDP = 0, bool XEND = false, bool GDC = false>
 __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __restrict__ wt, int nsup,
                                           long long sstride, const __nv_bfloat16* const (&xr)[NT], const int* wait,
-                                          int target, unsigned char* ring, const void* fold = nullptr) {
-    static_assert(FOLD == 0 || NT == 1, "the fold serves one token tile");
+                                          int target, unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[n][c] = 0.f;
-    float cor[4] = {0.f, 0.f, 0.f, 0.f};
-    const float* fph = FOLD == 2 ? static_cast<const float*>(fold) + 8 * t : nullptr;   // groups 2t, 2t + 1 of stage 0
-    uint4 fp0 = make_uint4(0u, 0u, 0u, 0u), fp1 = fp0;
     const uint4* src = wt + lane;
     const unsigned int dst0 = (unsigned int)__cvta_generic_to_shared(ring) + lane * 16;
     const bool scale_lane = lane < 16;
@@ -872,10 +852,6 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
             xb[d][n][0] = ld_x16<COHERENT>(xp[n] + 64 * d);
             xb[d][n][1] = ld_x16<COHERENT>(xp[n] + 64 * d + 32);
         }
-    if (FOLD == 2) {
-        fp0 = __ldg(reinterpret_cast<const uint4*>(fph));
-        fp1 = __ldg(reinterpret_cast<const uint4*>(fph + 4));
-    }
     unsigned int rslot = 0;
 #pragma unroll 1
     for (int j = 0; j < nsup; ++j) {
@@ -907,27 +883,8 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
             for (int n = 0; n < NT; ++n)
                 acc[n][0] += __uint_as_float((w.x ^ w.y ^ w.z ^ w.w ^ sc.x ^ sc.y ^ xc[n][0].x ^ xc[n][1].w) & 0x007fffffu);
 #else
-            frag_step<NT, FOLD != 0>(acc, w, sc, xc);
+            frag_step<NT>(acc, w, sc, xc);
 #endif
-        }
-        if (FOLD != 0) {
-            unsigned int b0, b1;
-            if (FOLD == 1) {
-                const uint2 e = static_cast<const uint2*>(fold)[4 * j];
-                b0 = e.x;
-                b1 = e.y;
-            } else {
-                fold_pair((__uint_as_float(fp0.x) + __uint_as_float(fp0.y)) + (__uint_as_float(fp0.z) + __uint_as_float(fp0.w)),
-                          (__uint_as_float(fp1.x) + __uint_as_float(fp1.y)) + (__uint_as_float(fp1.z) + __uint_as_float(fp1.w)),
-                          b0, b1);
-                if (j + 1 < nsup) {
-                    fp0 = __ldg(reinterpret_cast<const uint4*>(fph + 32 * (j + 1)));
-                    fp1 = __ldg(reinterpret_cast<const uint4*>(fph + 32 * (j + 1) + 4));
-                }
-            }
-            const uint2 sct = *reinterpret_cast<const uint2*>(st + t * (FR_U4 * 16) + 512 + g * 8);   // step t's scales
-            const unsigned int s0 = __byte_perm(sct.x, sct.y, 0x5410), s1 = __byte_perm(sct.x, sct.y, 0x7632);
-            mma_bf16(cor, s0, s1, s0, s1, b0, b1);
         }
         if (XEND) {
 #pragma unroll
@@ -942,9 +899,6 @@ __device__ __forceinline__ void frag_gemm(float (&acc)[NT][4], const uint4* __re
         for (int n = 0; n < NT; ++n) xp[n] = xn[n];
         rslot = ring_next<RS>(rslot);
     }
-    if (FOLD != 0)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[0][c] += cor[c];
     cp_async_wait<0>();
     __syncwarp();   // the ring is free for the next task
 }
@@ -979,60 +933,39 @@ __device__ __forceinline__ void store_weighted_y(const SmallItems& it, int slot0
 // Gate/up's outputs of one lane's mma fragment: h[slot0 + col, 8 tile + g] = bf16(SiLU(gate) x up) for columns
 // col = col0 + 2t and col0 + 2t + 1 of the item starting at slot0, those below cnt (gate: rows g of the fragment, c0 / c1;
 // up: rows g + 8, c2 / c3). hbuf: bf16 [P, I].
-// SUMS (run 31's fold): also hp[slot0 + col, tile] = the sum of the tile's 8 stored h (bf16 values, fixed order over
-// g: the whole warp calls it). hp: f32 [P, I / 8].
-template <bool SUMS = false>
 __device__ __forceinline__ void store_h(__nv_bfloat16* __restrict__ hbuf, int slot0, int cnt, int col0, int I, int tile,
-                                        const float (&c)[4], float* __restrict__ hp = nullptr) {
+                                        const float (&c)[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    float hv[2] = {0.f, 0.f};
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
         const int col = col0 + 2 * t + cc;
         if (col < cnt) {
             const float gt = c[cc], up = c[2 + cc];
-            const __nv_bfloat16 b = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
-            hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = b;
-            if (SUMS) hv[cc] = __bfloat162float(b);
-        }
-    }
-    if (SUMS) {
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) hv[cc] += __shfl_xor_sync(0xffffffffu, hv[cc], o);
-            const int col = col0 + 2 * t + cc;
-            if (g == 0 && col < cnt) hp[(long long)(slot0 + col) * (I / 8) + tile] = hv[cc];
+            hbuf[(long long)(slot0 + col) * I + 8 * tile + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * up);
         }
     }
 }
 
 // PUBLISH = false (the phased form): no fence or done_gu count after h is stored (the launch boundary orders it).
-// FG (run 31, NT = 1): bit 0, also h's partial sums to hp (store_h SUMS); bit 1, the fold through the table ftab
-// (fold_table: [token][H / 256][4] uint2).
-template <int NT, bool PUBLISH = true, int RS = FR_S, int XDP = 0, bool XEND = false, int FG = 0>
+template <int NT, bool PUBLISH = true, int RS = FR_S, int XDP = 0, bool XEND = false>
 __device__ __forceinline__ void small_gate_up(const SmallItems& it, int item, int tile, const uint4* __restrict__ Fgu,
                                               const __nv_bfloat16* __restrict__ X, int topk, int H, int I,
                                               __nv_bfloat16* __restrict__ hbuf, int* done_gu,
-                                              unsigned char* ring, float* hp = nullptr, const uint2* ftab = nullptr) {
+                                              unsigned char* ring) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
     const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
     const int tiles = I / 8, nsup = H / (64 * FR_SUB);
     const uint4* wt = Fgu + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, 4, 144]
     const __nv_bfloat16* xr[NT];
-    int tok = 0;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         const int col = g + 8 * n;
-        tok = it.sorted[slot0 + (col < cnt ? col : 0)] / topk;
-        xr[n] = X + (long long)tok * H;
+        xr[n] = X + (long long)(it.sorted[slot0 + (col < cnt ? col : 0)] / topk) * H;
     }
     float acc[NT][4];
-    frag_gemm<NT, false, RS, XDP, XEND, false, (FG & 2) ? 1 : 0>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr,
-                                                                 nullptr, 0, ring,
-                                                                 (FG & 2) ? ftab + (tok * nsup) * 4 + (lane & 3) : nullptr);
+    frag_gemm<NT, false, RS, XDP, XEND>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
 #pragma unroll
-    for (int n = 0; n < NT; ++n) store_h<(FG & 1) != 0>(hbuf, slot0, cnt, 8 * n, I, tile, acc[n], hp);
+    for (int n = 0; n < NT; ++n) store_h(hbuf, slot0, cnt, 8 * n, I, tile, acc[n]);
     if (!PUBLISH) return;
     fence_acq_rel_gpu();
     __syncwarp();
@@ -2322,36 +2255,7 @@ MOE_STREAM_RING_KERNEL(4)
 //     the same order of sums), so the outputs are bit-identical to version 3's.
 // grid (host, workbench/moe/fused.py): gate/up min(resident CTAs, ceil(items bound x I/8 / 4)), down min(resident
 // CTAs, H/16); any grid is correct (both loops stride). No workspace; nothing is left for the next call.
-// Run 31's fold (FG, FD; fused variants "phased_r3_pdl_f*"): the h partial sums hp, f32 [P, I / 8], follow h in hbuf
-// (hbuf + P x I); the gate/up table (FG bit 1) is built by every CTA for M <= FOLD_TOK tokens and H <= 256 x
-// FOLD_STAGES (the host refuses other shapes).
-#define FOLD_TOK 16
-#define FOLD_STAGES 28   // Kimi: H = 7168; 14 KB of table, so five CTAs still fit an SM
-
-// The gate/up fold table (every CTA, block of 128 threads; M <= FOLD_TOK, nsup = H / 256 <= FOLD_STAGES):
-// tab[(m * nsup + s) * 4 + t] = fold_pair's (hi, lo) words of token m's groups 8s + 2t and 8s + 2t + 1 (group sums of X
-// in fp32, fixed order: 8 per thread, then over 4 threads by shuffles).
-__device__ __forceinline__ void fold_table(const __nv_bfloat16* __restrict__ X, int M, int H, uint2* tab) {
-    const int total = M * (H / 8);   // a thread per 8 activations; a multiple of 32 (H % 256 == 0)
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(X) + idx);   // token idx / (H / 8), 8 x (idx % (H / 8))
-        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sum += __uint_as_float(w[i] << 16) + __uint_as_float(w[i] & 0xFFFF0000u);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);   // the group's sum (32 activations: 4 threads)
-        const float odd = __shfl_down_sync(0xffffffffu, sum, 4);   // the next group's
-        if ((idx & 7) == 0) {
-            unsigned int hi, lo;
-            fold_pair(sum, odd, hi, lo);
-            tab[idx >> 3] = make_uint2(hi, lo);   // (m * nsup + s) * 4 + t
-        }
-    }
-}
-
-template <int RS, bool PDL = false, int FG = 0>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2360,20 +2264,11 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
     if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
     int nitems;
     const SmallItems it = small_items(ids, M, topk, E, H, out, nitems);
-    uint2* tab = nullptr;
-    if (FG & 2) {
-        __shared__ uint2 s_tab[FOLD_TOK * FOLD_STAGES * 4];
-        if (M > FOLD_TOK || H > 256 * FOLD_STAGES) __trap();   // the host refuses these shapes
-        fold_table(X, M, H, s_tab);
-        __syncthreads();
-        tab = s_tab;
-    }
-    float* hp = (FG & 1) ? reinterpret_cast<float*>(hbuf + (long long)M * topk * I) : nullptr;
     unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
     const int tiles = I / 8, tasks = nitems * tiles, nw = gridDim.x * MOE_WARPS;
     for (int task = blockIdx.x * MOE_WARPS + warp; task < tasks; task += nw) {
         const int item = task / tiles, tile = task - item * tiles;
-        small_gate_up<1, false, RS, FR_SUB, true, FG>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring, hp, tab);
+        small_gate_up<1, false, RS, FR_SUB, true>(it, item, tile, Fgu, X, topk, H, I, hbuf, nullptr, ring);
     }
 }
 
@@ -2383,15 +2278,13 @@ __device__ __forceinline__ void phased_gate_up(const uint4* __restrict__ Fgu, co
 // Why: at M = 2 the whole-K form has 4096 tasks on 2640 warps, a second round half full (Nsight: the gate/up SMs
 // idle a quarter of the kernel's cycles); tasks a quarter as long leave a shorter partial round. Not bit-identical to
 // version 3 (its sum over K runs in one chain); deterministic. grid: min(resident CTAs, tasks bound), striding.
-template <int RS, bool PDL = false, int FG = 0>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                   const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
                                                   unsigned char* s_ring) {
-    static_assert((FG & 2) == 0, "the K-split gate/up has no fold table (FG bit 0 only: h's partial sums)");
     __shared__ float4 s_part[MOE_WARPS - 1][32];   // warps 1-3's partial sums of the task, per lane
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-    float* hp = (FG & 1) ? reinterpret_cast<float*>(hbuf + (long long)M * topk * I) : nullptr;
     if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
     int nitems;
     const SmallItems it = small_items(ids, M, topk, E, H, out, nitems);
@@ -2419,13 +2312,13 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
                 acc[0][2] += v.z;
                 acc[0][3] += v.w;
             }
-            store_h<(FG & 1) != 0>(hbuf, slot0, cnt, 0, I, tile, acc[0], hp);
+            store_h(hbuf, slot0, cnt, 0, I, tile, acc[0]);
         }
         __syncthreads();   // s_part is rewritten by the next task
     }
 }
 
-template <int RS, bool PDL = false, bool FD = false>
+template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
                                             int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out,
@@ -2440,12 +2333,10 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
         for (int item = warp; item < nitems; item += MOE_WARPS) {
             const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
             const uint4* wt = Fdn + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, I/256, tiles, 4, 144]
-            const int slot = slot0 + (g < cnt ? g : 0);
-            const __nv_bfloat16* const xr[1] = {hbuf + (long long)slot * I};
+            const __nv_bfloat16* const xr[1] = {hbuf + (long long)(slot0 + (g < cnt ? g : 0)) * I};
             float acc[1][4];
-            frag_gemm<1, false, RS, FR_SUB, true, PDL, FD ? 2 : 0>(
-                acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring,
-                FD ? reinterpret_cast<const float*>(hbuf + (long long)M * topk * I) + (long long)slot * (I / 8) : nullptr);
+            frag_gemm<1, false, RS, FR_SUB, true, PDL>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
+                                                       ring);
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {   // lane (g, t): rows g and g + 8 of the tile, columns 2t and 2t + 1
                 const int col = 2 * t + cc;
@@ -2478,31 +2369,24 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 // (the host launches DN with programmatic stream serialisation: GU lets it start at once, and DN's warps issue their
 // first weight stages before griddepcontrol.wait, which returns when GU has completed and its h is visible; launched
 // without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL, FG, FD)                                                        \
+#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL)                                                                \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        GUBODY<RS, PDL, FG>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                     \
+        GUBODY<RS, PDL>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);                                         \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_down<RS, PDL, FD>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                          \
+        phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false, 0, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false, 0, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true, 0, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true)
 // run 29f: the K-split gate/up (phased_gate_up_k4) with the PDL down kernel
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true, 0, false)
-// run 31 candidates: the dequantisation's -136 folded into one mma per stage (frag_gemm FOLD): _fd the down launch
-// (gate/up also stores h's partial sums), _fgd both launches (gate/up through fold_table), _fg the gate/up launch only,
-// _k4_fd the K-split gate/up with the folded down launch
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_fd, moe_small_phased_dn_r3p_fd, phased_gate_up, 3, true, 1, true)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_fgd, moe_small_phased_dn_r3p_fgd, phased_gate_up, 3, true, 3, true)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_fg, moe_small_phased_dn_r3p_fg, phased_gate_up, 3, true, 2, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4_fd, moe_small_phased_dn_r3p_k4_fd, phased_gate_up_k4, 3, true, 1, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -2518,4 +2402,7 @@ MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4_fd, moe_small_phased_dn_r3p_k4_fd,
 // (_pfd), both (_pfgd, _k4_pfgd): 3-10 points slower at M = 1, the down launch alone ~5 us slower with _pfd: reverted,
 // in git history at 4e1a5c6; moe_small_pf*.json; run 30b's _ei / _k4_ei, each gate/up warp's first stages issued before
 // the CTA's prologue (the item table by warp shuffles): level or behind at M = 1-4: reverted, in git history at
-// aded977; moe_small_ei*.json)
+// aded977; moe_small_ei*.json; run 31's _fd / _fgd / _fg / _k4_fd, the dequantisation's -136 folded into one mma per
+// stage with the group sums as bf16 hi + lo (gate/up: a per-CTA table of X's sums; down: h's partial sums stored by
+// gate/up): slower at every M, the folded down launch alone slower in-graph at M = 1 and 16: reverted, in git history
+// at d11ae6f; moe_small_fo*.json)

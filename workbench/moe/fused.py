@@ -86,13 +86,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the gate/up tasks split in K over a CTA's four warps, the parts added in shared memory (run 29f; "k4":
     # one task per CTA, grid min(resident CTAs, tasks); not bit-identical to version 3)
     "phased_r3_pdl_k4": ("moe_small_phased_gu_r3p_k4", ("ph", 3, "pdl", "k4")),
-    # run 31 candidates: the dequantisation's -136 folded into one mma per stage ("fold": the down launch, reading
-    # the h partial sums gate/up stores after h, phased_hbuf; "fold_gu": the gate/up launch, through a per-CTA table of
-    # X's group sums, M <= FOLD_TOKENS); within 2e-3 of version 3 by norm, not bit-identical
-    "phased_r3_pdl_fd": ("moe_small_phased_gu_r3p_fd", ("ph", 3, "pdl", "fold")),
-    "phased_r3_pdl_fgd": ("moe_small_phased_gu_r3p_fgd", ("ph", 3, "pdl", "fold", "fold_gu")),
-    "phased_r3_pdl_fg": ("moe_small_phased_gu_r3p_fg", ("ph", 3, "pdl", "fold_gu")),
-    "phased_r3_pdl_k4_fd": ("moe_small_phased_gu_r3p_k4_fd", ("ph", 3, "pdl", "k4", "fold")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -104,7 +97,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # history at 7de299f; moe_small_cm*.json; run 30's phased_r3_pdl_pfg / _pfd / _pfgd / _k4_pfgd, L2 prefetches of
     # the down weights, 3-10 points slower at M = 1: reverted, in git history at 4e1a5c6; moe_small_pf*.json; run 30b's
     # phased_r3_pdl_ei / _k4_ei, the gate/up warps' first stages issued before the CTA's prologue, level or behind at
-    # M = 1-4: reverted, in git history at aded977; moe_small_ei*.json)
+    # M = 1-4: reverted, in git history at aded977; moe_small_ei*.json; run 31's phased_r3_pdl_fd / _fgd / _fg /
+    # _k4_fd, the dequantisation's -136 folded into one mma per stage, slower at every M: reverted, in git history at
+    # d11ae6f; moe_small_fo*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -515,14 +510,13 @@ def _fused_small(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     gu_frag, dn_frag = experts.fragments()
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     wts = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
     variant = small_variant_for(m, k)
     if variant is None:
         raise RuntimeError(f"the one-launch path does not run M={m}, topk={k} (fused.SMALL_TABLE {SMALL_TABLE})")
     kname, spec = SMALL_VARIANTS[variant]
     if spec is not None and spec[0] == "ph":   # two launches, each with its own kernel and grid
-        hbuf = phased_hbuf(variant, p, i, dev)
         return phased_launcher(experts, m, k, variant, options)(hidden, ids, wts, hbuf, out)
-    hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
     kern = _kernel(kname, options)
     grid = _small_grid(kern, dev, kname + "".join(options))
     if spec is None:
@@ -570,20 +564,6 @@ def phased_grids(pairs: int, num_experts: int, hidden: int, intermediate: int, r
     return (min(resident_gu, -(-tasks // tasks_per_cta)), min(resident_dn, hidden // 16))
 
 
-FOLD_TOKENS = 16       # moe_int4.cu FOLD_TOK: tokens the gate/up fold table holds (every small-path M at top-8)
-FOLD_MAX_HIDDEN = 7168  # 256 x FOLD_STAGES
-
-
-def phased_hbuf(variant: str, pairs: int, intermediate: int, device: torch.device | str) -> torch.Tensor:
-    """The scratch of the phased form ``variant`` for ``pairs`` (token, expert) pairs: bf16, h [pairs, I] first; the
-    folded down launches ("fold" in the spec, run 31) also read h's partial sums, f32 [pairs, I / 8], stored after it."""
-    _, spec = phased_spec(variant)
-    if pairs < 1 or intermediate < 8 or intermediate % 8:
-        raise ValueError(f"need pairs >= 1 and I a positive multiple of 8, got {pairs}, {intermediate}")
-    extra = pairs * (intermediate // 8) * 2 if "fold" in spec[2:] else 0   # f32 as two bf16 each
-    return torch.empty(pairs * intermediate + extra, dtype=torch.bfloat16, device=device)
-
-
 def phased_spec(variant: str) -> tuple[str, tuple]:
     """(gate/up kernel name, spec) of the phased form ``variant``; a clear error for any other name."""
     kname, spec = SMALL_VARIANTS.get(variant, ("", None))
@@ -596,13 +576,10 @@ def phased_spec(variant: str) -> tuple[str, tuple]:
 def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, options: tuple[str, ...] = ()):
     """The phased form ``variant`` (a :data:`SMALL_VARIANTS` key of kind "ph") for M tokens of ``topk`` experts:
     a callable ``run(hidden, ids, wts, hbuf, out, parts="gu+dn")`` that launches it on the current stream, with
-    hidden bf16 [M, H], ids int32 [M * topk], wts float32 [M * topk], hbuf from :func:`phased_hbuf` (h, and for a
-    folded form h's partial sums, written by the gate/up launch), out bf16 [M, H]; ``parts`` as :func:`_phased`'s."""
+    hidden bf16 [M, H], ids int32 [M * topk], wts float32 [M * topk], hbuf bf16 [M * topk, I] (h, written by the
+    gate/up launch), out bf16 [M, H]; ``parts`` as :func:`_phased`'s."""
     kname, spec = phased_spec(variant)
     e, h, i, dev = experts.num_experts, experts.hidden, experts.intermediate, experts.device
-    if "fold_gu" in spec[2:] and (m > FOLD_TOKENS or h > FOLD_MAX_HIDDEN):
-        raise ValueError(f"{variant}: the gate/up fold table holds M <= {FOLD_TOKENS} tokens and H <= "
-                         f"{FOLD_MAX_HIDDEN}, got M={m}, H={h}")
     dname = kname.replace("_gu_", "_dn_")
     gu, dn = _kernel(kname, options), _kernel(dname, options)
     key = "".join(options)

@@ -25,7 +25,7 @@ import torch
 from workbench.measure import capture_graphs, median, time_cuda, time_in_graph, write_measurement
 from workbench.moe.bench import make_routing, second_bank
 from workbench.moe.diag import ALL_BUILDS
-from workbench.moe.fused import phased_hbuf, phased_launcher, phased_spec
+from workbench.moe.fused import phased_launcher, phased_spec
 from workbench.moe.packing import Int4Experts, random_int4_experts
 
 PARTS = ("gu", "dn", "gu+dn")
@@ -51,7 +51,7 @@ def breakdown(banks: list[Int4Experts], m: int, routing: str, variant: str, gen:
     for _ in range(calls):
         ids, w = make_routing(m, e, topk, routing, gen)
         inputs.append((ids.reshape(-1).to(torch.int32).cuda(), w.reshape(-1).to(torch.float32).cuda(),
-                       phased_hbuf(variant, m * topk, i, "cuda"),
+                       torch.empty(m * topk, i, dtype=torch.bfloat16, device="cuda"),
                        torch.empty(m, h, dtype=torch.bfloat16, device="cuda")))
 
     def call(j: int, parts: str) -> Callable[[], None]:

@@ -1179,6 +1179,25 @@ def block_small_run30() -> str:
     return "\n".join(parts)
 
 
+SMALL_RUN31 = ("moe_small_fo", "moe_small_fo_2")   # run 31: the dequantisation's -136 folded into one mma (reverted)
+
+
+def run31_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule for run 31's folded pairs against the dispatched path of each M, per pair of processes."""
+    return pairs_rule_rows(((SMALL_RUN31, ("phased_r3_pdl_fd", "phased_r3_pdl_fgd", "phased_r3_pdl_fg",
+                                           "phased_r3_pdl_k4_fd"), RUN30_DISPATCHED),))
+
+
+def block_small_run31() -> str:
+    """Run 31: the folded pairs (fd, fgd, fg, k4_fd) beside the dispatch, every path timed three ways, two processes;
+    each launch alone and both at M = 1 and 16; run 23b's rule against the dispatched path of each M."""
+    parts = three_timing_sections(SMALL_RUN31, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown_fo",), "Each launch alone and both")
+    parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
+                 + markdown_table(run31_rule_rows()))
+    return "\n".join(parts)
+
+
 def run29g_sections() -> list[str]:
     """Run 29g: per-SASS-instruction Nsight counters of the dispatched pair at M = 1 (PROFILE_RUN29G): each kernel's
     stage loop (sass.stage_loop_costs) and its instructions with the most warp-stall samples (ncu_sass_rows)."""
@@ -1418,6 +1437,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_run28": block_small_run28,
     "small_run29": block_small_run29,
     "small_run30": block_small_run30,
+    "small_run31": block_small_run31,
     "sweep_repeat": block_sweep_repeat,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
