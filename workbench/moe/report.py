@@ -1180,6 +1180,7 @@ def block_small_run30() -> str:
 
 
 SMALL_RUN31 = ("moe_small_fo", "moe_small_fo_2")   # run 31: the dequantisation's -136 folded into one mma (reverted)
+PROFILE_RUN31 = "data/measurements/h200/moe_profile_fo_d11ae6f"   # Nsight of the default and folded down kernels
 
 
 def run31_rule_rows() -> list[dict[str, Any]]:
@@ -1195,6 +1196,14 @@ def block_small_run31() -> str:
     parts += breakdown_sections(("moe_phased_breakdown_fo",), "Each launch alone and both")
     parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
                  + markdown_table(run31_rule_rows()))
+    for build, what in (("phased_r3_pdl", "default"), ("phased_r3_pdl_fd", "folded")):
+        path = f"{PROFILE_RUN31}/sass_{build}_dn_m1.csv"
+        if (REPO_ROOT / path).exists():
+            hot, _ = ncu_sass_rows(path, top=6)
+            parts.append(f"Nsight Compute, the {what} down kernel at M = 1 (`{build}`; one call with d11ae6f checked "
+                         "out: `SPECS=\"phased_r3_pdl:1 phased_r3_pdl_fd:1\" PARTS=dn bash "
+                         "workbench/moe/h200_profile_dispatched.sh`), the instructions with the most warp-stall "
+                         "samples:\n\n" + markdown_table(hot))
     return "\n".join(parts)
 
 
