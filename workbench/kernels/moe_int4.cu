@@ -646,6 +646,20 @@ __device__ __forceinline__ float ld_cg_f32(const float* p) {
     return r;
 }
 
+// Token m's output value as the sum over its k experts (ascending) in one fp32 chain from 0: add(sum, pair) adds pair
+// m * topk + k's contribution(s) to the chain; NaN for a token with an invalid id (s_e[pair] < 0).
+template <typename Add>
+__device__ __forceinline__ float token_sum_over_k(const int* s_e, int m, int topk, Add add) {
+    bool ok = true;
+    for (int k = 0; k < topk; ++k) ok = ok && s_e[m * topk + k] >= 0;
+    float sum = __int_as_float(0x7fc00000);
+    if (ok) {
+        sum = 0.f;
+        for (int k = 0; k < topk; ++k) add(sum, m * topk + k);
+    }
+    return sum;
+}
+
 // out[m, row0 .. row0 + rows) = bf16(sum over k ascending of Y[m * topk + k, n]) for every token m, by one warp, in one
 // fp32 chain (fixed order); NaN for a token with an invalid id (s_e[pair] < 0). Y [P, H] f32 is written by other warps
 // of this launch: read through L2. (The split-K kernels' form also sums over the parts: splitk_down.)
@@ -654,13 +668,9 @@ __device__ __forceinline__ void sum_rows_over_k(const int* s_e, const float* Y, 
     const int lane = threadIdx.x & 31;
     for (int idx = lane; idx < M * rows; idx += 32) {
         const int m = idx / rows, n = row0 + (idx - m * rows);
-        bool ok = true;
-        for (int k = 0; k < topk; ++k) ok = ok && s_e[m * topk + k] >= 0;
-        float sum = __int_as_float(0x7fc00000);
-        if (ok) {
-            sum = 0.f;
-            for (int k = 0; k < topk; ++k) sum += ld_cg_f32(Y + (long long)(m * topk + k) * H + n);
-        }
+        const float sum = token_sum_over_k(s_e, m, topk, [&](float& s, int pair) {
+            s += ld_cg_f32(Y + (long long)pair * H + n);
+        });
         out[(long long)m * H + n] = __float2bfloat16(sum);
     }
 }
@@ -1284,14 +1294,9 @@ __device__ __forceinline__ void splitk_down(const SmallItems& it, int item, int 
     // every (item, part) has written its rows of this tile: out[m, tile rows] = sum_k sum_part (k outer, both ascending)
     for (int idx = lane; idx < M * 16; idx += 32) {
         const int m = idx >> 4, n = 16 * tile + (idx & 15);
-        bool ok = true;
-        for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
-        float s = __int_as_float(0x7fc00000);
-        if (ok) {
-            s = 0.f;
-            for (int k = 0; k < topk; ++k)
-                for (int q = 0; q < sdn; ++q) s += ld_cg_f32(ypart + ((long long)q * P + m * topk + k) * H + n);
-        }
+        const float s = token_sum_over_k(it.e, m, topk, [&](float& acc, int pair) {
+            for (int q = 0; q < sdn; ++q) acc += ld_cg_f32(ypart + ((long long)q * P + pair) * H + n);
+        });
         out[(long long)m * H + n] = __float2bfloat16(s);
     }
     __syncwarp();
@@ -2351,13 +2356,7 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
         __syncthreads();
         for (int idx = tid; idx < M * 16; idx += blockDim.x) {
             const int m = idx >> 4, r = idx & 15;
-            bool ok = true;
-            for (int k = 0; k < topk; ++k) ok = ok && it.e[m * topk + k] >= 0;
-            float sum = __int_as_float(0x7fc00000);
-            if (ok) {
-                sum = 0.f;
-                for (int k = 0; k < topk; ++k) sum += s_y[(m * topk + k) * 16 + r];
-            }
+            const float sum = token_sum_over_k(it.e, m, topk, [&](float& s, int pair) { s += s_y[pair * 16 + r]; });
             out[(long long)m * H + 16 * tile + r] = __float2bfloat16(sum);
         }
         __syncthreads();   // s_y is rewritten for the next tile
