@@ -1232,7 +1232,21 @@ SMALL_FO_PREDICTION = (
     "phased_r3_pdl_k4 at M = 2 +0.3-1.2; in-graph at M = 16 fd +1-3, fgd +2-5. Outputs within 2e-3 of version 3's by "
     "norm (workbench.moe.fold's CPU model: ~1e-4 from the bf16 hi + lo split). Refuted if no fold pair is ahead of "
     "its base at M = 1 on average over routings and processes (one replay).")
-SMALL_PREDICTIONS = {"moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_KS_PREDICTION = (
+    "Run 32, written before its first run. At M = 1 the whole-K gate/up launch runs 2048 (item, tile) tasks of 28 "
+    "stages on 2048 warps (512 CTAs, 3.9 of 5 a SM), alone in-graph 35.1 us for 124.7 MB (~84% of copy, where the read "
+    "kernel reaches ~100% in-graph). Run 28c found more warps in flight beat fewer in full rounds. The K-span form "
+    "(phased_gate_up_ks) gives each CTA T = ceil(tasks bound / resident CTAs) consecutive tasks and its warps equal "
+    "quarters of their T x 28 stages; at six or seven CTAs a SM (ks6: 80 registers, ks7: 72, both spill a few bytes "
+    "outside the stage loop), M = 1 runs 683 CTAs, 2732 warps of 21 stages. Predicted, against phased_r3_pdl in the "
+    "same processes: the gate/up launch alone in-graph at M = 1 31.5-33.5 us (ks6 and ks7 within 0.5 us of each "
+    "other: the same T and grid); the PDL overlap of the pair (both - parts) up to 1.5 us smaller, the gate/up CTAs "
+    "leaving less room for early down CTAs; one replay at M = 1 +2-5 points of copy, in-graph +2-5. M = 2 against "
+    "phased_r3_pdl_k4 (7 rounds of 7 stages a warp): ks6 (T = 6, 42 stages) +0-2, ks7 (T = 5, 35 stages) +0.5-3. "
+    "M = 4 and 16: within 1.5 of phased_r3_pdl. Outputs within 2e-3 of version 3 by norm. Refuted if neither ks pair "
+    "is ahead of phased_r3_pdl at M = 1 on average over routings and processes (one replay), or if its gate/up launch "
+    "alone is not at least 1 us faster in-graph at M = 1.")
+SMALL_PREDICTIONS = {"moe_small_ks": SMALL_KS_PREDICTION, "moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
