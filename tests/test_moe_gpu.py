@@ -492,15 +492,16 @@ def test_phased_k4_parity_and_close_to_v3_kimi_shape(splitk_on, m):
     _assert_parity_and_equal_to(splitk_on, "v3", m, 170 + m, 180 + m, rel_tol=2e-3)
 
 
-KSPAN_VARIANTS = ["phased_r3_pdl_ks6", "phased_r3_pdl_ks7"]
+KSPAN_VARIANTS = ["phased_r3_pdl_ks6", "phased_r3_pdl_ks7", "phased_r3_pdl_ks6a"]
 
 
 @pytest.mark.parametrize("splitk_on", KSPAN_VARIANTS, indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
 def test_phased_kspan_parity_and_close_to_v3_kimi_shape(splitk_on, m):
     """Run 32's K-span gate/up form (each CTA T tasks, its warps equal quarters of their stages; a task cut by a
-    quarter's edge summed in two or more fp32 parts in warp order): parity at Kimi shapes (uniform and skewed), and
-    within 2e-3 by norm of version 3's outputs; at M = 1 a token routed twice to one expert."""
+    quarter's edge summed in two or more fp32 parts in warp order; ks6a at M = 1, three tasks a CTA, the stage-aligned
+    split): parity at Kimi shapes (uniform and skewed), and within 2e-3 by norm of version 3's outputs; at M = 1 a
+    token routed twice to one expert."""
     _assert_parity_and_equal_to(splitk_on, "v3", m, 210 + m, 220 + m, rel_tol=2e-3)
 
 

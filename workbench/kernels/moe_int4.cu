@@ -2334,7 +2334,7 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
 // seven CTAs a SM (launch bounds 6 / 7), T = 3 gives 683 CTAs, 2732 warps of 21 stages: a quarter more bytes in
 // flight and a quarter fewer stages on the longest warp. Not bit-identical to version 3 where a task is cut (its sum
 // over K in two chains); deterministic at a given grid.
-template <int RS, bool PDL = false>
+template <int RS, bool PDL = false, bool ALIGN3 = false>
 __device__ __forceinline__ void phased_gate_up_ks(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
                                                   const int* __restrict__ ids, int M, int topk, int E, int H, int I,
                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
@@ -2348,6 +2348,43 @@ __device__ __forceinline__ void phased_gate_up_ks(const uint4* __restrict__ Fgu,
     const int per = (tasks + gridDim.x - 1) / gridDim.x;
     const int t0 = blockIdx.x * per, tc = min(per, tasks - t0);   // this CTA's tasks [t0, t0 + tc)
     if (tc <= 0) return;   // the whole CTA: nothing left for it
+    // stages [s0, s1) of the CTA's task j into acc (this warp's ring); returns the task's item
+    auto piece = [&](int j, int s0, int s1, float (&acc)[1][4]) {
+        const int task = t0 + j, item = task / tiles, tile = task - item * tiles;
+        const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
+        const uint4* wt = Fgu + ((long long)(ex * nsup + s0) * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, ...]
+        const __nv_bfloat16* const xr[1] = {X + (long long)(it.sorted[slot0 + (g < cnt ? g : 0)] / topk) * H +
+                                            s0 * (64 * FR_SUB)};
+        frag_gemm<1, false, RS, FR_SUB, true>(acc, wt, s1 - s0, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+        return item;
+    };
+    if (ALIGN3 && tc == 3 && nsup >= 4) {
+        // Stage-aligned split of three tasks (ks6a, run 32b): warp w < 3 task w's stages [0, S), warp 3 stages
+        // [S, nsup) of tasks 0, 1, 2 in turn (S = 3 nsup / 4: 21 of Kimi's 28, so 21 stages each). Warps 0-2 of all
+        // CTAs read neighbouring tiles at one stage together, as the whole-K form's warps do.
+        __shared__ float4 s_w3[3][32];   // warp 3's part of each task, per lane
+        const int S = 3 * nsup / 4;
+        float acc[1][4];
+        if (warp < 3) {
+            piece(warp, 0, S, acc);
+        } else {
+            for (int j = 0; j < 3; ++j) {
+                piece(j, S, nsup, acc);
+                s_w3[j][lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+            }
+        }
+        __syncthreads();
+        if (warp < 3) {   // fixed order: warp w's part, then warp 3's
+            const float4 d = s_w3[warp][lane];
+            acc[0][0] += d.x;
+            acc[0][1] += d.y;
+            acc[0][2] += d.z;
+            acc[0][3] += d.w;
+            const int task = t0 + warp, item = task / tiles;
+            store_h(hbuf, it.islot[item], it.icnt[item], 0, I, task - item * tiles, acc[0]);
+        }
+        return;
+    }
     const int units = tc * nsup;
     auto quarter = [&](int w) { return (int)((long long)w * units / MOE_WARPS); };
     const int r0 = quarter(warp), r1 = quarter(warp + 1);
@@ -2355,14 +2392,9 @@ __device__ __forceinline__ void phased_gate_up_ks(const uint4* __restrict__ Fgu,
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};         // after the loop: its last piece
     for (int u = r0; u < r1;) {
         const int j = u / nsup, s0 = u - j * nsup, s1 = min(nsup, s0 + (r1 - u));
-        const int task = t0 + j, item = task / tiles, tile = task - item * tiles;
-        const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
-        const uint4* wt = Fgu + ((long long)(ex * nsup + s0) * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, ...]
-        const __nv_bfloat16* const xr[1] = {X + (long long)(it.sorted[slot0 + (g < cnt ? g : 0)] / topk) * H +
-                                            s0 * (64 * FR_SUB)};
-        frag_gemm<1, false, RS, FR_SUB, true>(acc, wt, s1 - s0, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
+        const int item = piece(j, s0, s1, acc);
         if (s0 == 0 && s1 == nsup)
-            store_h(hbuf, slot0, cnt, 0, I, tile, acc[0]);
+            store_h(hbuf, it.islot[item], it.icnt[item], 0, I, t0 + j - item * tiles, acc[0]);
         else if (u == r0)
             first = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
         u += s1 - s0;
@@ -2392,6 +2424,15 @@ __device__ __forceinline__ void phased_gate_up_ks(const uint4* __restrict__ Fgu,
         const float acc[4] = {c.x, c.y, c.z, c.w};
         store_h(hbuf, it.islot[item], it.icnt[item], 0, I, tile, acc);
     }
+}
+
+// the K-span form with the stage-aligned split of three tasks (run 32b's ks6a)
+template <int RS, bool PDL = false>
+__device__ __forceinline__ void phased_gate_up_ks3(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
+                                                   const int* __restrict__ ids, int M, int topk, int E, int H, int I,
+                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
+                                                   unsigned char* s_ring) {
+    phased_gate_up_ks<RS, PDL, true>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);
 }
 
 template <int RS, bool PDL = false>
@@ -2461,6 +2502,8 @@ MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phase
 // run 32: the K-span gate/up (phased_gate_up_ks) at six and seven CTAs a SM, with the PDL down kernel
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ks6, moe_small_phased_dn_r3p_ks6, phased_gate_up_ks, 3, true, 6)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ks7, moe_small_phased_dn_r3p_ks7, phased_gate_up_ks, 3, true, 7)
+// run 32b: the K-span gate/up with the stage-aligned split of three tasks (M = 1 at Kimi's shapes)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ks6a, moe_small_phased_dn_r3p_ks6a, phased_gate_up_ks3, 3, true, 6)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,

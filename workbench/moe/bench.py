@@ -1246,7 +1246,17 @@ SMALL_KS_PREDICTION = (
     "M = 4 and 16: within 1.5 of phased_r3_pdl. Outputs within 2e-3 of version 3 by norm. Refuted if neither ks pair "
     "is ahead of phased_r3_pdl at M = 1 on average over routings and processes (one replay), or if its gate/up launch "
     "alone is not at least 1 us faster in-graph at M = 1.")
-SMALL_PREDICTIONS = {"moe_small_ks": SMALL_KS_PREDICTION, "moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_KSA_PREDICTION = (
+    "Run 32b, written after run 32 and before this run. Run 32 refuted the K-span form: its gate/up launch alone "
+    "in-graph at M = 1 took 41.0 us (ks6) and 45.7 (ks7) against 35.2 (moe_phased_breakdown_ks.json). Its quarters in "
+    "task order put the four warps of every CTA at four different stage offsets (0, 21, 14, 7 of 28), each reading "
+    "every third tile, where the whole-K form's warps read neighbouring tiles of one stage together (the stage-major "
+    "packing's point). Hypothesis: DRAM locality. ks6a keeps ks6's grid (683 CTAs, 21 stages a warp) but splits a "
+    "CTA's three tasks by stage: warps 0-2 stages 0-20 of one task each (neighbouring tiles at one stage across the "
+    "grid), warp 3 stages 21-27 of all three. Predicted: its gate/up launch alone in-graph at M = 1 33-35 us (at least "
+    "4 us faster than ks6, measured in the same process); one replay at M = 1 within -1..+3 points of phased_r3_pdl. "
+    "Refuted (locality not the main cost of run 32) if ks6a's gate/up launch is not at least 3 us faster than ks6's.")
+SMALL_PREDICTIONS = {"moe_small_ksa": SMALL_KSA_PREDICTION, "moe_small_ks": SMALL_KS_PREDICTION, "moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,

@@ -90,6 +90,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # quarters of their stages, cut tasks added in a fixed order) at six / seven CTAs a SM ("ks": grid
     # ceil(tasks bound / T), T = ceil(tasks bound / resident CTAs), kspan_tasks_per_cta); not bit-identical to version 3
     **{f"phased_r3_pdl_ks{b}": (f"moe_small_phased_gu_r3p_ks{b}", ("ph", 3, "pdl", "ks")) for b in (6, 7)},
+    # run 32b: ks6 with a stage-aligned split where a CTA has three tasks (M = 1 at Kimi's shapes): warps 0-2 the first
+    # three quarters of one task each, warp 3 the last quarter of all three
+    "phased_r3_pdl_ks6a": ("moe_small_phased_gu_r3p_ks6a", ("ph", 3, "pdl", "ks")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
