@@ -7,7 +7,8 @@
 #   $OUT/summary_<variant>_m<M>.txt (SpeedOfLight, Occupancy, WarpStateStats, SchedulerStats, SourceCounters)
 # Everything is also packed into $OUT/profile.tgz (the device returns at most a few files per call).
 # For the phased forms (two launches), PARTS="gu dn" profiles each launch's kernel (default gu: the one the variant
-# names); the files are then named <variant>_<part>_m<M>.
+# names); the files are then named <variant>_<part>_m<M>. EXTRA_SECTIONS="--section MemoryWorkloadAnalysis ..." adds
+# sections to the summaries.
 # Usage: WORKBENCH_COMMIT=<sha> OUT=<dir> bash workbench/moe/h200_profile_dispatched.sh
 # Afterwards: copy the files to data/measurements/h200/moe_profile_<sha>/ and point a report block at them
 # (workbench/moe/report.py: ncu_sass_rows(path)).
@@ -26,7 +27,7 @@ for spec in ${SPECS:-ctasplit_x4:1 splitk_s4:2 splitk_s4x4:16}; do
     > "$R/sass_${v}_m${m}.csv" 2> "$R/sass_${v}_m${m}.err"
   echo "sass $v M=$m rc=$?"
   timeout "${NCU_T:-60}" ncu --clock-control none -k "regex:^${kname}\$" -c 1 --section SpeedOfLight --section Occupancy \
-    --section WarpStateStats --section SchedulerStats --section SourceCounters \
+    --section WarpStateStats --section SchedulerStats --section SourceCounters ${EXTRA_SECTIONS:-} \
     python3 -m workbench.moe.bench --single "$m" --small --small-variants "$v0" --variants none \
     > "$R/summary_${v}_m${m}.txt" 2>&1
   echo "summary $v M=$m rc=$?"; grep -E "Duration|DRAM Throughput|Issued Warp|Achieved Occupancy" "$R/summary_${v}_m${m}.txt" | head -4
