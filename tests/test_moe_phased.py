@@ -1,8 +1,7 @@
 """The phased form of the small-M path (two launches, moe_int4.cu "Phased form"): its host-side plan, on the CPU."""
 import pytest
 
-from workbench.moe.fused import (SMALL_VARIANTS, kspan_tasks_per_cta, max_work_items, phased_grids, phased_spec,
-                                 splitk_splits)
+from workbench.moe.fused import SMALL_VARIANTS, max_work_items, phased_grids, phased_spec, splitk_splits
 
 
 def test_phased_variants_name_both_kernels():
@@ -28,22 +27,6 @@ def test_phased_grids_kimi(m, want_gu):
     # the K-split form: one task per CTA (M = 2: 16 items x 256 tiles, capped at the resident CTAs; M = 1 below it)
     assert phased_grids(16, 384, 7168, 2048, 660, 660, 1) == (660, 448)
     assert phased_grids(8, 384, 7168, 2048, 5000, 660, 1) == (2048, 448)
-
-
-@pytest.mark.parametrize("m,resident,want_t,want_gu", [(1, 792, 3, 683), (1, 924, 3, 683), (2, 792, 6, 683),
-                                                       (2, 924, 5, 820), (16, 792, 42, 781)])
-def test_kspan_grid_kimi(m, resident, want_t, want_gu):
-    """Run 32's K-span gate/up form at Kimi shapes: T = ceil(tasks bound / resident CTAs) tasks a CTA, so one wave.
-    M = 1 at six or seven CTAs a SM (792 / 924 on 132 SMs): 2048 tasks, T = 3, 683 CTAs, each warp 21 of the 84 stages
-    of its CTA (the whole-K form: 512 CTAs, 28 stages a warp). M = 16: the bound is 128 items x 256 tiles."""
-    t = kspan_tasks_per_cta(8 * m, 384, 2048, resident)
-    assert t == want_t
-    assert phased_grids(8 * m, 384, 7168, 2048, resident, 528, t) == (want_gu, 448)
-    assert want_gu <= resident and want_gu * t >= max_work_items(8 * m, 384, 8) * 256
-    assert phased_spec("phased_r3_pdl_ks6") == ("moe_small_phased_gu_r3p_ks6", ("ph", 3, "pdl", "ks"))
-    assert SMALL_VARIANTS["phased_r3_pdl_ks7"][0].replace("_gu_", "_dn_") == "moe_small_phased_dn_r3p_ks7"
-    with pytest.raises(ValueError, match="need positive"):
-        kspan_tasks_per_cta(8, 384, 2048, 0)
 
 
 @pytest.mark.parametrize("bad", [(0, 384, 7168, 2048, 660, 660), (8, 384, 7168, 2048, 0, 660),

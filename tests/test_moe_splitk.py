@@ -96,6 +96,17 @@ def test_run31_fold_not_dispatched():
     assert not any(v.endswith(("_fd", "_fgd", "_fg")) for _, v in SMALL_TABLE if v)
 
 
+def test_run32_kspan_not_dispatched():
+    """Run 32's committed processes (moe_small_ks*.json, moe_small_ksa*.json): every K-span pair loses by run 23b's
+    rule at every M range, and none is in the dispatch."""
+    from workbench.moe.report import run32_rule_rows
+
+    rule = {(r["processes"].split(",")[0], r["M range"]): r for r in run32_rule_rows()}
+    assert set(rule) == {(n, m) for n in ("moe_small_ks", "moe_small_ksa") for m in ("1-1", "2-2", "4-16")}
+    assert all(r["replaces"] == "no" and float(r["mean"]) < 0 for r in rule.values()), rule
+    assert not any("_ks" in v for _, v in SMALL_TABLE if v)
+
+
 def test_sweep_repeat_rows_pair_the_sweeps():
     """report.sweep_repeat_rows: the five goal rows of run 28's sweep, its repeat at the same dispatched SASS, run
     29f's sweep and run 30's side by side, and one row per (routing, M <= 16) present in all, from the committed

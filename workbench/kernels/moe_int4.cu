@@ -2323,118 +2323,6 @@ __device__ __forceinline__ void phased_gate_up_k4(const uint4* __restrict__ Fgu,
     }
 }
 
-// K-span gate/up of the phased form (run 32; fused variants "phased_r3_pdl_ks6" / "phased_r3_pdl_ks7"): every CTA
-// takes T = ceil(tasks / gridDim.x) consecutive (item, tile) tasks, T x nsup stages in all, and its four warps equal
-// quarters of those stages (warp w: [w T nsup / 4, (w + 1) T nsup / 4), in task order). A task inside one warp's
-// quarter is finished and stored by that warp; a task cut by a quarter's edge leaves one partial sum per warp, kept in
-// registers until the warp's last piece and then written into the warp's own (drained) ring, and after one block
-// barrier the warp j mod 4 adds the parts in warp order and stores h (no shared memory beyond the rings: seven CTAs of
-// 30.7 KB fit a SM).
-// Why: at M = 1 the whole-K form runs 2048 tasks of 28 stages on 2048 warps (512 CTAs, 3.9 of 5 a SM); with six or
-// seven CTAs a SM (launch bounds 6 / 7), T = 3 gives 683 CTAs, 2732 warps of 21 stages: a quarter more bytes in
-// flight and a quarter fewer stages on the longest warp. Not bit-identical to version 3 where a task is cut (its sum
-// over K in two chains); deterministic at a given grid.
-template <int RS, bool PDL = false, bool ALIGN3 = false>
-__device__ __forceinline__ void phased_gate_up_ks(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
-                                                  const int* __restrict__ ids, int M, int topk, int E, int H, int I,
-                                                  __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
-                                                  unsigned char* s_ring) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-    if (PDL) asm volatile("griddepcontrol.launch_dependents;");   // the down launch may start its CTAs now
-    int nitems;
-    const SmallItems it = small_items(ids, M, topk, E, H, out, nitems);
-    unsigned char* ring = s_ring + warp * (RS * FR_STAGE_U4 * 16);
-    const int tiles = I / 8, tasks = nitems * tiles, nsup = H / (64 * FR_SUB);
-    const int per = (tasks + gridDim.x - 1) / gridDim.x;
-    const int t0 = blockIdx.x * per, tc = min(per, tasks - t0);   // this CTA's tasks [t0, t0 + tc)
-    if (tc <= 0) return;   // the whole CTA: nothing left for it
-    // stages [s0, s1) of the CTA's task j into acc (this warp's ring); returns the task's item
-    auto piece = [&](int j, int s0, int s1, float (&acc)[1][4]) {
-        const int task = t0 + j, item = task / tiles, tile = task - item * tiles;
-        const int ex = it.ie[item], slot0 = it.islot[item], cnt = it.icnt[item];
-        const uint4* wt = Fgu + ((long long)(ex * nsup + s0) * tiles + tile) * FR_STAGE_U4;   // [E, H/256, tiles, ...]
-        const __nv_bfloat16* const xr[1] = {X + (long long)(it.sorted[slot0 + (g < cnt ? g : 0)] / topk) * H +
-                                            s0 * (64 * FR_SUB)};
-        frag_gemm<1, false, RS, FR_SUB, true>(acc, wt, s1 - s0, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0, ring);
-        return item;
-    };
-    if (ALIGN3 && tc == 3 && nsup >= 4) {
-        // Stage-aligned split of three tasks (ks6a, run 32b): warp w < 3 task w's stages [0, S), warp 3 stages
-        // [S, nsup) of tasks 0, 1, 2 in turn (S = 3 nsup / 4: 21 of Kimi's 28, so 21 stages each). Warps 0-2 of all
-        // CTAs read neighbouring tiles at one stage together, as the whole-K form's warps do.
-        __shared__ float4 s_w3[3][32];   // warp 3's part of each task, per lane
-        const int S = 3 * nsup / 4;
-        float acc[1][4];
-        if (warp < 3) {
-            piece(warp, 0, S, acc);
-        } else {
-            for (int j = 0; j < 3; ++j) {
-                piece(j, S, nsup, acc);
-                s_w3[j][lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-            }
-        }
-        __syncthreads();
-        if (warp < 3) {   // fixed order: warp w's part, then warp 3's
-            const float4 d = s_w3[warp][lane];
-            acc[0][0] += d.x;
-            acc[0][1] += d.y;
-            acc[0][2] += d.z;
-            acc[0][3] += d.w;
-            const int task = t0 + warp, item = task / tiles;
-            store_h(hbuf, it.islot[item], it.icnt[item], 0, I, task - item * tiles, acc[0]);
-        }
-        return;
-    }
-    const int units = tc * nsup;
-    auto quarter = [&](int w) { return (int)((long long)w * units / MOE_WARPS); };
-    const int r0 = quarter(warp), r1 = quarter(warp + 1);
-    float4 first = make_float4(0.f, 0.f, 0.f, 0.f);   // this warp's first piece when cut
-    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};         // after the loop: its last piece
-    for (int u = r0; u < r1;) {
-        const int j = u / nsup, s0 = u - j * nsup, s1 = min(nsup, s0 + (r1 - u));
-        const int item = piece(j, s0, s1, acc);
-        if (s0 == 0 && s1 == nsup)
-            store_h(hbuf, it.islot[item], it.icnt[item], 0, I, t0 + j - item * tiles, acc[0]);
-        else if (u == r0)
-            first = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-        u += s1 - s0;
-    }
-    float4* const parts = reinterpret_cast<float4*>(ring);   // [2][32] per warp; its ring is drained (frag_gemm's end)
-    parts[lane] = first;
-    parts[32 + lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);   // read only when cut
-    __syncthreads();
-    auto part = [&](int v, int which) {
-        return reinterpret_cast<const float4*>(s_ring + v * (RS * FR_STAGE_U4 * 16))[32 * which + lane];
-    };
-    for (int j = warp; j < tc; j += MOE_WARPS) {   // the tasks cut by a quarter's edge
-        const int a = j * nsup, b = a + nsup;
-        int v0 = 0;
-        while (quarter(v0 + 1) <= a) ++v0;          // the warp holding the task's first stage
-        if (quarter(v0 + 1) >= b) continue;         // ... holds all of it: stored above
-        float4 c = part(v0, quarter(v0) >= a ? 0 : 1);
-        for (int v = v0 + 1; v < MOE_WARPS && quarter(v) < b; ++v) {   // warp order; each later part is a first piece
-            if (quarter(v + 1) == quarter(v)) continue;                  // an empty quarter
-            const float4 d = part(v, 0);
-            c.x += d.x;
-            c.y += d.y;
-            c.z += d.z;
-            c.w += d.w;
-        }
-        const int task = t0 + j, item = task / tiles, tile = task - item * tiles;
-        const float acc[4] = {c.x, c.y, c.z, c.w};
-        store_h(hbuf, it.islot[item], it.icnt[item], 0, I, tile, acc);
-    }
-}
-
-// the K-span form with the stage-aligned split of three tasks (run 32b's ks6a)
-template <int RS, bool PDL = false>
-__device__ __forceinline__ void phased_gate_up_ks3(const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X,
-                                                   const int* __restrict__ ids, int M, int topk, int E, int H, int I,
-                                                   __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out,
-                                                   unsigned char* s_ring) {
-    phased_gate_up_ks<RS, PDL, true>(Fgu, X, ids, M, topk, E, H, I, hbuf, out, s_ring);
-}
-
 template <int RS, bool PDL = false>
 __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf,
                                             const int* __restrict__ ids, const float* __restrict__ topk_w, int M,
@@ -2476,13 +2364,12 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 }
 
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); GUBODY: the gate/up
-// form (phased_gate_up, phased_gate_up_k4: run 29f's K-split, or phased_gate_up_ks: run 32's K-span); RS ring
-// stages; GUMINB: GU's minimum CTAs a SM (launch bounds); PDL: programmatic dependent launch
+// form (phased_gate_up, or phased_gate_up_k4: run 29f's K-split); RS ring stages; PDL: programmatic dependent launch
 // (the host launches DN with programmatic stream serialisation: GU lets it start at once, and DN's warps issue their
 // first weight stages before griddepcontrol.wait, which returns when GU has completed and its h is visible; launched
 // without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL, GUMINB)                                                        \
-    extern "C" __global__ void __launch_bounds__(128, GUMINB) GU(                                                  \
+#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL)                                                                \
+    extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
@@ -2494,16 +2381,11 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
         __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
         phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false, 5)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false, 5)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true, 5)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true)
 // run 29f: the K-split gate/up (phased_gate_up_k4) with the PDL down kernel
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true, 5)
-// run 32: the K-span gate/up (phased_gate_up_ks) at six and seven CTAs a SM, with the PDL down kernel
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ks6, moe_small_phased_dn_r3p_ks6, phased_gate_up_ks, 3, true, 6)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ks7, moe_small_phased_dn_r3p_ks7, phased_gate_up_ks, 3, true, 7)
-// run 32b: the K-span gate/up with the stage-aligned split of three tasks (M = 1 at Kimi's shapes)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_ks6a, moe_small_phased_dn_r3p_ks6a, phased_gate_up_ks3, 3, true, 6)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,

@@ -86,13 +86,6 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the gate/up tasks split in K over a CTA's four warps, the parts added in shared memory (run 29f; "k4":
     # one task per CTA, grid min(resident CTAs, tasks); not bit-identical to version 3)
     "phased_r3_pdl_k4": ("moe_small_phased_gu_r3p_k4", ("ph", 3, "pdl", "k4")),
-    # run 32 candidates: the K-span gate/up form (phased_gate_up_ks: each CTA T consecutive tasks, its warps equal
-    # quarters of their stages, cut tasks added in a fixed order) at six / seven CTAs a SM ("ks": grid
-    # ceil(tasks bound / T), T = ceil(tasks bound / resident CTAs), kspan_tasks_per_cta); not bit-identical to version 3
-    **{f"phased_r3_pdl_ks{b}": (f"moe_small_phased_gu_r3p_ks{b}", ("ph", 3, "pdl", "ks")) for b in (6, 7)},
-    # run 32b: ks6 with a stage-aligned split where a CTA has three tasks (M = 1 at Kimi's shapes): warps 0-2 the first
-    # three quarters of one task each, warp 3 the last quarter of all three
-    "phased_r3_pdl_ks6a": ("moe_small_phased_gu_r3p_ks6a", ("ph", 3, "pdl", "ks")),
     # (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
     # 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring without
     # a drain, slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,
@@ -106,7 +99,9 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # phased_r3_pdl_ei / _k4_ei, the gate/up warps' first stages issued before the CTA's prologue, level or behind at
     # M = 1-4: reverted, in git history at aded977; moe_small_ei*.json; run 31's phased_r3_pdl_fd / _fgd / _fg /
     # _k4_fd, the dequantisation's -136 folded into one mma per stage, slower at every M: reverted, in git history at
-    # d11ae6f; moe_small_fo*.json)
+    # d11ae6f; moe_small_fo*.json; run 32's phased_r3_pdl_ks6 / _ks7 / _ks6a, the K-span gate/up form (each CTA T
+    # consecutive tasks, its warps equal quarters of their stages; ks6a stage-aligned at T = 3), slower at every M, its
+    # gate/up launch alone 4.4-10.5 us slower at M = 1: reverted, in git history at 40fdae4; moe_small_ks*.json)
     "ctasplit": ("moe_small_ctasplit", ("cta", "ring")),
     "ctasplit_max": ("moe_small_ctasplit", ("cta", "max")),
     # fixed (gate_up, down) splits of the CTA-split form: the split sweep at M = 1-16
@@ -571,16 +566,6 @@ def phased_grids(pairs: int, num_experts: int, hidden: int, intermediate: int, r
     return (min(resident_gu, -(-tasks // tasks_per_cta)), min(resident_dn, hidden // 16))
 
 
-def kspan_tasks_per_cta(pairs: int, num_experts: int, intermediate: int, resident_gu: int) -> int:
-    """T, the gate/up tasks each CTA of the K-span form takes (moe_int4.cu phased_gate_up_ks): the fewest that cover the
-    tasks bound (:func:`max_work_items` x I / 8) with the CTAs resident at once, so its grid is one wave."""
-    if min(pairs, num_experts, intermediate, resident_gu) < 1:
-        raise ValueError(f"need positive pairs, experts, I and resident CTAs, got {pairs}, {num_experts}, "
-                         f"{intermediate}, {resident_gu}")
-    tasks = max_work_items(pairs, num_experts, 8) * (intermediate // 8)
-    return -(-tasks // resident_gu)
-
-
 def phased_spec(variant: str) -> tuple[str, tuple]:
     """(gate/up kernel name, spec) of the phased form ``variant``; a clear error for any other name."""
     kname, spec = SMALL_VARIANTS.get(variant, ("", None))
@@ -600,12 +585,9 @@ def phased_launcher(experts: Int4Experts, m: int, topk: int, variant: str, optio
     dname = kname.replace("_gu_", "_dn_")
     gu, dn = _kernel(kname, options), _kernel(dname, options)
     key = "".join(options)
-    # the K-split form ("k4", phased_gate_up_k4) runs one (item, tile) task per CTA, its K split over the four warps;
-    # the K-span form ("ks", phased_gate_up_ks) T tasks per CTA, one wave
-    resident_gu = _small_grid(gu, dev, kname + key)
-    per_cta = (1 if "k4" in spec[2:] else kspan_tasks_per_cta(m * topk, e, i, resident_gu) if "ks" in spec[2:]
-               else THREADS // 32)
-    grids = phased_grids(m * topk, e, h, i, resident_gu, _small_grid(dn, dev, dname + key), per_cta)
+    # the K-split form ("k4", phased_gate_up_k4) runs one (item, tile) task per CTA, its K split over the four warps
+    grids = phased_grids(m * topk, e, h, i, _small_grid(gu, dev, kname + key), _small_grid(dn, dev, dname + key),
+                         1 if "k4" in spec[2:] else THREADS // 32)
     gu_frag, dn_frag = experts.fragments()
 
     def run(hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, hbuf: torch.Tensor, out: torch.Tensor,

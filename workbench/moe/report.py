@@ -652,6 +652,24 @@ def _ncu_summary_value(text: str, metric: str) -> str:
     return "-"
 
 
+# table column -> the metric line of an ncu section printout it reads
+NCU_SUMMARY_COLUMNS = {"duration us": "Duration", "DRAM % of peak": "DRAM Throughput",
+                       "issued per scheduler-cycle": "Issued Warp Per Scheduler",
+                       "achieved occupancy %": "Achieved Occupancy", "active warps per SM": "Achieved Active Warps",
+                       "L2 hit %": "L2 Hit Rate", "grid": "Grid Size", "registers": "Registers Per Thread"}
+
+
+def ncu_summary_row(text: str, kernel: str, m: int,
+                    columns: tuple[str, ...] = ("duration us", "DRAM % of peak", "issued per scheduler-cycle")
+                    ) -> dict[str, Any]:
+    """One table row of an ncu summary printout ``text`` (h200_profile_dispatched.sh's summary_*.txt): the kernel,
+    M and the ``columns`` (keys of :data:`NCU_SUMMARY_COLUMNS`), '-' where the printout lacks the metric."""
+    unknown = [c for c in columns if c not in NCU_SUMMARY_COLUMNS]
+    if unknown:
+        raise ValueError(f"columns must be keys of NCU_SUMMARY_COLUMNS {sorted(NCU_SUMMARY_COLUMNS)}, got {unknown}")
+    return {"kernel": f"`{kernel}`", "M": m, **{c: _ncu_summary_value(text, NCU_SUMMARY_COLUMNS[c]) for c in columns}}
+
+
 def block_small_x4_b4() -> str:
     """Run 15: ctasplit_x4 at 4 CTAs per SM (reverted code) beside the dispatched paths, two processes, and where
     its M = 1 launch waits."""
@@ -691,10 +709,7 @@ def block_small_f16() -> str:
         return text + f"\n{F16_LOGS}/ is not committed.\n"
     summary, loops = [], []
     for variant, m in F16_PROFILES:
-        sm = (folder / f"summary_{variant}_m{m}.txt").read_text()
-        summary.append({"kernel": f"`{variant}`", "M": m, "duration us": _ncu_summary_value(sm, "Duration"),
-                        "DRAM % of peak": _ncu_summary_value(sm, "DRAM Throughput"),
-                        "issued per scheduler-cycle": _ncu_summary_value(sm, "Issued Warp Per Scheduler")})
+        summary.append(ncu_summary_row((folder / f"summary_{variant}_m{m}.txt").read_text(), variant, m))
         for r in stage_loop_costs(folder / f"sass_{variant}_m{m}.csv"):
             phase = "gate/up" if r["load"].endswith("CONSTANT") else "down"
             loops.append({"kernel": f"`{variant}`", "M": m, "loop": phase, **_loop_cost_cells(r, share=True)})
@@ -1207,6 +1222,44 @@ def block_small_run31() -> str:
     return "\n".join(parts)
 
 
+SMALL_RUN32 = ("moe_small_ks", "moe_small_ks_2")     # run 32: the K-span gate/up form, ks6 / ks7 (reverted)
+SMALL_RUN32B = ("moe_small_ksa", "moe_small_ksa_2")  # run 32b: ks6a, its stage-aligned split (reverted)
+PROFILE_RUN32 = "data/measurements/h200/moe_profile_ks_16f99f9"   # Nsight of the three gate/up kernels at M = 1
+PROFILE_RUN32_KERNELS = ("phased_r3_pdl", "phased_r3_pdl_ks6", "phased_r3_pdl_ks6a")
+
+
+def run32_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule for run 32's K-span pairs (ks6, ks7) and run 32b's (ks6, ks6a) against the dispatched path of
+    each M, per pair of processes."""
+    return pairs_rule_rows(((SMALL_RUN32, ("phased_r3_pdl_ks6", "phased_r3_pdl_ks7"), RUN30_DISPATCHED),
+                            (SMALL_RUN32B, ("phased_r3_pdl_ks6", "phased_r3_pdl_ks6a"), RUN30_DISPATCHED)))
+
+
+def block_small_run32() -> str:
+    """Run 32: the K-span gate/up pairs beside the dispatch, every path timed three ways, two processes per run; each
+    launch alone and both at M = 1 (and 2); run 23b's rule; Nsight of the three gate/up kernels at M = 1."""
+    parts = three_timing_sections(SMALL_RUN32 + SMALL_RUN32B, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown_ks", "moe_phased_breakdown_ksa"), "Each launch alone and both")
+    parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
+                 + markdown_table(run32_rule_rows()))
+    folder = REPO_ROOT / PROFILE_RUN32
+    if not folder.exists():
+        return "\n".join(parts + [f"{PROFILE_RUN32}/ is not committed.\n"])
+    summary = [ncu_summary_row((folder / f"summary_{v}_m1.txt").read_text(), v, 1,
+                               ("grid", "registers", "duration us", "DRAM % of peak", "L2 hit %",
+                                "issued per scheduler-cycle", "active warps per SM"))
+               for v in PROFILE_RUN32_KERNELS]
+    parts.append("Nsight Compute, the gate/up kernel of each pair at M = 1, one launch each in one call (code 16f99f9; "
+                 "`SPECS=\"phased_r3_pdl:1 phased_r3_pdl_ks6:1 phased_r3_pdl_ks6a:1\" PARTS=gu EXTRA_SECTIONS="
+                 "\"--section MemoryWorkloadAnalysis --section LaunchStats\" bash "
+                 "workbench/moe/h200_profile_dispatched.sh`; clocks not locked):\n\n" + markdown_table(summary))
+    for v in PROFILE_RUN32_KERNELS:
+        hot, _ = ncu_sass_rows(f"{PROFILE_RUN32}/sass_{v}_m1.csv", top=5)
+        parts.append(f"`{v}`'s gate/up kernel at M = 1, the instructions with the most warp-stall samples:\n\n"
+                     + markdown_table(hot))
+    return "\n".join(parts)
+
+
 def run29g_sections() -> list[str]:
     """Run 29g: per-SASS-instruction Nsight counters of the dispatched pair at M = 1 (PROFILE_RUN29G): each kernel's
     stage loop (sass.stage_loop_costs) and its instructions with the most warp-stall samples (ncu_sass_rows)."""
@@ -1331,11 +1384,9 @@ def block_profile_dispatched() -> str:
     parts, summary = [], []
     for variant, m in PROFILE_SPECS:
         csv_path = f"{PROFILE_DISPATCHED}/sass_{variant}_m{m}.csv"
-        text = (folder / f"summary_{variant}_m{m}.txt").read_text()
-        summary.append({"kernel": f"`{variant}`", "M": m, "duration us": _ncu_summary_value(text, "Duration"),
-                        "DRAM % of peak": _ncu_summary_value(text, "DRAM Throughput"),
-                        "issued per scheduler-cycle": _ncu_summary_value(text, "Issued Warp Per Scheduler"),
-                        "achieved occupancy %": _ncu_summary_value(text, "Achieved Occupancy")})
+        summary.append(ncu_summary_row((folder / f"summary_{variant}_m{m}.txt").read_text(), variant, m,
+                                       ("duration us", "DRAM % of peak", "issued per scheduler-cycle",
+                                        "achieved occupancy %")))
         hot, conflicts = ncu_sass_rows(csv_path, top=6)
         parts.append(f"`{variant}` at M = {m} (`{csv_path.split('/')[-1]}`), the instructions with the most "
                      "warp-stall samples:\n\n" + markdown_table(hot)
@@ -1447,6 +1498,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_run29": block_small_run29,
     "small_run30": block_small_run30,
     "small_run31": block_small_run31,
+    "small_run32": block_small_run32,
     "sweep_repeat": block_sweep_repeat,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
