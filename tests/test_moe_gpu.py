@@ -475,7 +475,10 @@ def test_static_deeper_edge_cases_and_graph_replays(small, splitk_on):
 
 # ---- the phased form (two launches, whole-K tiles, no counters; run 28): bit-identical to version 3
 
-@pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4", "phased_r3_pdl"], indirect=True)
+RING2_VARIANTS = ["phased_r2_pdl", "phased_r3_pdl_dn2", "phased_r3_pdl_gu2"]   # run 33's two-stage rings
+
+
+@pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4", "phased_r3_pdl", *RING2_VARIANTS], indirect=True)
 @pytest.mark.parametrize("m", [1, 2, 5, 16])
 def test_phased_parity_and_equal_to_v3_kimi_shape(splitk_on, m):
     """Parity at Kimi shapes (uniform and skewed), and outputs bit-identical to version 3 (moe_small_fused: the same
@@ -492,7 +495,8 @@ def test_phased_k4_parity_and_close_to_v3_kimi_shape(splitk_on, m):
     _assert_parity_and_equal_to(splitk_on, "v3", m, 170 + m, 180 + m, rel_tol=2e-3)
 
 
-@pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4", "phased_r3_pdl", "phased_r3_pdl_k4"], indirect=True)
+@pytest.mark.parametrize("splitk_on", ["phased_r3", "phased_r4", "phased_r3_pdl", "phased_r3_pdl_k4", *RING2_VARIANTS],
+                         indirect=True)
 def test_phased_edge_cases_graph_replays_and_determinism(small, splitk_on):
     """Invalid and duplicate ids, every M edge, replays of one graph of both launches, determinism."""
     _assert_edge_cases_replays_and_determinism(small, 5, (1, 4, 16), [(m, 40 + m, "skewed") for m in (1, 16)])

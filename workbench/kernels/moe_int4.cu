@@ -2364,11 +2364,12 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 }
 
 // GU / DN: the two kernels' names (the test of registered kernels looks for them in this file); GUBODY: the gate/up
-// form (phased_gate_up, or phased_gate_up_k4: run 29f's K-split); RS ring stages; PDL: programmatic dependent launch
+// form (phased_gate_up, or phased_gate_up_k4: run 29f's K-split); RS / DNRS: GU's / DN's ring stages; PDL:
+// programmatic dependent launch
 // (the host launches DN with programmatic stream serialisation: GU lets it start at once, and DN's warps issue their
 // first weight stages before griddepcontrol.wait, which returns when GU has completed and its h is visible; launched
 // without the attribute, both instructions do nothing).
-#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, PDL)                                                                \
+#define MOE_PHASED_KERNELS(GU, DN, GUBODY, RS, DNRS, PDL)                                                          \
     extern "C" __global__ void __launch_bounds__(128, 5) GU(                                                       \
         const uint4* __restrict__ Fgu, const __nv_bfloat16* __restrict__ X, const int* __restrict__ ids, int M,   \
         int topk, int E, int H, int I, __nv_bfloat16* __restrict__ hbuf, __nv_bfloat16* __restrict__ out) {        \
@@ -2378,14 +2379,19 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
     extern "C" __global__ void __launch_bounds__(128, 4) DN(                                                       \
         const uint4* __restrict__ Fdn, const __nv_bfloat16* __restrict__ hbuf, const int* __restrict__ ids,        \
         const float* __restrict__ topk_w, int M, int topk, int E, int H, int I, __nv_bfloat16* __restrict__ out) { \
-        __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * RS * FR_STAGE_U4 * 16];                         \
-        phased_down<RS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                              \
+        __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * DNRS * FR_STAGE_U4 * 16];                       \
+        phased_down<DNRS, PDL>(Fdn, hbuf, ids, topk_w, M, topk, E, H, I, out, s_ring);                            \
     }
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, false)
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3, moe_small_phased_dn_r3, phased_gate_up, 3, 3, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r4, moe_small_phased_dn_r4, phased_gate_up, 4, 4, false)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p, moe_small_phased_dn_r3p, phased_gate_up, 3, 3, true)
 // run 29f: the K-split gate/up (phased_gate_up_k4) with the PDL down kernel
-MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, 3, true)
+// run 33: two-stage rings (one stage in flight while a stage is computed) in both launches, in the down launch only, in
+// the gate/up launch only (run 28e's deeper rings were slower; this is the other side)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r2p, moe_small_phased_dn_r2p, phased_gate_up, 2, 2, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_dn2, moe_small_phased_dn_r3p_dn2, phased_gate_up, 3, 2, true)
+MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_gu2, moe_small_phased_dn_r3p_gu2, phased_gate_up, 2, 3, true)
 // (run 28c's phased_r3_pdl_even, gate/up warps in full rounds, was slower at M = 2-4: reverted, in git history at
 // 475fe6f; moe_small_even*.json; run 28d's phased_r3_pdl_seq, each warp's tasks and items through one ring, was
 // slower at M = 1-8: reverted, in git history at 804159d; moe_small_seq*.json; run 28e's 4-stage PDL pairs,

@@ -1256,7 +1256,19 @@ SMALL_KSA_PREDICTION = (
     "grid), warp 3 stages 21-27 of all three. Predicted: its gate/up launch alone in-graph at M = 1 33-35 us (at least "
     "4 us faster than ks6, measured in the same process); one replay at M = 1 within -1..+3 points of phased_r3_pdl. "
     "Refuted (locality not the main cost of run 32) if ks6a's gate/up launch is not at least 3 us faster than ks6's.")
-SMALL_PREDICTIONS = {"moe_small_ksa": SMALL_KSA_PREDICTION, "moe_small_ks": SMALL_KS_PREDICTION, "moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
+SMALL_R2_PREDICTION = (
+    "Run 33, written before its first run. Run 32's profile: a quarter more gate/up warps in flight moved fewer bytes "
+    "(DRAM 68-69% of peak against 78%), and run 28e's 4-stage rings (three stages in flight) were slower than the "
+    "3-stage ones; with ~9.4 MB in flight at M = 1 (2048 warps x 2 stages x 2304 B) and ~3.7 TB/s, Little's law puts "
+    "a stage's loaded latency near 2.5 us, several times an idle DRAM's. If the ring depth is past what the DRAM "
+    "serves well, one stage in flight while a stage is computed (two-stage rings: phased_r2_pdl both launches, "
+    "phased_r3_pdl_dn2 down only, phased_r3_pdl_gu2 gate/up only; bit-identical, same registers and grids) loses "
+    "little bandwidth and shortens each warp's queue. Expected, against phased_r3_pdl in the same processes: level "
+    "or slower; best case the down launch alone in-graph at M = 1 0.5-1.5 us faster with dn2 (21.9 us now), the pair "
+    "+0.5-2 points one replay. Worst case, the ring depth is what carries the bandwidth: r2 10-25% slower at every M. "
+    "Refuted (no gain from shallower rings) if no r2 pair is ahead of phased_r3_pdl at M = 1 on average over routings "
+    "and processes (one replay).")
+SMALL_PREDICTIONS = {"moe_small_r2": SMALL_R2_PREDICTION, "moe_small_ksa": SMALL_KSA_PREDICTION, "moe_small_ks": SMALL_KS_PREDICTION, "moe_small_fo": SMALL_FO_PREDICTION, "moe_small_ei": SMALL_EI_PREDICTION, "moe_small_pf": SMALL_PF_PREDICTION, "moe_small_k4": SMALL_K4_PREDICTION, "moe_small_cm": SMALL_CM_PREDICTION, "moe_small_g6": SMALL_G6_PREDICTION, "moe_small_c2": SMALL_C2_PREDICTION, "moe_small_dn4": SMALL_DN4_PREDICTION, "moe_small_seq": SMALL_SEQ_PREDICTION, "moe_small_even": SMALL_EVEN_PREDICTION, "moe_small_pdl": SMALL_PDL_PREDICTION, "moe_small_phased": SMALL_PHASED_PREDICTION, "moe_small_sd": SMALL_SD_PREDICTION, "moe_small_ew": SMALL_EW_PREDICTION, "moe_small_ew5": SMALL_EW_PREDICTION, "moe_small_il": SMALL_IL_PREDICTION, "moe_small_nb": SMALL_NB_PREDICTION, "moe_small_wsplit": SMALL_WSPLIT_PREDICTION, "moe_small_v3": SMALL_V3_PREDICTION, "moe_small_dispatch": IN_GRAPH_PREDICTION, "moe_small_splitk": SMALL_SPLITK_PREDICTION,
                      "moe_small_ctasplit": SMALL_CTASPLIT_PREDICTION,
                      "moe_small_ctasplit_sb": SMALL_CTASPLIT_SB_PREDICTION,
                      "moe_small_xprefetch": SMALL_XPREFETCH_PREDICTION,
