@@ -52,8 +52,8 @@ def test_dispatched_label_follows_the_variant():
         assert plots.dispatched_label(1, 8) == "splitk_s3"     # a forced kernel wherever one launch runs
         assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
         fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
-        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9, 17)] == ["phased_r3_pdl", "phased_r3_pdl_k4",
-                                                                          "phased_r3_pdl", "phased_r3_pdl",
+        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9, 17)] == ["phased_r2_pdl", "phased_r3_pdl_k4",
+                                                                          "phased_r3_pdl_gu2", "phased_r3_pdl_gu2",
                                                                           "four_launch"]
         saved_table = list(fused.SMALL_TABLE)
         try:

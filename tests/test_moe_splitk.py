@@ -31,9 +31,9 @@ def test_default_variant_and_table_as_measured():
     from workbench.moe.report import RUN27C_DISPATCHED, SMALL_RUN27C, run28_rule_rows, split_rule_rows
 
     assert SMALL_VARIANT["name"] is None and SMALL_VARIANTS["v3"] == ("moe_small_fused", None)
-    assert SMALL_TABLE == [(1, "phased_r3_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl")]
-    assert [small_variant_for(m, 8) for m in (1, 2, 3, 16, 17)] == ["phased_r3_pdl", "phased_r3_pdl_k4",
-                                                                   "phased_r3_pdl", "phased_r3_pdl", None]
+    assert SMALL_TABLE == [(1, "phased_r2_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl_gu2")]   # run 33
+    assert [small_variant_for(m, 8) for m in (1, 2, 3, 16, 17)] == ["phased_r2_pdl", "phased_r3_pdl_k4",
+                                                                   "phased_r3_pdl_gu2", "phased_r3_pdl_gu2", None]
     rule = run28_rule_rows()   # the committed files say so
     taken = [r for r in rule if r["processes"].startswith(("moe_small_phased", "moe_small_pdl"))]
     assert len(taken) == 8 and all(r["replaces"] == "yes" for r in taken), taken
@@ -105,6 +105,19 @@ def test_run32_kspan_not_dispatched():
     assert set(rule) == {(n, m) for n in ("moe_small_ks", "moe_small_ksa") for m in ("1-1", "2-2", "4-16")}
     assert all(r["replaces"] == "no" and float(r["mean"]) < 0 for r in rule.values()), rule
     assert not any("_ks" in v for _, v in SMALL_TABLE if v)
+
+
+def test_run33_two_stage_rings_dispatched_by_the_rule():
+    """Run 33's committed processes (moe_small_r2*.json): by run 23b's rule the two-stage rings replace phased_r3_pdl
+    at M = 1 (both launches) and M = 4-16 (the gate/up launch), not phased_r3_pdl_k4 at M = 2; the table says so."""
+    from workbench.moe.report import run33_rule_rows
+
+    rule = {r["M range"]: r for r in run33_rule_rows()}
+    assert set(rule) == {"1-1", "2-2", "4-16"}
+    assert (rule["1-1"]["best candidate"], rule["1-1"]["replaces"]) == ("phased_r2_pdl", "yes")
+    assert (rule["4-16"]["best candidate"], rule["4-16"]["replaces"]) == ("phased_r3_pdl_gu2", "yes")
+    assert rule["2-2"]["replaces"] == "no"
+    assert SMALL_TABLE == [(1, "phased_r2_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl_gu2")]
 
 
 def test_sweep_repeat_rows_pair_the_sweeps():

@@ -4,8 +4,9 @@ On a CUDA tensor (with CuPy present) this runs workbench/kernels/moe_int4.cu.
 Up to :data:`SMALL_MAX_PAIRS` (token, expert) pairs (M <= 16 at top-8), where
 :data:`SMALL_TABLE` says so (M = 1-16 on the H200), it is one persistent
 launch or launch pair, the kernel that table names for M (:data:`SMALL_VARIANTS`; on the H200 at M = 1-16 the phased
-form ``phased_r3_pdl``: a gate/up launch and a down launch with the sum over k, the second under programmatic
-dependent launch, and at M = 2 ``phased_r3_pdl_k4``, whose gate/up tasks split K over a CTA's four warps; the
+form: a gate/up launch and a down launch with the sum over k, the second under programmatic dependent launch, at
+M = 1 ``phased_r2_pdl`` (two-stage weight rings in both launches), at M = 3-16 ``phased_r3_pdl_gu2`` (a two-stage ring
+in the gate/up launch), and at M = 2 ``phased_r3_pdl_k4``, whose gate/up tasks split K over a CTA's four warps; the
 one-launch CTA-split and warp-split kernels remain as variants): grouping, gate/up with SiLU,
 down and the sum over k without the four-launch path's align and combine kernels, weights in the fragment layout of
 :meth:`Int4Experts.fragments`,
@@ -158,7 +159,10 @@ DEFAULT_SMALL_VARIANT = "splitk_s4x4e"   # what ``True`` means in set_small_tabl
 # Run 29f (moe_small_k4*.json, fe7a863; report.run29_rule_rows, block small_run29): the K-split gate/up form passes
 # run 23b's rule at M = 2 (one replay: mean +0.9 points, worst row -0.0; in-graph ahead in all four rows) and loses at
 # M = 1 and 3-16.
-SMALL_TABLE: list[tuple[int, str | None]] = [(1, "phased_r3_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl")]
+# Run 33 (moe_small_r2*.json, 60ec73d; report.run33_rule_rows, block small_run33): two-stage rings pass run 23b's rule
+# at M = 1 (phased_r2_pdl, both launches: one replay mean +1.5 points, worst row +0.4) and at M = 4-16
+# (phased_r3_pdl_gu2, the gate/up launch only: mean +0.7, worst row -0.5), and lose at M = 2 (-1.4 against k4).
+SMALL_TABLE: list[tuple[int, str | None]] = [(1, "phased_r2_pdl"), (2, "phased_r3_pdl_k4"), (16, "phased_r3_pdl_gu2")]
 # set_small_variant forces one kernel wherever SMALL_TABLE runs the one-launch path (benchmarks, tests);
 # None (the default) keeps each row's own kernel.
 SMALL_VARIANT: dict[str, str | None] = {"name": None}

@@ -1260,6 +1260,26 @@ def block_small_run32() -> str:
     return "\n".join(parts)
 
 
+SMALL_RUN33 = ("moe_small_r2", "moe_small_r2_2")   # run 33: two-stage rings (dispatched at M = 1 and 3-16)
+
+
+def run33_rule_rows() -> list[dict[str, Any]]:
+    """Run 23b's rule for run 33's two-stage-ring pairs against the path dispatched before it, per pair of
+    processes."""
+    return pairs_rule_rows(((SMALL_RUN33, ("phased_r2_pdl", "phased_r3_pdl_dn2", "phased_r3_pdl_gu2"),
+                             RUN30_DISPATCHED),))
+
+
+def block_small_run33() -> str:
+    """Run 33: the two-stage-ring pairs (r2, dn2, gu2) beside the dispatch of the time, every path timed three ways,
+    two processes; each launch alone and both at M = 1 and 16; run 23b's rule."""
+    parts = three_timing_sections(SMALL_RUN33, grids=False)
+    parts += breakdown_sections(("moe_phased_breakdown_r2",), "Each launch alone and both")
+    parts.append("Run 23b's rule (one replay) against the path dispatched before run 33, per pair of processes:\n\n"
+                 + markdown_table(run33_rule_rows()))
+    return "\n".join(parts)
+
+
 def run29g_sections() -> list[str]:
     """Run 29g: per-SASS-instruction Nsight counters of the dispatched pair at M = 1 (PROFILE_RUN29G): each kernel's
     stage loop (sass.stage_loop_costs) and its instructions with the most warp-stall samples (ncu_sass_rows)."""
@@ -1499,6 +1519,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_run30": block_small_run30,
     "small_run31": block_small_run31,
     "small_run32": block_small_run32,
+    "small_run33": block_small_run33,
     "sweep_repeat": block_sweep_repeat,
     "stream_ceiling": ceiling_report.block_stream_ceiling,
     "stream_ring": ceiling_report.block_stream_ring,
