@@ -1299,12 +1299,13 @@ def run29g_sections() -> list[str]:
     return parts
 
 
-SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_bandwidth")   # run 28, its repeat, 29f, 30
+SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_bandwidth_7da04dc",
+          "moe_bandwidth")   # run 28, its repeat, 29f, 30, 33
 
 
 def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The full sweeps ``names`` side by side (by default :data:`SWEEPS`: run 28's, its repeat at the same dispatched
-    SASS, run 29f's and today's moe_bandwidth): the goal rows of each, and per (routing, M <= 16) the copy rate, the
+    SASS, run 29f's, run 30's and today's moe_bandwidth): the goal rows of each, and per (routing, M <= 16) the copy rate, the
     one-replay and in-graph ms and % of copy of each, "a / b / ..."; ([], []) unless every file is committed."""
     from workbench.measure import load_measurement
 
