@@ -102,3 +102,24 @@ def test_pair_delta_rows_are_the_files_differences():
     assert float(lo) <= float(hi)
     # a path a run did not time gives "-"
     assert report.pair_delta_rows(names, (("ctasplit_x4e", "no_such_path"),))[0]["ctasplit_x4e - no_such_path, min..max"] == "-"
+
+
+def test_load_moe_repeat_only_at_todays_dispatch(monkeypatch):
+    """plots.load_moe_repeat: the committed repeat of today's sweep (same small-M table), and None once the two
+    tables differ (a repeat of an older dispatch) or the repeat is missing."""
+    doc = plots.load_moe_bandwidth()
+    rep = plots.load_moe_repeat()
+    assert rep is not None and rep["parameters"]["small_table"] == doc["parameters"]["small_table"]
+    real = plots.load_measurement
+
+    def older(name, gpu="h200"):
+        d = real(name, gpu)
+        if name == plots.CURRENT_REPEAT:
+            d = {**d, "parameters": {**d["parameters"], "small_table": [[128, "phased_r3_pdl"]]}}
+        return d
+
+    monkeypatch.setattr(plots, "load_measurement", older)
+    assert plots.load_moe_repeat() is None
+    monkeypatch.setattr(plots, "load_measurement", lambda name, gpu="h200": None if name == plots.CURRENT_REPEAT
+                        else real(name, gpu))
+    assert plots.load_moe_repeat() is None

@@ -122,14 +122,14 @@ def test_run33_two_stage_rings_dispatched_by_the_rule():
 
 def test_sweep_repeat_rows_pair_the_sweeps():
     """report.sweep_repeat_rows: the five goal rows of run 28's sweep, its repeat at the same dispatched SASS, run
-    29f's, run 30's and run 33's side by side, and one row per (routing, M <= 16) present in all, from the committed
+    29f's, run 30's, run 33's and its repeat side by side, and one row per (routing, M <= 16) present in all, from the committed
     files."""
     from workbench.moe.report import SWEEPS, sweep_repeat_rows
 
     goals, rows = sweep_repeat_rows()
     assert len(goals) == 5 and all(g[n].endswith(("(met)", "(not met)")) for g in goals for n in SWEEPS)
     assert len(rows) == 12 and {r["M"] for r in rows} == {1, 2, 4, 8, 9, 16}
-    assert len(SWEEPS) == 5 and all(len(r["one replay ms"].split(" / ")) == len(SWEEPS) for r in rows)
+    assert len(SWEEPS) == 6 and all(len(r["one replay ms"].split(" / ")) == len(SWEEPS) for r in rows)
 
 
 def test_ncu_printout_parsed_with_units(tmp_path, monkeypatch):

@@ -59,6 +59,13 @@ def results_rows() -> list[dict[str, Any]]:
                 rows.append({"area": "INT4 MoE", "goal": f"{r['goal']} ({r['target']})",
                              "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
                              "file": "moe_bandwidth.json"})
+        rep = mplots.load_moe_repeat()
+        if rep:   # the same sweep repeated at today's dispatch: its goal rows beside the sweep's
+            for r in mplots.goal_rows(rep)[:2]:
+                rows.append({"area": "INT4 MoE", "goal": f"{r['goal']}, repeat of the sweep at the same dispatch "
+                                                         f"({r['target']})",
+                             "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
+                             "file": f"{mplots.CURRENT_REPEAT}.json"})
         small = mplots.load_moe_small()
         got = mplots.dispatched_worst_pct(small) if small else None
         if got:

@@ -35,6 +35,18 @@ def load_moe_bandwidth(gpu: str = "h200") -> dict[str, Any] | None:
     return load_measurement("moe_bandwidth", gpu)
 
 
+CURRENT_REPEAT = "moe_bandwidth_repeat33"   # the full sweep again at moe_bandwidth.json's dispatch (run 33)
+
+
+def load_moe_repeat(gpu: str = "h200") -> dict[str, Any] | None:
+    """:data:`CURRENT_REPEAT`, the full sweep repeated at today's dispatch, or None when it is not committed or its
+    small-M table differs from ``moe_bandwidth``'s (then it repeats an older dispatch and says nothing of today's)."""
+    doc, rep = load_moe_bandwidth(gpu), load_measurement(CURRENT_REPEAT, gpu)
+    if not doc or not rep or rep["parameters"].get("small_table") != doc["parameters"].get("small_table"):
+        return None
+    return rep
+
+
 def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_values: list[int],
                 device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
     """fused_moe_int4 against the float32 reference on fresh random inputs, one row per (M, routing)."""

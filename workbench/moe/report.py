@@ -120,10 +120,15 @@ def block_provenance() -> str:
 
 
 def block_goals() -> str:
+    """The goal rows of moe_bandwidth.json, then the two bandwidth rows of its repeat at the same dispatch
+    (plots.load_moe_repeat) where one is committed."""
     met = {True: "yes", False: "**no**"}
-    return markdown_table([{"goal (issue 5)": r["goal"], "target": r["target"],
+    rep = plots.load_moe_repeat()
+    rows = [(r, "moe_bandwidth") for r in goal_rows(_doc())] + [(r, plots.CURRENT_REPEAT)
+                                                                 for r in (goal_rows(rep)[:2] if rep else [])]
+    return markdown_table([{"goal (issue 5)": r["goal"], "sweep": f"`{name}.json`", "target": r["target"],
                             "measured (worst)": _f(r["measured (worst)"], ".3g"), "met": met[bool(r["met"])]}
-                           for r in goal_rows(_doc())])
+                           for r, name in rows])
 
 
 def block_floor() -> str:
@@ -1300,12 +1305,12 @@ def run29g_sections() -> list[str]:
 
 
 SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_bandwidth_7da04dc",
-          "moe_bandwidth")   # run 28, its repeat, 29f, 30, 33
+          "moe_bandwidth", plots.CURRENT_REPEAT)   # run 28, its repeat, 29f, 30, 33, 33's repeat (same SASS)
 
 
 def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The full sweeps ``names`` side by side (by default :data:`SWEEPS`: run 28's, its repeat at the same dispatched
-    SASS, run 29f's, run 30's and today's moe_bandwidth): the goal rows of each, and per (routing, M <= 16) the copy rate, the
+    SASS, run 29f's, run 30's, today's moe_bandwidth and its repeat at the same SASS): the goal rows of each, and per (routing, M <= 16) the copy rate, the
     one-replay and in-graph ms and % of copy of each, "a / b / ..."; ([], []) unless every file is committed."""
     from workbench.measure import load_measurement
 
