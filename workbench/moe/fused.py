@@ -87,8 +87,8 @@ SMALL_VARIANTS: dict[str, tuple[str, tuple | None]] = {
     # ... with the gate/up tasks split in K over a CTA's four warps, the parts added in shared memory (run 29f; "k4":
     # one task per CTA, grid min(resident CTAs, tasks); not bit-identical to version 3)
     "phased_r3_pdl_k4": ("moe_small_phased_gu_r3p_k4", ("ph", 3, "pdl", "k4")),
-    # run 33 candidates: two-stage rings (one stage in flight while one is computed) in both launches, in the down
-    # launch only, in the gate/up launch only; bit-identical to version 3
+    # run 33: two-stage rings (one stage in flight while one is computed) in both launches (dispatched at M = 1), in
+    # the down launch only, in the gate/up launch only (dispatched at M = 3-16); bit-identical to version 3
     "phased_r2_pdl": ("moe_small_phased_gu_r2p", ("ph", 2, "pdl")),
     "phased_r3_pdl_dn2": ("moe_small_phased_gu_r3p_dn2", ("ph", 3, "pdl")),
     "phased_r3_pdl_gu2": ("moe_small_phased_gu_r3p_gu2", ("ph", 2, "pdl")),
