@@ -123,3 +123,11 @@ def test_load_moe_repeat_only_at_todays_dispatch(monkeypatch):
     monkeypatch.setattr(plots, "load_measurement", lambda name, gpu="h200": None if name == plots.CURRENT_REPEAT
                         else real(name, gpu))
     assert plots.load_moe_repeat() is None
+
+
+def test_bandwidth_goal_rows_are_the_two_copy_rows():
+    """plots.bandwidth_goal_rows: the one-replay and in-graph % of copy rows of goal_rows, in that order."""
+    doc = plots.load_moe_bandwidth()
+    rows = plots.bandwidth_goal_rows(doc)
+    assert [r["goal"] for r in rows] == [r["goal"] for r in plots.goal_rows(doc)[:2]]
+    assert "one graph replay" in rows[0]["goal"] and "in-graph" in rows[1]["goal"]

@@ -61,7 +61,7 @@ def results_rows() -> list[dict[str, Any]]:
                              "file": "moe_bandwidth.json"})
         rep = mplots.load_moe_repeat()
         if rep:   # the same sweep repeated at today's dispatch: its goal rows beside the sweep's
-            for r in mplots.goal_rows(rep)[:2]:
+            for r in mplots.bandwidth_goal_rows(rep):
                 rows.append({"area": "INT4 MoE", "goal": f"{r['goal']}, repeat of the sweep at the same dispatch "
                                                          f"({r['target']})",
                              "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],

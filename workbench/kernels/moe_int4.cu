@@ -2410,4 +2410,6 @@ MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_gu2, moe_small_phased_dn_r3p_gu2, pha
 // aded977; moe_small_ei*.json; run 31's _fd / _fgd / _fg / _k4_fd, the dequantisation's -136 folded into one mma per
 // stage with the group sums as bf16 hi + lo (gate/up: a per-CTA table of X's sums; down: h's partial sums stored by
 // gate/up): slower at every M, the folded down launch alone slower in-graph at M = 1 and 16: reverted, in git history
-// at d11ae6f; moe_small_fo*.json)
+// at d11ae6f; moe_small_fo*.json; run 32's _ks6 / _ks7 / _ks6a, the K-span gate/up (each CTA T consecutive tasks, its
+// warps equal quarters of their stages; ks6a stage-aligned at T = 3): slower at every M, the gate/up launch alone
+// 4.4-10.5 us slower in-graph at M = 1: reverted, in git history at 40fdae4; moe_small_ks*.json)

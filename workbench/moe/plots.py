@@ -298,6 +298,11 @@ def goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
     return rows
 
 
+def bandwidth_goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
+    """The % of copy bandwidth rows of :func:`goal_rows` (one replay and in-graph)."""
+    return [r for r in goal_rows(doc, m_max) if r["goal"].startswith("% of copy bandwidth")]
+
+
 def tuning_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """ms of every compiled kernel variant at each M (uniform routing), from the run's tuning step."""
     tun = doc["results"].get("tuning")

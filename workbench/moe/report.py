@@ -125,7 +125,7 @@ def block_goals() -> str:
     met = {True: "yes", False: "**no**"}
     rep = plots.load_moe_repeat()
     rows = [(r, "moe_bandwidth") for r in goal_rows(_doc())] + [(r, plots.CURRENT_REPEAT)
-                                                                 for r in (goal_rows(rep)[:2] if rep else [])]
+                                                                 for r in (plots.bandwidth_goal_rows(rep) if rep else [])]
     return markdown_table([{"goal (issue 5)": r["goal"], "sweep": f"`{name}.json`", "target": r["target"],
                             "measured (worst)": _f(r["measured (worst)"], ".3g"), "met": met[bool(r["met"])]}
                            for r, name in rows])
@@ -1174,6 +1174,20 @@ def block_small_run29() -> str:
     return "\n".join(parts)
 
 
+RULE_LEAD = "Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes"
+
+
+def candidate_run_sections(processes: tuple[str, ...], breakdowns: tuple[str, ...], rule: list[dict[str, Any]],
+                           rule_lead: str = RULE_LEAD) -> list[str]:
+    """The sections of a candidate run (runs 30-33): every path of the comparison files ``processes`` timed three
+    ways, each launch alone and both from the breakdown files ``breakdowns``, then run 23b's ``rule`` rows under
+    ``rule_lead``."""
+    parts = three_timing_sections(processes, grids=False)
+    parts += breakdown_sections(breakdowns, "Each launch alone and both")
+    parts.append(f"{rule_lead}:\n\n" + markdown_table(rule))
+    return parts
+
+
 SMALL_RUN30 = ("moe_small_pf", "moe_small_pf_2")   # run 30: L2 prefetches of the down weights (reverted)
 SMALL_RUN30B = ("moe_small_ei", "moe_small_ei_2")   # run 30b: early issue before the gate/up prologue (reverted)
 RUN30_DISPATCHED = ((1, 1, "phased_r3_pdl"), (2, 2, "phased_r3_pdl_k4"), (4, 16, "phased_r3_pdl"))
@@ -1192,11 +1206,8 @@ def block_small_run30() -> str:
     """Run 30: the L2-prefetch pairs (pfg, pfd, pfgd, k4_pfgd) and run 30b's early-issue pairs (ei, k4_ei) beside the
     dispatch, every path timed three ways, two processes each; each launch alone and both; run 23b's rule against the
     dispatched path of each M."""
-    parts = three_timing_sections(SMALL_RUN30 + SMALL_RUN30B, grids=False)
-    parts += breakdown_sections(("moe_phased_breakdown_pf", "moe_phased_breakdown_ei"), "Each launch alone and both")
-    parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
-                 + markdown_table(run30_rule_rows()))
-    return "\n".join(parts)
+    return "\n".join(candidate_run_sections(SMALL_RUN30 + SMALL_RUN30B,
+                                            ("moe_phased_breakdown_pf", "moe_phased_breakdown_ei"), run30_rule_rows()))
 
 
 SMALL_RUN31 = ("moe_small_fo", "moe_small_fo_2")   # run 31: the dequantisation's -136 folded into one mma (reverted)
@@ -1212,10 +1223,7 @@ def run31_rule_rows() -> list[dict[str, Any]]:
 def block_small_run31() -> str:
     """Run 31: the folded pairs (fd, fgd, fg, k4_fd) beside the dispatch, every path timed three ways, two processes;
     each launch alone and both at M = 1 and 16; run 23b's rule against the dispatched path of each M."""
-    parts = three_timing_sections(SMALL_RUN31, grids=False)
-    parts += breakdown_sections(("moe_phased_breakdown_fo",), "Each launch alone and both")
-    parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
-                 + markdown_table(run31_rule_rows()))
+    parts = candidate_run_sections(SMALL_RUN31, ("moe_phased_breakdown_fo",), run31_rule_rows())
     for build, what in (("phased_r3_pdl", "default"), ("phased_r3_pdl_fd", "folded")):
         path = f"{PROFILE_RUN31}/sass_{build}_dn_m1.csv"
         if (REPO_ROOT / path).exists():
@@ -1243,10 +1251,8 @@ def run32_rule_rows() -> list[dict[str, Any]]:
 def block_small_run32() -> str:
     """Run 32: the K-span gate/up pairs beside the dispatch, every path timed three ways, two processes per run; each
     launch alone and both at M = 1 (and 2); run 23b's rule; Nsight of the three gate/up kernels at M = 1."""
-    parts = three_timing_sections(SMALL_RUN32 + SMALL_RUN32B, grids=False)
-    parts += breakdown_sections(("moe_phased_breakdown_ks", "moe_phased_breakdown_ksa"), "Each launch alone and both")
-    parts.append("Run 23b's rule (one replay) against the dispatched path of each M, per pair of processes:\n\n"
-                 + markdown_table(run32_rule_rows()))
+    parts = candidate_run_sections(SMALL_RUN32 + SMALL_RUN32B, ("moe_phased_breakdown_ks", "moe_phased_breakdown_ksa"),
+                                   run32_rule_rows())
     folder = REPO_ROOT / PROFILE_RUN32
     if not folder.exists():
         return "\n".join(parts + [f"{PROFILE_RUN32}/ is not committed.\n"])
@@ -1278,11 +1284,9 @@ def run33_rule_rows() -> list[dict[str, Any]]:
 def block_small_run33() -> str:
     """Run 33: the two-stage-ring pairs (r2, dn2, gu2) beside the dispatch of the time, every path timed three ways,
     two processes; each launch alone and both at M = 1 and 16; run 23b's rule."""
-    parts = three_timing_sections(SMALL_RUN33, grids=False)
-    parts += breakdown_sections(("moe_phased_breakdown_r2",), "Each launch alone and both")
-    parts.append("Run 23b's rule (one replay) against the path dispatched before run 33, per pair of processes:\n\n"
-                 + markdown_table(run33_rule_rows()))
-    return "\n".join(parts)
+    return "\n".join(candidate_run_sections(SMALL_RUN33, ("moe_phased_breakdown_r2",), run33_rule_rows(),
+                                            "Run 23b's rule (one replay) against the path dispatched before run 33, "
+                                            "per pair of processes"))
 
 
 def run29g_sections() -> list[str]:
@@ -1310,8 +1314,9 @@ SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_b
 
 def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The full sweeps ``names`` side by side (by default :data:`SWEEPS`: run 28's, its repeat at the same dispatched
-    SASS, run 29f's, run 30's, today's moe_bandwidth and its repeat at the same SASS): the goal rows of each, and per (routing, M <= 16) the copy rate, the
-    one-replay and in-graph ms and % of copy of each, "a / b / ..."; ([], []) unless every file is committed."""
+    SASS, run 29f's, run 30's, today's moe_bandwidth and its repeat at the same SASS): the goal rows of each, and per
+    (routing, M <= 16) the copy rate, the one-replay and in-graph ms and % of copy of each, "a / b / ..."; ([], [])
+    unless every file is committed."""
     from workbench.measure import load_measurement
 
     return _sweep_rows(names, [load_measurement(n) for n in names])
