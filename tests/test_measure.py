@@ -67,3 +67,20 @@ def test_smi_sampler_parses_a_fake_nvidia_smi(tmp_path, monkeypatch):
     assert (s["sm_mhz"], s["power_w"], s["temp_c"]) == (1560.0, 690.5, 55.0)
     assert measure.clock_event_reason_names(s["reasons"]) == ["sw_power_cap"]
     assert t0 - 1 <= s["t"] <= time.time() + 1
+
+
+def test_kernel_spans_group_calls_in_order():
+    # two calls of two kernels each, records out of order; call 1's second kernel ends last
+    recs = [(210.0, 260.0), (0.0, 40.0), (35.0, 57.5), (200.0, 230.0)]
+    assert measure.kernel_spans_ms(recs, 2) == [0.0575, 0.06]
+
+
+def test_kernel_spans_refuse_uneven_and_overlapping_calls():
+    with pytest.raises(ValueError, match="do not split evenly into 2 calls"):
+        measure.kernel_spans_ms([(0.0, 1.0), (2.0, 3.0), (4.0, 5.0)], 2)
+    with pytest.raises(ValueError, match="overlapped"):
+        measure.kernel_spans_ms([(0.0, 10.0), (1.0, 2.0), (5.0, 6.0), (7.0, 8.0)], 2)
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        measure.kernel_spans_ms([(0.0, 1.0)], 0)
+    with pytest.raises(ValueError, match="0 kernel records"):
+        measure.kernel_spans_ms([], 3)

@@ -86,6 +86,28 @@ def test_queued_timing_is_device_time(small):
     assert med <= 1.2 * sorted(t["ms"])[6], (t["queued_ms"], t["ms"])
 
 
+def test_span_timing_is_device_time_of_the_dispatched_launches(small):
+    """time_ours(spans=True): the profiler's kernel spans have one sample per replay with its routing, count the
+    phased pair's two kernels at M = 1 (nothing else in the graph), and are not longer than one replay on an idle
+    GPU (which adds the host's launch latency) beyond noise."""
+    from workbench.moe.bench import time_ours
+
+    t = time_ours(small, 1, "uniform", torch.Generator().manual_seed(3), reps=12, eager_reps=0, spans=True)
+    assert t["span_error"] is None, t["span_error"]
+    assert len(t["span_ms"]) == 12 == len(t["span_distinct"]) and all(v > 0 for v in t["span_ms"])
+    assert t["span_kernels"] == 2
+    assert sorted(t["span_ms"])[6] <= 1.2 * sorted(t["ms"])[6], (t["span_ms"], t["ms"])
+
+
+def test_graph_launch_latency_probe():
+    from workbench.measure import graph_launch_latency
+
+    lat = graph_launch_latency(reps=20)
+    assert len(lat["one_replay_ms"]) == 20 == len(lat["queued_ms"])
+    assert 0 < lat["queued_ms_median"] and 0 < lat["one_replay_ms_median"] < 1.0
+    assert lat["latency_ms"] == lat["one_replay_ms_median"] - lat["queued_ms_median"]
+
+
 def test_small_path_edge_cases(small):
     from workbench.moe.bench import small_path_edge_checks
 

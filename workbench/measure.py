@@ -5,6 +5,9 @@
 - :func:`time_cuda` - CUDA-event timing, warm-up first, raw samples in ms.
 - :func:`time_cuda_queued` - the same with a sleep kernel queued ahead of each
   sample, so the host's launch latency falls outside the events.
+- :func:`time_cuda_spans` - device time per call from the CUDA profiler's kernel
+  records (first kernel start to last kernel end), no events at all;
+  :func:`graph_launch_latency` - the host's launch latency of a tiny graph.
 - :func:`capture_graphs` / :func:`time_in_graph` - CUDA graphs of callables, and
   the device time per call of many calls captured back to back in ONE graph.
 - :func:`measure_copy_bandwidth` / :func:`measure_bf16_matmul_tflops` - the
@@ -129,6 +132,75 @@ def time_cuda_queued(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20,
     sleeps, so the events hold the device time of ``fn`` without the host's launch latency, which
     :func:`time_cuda` counts whenever the GPU is idle when ``fn`` is called. Samples in ms."""
     return time_cuda(fn, warmup=warmup, reps=reps, setup=setup, sleep_cycles=sleep_cycles)
+
+
+def kernel_spans_ms(kernels: Iterable[tuple[float, float]], calls: int) -> list[float]:
+    """Per-call device spans from kernel records: ``kernels`` are (start_us, end_us) intervals of ``calls`` calls
+    that ran one after another (a synchronisation between calls), each call the same number of kernels; sorted by
+    start, they are cut into ``calls`` equal consecutive groups, and each group gives its first start to its last end,
+    in ms. Raises ValueError when the records do not split evenly or two consecutive groups overlap (the calls did
+    not run one at a time)."""
+    ks = sorted((float(s), float(e)) for s, e in kernels)
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    if not ks or len(ks) % calls:
+        raise ValueError(f"{len(ks)} kernel records do not split evenly into {calls} calls: each call must launch "
+                         "the same number of kernels, and every call must be recorded")
+    per = len(ks) // calls
+    groups = [ks[c * per:(c + 1) * per] for c in range(calls)]
+    ends = [max(e for _, e in g) for g in groups]
+    for c in range(calls - 1):
+        if ends[c] > groups[c + 1][0][0]:
+            raise ValueError(f"call {c}'s kernels end at {ends[c]:.3f} us, after call {c + 1}'s first kernel starts "
+                             f"({groups[c + 1][0][0]:.3f} us): the calls overlapped, so they cannot be told apart")
+    return [(end - g[0][0]) / 1e3 for g, end in zip(groups, ends)]
+
+
+def time_cuda_spans(fn: Callable[[], Any], *, reps: int = 20, warmup: int = 3,
+                    setup: Callable[[int], Any] | None = None) -> tuple[list[float], int]:
+    """Device time of ``fn`` from the CUDA profiler's kernel records (CUPTI, through ``torch.profiler``): each of
+    ``reps`` calls runs alone on an idle GPU (synchronised before and after), and its sample is its first kernel's
+    start to its last kernel's end (:func:`kernel_spans_ms`). No CUDA event and none of the host's launch latency is
+    in it; copies and memsets (``setup``'s routing copies) are left out. ``setup(i)`` runs before call ``i``
+    outside the span. Returns (samples in ms, kernels per call). Raises RuntimeError when the profiler recorded no
+    kernel."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(warmup):
+        if setup is not None:
+            setup(i)
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            if setup is not None:
+                setup(i)
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+    if not kernels:
+        raise RuntimeError("the CUDA profiler recorded no kernel (CUPTI unavailable?)")
+    return kernel_spans_ms(kernels, reps), len(kernels) // reps
+
+
+def graph_launch_latency(reps: int = 50) -> dict[str, Any]:
+    """The host's share of a one-replay sample on this machine: a CUDA graph of one tiny kernel timed as one replay on
+    an idle GPU (:func:`time_cuda`: the host's launch latency inside) and queued behind a sleep kernel
+    (:func:`time_cuda_queued`: the kernel's device time alone). ``latency_ms`` is the difference of the medians."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    [g] = capture_graphs([lambda: x.add_(1.0)])
+    one = time_cuda(g.replay, warmup=10, reps=reps)
+    queued = time_cuda_queued(g.replay, warmup=3, reps=reps)
+    del g
+    return {"one_replay_ms": one, "queued_ms": queued, "one_replay_ms_median": median(one),
+            "queued_ms_median": median(queued), "latency_ms": median(one) - median(queued),
+            "what": "one CUDA graph holding one 1-element add: one replay on an idle GPU minus the same queued"}
 
 
 def capture_graphs(fns: Iterable[Callable[[], Any]]) -> list[Any]:

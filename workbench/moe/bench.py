@@ -38,7 +38,7 @@ from workbench.moe.fused import (DEFAULT_SMALL_VARIANT, KERNEL_TABLE, SMALL_MAX_
                                  variant_name, work_items)
 from workbench.moe.ctasplit import ctasplit_splits
 from workbench.moe.packing import Int4Experts, random_int4_experts
-from workbench.measure import capture_graphs, time_cuda_queued, time_in_graph
+from workbench.measure import capture_graphs, time_cuda_queued, time_cuda_spans, time_in_graph
 from workbench.moe.reference import moe_reference
 
 M_VALUES = (1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 512, 1024)
@@ -350,13 +350,17 @@ def kimi_run(seed: int) -> tuple[torch.Generator, Int4Experts, list[Int4Experts]
 
 
 def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, reps: int,
-              eager_reps: int = 10, topk: int = 8, queued: bool = False) -> dict[str, Any]:
+              eager_reps: int = 10, topk: int = 8, queued: bool = False, spans: bool = False) -> dict[str, Any]:
     """CUDA-graph replays of fused_moe_int4 with fresh routing per repeat (+ eager calls). ``ms``: one
     replay between two events on an idle GPU, so the host's graph-launch latency is inside each sample;
     with ``queued``, also ``queued_ms``: the same replays with a sleep kernel queued ahead of the start
-    event (measure.time_cuda_queued), the device time of one call without that latency."""
+    event (measure.time_cuda_queued), the device time of one call without that latency; with ``spans``, also
+    ``span_ms``: the same replays, one at a time, timed by the CUDA profiler's kernel records
+    (measure.time_cuda_spans: first kernel start to last kernel end, no events), ``span_kernels`` kernels a call,
+    or ``span_error`` when the profiler could not time them."""
     e, h = experts.num_experts, experts.hidden
-    rot = RoutingRotation(m, e, topk, routing, gen, reps + eager_reps + 4 + (reps + 3 if queued else 0))
+    rot = RoutingRotation(m, e, topk, routing, gen,
+                          reps + eager_reps + 4 + (reps + 3 if queued else 0) + (reps + 3 if spans else 0))
     distinct, used, setup = rot.distinct, rot.used, rot.setup
     x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
 
@@ -368,6 +372,9 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     rep_idx: list[int] = []
     queued_ms: list[float] = []
     queued_idx: list[int] = []
+    span_ms: list[float] = []
+    span_idx: list[int] = []
+    span_kernels, span_error = None, None
     try:
         g = _capture(call)
         for r in range(reps + 3):
@@ -380,6 +387,13 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
             start = len(used)
             queued_ms = time_cuda_queued(g.replay, warmup=3, reps=reps, setup=setup)
             queued_idx = used[start + 3:]
+        if spans:
+            start = len(used)
+            try:
+                span_ms, span_kernels = time_cuda_spans(g.replay, warmup=3, reps=reps, setup=setup)
+                span_idx = used[start + 3:]
+            except Exception as exc:  # noqa: BLE001 - the profiler's failure is recorded, the other timings stand
+                span_error = repr(exc)[:300]
         del g
     except Exception as exc:  # noqa: BLE001
         graph_err = repr(exc)[:300]
@@ -392,6 +406,8 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
         ms, rep_idx = eager, used[-n_eager:]
     return {"ms": ms, "distinct": [distinct[j] for j in rep_idx], "eager_ms": eager, "graph_error": graph_err,
             "queued_ms": queued_ms, "queued_distinct": [distinct[j] for j in queued_idx],
+            "span_ms": span_ms, "span_distinct": [distinct[j] for j in span_idx], "span_kernels": span_kernels,
+            "span_error": span_error,
             "x": x, "ids_all": rot.ids_all, "w_all": rot.w_all, "rep_idx": rep_idx}
 
 
@@ -536,6 +552,9 @@ def run_in_graph_probe(out_dir: str | Path | None, m_values=(1, 4, 16, 64), reps
 IN_GRAPH_PARAMS = {
     "timing_queued": "<path>_queued_*: the same one-replay samples with a sleep kernel queued ahead of the start "
                      "event (measure.time_cuda_queued): one call's device time without the host's launch latency",
+    "timing_span": "<path>_span_*: the same replays, one at a time on an idle GPU, timed by the CUDA profiler's "
+                   "kernel records (measure.time_cuda_spans: first kernel start to last kernel end, no CUDA events); "
+                   "results.graph_launch_latency: one replay minus queued of a graph holding one tiny kernel",
     "timing_in_graph": f"<path>_ingraph_*: {IN_GRAPH_CALLS} calls captured back to back in ONE graph, fresh routing "
                        "per call, alternating two weight sets (no call finds the previous call's weights in L2); "
                        "per-call time = replay time / calls; % of copy from the calls' mean bytes",
@@ -553,8 +572,8 @@ def pct_of_copy(distinct: list[int], ms: list[float], bpe: int, m: int, copy_gbp
 def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: int, routing: str,
                     gen: torch.Generator, reps: int, bpe: int, copy_gbps: float, checks: list[dict[str, Any]],
                     samples: dict[str, Any], topk: int = 8) -> dict[str, Any]:
-    """A row's queued and in-graph columns for path ``label`` (``<label>_queued_ms_median`` /
-    ``_pct_of_copy`` from ``time_ours(..., queued=True)``'s ``t``, ``<label>_ingraph_*`` from
+    """A row's queued, profiler-span and in-graph columns for path ``label`` (``<label>_queued_ms_median`` /
+    ``_pct_of_copy`` from ``time_ours(..., queued=True)``'s ``t``, ``<label>_span_*`` where ``t`` has spans, ``<label>_ingraph_*`` from
     :func:`time_ours_in_graph` over ``banks``; no prefix for ``label`` ""); appends the in-graph output check to ``checks`` and the
     raw samples to ``samples``."""
     hidden = banks[0].hidden
@@ -564,6 +583,12 @@ def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: 
         out[f"{pre}queued_ms_median"] = statistics.median(t["queued_ms"])
         out[f"{pre}queued_pct_of_copy"] = pct_of_copy(t["queued_distinct"], t["queued_ms"], bpe, m, copy_gbps,
                                                       topk, hidden)
+    if t.get("span_ms"):   # the profiler's kernel spans (time_ours(..., spans=True))
+        out[f"{pre}span_ms_median"] = statistics.median(t["span_ms"])
+        out[f"{pre}span_pct_of_copy"] = pct_of_copy(t["span_distinct"], t["span_ms"], bpe, m, copy_gbps, topk, hidden)
+        out[f"{pre}span_kernels"] = t["span_kernels"]
+    if t.get("span_error"):
+        out[f"{pre}span_error"] = t["span_error"]
     ig = time_ours_in_graph(banks, m, routing, gen, reps, topk=topk)
     med = statistics.median(ig["ms"])
     out[f"{pre}ingraph_ms_median"] = med
@@ -571,6 +596,8 @@ def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: 
     checks.append({**ig["check"], "label": label or "dispatched"})
     key = f"{routing}/m{m}/{label or 'ours'}"
     samples[f"{key}/queued"] = {"ms": t["queued_ms"], "distinct": t["queued_distinct"]}
+    if t.get("span_ms"):
+        samples[f"{key}/span"] = {"ms": t["span_ms"], "distinct": t["span_distinct"]}
     samples[f"{key}/in_graph"] = {"ms_per_call": ig["ms"], "distinct": ig["distinct"], "calls": ig["calls"]}
     return out
 
@@ -645,10 +672,14 @@ def small_path_outcome(rows: list[dict[str, Any]]) -> str:
 
 
 def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_reps: int = 8,
-                  seed: int = 0, include_peers: bool = True, tune_reps: int = 10, measurement: str = "moe_bandwidth") -> Path:
+                  seed: int = 0, include_peers: bool = True, tune_reps: int = 10, measurement: str = "moe_bandwidth",
+                  spans: bool = True) -> Path:
     """Checks, ceilings, variant tuning, then the sweep over ``m_values`` x routings; returns the JSON path
-    (``measurement``.json: moe_bandwidth, or another name for a repeat of the sweep kept beside it)."""
-    from workbench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
+    (``measurement``.json: moe_bandwidth, or another name for a repeat of the sweep kept beside it). ``spans``: every
+    row also timed by the CUDA profiler's kernel records (``span_*``), and the host's graph launch latency measured
+    once (results ``graph_launch_latency``)."""
+    from workbench.measure import (graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
+                                   write_measurement)
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(seed)
@@ -699,6 +730,10 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
     mm = measure_bf16_matmul_tflops()
     copy_gbps, tflops_peak = copy["gb_per_s"], mm["tflops"]
     log(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops_peak:.0f} TFLOP/s")
+    latency = graph_launch_latency() if spans else None   # the host's share of a one-replay sample, this machine
+    if latency is not None:
+        log(f"graph launch latency {1e3 * latency['latency_ms']:.2f} us (one replay "
+            f"{1e3 * latency['one_replay_ms_median']:.2f}, queued {1e3 * latency['queued_ms_median']:.2f})")
 
     banks = [experts, second_bank(experts, seed + 101)]   # the in-graph timing alternates two weight sets
 
@@ -758,7 +793,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
     sweep_error = None
     for routing, m in itertools.product(ROUTINGS, m_values):
       try:
-        t = time_ours(experts, m, routing, gen, reps, queued=True)
+        t = time_ours(experts, m, routing, gen, reps, queued=True, spans=spans)
         ms, distinct, eager = t["ms"], t["distinct"], t["eager_ms"]
         x, ids_all, w_all = t["x"], t["ids_all"], t["w_all"]
         byts = [bytes_moved(d, bpe, m, H, K) for d in distinct]
@@ -841,7 +876,7 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
                         "speedups on this timing", **IN_GRAPH_PARAMS}
     results = {"copy_gb_per_s": copy_gbps, "bf16_matmul_tflops": tflops_peak, "rows": rows, "tuning": tuning,
                "checks": checks, "all_checks_ok": all(c.get("ok", False) for c in checks),
-               "peer_errors": peer_errors, "sweep_error": sweep_error}
+               "peer_errors": peer_errors, "sweep_error": sweep_error, "graph_launch_latency": latency}
     notes = ("Fused W4A16 MoE (workbench/kernels/moe_int4.cu, mma.sync bf16 tensor cores, compressed-tensors "
              "int4 layout). Peers: bf16 weights through a per-expert torch/cuBLAS loop; torch._weight_int4pack_mm "
              "per expert; per-expert dequantise (torch ops) then bf16 matmul. Peers get host-side grouping "
@@ -1444,7 +1479,8 @@ def format_table(doc: dict[str, Any]) -> str:
     res = doc["results"]
     lines = [f"copy {res['copy_gb_per_s']:.0f} GB/s, bf16 {res['bf16_matmul_tflops']:.0f} TFLOP/s, "
              f"checks ok: {res['all_checks_ok']}",
-             f"{'routing':8} {'M':>5} {'experts':>7} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'queued':>6} {'graph':>6} "
+             f"{'routing':8} {'M':>5} {'experts':>7} {'ms':>8} {'GB/s':>7} {'%copy':>6} {'queued':>6} {'span':>6} "
+             f"{'graph':>6} "
              f"{'TF/s':>6} {'x bf16':>7} {'x int4pk':>8} {'x deq':>6}"]
     for r in res["rows"]:
         def sp(k: str) -> str:
@@ -1452,7 +1488,7 @@ def format_table(doc: dict[str, Any]) -> str:
             return f"{v:.2f}" if isinstance(v, float) else "-"
         lines.append(f"{r['routing']:8} {r['m']:>5} {r['distinct_experts_median']:>7.0f} {r['ms_median']:>8.4f} "
                      f"{r['gb_per_s_median']:>7.0f} {r['pct_of_copy']:>6.1f} {r.get('queued_pct_of_copy', 0):>6.1f} "
-                     f"{r.get('ingraph_pct_of_copy', 0):>6.1f} {r['tflops']:>6.1f} "
+                     f"{r.get('span_pct_of_copy', 0):>6.1f} {r.get('ingraph_pct_of_copy', 0):>6.1f} {r['tflops']:>6.1f} "
                      f"{sp('speedup_vs_bf16_cublas'):>7} {sp('speedup_vs_torch_int4pack'):>8} "
                      f"{sp('speedup_vs_dequant_matmul'):>6}")
     return "\n".join(lines)
@@ -1467,6 +1503,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--peer-reps", type=int, default=8)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-spans", action="store_true",
+                    help="no profiler kernel-span timing of the rows and no graph launch latency probe")
     ap.add_argument("--tune-reps", type=int, default=10, help="repeats per variant and M when tuning (0: no tuning)")
     ap.add_argument("--sanitize", action="store_true", help="small parity checks only (for compute-sanitizer)")
     ap.add_argument("--single", type=int, default=None, metavar="M",
@@ -1548,7 +1586,8 @@ def main(argv: list[str] | None = None) -> int:
         print("sanitize checks ok" if ok else "sanitize checks FAILED")
         return 0 if ok else 1
     path = run_benchmark(args.out, m_values=tuple(args.m), reps=args.reps, peer_reps=args.peer_reps,
-                         include_peers=not args.no_peers, tune_reps=args.tune_reps, measurement=args.name)
+                         include_peers=not args.no_peers, tune_reps=args.tune_reps, measurement=args.name,
+                         spans=not args.no_spans)
     doc = json.loads(Path(path).read_text())
     print(f"wrote {path}")
     print(format_table(doc))

@@ -890,6 +890,33 @@ def block_small_timings() -> str:
     return "\n".join(parts)
 
 
+def block_call_time_split() -> str:
+    """Run 34: where one call's time goes in the full sweep (moe_bandwidth.json, files with the profiler's spans):
+    per M <= 16 row, one replay on an idle GPU, queued, the profiler's kernel span and in-graph, and one replay minus
+    the span (the host's share), beside the graph launch latency probe of the same process."""
+    bw = _doc()
+    lat = bw["results"].get("graph_launch_latency")
+    rows = [r for r in bw["results"]["rows"] if r["m"] <= 16 and "span_ms_median" in r]
+    if not rows or not lat:
+        return (f"`moe_bandwidth.json` (code {bw['provenance']['git_commit'][:7]}) has no profiler spans: run 34's "
+                "timing came after it.\n")
+    us = lambda v: f"{1e3 * v:.1f}"   # noqa: E731
+    table = [{"routing": r["routing"], "M": r["m"], "kernels": r["span_kernels"],
+              "one replay us": us(r["ms_median"]), "queued us": us(r["queued_ms_median"]),
+              "span us": us(r["span_ms_median"]), "in-graph us": us(r["ingraph_ms_median"]),
+              "one - span us": f"{1e3 * (r['ms_median'] - r['span_ms_median']):+.1f}",
+              "queued - span us": f"{1e3 * (r['queued_ms_median'] - r['span_ms_median']):+.1f}",
+              "% copy one / queued / span / in-graph": " / ".join(
+                  f"{r[k]:.1f}" for k in ("pct_of_copy", "queued_pct_of_copy", "span_pct_of_copy",
+                                          "ingraph_pct_of_copy"))}
+             for r in sorted(rows, key=lambda r: (r["routing"], r["m"]))]
+    return (f"`moe_bandwidth.json` (code {bw['provenance']['git_commit'][:7]}, copy "
+            f"{bw['results']['copy_gb_per_s']:.0f} GB/s, {bw['parameters']['reps']} samples a timing). Graph launch "
+            f"latency in the same process (a graph of one 1-element add): one replay {us(lat['one_replay_ms_median'])} "
+            f"us, queued {us(lat['queued_ms_median'])} us, difference {us(lat['latency_ms'])} us.\n\n"
+            + markdown_table(table))
+
+
 SMALL_R3FST = ("moe_small_r3fst", "moe_small_r3fst_2")   # run 23: x4e_r3fst (static first tasks) against x4e_r3fs
 SMALL_R3FST_SPLITS = ("moe_small_r3fst_splits", "moe_small_r3fst_splits_2")   # run 23b: its split sweep
 R3FST_CANDIDATES = tuple(f"ctasplit_x4e_r3fst{sfx}" for _, _, sfx in R3_RANGES)
@@ -1327,11 +1354,14 @@ def _sweep_rows(names: tuple[str, ...], docs: list[dict[str, Any] | None]
     """:func:`sweep_repeat_rows` on the loaded files ``docs`` of ``names``."""
     if not all(docs):
         return [], []
+    per_doc = [{r["goal"]: r for r in goal_rows(d)} for d in docs]   # by goal: newer files have more timings
+    order = list(dict.fromkeys(g for rows in per_doc for g in rows))
     goals = []
-    for rows in zip(*(goal_rows(d) for d in docs)):
-        goals.append({"goal": rows[0]["goal"], "target": rows[0]["target"],
-                      **{n: f"{_f(r['measured (worst)'], '.3g')} ({'met' if r['met'] else 'not met'})"
-                         for n, r in zip(names, rows)}})
+    for g in order:
+        first = next(rows[g] for rows in per_doc if g in rows)
+        goals.append({"goal": g, "target": first["target"],
+                      **{n: (f"{_f(rows[g]['measured (worst)'], '.3g')} ({'met' if rows[g]['met'] else 'not met'})"
+                             if g in rows else "-") for n, rows in zip(names, per_doc)}})
     by = [{(r["routing"], r["m"]): r for r in d["results"]["rows"]} for d in docs]
 
     def col(key: str, spec: str, rows: list[dict[str, Any]]) -> str:
@@ -1511,6 +1541,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "small_r3f": block_small_r3f,
     "small_dispatch": block_small_dispatch,
     "small_timings": block_small_timings,
+    "call_time_split": block_call_time_split,
     "in_graph_probe": block_in_graph_probe,
     "small_r3fst": block_small_r3fst,
     "small_r3fs": block_small_r3fs,
