@@ -190,17 +190,30 @@ def time_cuda_spans(fn: Callable[[], Any], *, reps: int = 20, warmup: int = 3,
 def graph_launch_latency(reps: int = 50) -> dict[str, Any]:
     """The host's share of a one-replay sample on this machine: a CUDA graph of one tiny kernel timed as one replay on
     an idle GPU (:func:`time_cuda`: the host's launch latency inside) and queued behind a sleep kernel
-    (:func:`time_cuda_queued`: the kernel's device time alone). ``latency_ms`` is the difference of the medians."""
+    (:func:`time_cuda_queued`: the kernel's device time alone). ``latency_ms`` is the difference of the medians;
+    ``raw_latency_ms`` the same for the graph launched by ``cudaGraphLaunch`` through cupy (``raw_error`` if not)."""
     import torch
 
     x = torch.zeros(1, device="cuda")
     [g] = capture_graphs([lambda: x.add_(1.0)])
     one = time_cuda(g.replay, warmup=10, reps=reps)
     queued = time_cuda_queued(g.replay, warmup=3, reps=reps)
+    out: dict[str, Any] = {
+        "one_replay_ms": one, "queued_ms": queued, "one_replay_ms_median": median(one),
+        "queued_ms_median": median(queued), "latency_ms": median(one) - median(queued),
+        "what": "one CUDA graph holding one 1-element add: one replay on an idle GPU minus the same queued; "
+                "raw_*: the same graph launched by cudaGraphLaunch through cupy, without torch's replay()"}
+    try:   # how much of the latency is torch's replay() path: the executable graph launched directly
+        import cupy
+
+        exe, stream = g.raw_cuda_graph_exec(), torch.cuda.current_stream().cuda_stream
+        raw = time_cuda(lambda: cupy.cuda.runtime.graphLaunch(exe, stream), warmup=10, reps=reps)
+        out.update(raw_one_replay_ms=raw, raw_one_replay_ms_median=median(raw),
+                   raw_latency_ms=median(raw) - median(queued))
+    except Exception as exc:  # noqa: BLE001 - cupy or the raw handle missing: the torch numbers stand
+        out["raw_error"] = repr(exc)[:300]
     del g
-    return {"one_replay_ms": one, "queued_ms": queued, "one_replay_ms_median": median(one),
-            "queued_ms_median": median(queued), "latency_ms": median(one) - median(queued),
-            "what": "one CUDA graph holding one 1-element add: one replay on an idle GPU minus the same queued"}
+    return out
 
 
 def capture_graphs(fns: Iterable[Callable[[], Any]]) -> list[Any]:

@@ -35,7 +35,7 @@ def load_moe_bandwidth(gpu: str = "h200") -> dict[str, Any] | None:
     return load_measurement("moe_bandwidth", gpu)
 
 
-CURRENT_REPEAT = "moe_bandwidth_repeat33"   # the full sweep again at moe_bandwidth.json's dispatch (run 33)
+CURRENT_REPEAT = "moe_bandwidth_repeat34"   # the full sweep again at moe_bandwidth.json's dispatch (run 34)
 
 
 def load_moe_repeat(gpu: str = "h200") -> dict[str, Any] | None:

@@ -913,7 +913,10 @@ def block_call_time_split() -> str:
     return (f"`moe_bandwidth.json` (code {bw['provenance']['git_commit'][:7]}, copy "
             f"{bw['results']['copy_gb_per_s']:.0f} GB/s, {bw['parameters']['reps']} samples a timing). Graph launch "
             f"latency in the same process (a graph of one 1-element add): one replay {us(lat['one_replay_ms_median'])} "
-            f"us, queued {us(lat['queued_ms_median'])} us, difference {us(lat['latency_ms'])} us.\n\n"
+            f"us, queued {us(lat['queued_ms_median'])} us, difference {us(lat['latency_ms'])} us"
+            + (f"; launched by cudaGraphLaunch through cupy instead of torch's replay(), one replay "
+               f"{us(lat['raw_one_replay_ms_median'])} us, difference {us(lat['raw_latency_ms'])} us"
+               if "raw_latency_ms" in lat else "") + ".\n\n"
             + markdown_table(table))
 
 
@@ -1336,7 +1339,8 @@ def run29g_sections() -> list[str]:
 
 
 SWEEPS = ("moe_bandwidth_1e009b4", REPEAT_SWEEP, "moe_bandwidth_23c6794", "moe_bandwidth_7da04dc",
-          "moe_bandwidth", plots.CURRENT_REPEAT)   # run 28, its repeat, 29f, 30, 33, 33's repeat (same SASS)
+          "moe_bandwidth_35e022b", "moe_bandwidth_repeat33", "moe_bandwidth", plots.CURRENT_REPEAT)
+# run 28, its repeat, 29f, 30, 33, 33's repeat (same SASS), 34 (same SASS, profiler spans), 34's repeat
 
 
 def sweep_repeat_rows(names: tuple[str, ...] = SWEEPS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
