@@ -84,3 +84,11 @@ def test_kernel_spans_refuse_uneven_and_overlapping_calls():
         measure.kernel_spans_ms([(0.0, 1.0)], 0)
     with pytest.raises(ValueError, match="0 kernel records"):
         measure.kernel_spans_ms([], 3)
+
+
+@pytest.mark.gpu
+def test_copy_timing_probe_times_the_copy_three_ways():
+    got = measure.copy_timing_probe(nbytes=64 << 20, reps=6)
+    assert got["bytes_moved"] == 2 * (64 << 20)
+    for key in ("one", "queued", "span"):
+        assert len(got[f"{key}_ms"]) == 6 and got[f"{key}_gb_per_s"] > 0

@@ -157,11 +157,12 @@ def kernel_spans_ms(kernels: Iterable[tuple[float, float]], calls: int) -> list[
 
 
 def time_cuda_spans(fn: Callable[[], Any], *, reps: int = 20, warmup: int = 3,
-                    setup: Callable[[int], Any] | None = None) -> tuple[list[float], int]:
+                    setup: Callable[[int], Any] | None = None, copies: bool = False) -> tuple[list[float], int]:
     """Device time of ``fn`` from the CUDA profiler's kernel records (CUPTI, through ``torch.profiler``): each of
     ``reps`` calls runs alone on an idle GPU (synchronised before and after), and its sample is its first kernel's
     start to its last kernel's end (:func:`kernel_spans_ms`). No CUDA event and none of the host's launch latency is
-    in it; copies and memsets (``setup``'s routing copies) are left out. ``setup(i)`` runs before call ``i``
+    in it; copies and memsets (``setup``'s routing copies) are left out unless ``copies`` (``fn`` is a copy: then
+    ``setup`` must not queue any). ``setup(i)`` runs before call ``i``
     outside the span. Returns (samples in ms, kernels per call). Raises RuntimeError when the profiler recorded no
     kernel."""
     import torch
@@ -181,7 +182,7 @@ def time_cuda_spans(fn: Callable[[], Any], *, reps: int = 20, warmup: int = 3,
             fn()
             torch.cuda.synchronize()
     kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+               if e.device_type == DeviceType.CUDA and (copies or not e.name.startswith(("Memcpy", "Memset")))]
     if not kernels:
         raise RuntimeError("the CUDA profiler recorded no kernel (CUPTI unavailable?)")
     return kernel_spans_ms(kernels, reps), len(kernels) // reps
@@ -294,6 +295,28 @@ def measure_copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, A
     torch.cuda.empty_cache()
     return {"bytes_moved": moved, "samples_ms": samples, "median_ms": med,
             "gb_per_s": moved / (med * 1e-3) / 1e9}
+
+
+def copy_timing_probe(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, Any]:
+    """The copy ceiling timed three ways in one process (what the % of copy columns divide by): one copy between two
+    events on an idle GPU (:func:`measure_copy_bandwidth`'s way, host launch latency inside), queued behind a sleep
+    kernel, and the profiler's span of the copy (:func:`time_cuda_spans`). GB/s (read + written) of each median."""
+    import torch
+
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    fn = lambda: dst.copy_(src)   # noqa: E731
+    one = time_cuda(fn, warmup=3, reps=reps)
+    queued = time_cuda_queued(fn, warmup=3, reps=reps, sleep_cycles=4_000_000)
+    span, _ = time_cuda_spans(fn, reps=reps, copies=True)
+    moved = 2 * src.numel() * 4
+    del src, dst
+    torch.cuda.empty_cache()
+    out: dict[str, Any] = {"bytes_moved": moved}
+    for key, samples in (("one", one), ("queued", queued), ("span", span)):
+        out[f"{key}_ms"] = samples
+        out[f"{key}_gb_per_s"] = moved / (median(samples) * 1e-3) / 1e9
+    return out
 
 
 def measure_bf16_matmul_tflops(n: int = 8192, reps: int = 10) -> dict[str, Any]:

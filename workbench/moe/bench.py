@@ -888,6 +888,33 @@ def run_benchmark(out_dir: str | Path, m_values=M_VALUES, reps: int = 30, peer_r
                              notes=notes, out_dir=out_dir)
 
 
+COPY_PROBE_PREDICTION = (
+    "Run 34's copy probe, written before it ran: the copy ceiling every % of copy divides by is one 2 GiB copy "
+    "between two events, host launch latency inside (~1 ms a sample). Predicted: queued and the profiler's span give "
+    "0.5-1.5% more GB/s than the event pair (10-13 us of latency in ~1 ms); so the % of copy of the span rows would "
+    "fall by as much if the ceiling were timed the span's way.")
+
+
+def run_copy_probe(out_dir: str | Path | None, rounds: int = 3, name: str = "moe_copy_probe",
+                   prediction: str | None = None) -> Path:
+    """``rounds`` rounds of measure.copy_timing_probe and measure.graph_launch_latency; one row per round (GB/s three
+    ways, latency us), raw samples kept; written as ``name``.json."""
+    from workbench.measure import copy_timing_probe, graph_launch_latency, write_measurement
+
+    rows, samples = [], []
+    for i in range(rounds):
+        c, lat = copy_timing_probe(), graph_launch_latency()
+        rows.append({"round": i, **{f"copy_{k}_gb_per_s": c[f"{k}_gb_per_s"] for k in ("one", "queued", "span")},
+                     "span_over_one": c["span_gb_per_s"] / c["one_gb_per_s"],
+                     "queued_over_one": c["queued_gb_per_s"] / c["one_gb_per_s"],
+                     "launch_latency_us": 1e3 * lat["latency_ms"],
+                     "raw_launch_latency_us": 1e3 * lat["raw_latency_ms"] if "raw_latency_ms" in lat else None})
+        samples.append({"copy": c, "launch": lat})
+    return write_measurement(name, parameters={"rounds": rounds, "copy_bytes": 2 << 30, "samples_per_timing": 20},
+                             results={"rows": rows}, samples=samples,
+                             notes=prediction or COPY_PROBE_PREDICTION, out_dir=out_dir)
+
+
 SMALL_COMPARE_M = (1, 2, 4, 8, 9, 16)
 SMALL_V3_PREDICTION = (
     "Version 3 of the one-launch kernel (moe_small_fused): one warp iteration moves one 16-row tile x 256 K "
@@ -1519,6 +1546,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-graph-probe", default=None, metavar="NAME",
                     help="only run 21's diagnostic of the in-graph timing (two weight sets, one, two with gaps) at "
                          "--m (default 1 4 16 64) and write NAME.json")
+    ap.add_argument("--copy-probe", default=None, metavar="NAME",
+                    help="only time the copy ceiling three ways (one event pair, queued, profiler span) and the graph "
+                         "launch latency, --reps rounds of 20 samples each, and write NAME.json (run 34)")
     ap.add_argument("--prediction", default=None,
                     help="with --small-compare: the prediction, stored as the measurement's notes "
                          "(default: the one written for NAME, if any)")
@@ -1556,6 +1586,12 @@ def main(argv: list[str] | None = None) -> int:
         for spec in [sp for sp in specs if sp != "none"]:
             set_kernel_table([(1 << 30, tuple(int(v) for v in spec.split(",")))])
             print(f"variant {spec}: distinct experts {two_calls()}")
+        return 0
+    if args.copy_probe:
+        path = run_copy_probe(args.out, rounds=args.reps, name=args.copy_probe, prediction=args.prediction)
+        print(f"wrote {path}")
+        for r in json.loads(Path(path).read_text())["results"]["rows"]:
+            print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
         return 0
     if args.in_graph_probe:
         ms = tuple(args.m) if args.m != list(M_VALUES) else (1, 4, 16, 64)
