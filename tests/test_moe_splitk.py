@@ -121,15 +121,19 @@ def test_run33_two_stage_rings_dispatched_by_the_rule():
 
 
 def test_sweep_repeat_rows_pair_the_sweeps():
-    """report.sweep_repeat_rows: the five goal rows of run 28's sweep, its repeat at the same dispatched SASS, run
-    29f's, run 30's, run 33's and its repeat side by side, and one row per (routing, M <= 16) present in all, from the committed
+    """report.sweep_repeat_rows: the goal rows of run 28's sweep, its repeat at the same dispatched SASS, run 29f's,
+    run 30's, run 33's and its repeat, run 34's and its repeat side by side, matched by goal (the profiler's span row
+    only in run 34's two: "-" in the others), and one row per (routing, M <= 16) present in all, from the committed
     files."""
     from workbench.moe.report import SWEEPS, sweep_repeat_rows
 
     goals, rows = sweep_repeat_rows()
-    assert len(goals) == 5 and all(g[n].endswith(("(met)", "(not met)")) for g in goals for n in SWEEPS)
+    assert len(goals) == 7 and all(g[n].endswith(("(met)", "(not met)")) or g[n] == "-" for g in goals for n in SWEEPS)
+    span = [g for g in goals if "profiler" in g["goal"]]
+    assert len(span) == 1 and [n for n in SWEEPS if span[0][n] != "-"] == list(SWEEPS[-2:])
+    assert all(g[n] != "-" for g in goals if g is not span[0] for n in SWEEPS)
     assert len(rows) == 12 and {r["M"] for r in rows} == {1, 2, 4, 8, 9, 16}
-    assert len(SWEEPS) == 6 and all(len(r["one replay ms"].split(" / ")) == len(SWEEPS) for r in rows)
+    assert len(SWEEPS) == 8 and all(len(r["one replay ms"].split(" / ")) == len(SWEEPS) for r in rows)
 
 
 def test_ncu_printout_parsed_with_units(tmp_path, monkeypatch):

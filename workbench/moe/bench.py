@@ -1383,8 +1383,9 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
     SMALL_MAX_PAIRS): a parity check of every one-launch path (fresh inputs, poisoned buffers), then
     every path timed as CUDA-graph replays with fresh routing per repeat; the copy bandwidth is measured
     in the same run. Split-K rows also record the splits the kernel takes for each timed routing
-    (``<label>_splits``: "gate_up,down" -> repeats). The dispatched path of each M is also timed queued and in-graph
-    (:func:`in_graph_fields`); with ``in_graph_all`` every one-launch path is. Writes ``<name>.json``, with the prediction
+    (``<label>_splits``: "gate_up,down" -> repeats). The dispatched path of each M is also timed queued, by the
+    profiler's kernel spans (run 34) and in-graph (:func:`in_graph_fields`); with ``in_graph_all`` every one-launch
+    path is. Writes ``<name>.json``, with the prediction
     (default: :data:`SMALL_PREDICTIONS` [name], or [name without a trailing "_2"] for a run's second process) as its
     notes; the dispatch tables are left as they were.
     """
@@ -1447,7 +1448,7 @@ def run_small_compare(out_dir: str | Path | None, m_values=SMALL_COMPARE_M, reps
                 if label != "four_launch":
                     checks.append({**check_case(experts, m, routing, gen, K), "label": label})
                 both = label == dispatched[m] or (in_graph_all and label != "four_launch")   # queued, in-graph too
-                t = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=both)
+                t = time_ours(experts, m, routing, gen, reps, eager_reps=0, queued=both, spans=both)
                 row[f"{label}_ms_median"] = statistics.median(t["ms"])
                 row[f"{label}_pct_of_copy"] = pct_of_copy(t["distinct"], t["ms"], bpe, m, copy_gbps)
                 row["distinct_experts_median"] = statistics.median(t["distinct"])

@@ -132,7 +132,8 @@ def ms_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None)
 
 def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None,
                small: dict[str, Any] | None = None):
-    """Achieved bandwidth as % of the copy bandwidth measured in the same run, with the source's 67-73% band;
+    """Achieved bandwidth as % of the copy bandwidth measured in the same run (one replay, in-graph and, where the file
+    has it, the profiler's kernel span), with the source's 67-73% band;
     ``small`` (:func:`load_moe_small`) adds, from its own run, the points of the path dispatched today at
     each M <= 16 (:func:`dispatched_label`)."""
     import plotly.graph_objects as go
@@ -161,6 +162,11 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
                 fig.add_trace(go.Scatter(x=[r["m"] for r in ig], y=[r["ingraph_pct_of_copy"] for r in ig],
                                          mode="lines+markers", line={"dash": "dash"},
                                          name=f"fused W4A16, {routing}: in-graph % of copy"))
+            sp = [r for r in rr if r.get("span_pct_of_copy") is not None]
+            if sp:   # run 34 on: the kernels' device time, what the goal is judged on
+                fig.add_trace(go.Scatter(x=[r["m"] for r in sp], y=[r["span_pct_of_copy"] for r in sp],
+                                         mode="lines+markers", line={"dash": "dashdot"},
+                                         name=f"fused W4A16, {routing}: kernels' device time (profiler span) % of copy"))
             fig.add_trace(go.Scatter(x=[r["m"] for r in rr], y=[r["pct_of_floor"] for r in rr],
                                      mode="lines", line={"dash": "dot"}, name=f"{routing}: % of floor (time)"))
     if anchors is not None:
@@ -283,18 +289,19 @@ def goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
     pct, sb, si = worst("pct_of_copy"), worst("speedup_vs_bf16_cublas"), worst("speedup_vs_torch_int4pack")
     ig, q, sp = worst("ingraph_pct_of_copy"), worst("queued_pct_of_copy"), worst("span_pct_of_copy")
     errs = [c["rel_err"] for c in res["checks"] if isinstance(c.get("rel_err"), float) and "peer" not in c]
-    rows = [
-        {"goal": f"% of copy bandwidth at M <= {m_max} (one graph replay per call, host launch latency inside)",
-         "target": ">= 80", "measured (worst)": pct, "met": pct is not None and pct >= 80},
-        {"goal": f"% of copy bandwidth at M <= {m_max}, in-graph ({IN_GRAPH_CALLS} calls back to back in one graph)",
-         "target": ">= 80", "measured (worst)": ig, "met": ig is not None and ig >= 80},
-    ]
-    if q is not None:   # a call's device time two ways (files from run 21 / run 34 on)
+    rows = []
+    if sp is not None:   # the kernels' device time (run 34 on): what the issue's bandwidth goal is judged on
+        rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, the kernels' device time (profiler: first kernel "
+                             "start to last kernel end; the goal's measure from run 34)", "target": ">= 80",
+                     "measured (worst)": sp, "met": sp >= 80})
+    rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, in-graph ({IN_GRAPH_CALLS} calls back to back in one "
+                         "graph)", "target": ">= 80", "measured (worst)": ig, "met": ig is not None and ig >= 80})
+    if q is not None:   # files from run 21 on
         rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, one call's device time (queued behind a sleep "
                              "kernel)", "target": ">= 80", "measured (worst)": q, "met": q >= 80})
-    if sp is not None:
-        rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, one call's device time (profiler: first kernel "
-                             "start to last kernel end)", "target": ">= 80", "measured (worst)": sp, "met": sp >= 80})
+    rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, one graph replay per call on an idle GPU (a lone "
+                         "call's latency, host launch inside; the goal's measure until run 34)", "target": ">= 80",
+                 "measured (worst)": pct, "met": pct is not None and pct >= 80})
     rows += [
         {"goal": f"speedup over bf16 cuBLAS per expert, M <= {m_max}", "target": ">= 3", "measured (worst)": sb,
          "met": sb is not None and sb >= 3},
@@ -306,9 +313,25 @@ def goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
     return rows
 
 
+def call_time_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
+    """Run 34: one call timed four ways per row of a sweep with the profiler's spans (M <= ``m_max``): one replay on
+    an idle GPU, queued, the profiler's kernel span and in-graph, in us, with one replay and queued minus the span;
+    [] for a file without spans."""
+    us = lambda v: f"{1e3 * v:.1f}"   # noqa: E731
+    rows = [r for r in doc["results"]["rows"] if r["m"] <= m_max and "span_ms_median" in r]
+    return [{"routing": r["routing"], "M": r["m"], "kernels": r["span_kernels"],
+             "one replay us": us(r["ms_median"]), "queued us": us(r["queued_ms_median"]),
+             "span us": us(r["span_ms_median"]), "in-graph us": us(r["ingraph_ms_median"]),
+             "one - span us": f"{1e3 * (r['ms_median'] - r['span_ms_median']):+.1f}",
+             "queued - span us": f"{1e3 * (r['queued_ms_median'] - r['span_ms_median']):+.1f}",
+             "% copy one / queued / span / in-graph": " / ".join(
+                 f"{r[k]:.1f}" for k in ("pct_of_copy", "queued_pct_of_copy", "span_pct_of_copy", "ingraph_pct_of_copy"))}
+            for r in sorted(rows, key=lambda r: (r["routing"], r["m"]))]
+
+
 def bandwidth_goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
-    """The % of copy bandwidth rows of :func:`goal_rows` (one replay, in-graph, and one call's device time where the
-    file has it)."""
+    """The % of copy bandwidth rows of :func:`goal_rows`: the kernels' device time (the profiler's span, where the file
+    has it), in-graph, queued (where the file has it), one replay."""
     return [r for r in goal_rows(doc, m_max) if r["goal"].startswith("% of copy bandwidth")]
 
 

@@ -17,6 +17,8 @@ the Nsight Compute text report and the source's anchor points
 """
 from __future__ import annotations
 
+import statistics
+
 import sys
 from typing import Any, Callable
 
@@ -890,34 +892,53 @@ def block_small_timings() -> str:
     return "\n".join(parts)
 
 
+COPY_PROBE = "moe_copy_probe"   # run 34: the copy ceiling timed three ways, and the graph launch latency
+
+
 def block_call_time_split() -> str:
-    """Run 34: where one call's time goes in the full sweep (moe_bandwidth.json, files with the profiler's spans):
-    per M <= 16 row, one replay on an idle GPU, queued, the profiler's kernel span and in-graph, and one replay minus
-    the span (the host's share), beside the graph launch latency probe of the same process."""
-    bw = _doc()
-    lat = bw["results"].get("graph_launch_latency")
-    rows = [r for r in bw["results"]["rows"] if r["m"] <= 16 and "span_ms_median" in r]
-    if not rows or not lat:
-        return (f"`moe_bandwidth.json` (code {bw['provenance']['git_commit'][:7]}) has no profiler spans: run 34's "
-                "timing came after it.\n")
+    """Run 34: where one call's time goes, per full sweep with the profiler's spans (moe_bandwidth.json and its repeat
+    :data:`plots.CURRENT_REPEAT`): per M <= 16 row, one replay on an idle GPU, queued, the profiler's kernel span and
+    in-graph, one replay minus the span; the graph launch latency probe of the same process; then the copy ceiling
+    timed three ways (:data:`COPY_PROBE`) and what the worst span row becomes against the span-timed copy."""
+    from workbench.measure import load_measurement
+
     us = lambda v: f"{1e3 * v:.1f}"   # noqa: E731
-    table = [{"routing": r["routing"], "M": r["m"], "kernels": r["span_kernels"],
-              "one replay us": us(r["ms_median"]), "queued us": us(r["queued_ms_median"]),
-              "span us": us(r["span_ms_median"]), "in-graph us": us(r["ingraph_ms_median"]),
-              "one - span us": f"{1e3 * (r['ms_median'] - r['span_ms_median']):+.1f}",
-              "queued - span us": f"{1e3 * (r['queued_ms_median'] - r['span_ms_median']):+.1f}",
-              "% copy one / queued / span / in-graph": " / ".join(
-                  f"{r[k]:.1f}" for k in ("pct_of_copy", "queued_pct_of_copy", "span_pct_of_copy",
-                                          "ingraph_pct_of_copy"))}
-             for r in sorted(rows, key=lambda r: (r["routing"], r["m"]))]
-    return (f"`moe_bandwidth.json` (code {bw['provenance']['git_commit'][:7]}, copy "
-            f"{bw['results']['copy_gb_per_s']:.0f} GB/s, {bw['parameters']['reps']} samples a timing). Graph launch "
-            f"latency in the same process (a graph of one 1-element add): one replay {us(lat['one_replay_ms_median'])} "
-            f"us, queued {us(lat['queued_ms_median'])} us, difference {us(lat['latency_ms'])} us"
-            + (f"; launched by cudaGraphLaunch through cupy instead of torch's replay(), one replay "
+    parts, worst_span = [], []   # worst span % of copy of each sweep
+    for name in ("moe_bandwidth", plots.CURRENT_REPEAT):
+        doc = load_measurement(name)
+        lat = doc["results"].get("graph_launch_latency") if doc else None
+        rows = [r for r in doc["results"]["rows"] if r["m"] <= 16 and "span_ms_median" in r] if doc else []
+        if not rows or not lat:
+            parts.append(f"`{name}.json` is not committed or has no profiler spans.\n")
+            continue
+        worst_span.append(min(r["span_pct_of_copy"] for r in rows))
+        table = plots.call_time_rows(doc)
+        raw = (f"; launched by cudaGraphLaunch through cupy instead of torch's replay(), one replay "
                f"{us(lat['raw_one_replay_ms_median'])} us, difference {us(lat['raw_latency_ms'])} us"
-               if "raw_latency_ms" in lat else "") + ".\n\n"
-            + markdown_table(table))
+               if "raw_latency_ms" in lat else "")
+        parts.append(f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}, copy "
+                     f"{doc['results']['copy_gb_per_s']:.0f} GB/s, {doc['parameters']['reps']} samples a timing). "
+                     f"Graph launch latency in the same process (a graph of one 1-element add): one replay "
+                     f"{us(lat['one_replay_ms_median'])} us, queued {us(lat['queued_ms_median'])} us, difference "
+                     f"{us(lat['latency_ms'])} us{raw}.\n\n" + markdown_table(table) + "\n")
+    probe = load_measurement(COPY_PROBE)
+    if probe:
+        pr = probe["results"]["rows"]
+        ratio = statistics.median(r["span_over_one"] for r in pr)
+        parts.append(f"The copy ceiling timed three ways (`{COPY_PROBE}.json`, code {probe['provenance']['git_commit'][:7]}, "
+                     f"{len(pr)} rounds of {probe['parameters']['samples_per_timing']} samples of a 2 GiB copy):\n\n"
+                     + markdown_table([{"round": r["round"], "events GB/s": f"{r['copy_one_gb_per_s']:.0f}",
+                                        "queued GB/s": f"{r['copy_queued_gb_per_s']:.0f}",
+                                        "span GB/s": f"{r['copy_span_gb_per_s']:.0f}",
+                                        "span / events": f"{r['span_over_one']:.4f}",
+                                        "launch latency us (torch / cupy)":
+                                            f"{r['launch_latency_us']:.1f} / {_f(r['raw_launch_latency_us'], '.1f')}"}
+                                       for r in pr])
+                     + f"\n\nEvery % of copy divides by the events' ceiling. Timed the span's way the ceiling is "
+                       f"{ratio:.4f}x (median over rounds), so the worst span rows above "
+                       f"({', '.join(f'{w:.1f}' for w in worst_span)}) would read "
+                       f"{', '.join(f'{w / ratio:.1f}' for w in worst_span)} against a span-timed copy.\n")
+    return "\n".join(parts)
 
 
 SMALL_R3FST = ("moe_small_r3fst", "moe_small_r3fst_2")   # run 23: x4e_r3fst (static first tasks) against x4e_r3fs
@@ -1359,7 +1380,7 @@ def _sweep_rows(names: tuple[str, ...], docs: list[dict[str, Any] | None]
     if not all(docs):
         return [], []
     per_doc = [{r["goal"]: r for r in goal_rows(d)} for d in docs]   # by goal: newer files have more timings
-    order = list(dict.fromkeys(g for rows in per_doc for g in rows))
+    order = list(dict.fromkeys(g for rows in reversed(per_doc) for g in rows))   # the newest file's order first
     goals = []
     for g in order:
         first = next(rows[g] for rows in per_doc if g in rows)
