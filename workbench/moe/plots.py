@@ -217,6 +217,8 @@ def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict
             same = r.get("dispatched") == d
             row["dispatched queued % copy"] = r.get(f"{d}_queued_pct_of_copy") if same else None
             row["dispatched in-graph % copy"] = r.get(f"{d}_ingraph_pct_of_copy") if same else None
+            if any(k.endswith("_span_pct_of_copy") for k in r):   # the profiler's span (files from run 34 on)
+                row["dispatched span % copy"] = r.get(f"{d}_span_pct_of_copy") if same else None
         out.append(row)
     return out
 
@@ -242,8 +244,8 @@ def timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def dispatched_worst_pct(small: dict[str, Any], column: str = "dispatched % copy"
                          ) -> tuple[float, dict[str, Any]] | None:
     """Worst % of copy of the dispatched path over the comparison's rows, with that row; None if empty.
-    ``column``: "dispatched % copy" (one replay), "dispatched queued % copy" or "dispatched in-graph % copy"
-    (None when the file has no such column for today's path)."""
+    ``column``: "dispatched % copy" (one replay), "dispatched queued % copy", "dispatched in-graph % copy" or
+    "dispatched span % copy" (None when the file has no such column for today's path)."""
     rows = small_path_rows(small)
     missing = [(r["routing"], r["M"], r["dispatched"]) for r in rows if r["dispatched % copy"] is None]
     if missing:
