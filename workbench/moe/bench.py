@@ -573,9 +573,9 @@ def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: 
                     gen: torch.Generator, reps: int, bpe: int, copy_gbps: float, checks: list[dict[str, Any]],
                     samples: dict[str, Any], topk: int = 8) -> dict[str, Any]:
     """A row's queued, profiler-span and in-graph columns for path ``label`` (``<label>_queued_ms_median`` /
-    ``_pct_of_copy`` from ``time_ours(..., queued=True)``'s ``t``, ``<label>_span_*`` where ``t`` has spans, ``<label>_ingraph_*`` from
-    :func:`time_ours_in_graph` over ``banks``; no prefix for ``label`` ""); appends the in-graph output check to ``checks`` and the
-    raw samples to ``samples``."""
+    ``_pct_of_copy`` from ``time_ours(..., queued=True)``'s ``t``, ``<label>_span_*`` where ``t`` has spans,
+    ``<label>_ingraph_*`` from :func:`time_ours_in_graph` over ``banks``; no prefix for ``label`` ""); appends the
+    in-graph output check to ``checks`` and the raw samples to ``samples``."""
     hidden = banks[0].hidden
     pre = f"{label}_" if label else ""
     out: dict[str, Any] = {}
