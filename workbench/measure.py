@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -282,17 +283,26 @@ def median(samples: Iterable[float]) -> float:
     return float(statistics.median(list(samples)))
 
 
-def measure_copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, Any]:
-    """Device-to-device copy bandwidth (bytes read + bytes written) in GB/s."""
+@contextlib.contextmanager
+def _device_copy(nbytes: int):
+    """A device-to-device copy of ``nbytes`` (float32 buffers, random source): yields (the copy as a callable, bytes
+    moved = read + written); the buffers are freed when the block ends."""
     import torch
 
     src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
-    samples = time_cuda(lambda: dst.copy_(src), warmup=3, reps=reps)
-    moved = 2 * src.numel() * 4
+    try:
+        yield (lambda: dst.copy_(src)), 2 * src.numel() * 4
+    finally:
+        del src, dst
+        torch.cuda.empty_cache()
+
+
+def measure_copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, Any]:
+    """Device-to-device copy bandwidth (bytes read + bytes written) in GB/s."""
+    with _device_copy(nbytes) as (fn, moved):
+        samples = time_cuda(fn, warmup=3, reps=reps)
     med = median(samples)
-    del src, dst
-    torch.cuda.empty_cache()
     return {"bytes_moved": moved, "samples_ms": samples, "median_ms": med,
             "gb_per_s": moved / (med * 1e-3) / 1e9}
 
@@ -301,19 +311,12 @@ def copy_timing_probe(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, Any]:
     """The copy ceiling timed three ways in one process (what the % of copy columns divide by): one copy between two
     events on an idle GPU (:func:`measure_copy_bandwidth`'s way, host launch latency inside), queued behind a sleep
     kernel, and the profiler's span of the copy (:func:`time_cuda_spans`). GB/s (read + written) of each median."""
-    import torch
-
-    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    fn = lambda: dst.copy_(src)   # noqa: E731
-    one = time_cuda(fn, warmup=3, reps=reps)
-    queued = time_cuda_queued(fn, warmup=3, reps=reps, sleep_cycles=4_000_000)
-    span, _ = time_cuda_spans(fn, reps=reps, copies=True)
-    moved = 2 * src.numel() * 4
-    del src, dst
-    torch.cuda.empty_cache()
+    with _device_copy(nbytes) as (fn, moved):
+        timings = {"one": time_cuda(fn, warmup=3, reps=reps),
+                   "queued": time_cuda_queued(fn, warmup=3, reps=reps, sleep_cycles=4_000_000),
+                   "span": time_cuda_spans(fn, reps=reps, copies=True)[0]}
     out: dict[str, Any] = {"bytes_moved": moved}
-    for key, samples in (("one", one), ("queued", queued), ("span", span)):
+    for key, samples in timings.items():
         out[f"{key}_ms"] = samples
         out[f"{key}_gb_per_s"] = moved / (median(samples) * 1e-3) / 1e9
     return out

@@ -359,8 +359,9 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     (measure.time_cuda_spans: first kernel start to last kernel end, no events), ``span_kernels`` kernels a call,
     or ``span_error`` when the profiler could not time them."""
     e, h = experts.num_experts, experts.hidden
+    warm = 3   # warm-up calls of the one-replay, queued and span timings (each call draws a routing)
     rot = RoutingRotation(m, e, topk, routing, gen,
-                          reps + eager_reps + 4 + (reps + 3 if queued else 0) + (reps + 3 if spans else 0))
+                          reps + eager_reps + 4 + (reps + warm) * (int(queued) + int(spans)))
     distinct, used, setup = rot.distinct, rot.used, rot.setup
     x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
 
@@ -375,23 +376,26 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
     span_ms: list[float] = []
     span_idx: list[int] = []
     span_kernels, span_error = None, None
+
+    def rotated(timer: Callable[..., Any], replay: Callable[[], Any]) -> tuple[Any, list[int]]:
+        """``timer``'s result for ``replay`` (the graph's), and the routings of its timed (not warm-up) calls."""
+        start = len(used)
+        res = timer(replay, warmup=warm, reps=reps, setup=setup)
+        return res, used[start + warm:]
+
     try:
         g = _capture(call)
-        for r in range(reps + 3):
+        for r in range(reps + warm):
             setup()
             t = _events_ms(g.replay)
-            if r >= 3:
+            if r >= warm:
                 ms.append(t)
-        rep_idx = used[3:]
+        rep_idx = used[warm:]
         if queued:
-            start = len(used)
-            queued_ms = time_cuda_queued(g.replay, warmup=3, reps=reps, setup=setup)
-            queued_idx = used[start + 3:]
+            queued_ms, queued_idx = rotated(time_cuda_queued, g.replay)
         if spans:
-            start = len(used)
             try:
-                span_ms, span_kernels = time_cuda_spans(g.replay, warmup=3, reps=reps, setup=setup)
-                span_idx = used[start + 3:]
+                (span_ms, span_kernels), span_idx = rotated(time_cuda_spans, g.replay)
             except Exception as exc:  # noqa: BLE001 - the profiler's failure is recorded, the other timings stand
                 span_error = repr(exc)[:300]
         del g
