@@ -1,0 +1,1 @@
+"""Generated blocks of the papers and the README results block, read from data/measurements."""
