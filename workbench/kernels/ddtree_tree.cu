@@ -1,16 +1,14 @@
 // DDTree tree kernels: best-first tree build, visibility, greedy accept, KV commit.
 //
-// Tree build: four kernels with one argument list (DDT_BUILD_PARAMS) and one output, each
-// bit-exact with workbench.ddtree.reference.build_tree, ties included:
-// ddtree_build           one thread block per request; thread 0 runs a binary heap in shared
-//                        memory (float64 scores, order (-score, rank path)).
-// ddtree_build_warp      one block per request; the frontier in shared memory, one warp
-//                        butterfly reduction per pop.
+// Tree build: two kernels with one argument list (DDT_BUILD_PARAMS) and one output, each
+// bit-exact with workbench.ddtree.reference.build_tree, ties included; the dispatch
+// (data/dispatch/*.json, tree_build) picks "small" up to 32 non-root nodes, "heap" above:
 // ddtree_build_small     n - 1 <= 32: one warp per request, one lane per tree node holding that
 //                        node's pending child; a pop is a warp arg-max (__reduce_max_sync).
-// ddtree_build_small_br  the same with the per-pop lane updates as branches (e108f3c's form).
-// ddtree_build_small_v1  n - 1 <= 32: the previous small kernel (sorted frontier list in one
-//                        warp's registers), kept for before/after timing.
+// ddtree_build           one thread block per request; thread 0 runs a binary heap in shared
+//                        memory (float64 scores, order (-score, rank path)).
+// (The warp-reduction builder, the sorted-list small builder and the branchy small builder
+// were slower; they are in git at 2c78290, papers/ddtree_kernels.md lists them.)
 // ddtree_visibility one thread per (request, i, j): j is i or an ancestor of i.
 // ddtree_accept     one warp per request: greedy longest matching root path.
 // ddtree_commit_scattered  keep slots (accepted path order) and free slots.
@@ -24,8 +22,8 @@
 // Tree build: shared pieces
 // ---------------------------------------------------------------------------------------------
 
-// The argument list of every build kernel. Request b = blockIdx.x for the one-block-per-request
-// kernels; B bounds the warp-per-request kernel.
+// The argument list of both build kernels. Request b = blockIdx.x for the heap kernel; B bounds
+// the warp-per-request kernel.
 #define DDT_BUILD_PARAMS                                                                       \
     const float* __restrict__ logprobs,        /* [B, L, Kin] */                               \
     const long long* __restrict__ token_ids,   /* [B, L, Kin] */                               \
@@ -65,12 +63,6 @@ __device__ __forceinline__ bool ddt_before(double sa, int pa, int ra, double sb,
     return ddt_path_less(pa, ra, pb, rb, npar, nrank, ndep);
 }
 
-// Entries packed as parent << 16 | depth << 10 | rank (parent <= 1024, depth <= 32, rank < 1024).
-__device__ __forceinline__ bool ddt_pk_before(double sa, int pka, double sb, int pkb,
-                                              const int* npar, const int* nrank, const int* ndep) {
-    return ddt_before(sa, pka >> 16, pka & 1023, sb, pkb >> 16, pkb & 1023, npar, nrank, ndep);
-}
-
 __device__ __forceinline__ long long ddt_root(const long long* root_tokens, long long root_default,
                                               int b) {
     return root_tokens ? root_tokens[b] : root_default;
@@ -89,7 +81,7 @@ __device__ __forceinline__ void ddt_stage_rows(const float* __restrict__ lpb,
     }
 }
 
-// Shared layout of the heap and warp kernels (cap frontier slots, n nodes):
+// Shared layout of the heap kernel (cap frontier slots, n nodes):
 //   double s[cap] | float lps[L*K] | int k[cap] | int npar[n] | int nrank[n] | int ndep[n]
 struct DdtFrontierSmem {
     double* s; float* lps; int* k; int* npar; int* nrank; int* ndep;
@@ -107,7 +99,7 @@ __device__ __forceinline__ DdtFrontierSmem ddt_frontier_smem(double* base, int c
     return m;
 }
 
-// Prologue of the one-block-per-request kernels: stage request b's rows (its token ids too when
+// Prologue of the one-block-per-request kernel: stage request b's rows (its token ids too when
 // sids is not null), node 0 = the root in the node arrays, block barrier. Returns the request's
 // token ids in global memory.
 __device__ __forceinline__ const long long* ddt_block_prologue(
@@ -138,7 +130,7 @@ __device__ __forceinline__ void ddt_put_node(long long* out_tokens, long long* o
     }
 }
 
-// Epilogue of the kernels that keep the nodes in shared arrays (scores already written).
+// Epilogue of the kernel that keeps the nodes in shared arrays (scores already written).
 __device__ __forceinline__ void ddt_write_nodes(long long* out_tokens, long long* out_parents,
                                                 long long* out_depths, long long* out_ranks,
                                                 float* out_scores, int b, int n,
@@ -237,122 +229,6 @@ extern "C" __global__ void ddtree_build(DDT_BUILD_PARAMS) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ddtree_build_warp: the frontier lives in shared memory, slot s owned by lane s % 32 (at most
-// 32 slots per lane, capacity n - 1 <= 1024); each lane caches the best of its own slots, and
-// every pop is a warp butterfly reduction over the 32 cached bests under the total order
-// (higher score, then smaller rank path). Only the lane that lost the popped entry rescans.
-// Entries packed as parent << 16 | depth << 10 | rank.
-// Shared memory: ddt_frontier_smem with cap = n - 1 slots.
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ bool ddt_entry_before(double sa, int pka, bool oka, double sb, int pkb,
-                                                 bool okb, const int* npar, const int* nrank,
-                                                 const int* ndep) {
-    if (!oka) return false;
-    if (!okb) return true;
-    return ddt_pk_before(sa, pka, sb, pkb, npar, nrank, ndep);
-}
-
-extern "C" __global__ void ddtree_build_warp(DDT_BUILD_PARAMS) {
-    extern __shared__ double ddt_wsmem[];
-    const int b = blockIdx.x;
-    const int cap = n - 1;  // frontier size never exceeds the number of pops
-    const DdtFrontierSmem m = ddt_frontier_smem(ddt_wsmem, cap, L, K, n);
-    double* es = m.s;
-    float* lps = m.lps;
-    int* ep = m.k;
-    int *npar = m.npar, *nrank = m.nrank, *ndep = m.ndep;
-
-    const long long* idb = ddt_block_prologue(logprobs, token_ids, b, L, Kin, K, lps, nullptr,
-                                              npar, nrank, ndep);
-
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        int e_lane = 0;  // slots owned by this lane: lane + 32 k < cap
-        if (lane < cap) e_lane = (cap - 1 - lane) / 32 + 1;
-        const unsigned full = e_lane >= 32 ? 0xffffffffu : ((1u << e_lane) - 1u);
-        unsigned valid = 0;
-        double best_s = 0.0;
-        int best_pk = 0, best_slot = -1;
-        bool best_ok = false;
-        if (lane == 0) {
-            es[0] = (double)lps[0];
-            ep[0] = (0 << 16) | (1 << 10) | 0;
-            valid = 1u;
-            best_s = es[0]; best_pk = ep[0]; best_slot = 0; best_ok = true;
-        }
-        __syncwarp();
-        for (int i = 1; i < n; ++i) {
-            double rs = best_s;
-            int rpk = best_pk, rslot = best_slot;
-            bool rok = best_ok;
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                const double os = __shfl_xor_sync(DDT_FULL_MASK, rs, off);
-                const int opk = __shfl_xor_sync(DDT_FULL_MASK, rpk, off);
-                const int oslot = __shfl_xor_sync(DDT_FULL_MASK, rslot, off);
-                const bool ook = __shfl_xor_sync(DDT_FULL_MASK, (int)rok, off) != 0;
-                if (ddt_entry_before(os, opk, ook, rs, rpk, rok, npar, nrank, ndep)) {
-                    rs = os; rpk = opk; rslot = oslot; rok = ook;
-                }
-            }
-            const int parent = rpk >> 16, d = (rpk >> 10) & 63, r = rpk & 1023;
-            if (lane == 0) {
-                npar[i] = parent; nrank[i] = r; ndep[i] = d;
-                out_scores[(long long)b * n + i] = (float)rs;
-            }
-            if (i == n - 1) break;
-            const int owner = rslot & 31, k_own = rslot >> 5;
-            if (lane == owner) {
-                if (r + 1 < K) {
-                    es[rslot] = (rs - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1];
-                    ep[rslot] = (parent << 16) | (d << 10) | (r + 1);
-                } else {
-                    valid &= ~(1u << k_own);
-                }
-            }
-            int child_lane = -1;
-            double cs = 0.0;
-            int cpk = 0, cslot = -1;
-            if (d < L) {
-                const unsigned has_free = __ballot_sync(DDT_FULL_MASK, (valid & full) != full);
-                child_lane = __ffs(has_free) - 1;  // a free slot always exists (size <= cap)
-                if (lane == child_lane) {
-                    const int k2 = __ffs(~valid & full) - 1;
-                    cslot = lane + 32 * k2;
-                    cs = rs + (double)lps[d * K];
-                    cpk = (i << 16) | ((d + 1) << 10) | 0;
-                    es[cslot] = cs; ep[cslot] = cpk;
-                    valid |= 1u << k2;
-                }
-            }
-            __syncwarp();  // node i and the new entries are visible to every lane
-            if (lane == owner) {
-                best_ok = false;
-                unsigned m = valid;
-                while (m) {
-                    const int k = __ffs(m) - 1;
-                    m &= m - 1;
-                    const int slot = lane + 32 * k;
-                    const double s = es[slot];
-                    const int pk = ep[slot];
-                    if (ddt_entry_before(s, pk, true, best_s, best_pk, best_ok, npar, nrank, ndep)) {
-                        best_s = s; best_pk = pk; best_slot = slot; best_ok = true;
-                    }
-                }
-            } else if (lane == child_lane) {
-                if (ddt_entry_before(cs, cpk, true, best_s, best_pk, best_ok, npar, nrank, ndep)) {
-                    best_s = cs; best_pk = cpk; best_slot = cslot; best_ok = true;
-                }
-            }
-            __syncwarp();
-        }
-    }
-    __syncthreads();
-    ddt_write_nodes(DDT_OUT_ARGS, b, n, npar, nrank, ndep, idb, Kin,
-                    ddt_root(root_tokens, root_default, b), threadIdx.x, blockDim.x);
-}
-
-// ---------------------------------------------------------------------------------------------
 // ddtree_build_small: n - 1 <= 32 (so K <= 32), one warp per request, blockDim.x / 32 requests
 // per block.
 //
@@ -434,9 +310,6 @@ __device__ __forceinline__ int ddt_tie_winner(unsigned cand, int kr, const int* 
     return best;
 }
 
-// kSelectUpdates: the winner's and the new node's lane updates as selects (1, "small") or as
-// branches taken by one lane each (0, "small_br", e108f3c's form).
-template <int kSelectUpdates>
 __device__ __forceinline__ void ddt_build_small(DDT_BUILD_PARAMS) {
     extern __shared__ long long ddt_lane_smem[];
     const int warp = threadIdx.x >> 5;
@@ -519,32 +392,21 @@ __device__ __forceinline__ void ddt_build_small(DDT_BUILD_PARAMS) {
         if (lane == i - 1) { o_par = w; o_dep = d_i; o_rank = r_i; o_score = w_fs; }
         if (i == n - 1) break;
         if (lane == 0) { npar[i] = w; nrank[i] = r_i; ndep[i] = d_i; }
-        if (kSelectUpdates) {
-            // the same updates as selects: no divergent branch in the pop loop
-            const bool is_w = lane == w, is_i = lane == i, has = d_i < L;
-            const int ao_i = has ? d_i * K : 0;
-            const int bo_i = has && K > 1 ? ao_i + 1 : ao_i;
-            const int ho_i = d_i + 1 < L ? ao_i + K : 0;
-            const int bo_w = kr + 2 < K ? bo + 1 : bo;
-            ao = is_w ? bo : (is_i ? ao_i : ao);
-            bo = is_w ? bo_w : (is_i ? bo_i : bo);
-            ho = is_i ? ho_i : ho;
-            dep = is_i ? d_i : dep;
-            kr = is_w ? kr + 1 : (is_i ? 0 : kr);
-            cs = is_w ? ns : (is_i ? c_s : cs);
-            khi = is_w ? nhi : (is_i ? c_hi : khi);
-            klo = is_w ? nlo : (is_i ? c_lo : klo);
-        } else if (lane == w) {  // the popped child's next sibling is the lane's pending child
-            kr += 1; cs = ns; khi = nhi; klo = nlo;
-            ao = bo;
-            bo = kr + 1 < K ? bo + 1 : bo;
-        } else if (lane == i) {  // new node i: its first child is pending (if d_i < L)
-            dep = d_i; kr = 0; cs = c_s; khi = c_hi; klo = c_lo;
-            const bool has = d_i < L;
-            ao = has ? d_i * K : 0;
-            bo = has && K > 1 ? ao + 1 : ao;
-            ho = d_i + 1 < L ? ao + K : 0;
-        }
+        // the winner's and the new node's lane updates as selects: no divergent branch in the pop
+        // loop (as branches taken by one lane each, e108f3c's form, it was slower)
+        const bool is_w = lane == w, is_i = lane == i, has = d_i < L;
+        const int ao_i = has ? d_i * K : 0;
+        const int bo_i = has && K > 1 ? ao_i + 1 : ao_i;
+        const int ho_i = d_i + 1 < L ? ao_i + K : 0;
+        const int bo_w = kr + 2 < K ? bo + 1 : bo;
+        ao = is_w ? bo : (is_i ? ao_i : ao);
+        bo = is_w ? bo_w : (is_i ? bo_i : bo);
+        ho = is_i ? ho_i : ho;
+        dep = is_i ? d_i : dep;
+        kr = is_w ? kr + 1 : (is_i ? 0 : kr);
+        cs = is_w ? ns : (is_i ? c_s : cs);
+        khi = is_w ? nhi : (is_i ? c_hi : khi);
+        klo = is_w ? nlo : (is_i ? c_lo : klo);
     }
 
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -560,83 +422,7 @@ __device__ __forceinline__ void ddt_build_small(DDT_BUILD_PARAMS) {
     logprobs, token_ids, root_tokens, root_default, B, L, Kin, K, n, DDT_OUT_ARGS
 
 extern "C" __global__ void ddtree_build_small(DDT_BUILD_PARAMS) {
-    ddt_build_small<1>(DDT_BUILD_ARG_NAMES);
-}
-
-extern "C" __global__ void ddtree_build_small_br(DDT_BUILD_PARAMS) {
-    ddt_build_small<0>(DDT_BUILD_ARG_NAMES);
-}
-
-// ---------------------------------------------------------------------------------------------
-// ddtree_build_small_v1 (the previous small kernel; n - 1 <= 32, so K <= 32): the frontier is a
-// sorted list held in one warp's registers, lane j holding the j-th entry in pop order. A pop
-// takes lane 0's entry; the sibling and the first child are placed by two ballots and the list
-// is re-gathered with one shuffle. The request's token ids are staged in shared memory with the
-// log-probs. Shared layout: long long sids[L*K] | float lps[L*K] | int npar[n] | int nrank[n] | int ndep[n]
-// ---------------------------------------------------------------------------------------------
-extern "C" __global__ void ddtree_build_small_v1(DDT_BUILD_PARAMS) {
-    extern __shared__ long long ddt_small_smem[];
-    const int b = blockIdx.x;
-    long long* sids = ddt_small_smem;
-    float* lps = reinterpret_cast<float*>(sids + L * K);
-    int* npar = reinterpret_cast<int*>(lps + L * K);
-    int* nrank = npar + n;
-    int* ndep = nrank + n;
-
-    ddt_block_prologue(logprobs, token_ids, b, L, Kin, K, lps, sids, npar, nrank, ndep);
-
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        double es = (double)lps[0];
-        int epk = (0 << 16) | (1 << 10) | 0;
-        int m = 1;  // frontier size; lanes >= m hold stale values
-        for (int i = 1; i < n; ++i) {
-            const double s = __shfl_sync(DDT_FULL_MASK, es, 0);
-            const int pk = __shfl_sync(DDT_FULL_MASK, epk, 0);
-            const int parent = pk >> 16, d = (pk >> 10) & 63, r = pk & 1023;
-            if (lane == 0) {
-                npar[i] = parent; nrank[i] = r; ndep[i] = d;
-                out_scores[(long long)b * n + i] = (float)s;
-            }
-            if (i == n - 1) break;
-            const bool hs = r + 1 < K, hc = d < L;
-            const double ss = hs ? (s - (double)lps[(d - 1) * K + r]) + (double)lps[(d - 1) * K + r + 1] : 0.0;
-            const int spk = (parent << 16) | (d << 10) | (r + 1);
-            const double cs = hc ? s + (double)lps[d * K] : 0.0;
-            const int cpk = (i << 16) | ((d + 1) << 10) | 0;
-            __syncwarp();  // node i visible to every lane (rank-path comparisons)
-            // list without its head: lane l sees entry l + 1
-            const double rs = __shfl_down_sync(DDT_FULL_MASK, es, 1);
-            const int rpk = __shfl_down_sync(DDT_FULL_MASK, epk, 1);
-            const bool rv = lane + 1 < m;
-            const unsigned bs = __ballot_sync(DDT_FULL_MASK,
-                rv && hs && ddt_pk_before(rs, rpk, ss, spk, npar, nrank, ndep));
-            const unsigned bc = __ballot_sync(DDT_FULL_MASK,
-                rv && hc && ddt_pk_before(rs, rpk, cs, cpk, npar, nrank, ndep));
-            const int c_s = __popc(bs), c_c = __popc(bc);
-            int ps = -1, pc = -1;
-            if (hs && hc) {
-                if (ddt_pk_before(ss, spk, cs, cpk, npar, nrank, ndep)) { ps = c_s; pc = c_c + 1; }
-                else { pc = c_c; ps = c_s + 1; }
-            } else if (hs) {
-                ps = c_s;
-            } else if (hc) {
-                pc = c_c;
-            }
-            const int src = lane - ((ps >= 0 && ps < lane) ? 1 : 0) - ((pc >= 0 && pc < lane) ? 1 : 0);
-            const int src_lane = src + 1 < 31 ? src + 1 : 31;
-            const double gs = __shfl_sync(DDT_FULL_MASK, es, src_lane);
-            const int gpk = __shfl_sync(DDT_FULL_MASK, epk, src_lane);
-            if (lane == ps) { es = ss; epk = spk; }
-            else if (lane == pc) { es = cs; epk = cpk; }
-            else { es = gs; epk = gpk; }
-            m = m - 1 + (hs ? 1 : 0) + (hc ? 1 : 0);
-            __syncwarp();
-        }
-    }
-    __syncthreads();
-    ddt_write_nodes(DDT_OUT_ARGS, b, n, npar, nrank, ndep, sids, K,
-                    ddt_root(root_tokens, root_default, b), threadIdx.x, blockDim.x);
+    ddt_build_small(DDT_BUILD_ARG_NAMES);
 }
 
 // vis[b, i, j] = 1 iff j == i or j is an ancestor of i (parents[b, i] < i).

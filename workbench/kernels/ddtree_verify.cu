@@ -22,8 +22,10 @@
 //                             64 query rows x 64 keys per step, 2 warpgroups
 //   ddtree_verify_mma_bf16    bf16 inputs, tensor cores (mma.sync m16n8k16),
 //                             64 query rows x 64 keys per step, 256 threads (any sm_90 build)
-//   ddtree_verify_simple_f32 / _bf16   CUDA-core path, 16 query rows per block
+//   ddtree_verify_simple_f32  float32 inputs, CUDA cores, 16 query rows per block
 //   ddtree_verify_merge_f32 / _bf16    partials -> out (input dtype), lse (f32)
+// Which one runs: data/dispatch/<gpu>.json (verify_bf16: "wgmma" on the H200, "mma" elsewhere;
+// verify_fp32: "simple"). The forms tried and removed are in papers/ddtree_kernels.md (versions table).
 //
 // No includes: bf16 is handled as raw 16-bit values (NVRTC-safe).
 
@@ -210,10 +212,7 @@ ddtree_verify_prepare(const long long* __restrict__ offsets, long long p_single,
 #define SK_BYTES (MMA_KEYS * DK * 2)
 #define SP_BYTES (MMA_ROWS * MMA_KEYS * 2)
 #define MMA_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4)
-#ifndef VERIFY_S_UNROLL
-#define VERIFY_S_UNROLL 4  // unroll of the 36-step score loop (tuning variants set it with -D)
-#endif
-constexpr int kScoreUnroll = VERIFY_S_UNROLL;
+constexpr int kScoreUnroll = 4;  // unroll of the 36-step score loop
 
 // byte offset of 16-byte chunk c of row r in a 576-value bf16 row-major tile
 __device__ __forceinline__ u32 swz576(int r, int c) {
@@ -490,7 +489,7 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 //   red 4 x 64 floats                                    1,024
 //   svis (single-request form only) ancestor masks       1,024
 //   alignment slack                                      1,024   (total 232,448)
-// Per key tile (the default, VERIFY_WG_S1):
+// Per key tile:
 //   warpgroup 0: S[64 x 64] = Q K^T  wgmma m64n64k16 x 36 (A = Q, B = K tile, both K-major); mask, row
 //                maxima (a row's 64 scores in one lane quad), P = exp2(S - m) as bf16 into sP, its O half
 //                rescaled, the rescale factors into `red`
@@ -499,52 +498,13 @@ ddtree_verify_mma_bf16(TC_ARGS) {
 //                indices; warpgroup 0 right after issuing S) and then
 //                O[:, 256g..256g+256) += P V   wgmma m64n256k16 x 4 (A = sP, B = the same key tile's
 //                first 512 dims, MN-major through the descriptor's transpose bit)
-// (VERIFY_WG_S1=0, the default of 5de266b..1e272c7: warpgroup g computes S for keys 32g..32g+31 with
-// m64n32k16 and the row maxima are exchanged through `red`.)
-// Tried and slower (f9c5bfa, measured in ddtree_verify_g1_f9c5bfa.json): warpgroup 1 alone gathering the
-// next tile (2 threads per key) with its slot indices read a tile ahead: 1.16-1.19x the time at 128k.
+// The forms tried and removed (each warpgroup its 32-key half of S, other gathers, clusters, PDL) are
+// in the versions table of papers/ddtree_kernels.md with the commit that holds each.
 
 #define WG_SMEM (SQ_BYTES + 2 * SK_BYTES + SP_BYTES + 4 * 64 * 4 + 1024 + 1024)
-#ifndef VERIFY_WG_PREFETCH
-#define VERIFY_WG_PREFETCH 0  // 1: read the next tile's slot indices a tile ahead (tuning variant)
-#endif
-#ifndef VERIFY_WG_ZERO_S
-#define VERIFY_WG_ZERO_S 0  // 1: zero the score accumulators instead of scale-d = 0 (tuning variant)
-#endif
-#ifndef VERIFY_WG_TPK
-#define VERIFY_WG_TPK 4  // threads per key row in the tile gather: 4 or 8 (tuning variant)
-#endif
-#ifndef VERIFY_WG_PAIR_BAR
-#define VERIFY_WG_PAIR_BAR 1  // 1: row-max exchange on a named barrier per warp pair, 0: block barrier
-#endif
-#ifndef VERIFY_WG_LAZY_RESCALE
-#define VERIFY_WG_LAZY_RESCALE 1  // 1: skip the O rescale when neither row maximum moved
-#endif
-#ifndef VERIFY_WG_LOAD_FIRST
-#define VERIFY_WG_LOAD_FIRST 0  // 1: issue the next tile's gather before the S wgmmas (tuning variant)
-#endif
-#ifndef VERIFY_WG_S1
-#define VERIFY_WG_S1 1  // 1: warpgroup 0 alone computes S for all 64 keys (m64n64k16), no row-max exchange
-#endif                   // 0: each warpgroup its 32-key half (m64n32k16) and a row-max exchange (5de266b)
-#ifndef VERIFY_WG_DIAG
-#define VERIFY_WG_DIAG 0  // diagnostics for timing only (wrong outputs): 1 = the tile gathers alone (no
-#endif                    // S, softmax or P.V), 2 = the compute alone (every tile after the first not gathered)
-#ifndef VERIFY_WG_NOSTORE
-#define VERIFY_WG_NOSTORE 0  // diagnostic (timing only, wrong outputs): 1 = the partial outputs are not stored
-#endif
-#ifndef VERIFY_V_LBO
-#define VERIFY_V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
-#endif
-#ifndef VERIFY_V_SBO
-#define VERIFY_V_SBO 1024  // MN-major V: bytes between 8-key groups
-#endif
+#define V_LBO 8192  // MN-major V: bytes between 64-dim column blocks
+#define V_SBO 1024  // MN-major V: bytes between 8-key groups
 
-#ifndef VERIFY_WG_SLOTRING  // slot indices one tile ahead through shared memory (see the loop); the default
-#define VERIFY_WG_SLOTRING (VERIFY_WG_S1 && !VERIFY_WG_PREFETCH && VERIFY_WG_TPK == 4)  // since version 14
-#endif
-#if VERIFY_WG_SLOTRING && (VERIFY_WG_PREFETCH || VERIFY_WG_TPK != 4 || !VERIFY_WG_S1)
-#error "VERIFY_WG_SLOTRING needs VERIFY_WG_S1=1, VERIFY_WG_TPK=4 and VERIFY_WG_PREFETCH=0"
-#endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // byte offset of 16-byte chunk c (0..71) of row r (0..63) in a [64 x 576] bf16 tile, swizzled blocks
 __device__ __forceinline__ u32 sw128(int r, int c) {
@@ -706,25 +666,15 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
     const int r_lo = 16 * (warp & 3) + gq;  // this thread's rows: r_lo and r_lo + 8
 
     load_q_rows<sw128>(sQ_a, q_lat, q_rope, b, M, row0, tid);  // zero-fills rows past M
-    // ---- key tiles. VERIFY_WG_TPK threads per key: 4 (thread -> key tid >> 2, chunks (tid & 3) + 4i,
-    // 64 contiguous bytes of a row per 4 threads) or 8 (thread -> keys (tid >> 3) and 32 + (tid >> 3),
-    // chunks (tid & 7) + 8i: one 128-byte line of a row per 8 threads). Measured on the H200 (same
-    // run, H=64, 128k): TPK 8 is 10% slower than 4; reading the slot indices a tile ahead
-    // (VERIFY_WG_PREFETCH=1, predicted to hide a dependent load per tile) is 20% slower: that load
-    // queues behind the tile's 18 cp.async per thread, so the next gather starts late.
-#if VERIFY_WG_TPK == 8
-    constexpr int KPT = 2;  // keys per thread
-    const int lkey0 = tid >> 3;
-#else
+    // ---- key tiles: 4 threads per key (thread -> key tid >> 2, chunks (tid & 3) + 4i, 64 contiguous
+    // bytes of a row per 4 threads; 8 threads per key was 10% slower on the H200).
     constexpr int KPT = 1;
     const int lkey0 = tid >> 2;
-#endif
-    // VERIFY_WG_SLOTRING: the slot indices of tile t (t >= 1) reach shared memory (low 32 bits, u32 ring of
-    // two tiles in red[64..191], free during the loop with VERIFY_WG_S1) by cp.async in the commit group of
-    // tile t - 1, so the gather of tile t reads them with a shared load after barrier (X) instead of issuing a
-    // dependent global load first (the gather probe, ddtree_gather_probe.json: one tile in flight is bound by
-    // its round trip). Slot values are < 2^31 (checked on the host).
-#if VERIFY_WG_SLOTRING
+    // Slot ring: the slot indices of tile t (t >= 1) reach shared memory (low 32 bits, u32 ring of two
+    // tiles in red[64..191], free during the loop) by cp.async in the commit group of tile t - 1, so the
+    // gather of tile t reads them with a shared load after barrier (X) instead of issuing a dependent
+    // global load first (one tile in flight is bound by its round trip). Slot values are < 2^31 (checked
+    // on the host).
     const u32* sSlot = reinterpret_cast<const u32*>(red + 64);
     const u32 sSlot_a = smem_u32(red + 64);
     auto prefetch_slots = [&](int tile) {  // slots of `tile` into ring half tile & 1, by threads 0..63
@@ -734,15 +684,10 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
                          "l"(slots + off_b + key)
                          : "memory");
     };
-#endif
     auto row_src = [&](int tile, int k) -> const bf16_t* {
         const int key = key_begin + tile * MMA_KEYS + lkey0 + 32 * k;
         if (key >= key_end) return nullptr;
-#if VERIFY_WG_SLOTRING
         if (key < P) return kv + (long long)(tile > 0 ? sSlot[(tile & 1) * 64 + lkey0] : slots[off_b + key]) * kv_stride;
-#else
-        if (key < P) return kv + slots[off_b + key] * kv_stride;
-#endif
         return tail + ((long long)b * T + (key - P)) * DK;
     };
     auto load_tile = [&](const bf16_t* const* src, int stage) {
@@ -751,11 +696,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         for (int k = 0; k < KPT; ++k) {
 #pragma unroll
             for (int i = 0; i < 72 / (4 * KPT); ++i) {
-#if VERIFY_WG_TPK == 8
-                const int c = (tid & 7) + 8 * i;
-#else
                 const int c = (tid & 3) + 4 * i;
-#endif
                 cp_async16(base + sw128(lkey0 + 32 * k, c), src[k] ? src[k] + c * 8 : tail, src[k] ? 16 : 0);
             }
         }
@@ -764,9 +705,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #pragma unroll
     for (int k = 0; k < KPT; ++k) next_src[k] = row_src(0, k);
     load_tile(next_src, 0);
-#if VERIFY_WG_SLOTRING
     prefetch_slots(1);
-#endif
     cp_async_commit();
     // single-request form: ancestor masks of this block's nodes (node_lo..) when its chunk reaches the
     // tail; parents staged in sP (free until the first softmax) and walked there, under the loads above
@@ -779,29 +718,15 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         if (own_vis) return (svis[(node - node_lo) * W + (t >> 5)] >> (t & 31)) & 1u;
         return tail_visible(vis, b, T, W, node, t);
     };
-#if VERIFY_WG_PREFETCH
-#pragma unroll
-    for (int k = 0; k < KPT; ++k) next_src[k] = ntiles > 1 ? row_src(1, k) : nullptr;
-#endif
 
-    // Gather tile it+1 into the other stage (with VERIFY_WG_PREFETCH, its slot rows were read a tile
-    // earlier and tile it+2's are read now); issued before or after S(it) by VERIFY_WG_LOAD_FIRST.
+    // Gather tile it+1 into the other stage, and tile it+2's slot indices into the ring.
     auto gather_next = [&](int it) {
-        if (it + 1 < ntiles && VERIFY_WG_DIAG != 2) {
-#if VERIFY_WG_PREFETCH
-            load_tile(next_src, (it + 1) & 1);
-            cp_async_commit();
-#pragma unroll
-            for (int k = 0; k < KPT; ++k) next_src[k] = it + 2 < ntiles ? row_src(it + 2, k) : nullptr;
-#else
+        if (it + 1 < ntiles) {
 #pragma unroll
             for (int k = 0; k < KPT; ++k) next_src[k] = row_src(it + 1, k);
             load_tile(next_src, (it + 1) & 1);
-#if VERIFY_WG_SLOTRING
             prefetch_slots(it + 2);  // into the ring half tile `it`'s slots used (read a tile ago)
-#endif
             cp_async_commit();
-#endif
         }
     };
 
@@ -823,12 +748,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         fence_async_smem();  // cp.async (generic proxy) writes -> wgmma (async proxy) reads
         __syncthreads();     // (X)
         const u32 kb = sK_a + (it & 1) * SK_BYTES;
-#if VERIFY_WG_DIAG == 1
-        gather_next(it);
-        continue;
-#endif
 
-#if VERIFY_WG_S1
         // ---- S[64 x 64] by warpgroup 0 alone (m64n64k16 x 36: Q read once per tile from shared memory,
         // not once per warpgroup as with two m64n32 halves); warpgroup 1 meanwhile issues its share of
         // the next tile's gather. A row's 64 scores lie in one lane quad: no row-max exchange.
@@ -891,9 +811,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
                 l_run[h] = l_run[h] * alpha[h] + lsum[h];  // this thread's keys; quad sum in the epilogue
                 if (tq == 0) red[r_lo + 8 * h] = moved ? alpha[h] : 1.f;  // for warpgroup 1's rescale
             }
-#if VERIFY_WG_LAZY_RESCALE
             if (moved)
-#endif
             {
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
@@ -910,9 +828,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         __syncthreads();     // (B) all of P and the rescale factors visible
         if (wg == 1) {
             const float a0 = red[r_lo], a1 = red[r_lo + 8];
-#if VERIFY_WG_LAZY_RESCALE
             if (a0 != 1.f || a1 != 1.f)
-#endif
             {
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
@@ -923,106 +839,6 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
                 }
             }
         }
-#else
-#if VERIFY_WG_LOAD_FIRST
-        gather_next(it);
-#endif
-        // ---- S[64 x 32] for this warpgroup's key half
-        float s[16];
-#if VERIFY_WG_ZERO_S
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) reg_fence(s[i]);
-#endif
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < 36; ++ks) {
-            const u32 koff = (ks >> 2) * 8192 + (ks & 3) * 32;
-            wgmma_m64n32_ss(s, wg_desc(sQ_a + koff, 16, 1024), wg_desc(kb + koff + wg * 4096, 16, 1024),
-                            VERIFY_WG_ZERO_S || ks > 0);
-        }
-        wg_commit();
-#if !VERIFY_WG_LOAD_FIRST
-        gather_next(it);
-#endif
-        wg_wait0();
-#pragma unroll
-        for (int i = 0; i < 16; ++i) reg_fence(s[i]);
-
-        // ---- scale, mask, row max of this half
-        const int kt0 = key_begin + it * MMA_KEYS;
-        const bool need_mask = (kt0 + MMA_KEYS > key_end) || (kt0 + MMA_KEYS > P);
-        float rmax[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                float v = s[4 * j + c] * scale_log2;
-                if (need_mask) {
-                    const int key = kt0 + 32 * wg + 8 * j + 2 * tq + (c & 1);
-                    const int row = row0 + r_lo + 8 * (c >> 1);
-                    bool ok = key < key_end;
-                    if (ok && key >= P) ok = visible(row / H, key - P);
-                    if (!ok) v = NEG_INF;
-                }
-                s[4 * j + c] = v;
-                rmax[c >> 1] = fmaxf(rmax[c >> 1], v);
-            }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float v = rmax[h];
-            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-            if (tq == 0) red[wg * 64 + r_lo + 8 * h] = v;
-        }
-#if VERIFY_WG_PAIR_BAR
-        // (A) both halves' maxima of rows 16*(warp&3).. visible: only warps w and w+4 share those rows
-        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + (warp & 3)) : "memory");
-#else
-        __syncthreads();  // (A) both halves' maxima visible
-#endif
-
-        // ---- online softmax; P (bf16) to sP; rescale O
-        float alpha[2], muse[2], lsum[2] = {0.f, 0.f};
-        bool moved = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = r_lo + 8 * h;
-            const float m_new = fmaxf(m_run[h], fmaxf(red[r], red[64 + r]));
-            muse[h] = m_new == NEG_INF ? 0.f : m_new;
-            alpha[h] = fast_exp2(m_run[h] - muse[h]);
-            moved |= m_new != m_run[h];
-            m_run[h] = m_new;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float p0 = fast_exp2(s[4 * j + 2 * h] - muse[h]);
-                const float p1 = fast_exp2(s[4 * j + 2 * h + 1] - muse[h]);
-                lsum[h] += p0 + p1;
-                const int r = r_lo + 8 * h;
-                *reinterpret_cast<u32*>(sP + r * 128 + (((4 * wg + j) ^ (r & 7)) << 4) + 4 * tq) =
-                    pack_bf16x2(p0, p1);
-            }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + lsum[h];
-#if VERIFY_WG_LAZY_RESCALE
-        if (moved)  // both maxima unchanged: alpha is 1 for both rows, nothing to rescale
-#endif
-        {
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                acc[4 * j + 0] *= alpha[0];
-                acc[4 * j + 1] *= alpha[0];
-                acc[4 * j + 2] *= alpha[1];
-                acc[4 * j + 3] *= alpha[1];
-            }
-        }
-        fence_async_smem();  // sP written by ordinary stores, read by wgmma
-        __syncthreads();     // (B) all of P visible
-#endif  // VERIFY_WG_S1
 
         // ---- O[64 x 256] += P[64 x 64] V[64 x 256]
 #pragma unroll
@@ -1031,7 +847,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             wgmma_m64n256_ss_tb(acc, wg_desc(sP_a + kk * 32, 16, 1024),
-                                wg_desc(kb + wg * 4 * 8192 + kk * 2048, VERIFY_V_LBO, VERIFY_V_SBO), 1);
+                                wg_desc(kb + wg * 4 * 8192 + kk * 2048, V_LBO, V_SBO), 1);
         wg_commit();
         wg_wait0();
 #pragma unroll
@@ -1055,14 +871,9 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
         const float l = red[r] + red[64 + r];
         const float inv = l > 0.f ? 1.f / l : 0.f;
         float* dst = o_part + ((long long)g * M + row0 + r) * DV + 256 * wg + 2 * tq;
-#if !VERIFY_WG_NOSTORE
 #pragma unroll
         for (int j = 0; j < 32; ++j)
             *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-#else
-        // keep the P.V accumulators alive (without a use of them nvcc drops every P.V wgmma); never taken in practice
-        if (inv == 12345.f) *dst = acc[0] + acc[127];
-#endif
         if (wg == 0 && tq == 0)
             lse_part[(long long)g * M + row0 + r] = l > 0.f ? (m_run[h] + __log2f(l)) * LN2F : NEG_INF;
     }
@@ -1071,7 +882,7 @@ ddtree_verify_wgmma_bf16(TC_ARGS, long long p_single, const long long* __restric
 #endif
 }
 
-// ---------------------------------------------------------------- CUDA-core kernel (f32 or bf16)
+// ---------------------------------------------------------------- CUDA-core kernel (float32)
 //
 // Block: 16 query rows x one key chunk, 256 threads, 32-key tiles.
 // Shared memory (dynamic): sQ 16 x 576 f32, sK 32 x 577 f32 (padded),
@@ -1212,18 +1023,13 @@ extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_f32(SIMPL
     verify_simple<float>(q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part, lse_part,
                          B, T, H, W, chunk_len, scale_log2);
 }
-extern "C" __global__ void __launch_bounds__(256) ddtree_verify_simple_bf16(SIMPLE_ARGS(bf16_t)) {
-    verify_simple<bf16_t>(q_lat, q_rope, kv, kv_stride, slots, offsets, tail, vis, chunk_start, o_part,
-                          lse_part, B, T, H, W, chunk_len, scale_log2);
-}
 
 // ---------------------------------------------------------------- merge of the chunk partials
 //
 // One block of 128 threads per query row (b, r); thread owns 4 output dims. The chunks' lse
 // values are read in parallel (one chunk per thread) in one pass: a running (max, sum) pair per
-// thread, combined across the warp and the block (VERIFY_MERGE_V1: the previous two passes, max
-// then sum, each with its own block reduction). The weights are staged in shared memory, and the
-// weighted sum runs 8 chunks deep (V1: 4) so that several 16-byte loads are in flight per thread
+// thread, combined across the warp and the block. The weights are staged in shared memory, and the
+// weighted sum runs 8 chunks deep so that several 16-byte loads are in flight per thread
 // (the first version walked the chunks one dependent load at a time: 8.9 us for 264 rows x 26
 // chunks on the H200).
 
@@ -1246,9 +1052,6 @@ __device__ __forceinline__ float block_sum128(float v, float* sh) {
     return (sh[0] + sh[1]) + (sh[2] + sh[3]);
 }
 
-#ifndef VERIFY_MERGE_V1
-#define VERIFY_MERGE_V1 0  // 1: the previous merge (two passes over the lse values, weighted sum 4 deep)
-#endif
 
 // (m, s) pairs: s * 2^... as sum of exp(lse - m); combined without overflow
 __device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
@@ -1271,19 +1074,6 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
     // chunk_start == nullptr: one request whose n_single chunks start at 0 (no prepare launch)
     const int c0 = chunk_start ? chunk_start[b] : 0, c1 = chunk_start ? chunk_start[b + 1] : n_single;
     const int tid = threadIdx.x;
-#if VERIFY_MERGE_V1
-    float mx = NEG_INF;
-    for (int c = c0 + tid; c < c1; c += MERGE_THREADS) mx = fmaxf(mx, lse_part[(long long)c * M + r]);
-    mx = block_max128(mx, sh);
-    float lse = NEG_INF;
-    if (mx != NEG_INF) {
-        float sum = 0.f;
-        for (int c = c0 + tid; c < c1; c += MERGE_THREADS) sum += expf(lse_part[(long long)c * M + r] - mx);
-        sum = block_sum128(sum, sh);
-        lse = mx + logf(sum);
-    }
-    constexpr int kDeep = 4;
-#else
     // one pass over the chunks' lse values: running (max, sum) per thread, then per warp and block
     float mx = NEG_INF, sum = 0.f;
     for (int c = c0 + tid; c < c1; c += MERGE_THREADS) lse_combine(mx, sum, lse_part[(long long)c * M + r], 1.f);
@@ -1304,7 +1094,6 @@ __device__ __forceinline__ void verify_merge(const float* __restrict__ o_part, c
     for (int w = 1; w < MERGE_THREADS / 32; ++w) lse_combine(mx, sum, sh[w], sh[4 + w]);
     const float lse = mx == NEG_INF ? NEG_INF : mx + logf(sum);
     constexpr int kDeep = 8;
-#endif
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (lse != NEG_INF) {
         for (int base = c0; base < c1; base += MERGE_THREADS) {
