@@ -53,3 +53,30 @@ def _range(lo, hi, lo_open: bool = False) -> str:
     if hi is not None:
         return f" <= {hi}"
     return ""
+
+
+# ---------------------------------------------------------------- arrays (DDTree tree inputs)
+
+def check_array_values(name: str, values: Any, *, lo: float | None = None, hi: float | None = None,
+                       integer: bool = False, what: str = "") -> None:
+    """Every element of ``values`` (anything ``numpy.asarray`` takes) finite, in [lo, hi] and, with
+    ``integer``, of an integer dtype. Raises :class:`InvalidParameter` naming the first offending
+    element by its index (``name[i, j]``), its value and what is allowed (``what`` adds why)."""
+    import numpy as np
+
+    a = np.asarray(values)
+    kind = "integers" if integer else "finite numbers"
+    allowed = f"{kind}{_range(lo, hi)}" + (f" ({what})" if what else "")
+    if integer and not np.issubdtype(a.dtype, np.integer):
+        raise InvalidParameter(f"{name}.dtype", str(a.dtype), allowed)
+    if not integer and not np.issubdtype(a.dtype, np.number):
+        raise InvalidParameter(f"{name}.dtype", str(a.dtype), allowed)
+    bad = np.zeros(a.shape, dtype=bool) if integer else ~np.isfinite(a)
+    if lo is not None:
+        bad |= a < lo
+    if hi is not None:
+        bad |= a > hi
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        v = a[idx].item()
+        raise InvalidParameter(f"{name}[{', '.join(map(str, idx))}]", v, allowed)
