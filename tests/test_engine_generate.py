@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workbench.decode import DecodeConfig
 from workbench.engine import (DFlashConfig, DFlashDrafter, DraftInput, KVPoolFull, PagedKVCache,
                               ScriptedDrafter, generate, synthetic_model, tiny_config)
 
@@ -113,11 +114,11 @@ def test_full_pool_fails_one_request_only(model, greedy):
 
 def test_generate_errors(model, greedy):
     d = ScriptedDrafter(greedy, model.config.vocab_size, block=4)
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="method='beam' is not allowed"):
         generate(model, PROMPTS, 4, method="beam")
     with pytest.raises(ValueError, match="needs a drafter"):
         generate(model, PROMPTS, 4, method="ddtree")
-    with pytest.raises(ValueError, match="budget must be >= 1"):
+    with pytest.raises(ValueError, match="budget=0 is not allowed"):
         generate(model, PROMPTS, 4, method="ddtree", drafter=d, budget=0)
     with pytest.raises(ValueError, match="block 8 needs 7 drafted positions, the drafter produced 3"):
         generate(model, PROMPTS, 4, method="ddtree", drafter=d, block=8)
@@ -125,6 +126,15 @@ def test_generate_errors(model, greedy):
         generate(model, [[1, 200]], 4)
     with pytest.raises(ValueError, match="beyond the context limit"):
         generate(model, [[1] * 1000], 100)
+    with pytest.raises(ValueError, match="either config= or method"):
+        generate(model, PROMPTS, 4, method="greedy", config=DecodeConfig(method="greedy"))
+    # a float prompt is refused, not truncated
+    with pytest.raises(ValueError, match="prompt 0 must hold integer token ids"):
+        generate(model, [[1.7, 2.0]], 4)
+    with pytest.raises(ValueError, match="must hold integer token ids, got a torch.float32 tensor"):
+        generate(model, torch.tensor([[1.0, 2.0]]), 4)
+    with pytest.raises(ValueError, match="prompt 1 must hold integer token ids"):
+        generate(model, [[1, 2], torch.tensor([3.5])], 4)
 
 
 def test_dflash_drafter_forward_load_and_generate(model, greedy, tmp_path):

@@ -147,22 +147,39 @@ class ScriptedDrafter:
         rank = 0 if hit else self.miss_rank
         return torch.cat([cand[:rank], torch.tensor([target]), cand[rank:S - 1]])
 
+    def script(self, request: int, num_generated: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draws of one draft: token ids int64 [L, spread + 1] and their logits float32 [L, spread + 1]
+        (ranks 0..spread-1, then an absent target at -2e4 or a repeat of rank 0); every other token
+        keeps its floor logit. Seeded by (seed, request, num_generated)."""
+        L, S = self.block - 1, self.spread
+        cont = self.continuations[request] if request < len(self.continuations) else []
+        g = torch.Generator().manual_seed(hash((self.seed, request, num_generated)) & 0x7FFFFFFF)
+        hits = torch.rand(L, generator=g).tolist()
+        ids = torch.empty(L, S + 1, dtype=torch.int64)
+        vals = torch.empty(L, S + 1, dtype=torch.float32)
+        for i in range(L):
+            j = num_generated + i  # output index of the token this position predicts
+            target = cont[j] if j < len(cont) else None
+            hit = hits[i] < self.p_top[i]
+            order = self._ranked(g, target, hit)
+            m = order.numel()
+            ids[i, :m], vals[i, :m] = order, self.profile[:m]
+            ids[i, m:], vals[i, m:] = order[0], self.profile[0]
+            if target is not None and not hit and self.miss_rank is None:
+                ids[i, S], vals[i, S] = target, -2e4  # absent: below the floor
+        return ids, vals
+
     def draft(self, inp: DraftInput) -> torch.Tensor:
         B, L, V = len(inp.request_index), self.block - 1, self.vocab_size
         out = self.floor.repeat(B, L, 1)
         for b, (ri, ng) in enumerate(zip(inp.request_index, inp.num_generated)):
-            cont = self.continuations[ri] if ri < len(self.continuations) else []
-            g = torch.Generator().manual_seed(hash((self.seed, ri, ng)) & 0x7FFFFFFF)
-            hits = torch.rand(L, generator=g).tolist()
-            for i in range(L):
-                j = ng + i  # output index of the token this position predicts
-                target = cont[j] if j < len(cont) else None
-                hit = hits[i] < self.p_top[i]
-                order = self._ranked(g, target, hit)
-                out[b, i, order] = self.profile[:order.numel()]
-                if target is not None and not hit and self.miss_rank is None:
-                    out[b, i, target] = -2e4  # absent: below the floor
+            ids, vals = self.script(ri, ng)
+            out[b].scatter_(1, ids, vals)
         return out.to(self.device)
+
+    def device_program(self, rows: int, max_generated: int, device) -> "ScriptedProgram":
+        """This drafter's draws for ``rows`` requests on ``device``, drafted without the host (captured)."""
+        return ScriptedProgram(self, rows, max_generated, device)
 
     def expected_accepted_length(self, budget: int) -> float:
         """Exact E[accepted length] (root counted) for a tree of ``budget`` with this rank profile."""
@@ -183,6 +200,35 @@ class ScriptedDrafter:
             prob[i] = prob[int(tree.parents[i])] * q
             total += prob[i]
         return float(total)
+
+
+class ScriptedProgram:
+    """A :class:`ScriptedDrafter` on the device: its draws for every row and generated count up to
+    ``max_generated`` (``ids`` int64 / ``vals`` float32 [rows, max_generated + 1, L, spread + 1]),
+    filled by :meth:`admit` between steps; :meth:`draft` builds the logits with device ops only."""
+
+    def __init__(self, drafter: ScriptedDrafter, rows: int, max_generated: int, device):
+        L, S1 = drafter.block - 1, drafter.spread + 1
+        self.drafter, self.G = drafter, max_generated + 1
+        self.ids = torch.zeros(rows, self.G, L, S1, dtype=torch.int64, device=device)
+        self.vals = torch.zeros(rows, self.G, L, S1, dtype=torch.float32, device=device)
+        self.floor = drafter.floor.to(device)
+        self.rows = torch.arange(rows, device=device)
+
+    def admit(self, row: int, request: int, upto: int | None = None) -> None:
+        """Fill ``row`` with request ``request``'s draws for generated counts 0..upto (default all)."""
+        n = self.G if upto is None else min(self.G, upto + 1)
+        ids, vals = zip(*(self.drafter.script(request, g) for g in range(n)))
+        self.ids[row, :n] = torch.stack(ids).to(self.ids.device)
+        self.vals[row, :n] = torch.stack(vals).to(self.vals.device)
+
+    def draft(self, num_generated: torch.Tensor) -> torch.Tensor:
+        """num_generated int64 [C] (device) -> logits float32 [C, L, V], as :meth:`ScriptedDrafter.draft`."""
+        C = num_generated.shape[0]
+        g = num_generated.clamp(max=self.G - 1)
+        ids, vals = self.ids[self.rows[:C], g], self.vals[self.rows[:C], g]
+        out = self.floor.expand(C, ids.shape[1], self.floor.shape[0]).clone()
+        return out.scatter_(2, ids, vals)
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,9 @@ CUDA events on the GPU, ``time.perf_counter`` on the CPU. The phases use the
 references of :mod:`workbench.ddtree` for top-k, tree build and accept, and
 its GPU kernels where they exist (verify attention inside the model).
 A full KV pool ends only the request that asked for slots (its result gets
-``error``); the others continue.
+``error``); the others continue. ``StepRecord.paths`` says what ran (attention,
+MoE, tree build). The captured, batched step is :mod:`workbench.engine.step`;
+this module is its eager reference.
 """
 from __future__ import annotations
 
@@ -30,20 +32,24 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from workbench.engine.kv_cache import COMMIT_MODES, KVPoolFull, PagedKVCache
+from workbench.decode import DecodeConfig
+from workbench.engine.kv_cache import KVPoolFull, PagedKVCache
 from workbench.engine.model import Segment
 
-METHODS = ("greedy", "ddtree")
 PHASES = ("draft", "tree_build", "verify", "accept", "commit")
 
 
 @dataclasses.dataclass
 class StepRecord:
+    """One request's share of one step: tokens committed (root counted), verify width, requests in
+    the step, times in ms, and what ran (``paths``: attention, moe, tree_build, step)."""
+
     step: int
     accepted_length: int
     tree_size: int
     batch: int
     times_ms: dict[str, float]
+    paths: dict[str, str] | None = None
 
 
 @dataclasses.dataclass
@@ -104,14 +110,26 @@ class _Req:
     done: bool = False
 
 
-def _check_prompts(prompts, vocab: int) -> list[list[int]]:
+def check_prompts(prompts, vocab: int) -> list[list[int]]:
+    """Token-id lists from a list of sequences (lists or integer tensors) or an integer tensor [T] / [B, T].
+    Float, bool or out-of-range ids raise ``ValueError`` naming the prompt (nothing is truncated)."""
     if isinstance(prompts, torch.Tensor):
+        if prompts.dtype.is_floating_point or prompts.dtype.is_complex or prompts.dtype == torch.bool:
+            raise ValueError(f"prompts must hold integer token ids, got a {prompts.dtype} tensor")
         prompts = [prompts.tolist()] if prompts.dim() == 1 else prompts.tolist()
     if len(prompts) == 0:
         raise ValueError("prompts is empty; give at least one prompt")
     out = []
     for i, p in enumerate(prompts):
-        p = [int(x) for x in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+        if isinstance(p, torch.Tensor):
+            if p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
+                raise ValueError(f"prompt {i} must hold integer token ids, got a {p.dtype} tensor")
+            p = p.tolist()
+        bad = [x for x in p if isinstance(x, bool) or not isinstance(x, (int, np.integer))]
+        if bad:
+            raise ValueError(f"prompt {i} must hold integer token ids, got {bad[:3]!r} "
+                             f"({type(bad[0]).__name__}); nothing is rounded or truncated")
+        p = [int(x) for x in p]
         if not p:
             raise ValueError(f"prompt {i} is empty")
         bad = [x for x in p if not 0 <= x < vocab]
@@ -127,39 +145,44 @@ def _features(captured: dict[int, torch.Tensor], layers: Sequence[int]) -> torch
     return torch.cat([captured[l] for l in layers], -1)
 
 
+def decode_config(config: DecodeConfig | None, **given) -> DecodeConfig:
+    """``config`` (default greedy) with the keyword arguments that were given (not None) applied;
+    both at once is an error. Validated by :class:`workbench.decode.DecodeConfig`."""
+    given = {k: v for k, v in given.items() if v is not None}
+    if config is not None and given:
+        raise ValueError(f"pass either config= or {', '.join(sorted(given))}, not both")
+    return config if config is not None else DecodeConfig(**{"method": "greedy", **given})
+
+
 @torch.no_grad()
-def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafter=None, block: int = 16,
-             budget: int = 32, *, cache: PagedKVCache | None = None, kv_slots: int | None = None,
-             commit: str = "scattered", eos_token_id: int | None = None,
-             keep_cache: bool = False, tree_impl: str = "auto") -> list[GenerationResult]:
+def generate(model, prompts, max_new_tokens: int, method: str | None = None, drafter=None,
+             block: int | None = None, budget: int | None = None, *, config: DecodeConfig | None = None,
+             cache: PagedKVCache | None = None, kv_slots: int | None = None, commit: str | None = None,
+             eos_token_id: int | None = None, keep_cache: bool = False,
+             tree_impl: str | None = None) -> list[GenerationResult]:
     """Generate up to ``max_new_tokens`` per prompt; returns one :class:`GenerationResult` per prompt.
 
     prompts: a list of token-id sequences (lists or int tensors) or an int tensor [T] / [B, T].
-    method: ``greedy`` or ``ddtree`` (needs ``drafter``, see :mod:`workbench.engine.drafters`).
-    block: drafted positions are ``block - 1`` (the drafter must produce at least that many).
-    budget: tree nodes besides the root (verify width budget + 1).
+    config: a :class:`workbench.decode.DecodeConfig` (default greedy; the keyword arguments
+    method / block / budget / commit / tree_impl build one instead):
+    method ``greedy`` or ``ddtree`` (needs ``drafter``, see :mod:`workbench.engine.drafters`);
+    block: drafted positions are ``block - 1``; budget: tree nodes besides the root (verify
+    width budget + 1); commit ``scattered`` or ``compacted``; tree_impl ``reference`` (NumPy tree
+    build and accept on the host), ``batched`` (workbench.ddtree.build_trees /
+    accept_greedy_batched: CUDA kernels on the GPU, their CPU path otherwise) or ``auto``
+    (batched on CUDA, else reference).
     cache: a :class:`PagedKVCache` to use (default: a new one of ``kv_slots`` slots, enough for
-    every request by default). commit: ``scattered`` or ``compacted``. keep_cache: leave the
-    requests' slots in the cache (request ids are the prompt indices) instead of releasing them.
-    tree_impl: ``reference`` (NumPy tree build and accept on the host), ``batched``
-    (workbench.ddtree.build_trees / accept_greedy_batched: CUDA kernels on the GPU, their CPU
-    path otherwise) or ``auto`` (batched on CUDA when importable, else reference).
+    every request by default). keep_cache: leave the requests' slots in the cache (request ids
+    are the prompt indices) instead of releasing them.
     """
     cfg = model.config
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
-    if commit not in COMMIT_MODES:
-        raise ValueError(f"unknown commit mode {commit!r}; allowed: {', '.join(COMMIT_MODES)}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if method == "ddtree":
-        if drafter is None:
-            raise ValueError("method 'ddtree' needs a drafter (ScriptedDrafter, DFlashDrafter, ...)")
-        if budget < 1:
-            raise ValueError(f"budget must be >= 1, got {budget}")
-        if block < 2:
-            raise ValueError(f"block must be >= 2, got {block}")
-    prompts = _check_prompts(prompts, cfg.vocab_size)
+    dc = decode_config(config, method=method, block=block, budget=budget, commit=commit, tree_impl=tree_impl)
+    method, block, budget, commit, tree_impl = dc.method, dc.block, dc.budget, dc.commit, dc.tree_impl
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} is not allowed: an integer >= 1")
+    if method == "ddtree" and drafter is None:
+        raise ValueError("method 'ddtree' needs a drafter (ScriptedDrafter, DFlashDrafter, ...)")
+    prompts = check_prompts(prompts, cfg.vocab_size)
     dev = model.device
     tree_impl = _resolve_tree_impl(tree_impl, dev, block, budget) if method == "ddtree" else "reference"
     width = (budget + 1) if method == "ddtree" else 1
@@ -238,8 +261,9 @@ def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafte
             for r, (new, rec) in records.items():
                 finish(r, new)
         times = timer.finish()
+        paths = _paths(model, method, tree_impl)
         for r, (_, rec) in records.items():
-            rec.step, rec.times_ms, rec.batch = step, times, len(records)
+            rec.step, rec.times_ms, rec.batch, rec.paths = step, times, len(records), paths
             r.steps.append(rec)
         step += 1
     if not keep_cache:
@@ -249,18 +273,19 @@ def generate(model, prompts, max_new_tokens: int, method: str = "greedy", drafte
     return [GenerationResult(r.prompt, r.out, r.steps, r.prefill_ms, r.error) for r in reqs]
 
 
+def _paths(model, method: str, tree_impl: str) -> dict[str, str]:
+    """What the last forward ran (the modules' ``last_path``) and the tree implementation."""
+    moe = next((l.mlp.experts.last_path for l in model.layers if l.is_moe), None)
+    return {"attention": str(model.layers[0].self_attn.last_path), "moe": str(moe or "none"),
+            "tree_build": tree_impl if method == "ddtree" else "-", "step": "eager (generate)"}
+
+
 def _resolve_tree_impl(impl: str, dev: torch.device, block: int, budget: int) -> str:
+    """``batched`` on CUDA for ``auto`` (DecodeConfig already bounds budget and block by the GPU builder's
+    limits), else ``reference``; an explicit choice stands."""
     if impl not in ("auto", "reference", "batched"):
         raise ValueError(f"unknown tree_impl {impl!r}; allowed: auto, reference, batched")
-    try:
-        from workbench.ddtree import MAX_BUDGET, MAX_L, build_trees  # noqa: F401
-        ok = budget <= MAX_BUDGET and block - 1 <= MAX_L
-    except ImportError:
-        ok = False
-    if impl == "batched" and not ok:
-        raise ValueError("tree_impl 'batched' needs workbench.ddtree's build_trees, budget <= MAX_BUDGET "
-                         "and block - 1 <= MAX_L")
-    return "batched" if impl == "batched" or (impl == "auto" and ok and dev.type == "cuda") else "reference"
+    return "batched" if impl == "batched" or (impl == "auto" and dev.type == "cuda") else "reference"
 
 
 def _np(x) -> np.ndarray:

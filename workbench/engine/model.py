@@ -15,9 +15,17 @@ One module, :class:`DeepseekV3`, with two forward paths:
   segment's committed prefix plus their own ancestors (a chain for prefill and
   decode, the draft tree's visibility for verify).
 
-The absorbed attention uses ``workbench.ddtree.verify_attention`` on CUDA
-when it is importable and the latent shapes are 512 + 64; otherwise the torch
-path here (float32 softmax).
+- ``model.forward_step(...)``: the same absorbed forward for the captured
+  decode step (:mod:`workbench.engine.step`): ``C`` requests of ``T`` tokens
+  each, attention through a :class:`StepAttention` (one batched
+  verify-attention call per layer), no host synchronisation.
+
+``MLAttention.impl`` picks the absorbed attention: ``"auto"`` (the
+``workbench.ddtree`` verify kernel on CUDA when the latent shapes are 512 + 64,
+the torch path otherwise), ``"kernel"`` or ``"torch"`` (float32 softmax). A
+kernel that fails raises; ``last_path`` records what ran. The engine's logits
+(``forward_batch``, ``forward_step``) are float32 (the lm_head output), so that
+bf16 rounding does not decide an argmax.
 """
 from __future__ import annotations
 
@@ -88,14 +96,6 @@ class Segment:
         return vis.to(dev)
 
 
-def _verify_kernel():
-    try:
-        from workbench.ddtree import verify_attention  # type: ignore
-    except Exception:
-        return None
-    return verify_attention
-
-
 def latent_attention_torch(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_layer: torch.Tensor,
                            prefix_slots: torch.Tensor, tail_kv: torch.Tensor, visibility: torch.Tensor,
                            scale: float) -> torch.Tensor:
@@ -116,6 +116,9 @@ def latent_attention_torch(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_layer: 
     s = s.masked_fill(~mask[:, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1)
     return torch.einsum("ths,sr->thr", p, keys[:, :R])
+
+
+ATTENTION_IMPLS = ("auto", "kernel", "torch")
 
 
 class MLAttention(nn.Module):
@@ -140,8 +143,18 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(self.H * self.dv, c.hidden_size, bias=False)
         self.scale = c.softmax_scale
         self.interleave = c.rope_interleave
-        self.use_kernel = True  # use workbench.ddtree.verify_attention on CUDA when it applies
+        self.impl = "auto"  # "auto", "kernel" or "torch" (module docstring)
         self.last_path: str | None = None  # which attention path the last cached forward took
+
+    def attention_path(self, x: torch.Tensor) -> str:
+        """``"kernel"`` or ``"torch"``: the absorbed attention that runs for input ``x`` under ``self.impl``."""
+        if self.impl not in ATTENTION_IMPLS:
+            raise ValueError(f"MLAttention.impl={self.impl!r} is not allowed: one of {', '.join(ATTENTION_IMPLS)}")
+        fits = x.is_cuda and self.R == 512 and self.dr == 64
+        if self.impl == "kernel" and not fits:
+            raise ValueError(f"impl='kernel' needs CUDA tensors and latent 512 + rope 64 (device {x.device}, "
+                             f"kv_lora_rank {self.R}, qk_rope_head_dim {self.dr})")
+        return "kernel" if self.impl == "kernel" or (self.impl == "auto" and fits) else "torch"
 
     # -- projections ----------------------------------------------------------
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -186,7 +199,9 @@ class MLAttention(nn.Module):
         kv_layer[tail_slots] = rows.to(kv_layer.dtype)
         w_uk, w_uv = self._wkv()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
-        kernel = _verify_kernel() if (self.use_kernel and x.is_cuda and self.R == 512 and self.dr == 64) else None
+        kernel = None
+        if self.attention_path(x) == "kernel":
+            from workbench.ddtree import verify_attention as kernel
         self.last_path = "workbench.ddtree.verify_attention" if kernel is not None else "torch"
         outs = []
         start = 0
@@ -202,9 +217,24 @@ class MLAttention(nn.Module):
             else:
                 outs.append(latent_attention_torch(q_lat[sl], q_rope[sl], kv_layer, seg.prefix_slots,
                                                    kv_layer[seg.tail_slots], seg.visibility(), self.scale))
-        o_lat = torch.cat(outs, 0)  # [N, H, R] float32
-        o = torch.einsum("nhr,hvr->nhv", o_lat, w_uv.float()).to(x.dtype)
-        return self.o_proj(o.reshape(x.shape[0], self.H * self.dv))
+        return self.project_out(torch.cat(outs, 0), x.dtype)
+
+    def project_out(self, o_lat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Latent attention output float32 [N, H, R] -> [N, D] in ``dtype`` (``W_UV`` then ``o_proj``)."""
+        o = torch.einsum("nhr,hvr->nhv", o_lat, self._wkv()[1].float()).to(dtype)
+        return self.o_proj(o.reshape(o_lat.shape[0], self.H * self.dv))
+
+    def forward_step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
+                     tail_slots: torch.Tensor, attention) -> torch.Tensor:
+        """x [N, D] (N = C x T, request-major) -> [N, D]; writes the N latent rows to ``kv_layer[tail_slots]``
+        (a padding or failed row's slot is the pool's spare row) and attends through ``attention``
+        (a :class:`workbench.engine.step_attention.StepAttention`). No host synchronisation."""
+        q_nope, q_rope = self.project_q(x, cos, sin)
+        rows = self.project_kv(x, cos, sin).to(kv_layer.dtype)
+        kv_layer.index_copy_(0, tail_slots, rows)
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, self._wkv()[0])
+        o_lat, self.last_path = attention(q_lat, q_rope, kv_layer, rows, self.scale)
+        return self.project_out(o_lat, x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -297,7 +327,35 @@ class DeepseekV3(nn.Module):
             h = h + layer._mlp(layer.post_attention_layernorm(h))
             if i in capture_layers:
                 captured[i] = h
-        return self.lm_head(self.norm(h)), captured
+        return self.logits_f32(h), captured
+
+    def logits_f32(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and lm_head: h [N, D] -> logits float32 [N, vocab] (bf16 weights accumulate into a
+        float32 output on CUDA, so the argmax is taken over unrounded logits)."""
+        x = self.norm(h)
+        w = self.lm_head.weight
+        if w.dtype == torch.float32:
+            return F.linear(x.float(), w)
+        if x.is_cuda:
+            return torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out_dtype=torch.float32).view(*x.shape[:-1], -1)
+        return F.linear(x.float(), w.float())
+
+    @torch.no_grad()
+    def forward_step(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tail_slots: torch.Tensor,
+                     pool: torch.Tensor, attention, capture_layers: Sequence[int] = ()
+                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The captured step's forward: tokens int64 [N], cos/sin float32 [N, qk_rope_head_dim // 2],
+        tail_slots int64 [N] (where each token's latent row goes), pool [layers, slots, row_width].
+        Token ids are trusted (no range check: it would synchronise). Returns float32 logits [N, vocab]
+        and the hidden states of ``capture_layers`` ([N, D] each)."""
+        h = self.embed_tokens(tokens)
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            h = h + layer.self_attn.forward_step(layer.input_layernorm(h), cos, sin, pool[i], tail_slots, attention)
+            h = h + layer._mlp(layer.post_attention_layernorm(h))
+            if i in capture_layers:
+                captured[i] = h
+        return self.logits_f32(h), captured
 
     def weight_bytes(self) -> dict[str, int]:
         """Bytes of the stored weights by part (attention, dense MLP, router, shared, routed per expert, head)."""

@@ -11,10 +11,12 @@
   ``workbench.moe.Int4Experts``: ``gate_up_packed`` int32 [E, 2I, D // 8]
   (gate rows then up rows), ``gate_up_scale`` bf16 [E, 2I, D // group],
   ``down_packed`` int32 [E, D, I // 8], ``down_scale`` bf16 [E, D, I // group].
-  The torch path dequantises each touched expert once per call;
-  ``workbench.moe.fused_moe_int4`` runs instead on CUDA for bf16 INT4 experts
-  when it is importable and supports the shapes (set
-  ``RoutedExperts.use_fused = False`` to force the torch path).
+  ``RoutedExperts.impl`` says which path runs: ``"auto"`` (the default:
+  ``workbench.moe.fused_moe_int4`` for bf16 INT4 experts on CUDA, the torch
+  path otherwise), ``"fused"`` or ``"torch"`` (dequantise each touched expert
+  once per call; its per-expert token counts are read on the host, so it is
+  not captured in CUDA graphs). A fused kernel that fails raises; nothing
+  falls back. ``last_path`` records what ran.
 - :class:`MLP`: SwiGLU (dense layers and shared experts).
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from workbench.config import ModelConfig
 from workbench.int4 import dequantize_int4
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
+IMPLS = ("auto", "fused", "torch")
 
 
 class MLP(nn.Module):
@@ -101,7 +104,7 @@ class RoutedExperts(nn.Module):
         else:
             for name, (o, i) in shapes.items():
                 self.register_parameter(name, nn.Parameter(torch.empty(E, o, i, dtype=dtype)))
-        self.use_fused = True
+        self.impl = "auto"  # "auto", "fused" or "torch" (module docstring)
         self.last_path: str | None = None  # which path the last forward took
         self._int4_view = None
 
@@ -140,16 +143,28 @@ class RoutedExperts(nn.Module):
                                           self.down_scale, self.group_size)
         return self._int4_view
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if self.use_fused and self.int4 and x.is_cuda and x.dtype == torch.bfloat16:
-            fused = _fused_int4()
-            if fused is not None:
-                exp = self.as_int4_experts()
-                from workbench.moe.fused import gpu_supported  # type: ignore
+    def path(self, x: torch.Tensor) -> str:
+        """``"fused"`` or ``"torch"``: what :meth:`forward` runs for input ``x`` under ``self.impl``."""
+        if self.impl not in IMPLS:
+            raise ValueError(f"RoutedExperts.impl={self.impl!r} is not allowed: one of {', '.join(IMPLS)}")
+        fusable = self.int4 and x.is_cuda and x.dtype == torch.bfloat16
+        if self.impl == "fused" and not fusable:
+            raise ValueError("impl='fused' needs INT4 experts and bf16 input on a CUDA device "
+                             f"(int4={self.int4}, device={x.device}, dtype={x.dtype})")
+        return "fused" if self.impl == "fused" or (self.impl == "auto" and fusable) else "torch"
 
-                if gpu_supported(exp) is None:
-                    self.last_path = "workbench.moe.fused_moe_int4"
-                    return fused(x, ids, weights, exp, validate=False)
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, D], ids int64 [N, k], weights float32 [N, k] -> [N, D] in x.dtype."""
+        if self.path(x) == "fused":
+            from workbench.moe import fused_moe_int4
+            from workbench.moe.fused import gpu_supported
+
+            exp = self.as_int4_experts()
+            why = gpu_supported(exp)
+            if why is not None:
+                raise ValueError(f"fused_moe_int4 does not run these experts ({why}); set impl='torch'")
+            self.last_path = "workbench.moe.fused_moe_int4"
+            return fused_moe_int4(x, ids, weights, exp, validate=False)
         self.last_path = "torch (dequantise each touched expert)"
         out = torch.zeros_like(x)
         I = self.intermediate
@@ -171,14 +186,6 @@ class RoutedExperts(nn.Module):
             ye = F.linear(h, w_dn) * weights[t, s, None]
             out.index_add_(0, t, ye.to(out.dtype))
         return out
-
-
-def _fused_int4():
-    try:
-        from workbench.moe import fused_moe_int4  # type: ignore
-    except Exception:  # not written yet or its import failed: the torch path is used
-        return None
-    return fused_moe_int4
 
 
 class MoE(nn.Module):
