@@ -137,6 +137,27 @@ def test_tree_inputs_rejected():
         build_tree(lp[0], ids[0], 2)
 
 
+def test_tree_values_rejected_with_the_element_and_the_rule():
+    """Log-probs are log q <= 0, token ids are vocabulary indices >= 0, the root token is an id or -1: the error
+    names the parameter, the element, the value and what is allowed (workbench.validation.InvalidParameter)."""
+    from workbench.validation import InvalidParameter
+
+    lp = np.array([[-0.1, -2.0], [-0.3, -0.4]], dtype=np.float32)
+    ids = np.array([[1, 2], [3, 4]])
+    with pytest.raises(InvalidParameter, match=r"^logprobs\[1, 0\]=0.5 is not allowed: finite numbers <= 0.0 "
+                                               r"\(log-probabilities: log q <= 0\)$"):
+        build_tree(np.float32([[-0.1, -2.0], [0.5, -0.4]]), ids, 2)
+    with pytest.raises(InvalidParameter, match=r"^token_ids\[0, 1\]=-7 is not allowed: integers >= 0"):
+        build_tree(lp, np.array([[1, -7], [3, 4]]), 2)
+    with pytest.raises(ValueError, match=r"^token_ids must be integers, got float64$"):
+        build_tree(lp, ids.astype(np.float64), 2)
+    with pytest.raises(InvalidParameter, match=r"^root_token=-2 is not allowed: an integer >= -1$"):
+        build_tree(lp, ids, 2, root_token=-2)
+    # log q = 0 (a certain token) is allowed, and so are NumPy integer root tokens
+    t = build_tree(np.zeros((2, 2), np.float32), ids, 3, root_token=np.int64(9))
+    assert t.tokens[0] == 9 and t.n == 4
+
+
 def test_topk_logprobs():
     rng = np.random.default_rng(5)
     logits = rng.standard_normal((2, 3, 50)).astype(np.float32)

@@ -8,8 +8,9 @@ CPU references (NumPy, the ground truth): :func:`topk_logprobs`,
 syncs: :mod:`workbench.ddtree.compose`. Verify attention
 (``verify_attention_reference``, ``verify_attention``,
 ``verify_attention_batched``) lives in :mod:`workbench.ddtree.verify`, its
-parity grid and benchmark in :mod:`workbench.ddtree.verify_bench`, its peers in
-:mod:`workbench.ddtree.verify_peers`.
+peers in :mod:`workbench.ddtree.verify_peers`. Which kernel runs is the GPU's
+dispatch table (``data/dispatch``); measurement: :mod:`workbench.bench.ddtree`,
+the paper's tables: :mod:`workbench.reports.ddtree`.
 """
 from workbench.ddtree.reference import (  # noqa: F401
     Accepted,
@@ -37,10 +38,8 @@ from workbench.ddtree.verify import (  # noqa: F401
     verify_attention_batched,
     verify_attention_reference,
 )
-from workbench.ddtree.verify_bench import benchmark_verify, verify_parity_rows, verify_table  # noqa: F401
 
 __all__ = ["Accepted", "DraftTree", "accept_greedy", "build_tree", "grid_node_count", "topk_logprobs", "tree_size",
            "MAX_BUDGET", "MAX_L", "GpuAccepted", "GpuTrees", "accept_greedy_batched", "build_trees",
            "commit_compact", "commit_scattered", "tree_visibility",
-           "verify_attention_reference", "verify_attention", "verify_attention_batched",
-           "verify_parity_rows", "benchmark_verify", "verify_table"]
+           "verify_attention_reference", "verify_attention", "verify_attention_batched"]

@@ -14,10 +14,13 @@ Inputs may be NumPy arrays or torch tensors (copied to the CPU).
 from __future__ import annotations
 
 import heapq
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from workbench.validation import check_array_values, check_int
 
 __all__ = ["DraftTree", "Accepted", "topk_logprobs", "build_tree", "accept_greedy",
            "grid_node_count", "tree_size"]
@@ -200,6 +203,8 @@ def _check_tree_inputs(lp: np.ndarray, ids: np.ndarray, budget: Any, batched: bo
     if not np.isfinite(lp).all():
         raise ValueError("logprobs must be finite (an -inf log-prob would make the "
                          "incremental sibling score NaN); drop those candidates (smaller K)")
+    check_array_values("logprobs", lp, hi=0.0, what="log-probabilities: log q <= 0")
+    check_array_values("token_ids", ids, lo=0, integer=True, what="vocabulary indices")
     if (lp[..., :-1] < lp[..., 1:]).any():
         raise ValueError("logprobs rows must be sorted descending (as topk_logprobs returns)")
 
@@ -207,9 +212,10 @@ def _check_tree_inputs(lp: np.ndarray, ids: np.ndarray, budget: Any, batched: bo
 def build_tree(logprobs: Any, token_ids: Any, budget: int, root_token: int = -1) -> DraftTree:
     """Best-first DDTree over an ``[L, K]`` grid of top-k drafts.
 
-    ``logprobs``: float32 ``[L, K]``, each row sorted descending (row d holds
-    log q_{d+1}). ``token_ids``: int ``[L, K]``. ``budget`` (>= 1): non-root
-    nodes to pop; K is cut to min(budget, K). Heap entries are ordered by
+    ``logprobs``: float32 ``[L, K]``, finite and <= 0, each row sorted
+    descending (row d holds log q_{d+1}). ``token_ids``: int ``[L, K]``, >= 0.
+    ``budget`` (>= 1): non-root nodes to pop; K is cut to min(budget, K).
+    ``root_token``: the bonus token at the root, or -1 when unknown. Heap entries are ordered by
     ``(-score, rank path)`` like Python tuples; scores are float64, the first
     ``lp[0, 0]``, a sibling ``(score - lp[d-1, r]) + lp[d-1, r+1]``, a child
     ``score + lp[d, 0]``. Returns a :class:`DraftTree` of
@@ -218,6 +224,9 @@ def build_tree(logprobs: Any, token_ids: Any, budget: int, root_token: int = -1)
     lp = _to_numpy(logprobs, "logprobs")
     ids = _to_numpy(token_ids, "token_ids")
     _check_tree_inputs(lp, ids, budget, batched=False)
+    if not isinstance(root_token, bool) and hasattr(root_token, "__index__"):
+        root_token = operator.index(root_token)  # NumPy and torch integer scalars
+    check_int("root_token", root_token, lo=-1)
     budget = int(budget)
     L = lp.shape[0]
     K = min(budget, lp.shape[1])

@@ -2,7 +2,9 @@
 
 - :func:`build_trees` - bit-exact with :func:`workbench.ddtree.build_tree`,
   ties included: one warp per request with one lane per tree node up to 32
-  non-root nodes ("small"), a heap in shared memory above ("heap").
+  non-root nodes ("small"), a binary heap in shared memory run by one thread
+  above ("heap"); ``method="auto"`` follows the GPU's dispatch table
+  (``data/dispatch/<gpu>.json``, field ``tree_build``).
 - :func:`tree_visibility` - ancestor-closure masks ``[B, n, n]``.
 - :func:`accept_greedy_batched` - one warp per request; bit-exact with
   :func:`workbench.ddtree.accept_greedy`.
@@ -12,24 +14,26 @@ Every function takes torch tensors. CUDA tensors run the kernels on torch's
 current stream with no host synchronisation (so they can be captured in a CUDA
 graph); CPU tensors run the NumPy references request by request and return CPU
 tensors (the CPU path). Shape and dtype errors raise ``ValueError``; checks
-that would need the data on the host (sortedness, NaN) only run with
-``validate=True``.
+that would need the data on the host (sortedness, NaN, log-probs <= 0, token
+ids >= 0) only run with ``validate=True``. A kernel that fails to build or
+launch raises ``RuntimeError`` naming it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from workbench.decode import MAX_BUDGET, MAX_L
 from workbench.ddtree import reference as ref
-from workbench.kernels import launch as _launch
+from workbench.validation import check_array_values, check_choice
 
-__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "SMALL_WARPS_PER_BLOCK", "GpuTrees", "GpuAccepted", "build_trees", "tree_visibility",
-           "accept_greedy_batched", "commit_scattered", "commit_compact", "build_smem_bytes"]
+__all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "TREE_BUILD_RULES", "GpuTrees",
+           "GpuAccepted", "build_trees", "dispatched_build_method", "tree_visibility", "accept_greedy_batched",
+           "commit_scattered", "commit_compact", "build_smem_bytes"]
 
-MAX_BUDGET = 1024
-MAX_L = 32
 _FAMILY = "ddtree_tree"
 _BUILD_THREADS = 128
 _ACCEPT_WARPS = 4
@@ -87,48 +91,61 @@ class GpuAccepted:
     bonus: Any
 
 
-BUILD_METHODS = ("auto", "small", "small_br", "small_v1", "warp", "heap")
-SMALL_MAX_NODES = 32  # "small" / "small_br" / "small_v1" hold the whole frontier in one warp's registers
-SMALL_WARPS_PER_BLOCK = 1  # "small": requests (one warp each) per thread block
+BUILD_METHODS = ("auto", "small", "heap")
+SMALL_MAX_NODES = 32  # "small" holds the whole frontier in one warp's lanes
 _SMALL_NODE_SLOTS = 33  # DDT_SMALL_NODES in ddtree_tree.cu
-_KERNEL_NAMES = {"small": "ddtree_build_small", "small_br": "ddtree_build_small_br",
-                 "small_v1": "ddtree_build_small_v1",
-                 "warp": "ddtree_build_warp", "heap": "ddtree_build"}
+_KERNEL_NAMES = {"small": "ddtree_build_small", "heap": "ddtree_build"}
+# The dispatch table's tree_build rule -> (builder up to SMALL_MAX_NODES non-root nodes, builder above).
+TREE_BUILD_RULES = {"small_or_heap": ("small", "heap")}
 
 
-def build_smem_bytes(L: int, K: int, n: int, method: str = "warp",
-                     warps_per_block: int = 1) -> int:
-    """Dynamic shared memory of one build block: frontier/heap entries, the
-    request's log-probs (and token ids for "small"/"small_v1"), and the node
-    arrays. "small" holds ``warps_per_block`` requests per block."""
-    if method in ("small", "small_br"):
-        return warps_per_block * 8 * ((12 * L * K + 12 * _SMALL_NODE_SLOTS + 7) // 8)
-    if method == "small_v1":
-        return 12 * L * K + 12 * n
-    if method == "warp":
-        return 12 * (n - 1) + 4 * L * K + 12 * n
+def build_smem_bytes(L: int, K: int, n: int, method: str = "heap") -> int:
+    """Dynamic shared memory of one build block: "small": the request's token ids and log-probs and
+    33 node slots; "heap": heap entries (float64 score + int key), log-probs and the node arrays."""
+    if method == "small":
+        return 8 * ((12 * L * K + 12 * _SMALL_NODE_SLOTS + 7) // 8)
     return 8 * n + 4 * L * K + 4 * n + 12 * n
 
 
-_KERNELS: dict[str, Any] = {}
+def dispatched_build_method(n_nonroot: int, device: Any = None) -> str:
+    """The builder ``method="auto"`` runs for trees of ``n_nonroot`` non-root nodes on ``device``
+    (a CUDA device; None: the current one): the ``tree_build`` rule of the GPU's dispatch table."""
+    import torch
+
+    from workbench.dispatch import dispatch_for
+
+    rule = dispatch_for(torch.cuda.get_device_name(device)).tree_build
+    if rule not in TREE_BUILD_RULES:
+        raise ValueError(f"dispatch tree_build={rule!r} is not a known rule; known: {sorted(TREE_BUILD_RULES)}")
+    small, large = TREE_BUILD_RULES[rule]
+    return small if n_nonroot <= SMALL_MAX_NODES else large
 
 
-def _kernel(name: str):
-    k = _KERNELS.get(name)
-    if k is None:
-        from workbench.kernels import get_kernel
+@functools.cache
+def _kernel(name: str, opt_in: bool = False):
+    """The ``ddtree_tree`` family's kernel ``name``, built once per process; ``opt_in``: dynamic
+    shared memory allowed up to the opt-in limit (launches above 48 KB). Raises ``RuntimeError``
+    naming the kernel when it does not build."""
+    from workbench.kernels import get_kernel
 
-        k = _KERNELS[name] = get_kernel(_FAMILY, name)
+    try:
+        k = get_kernel(_FAMILY, name)
+        if opt_in:
+            k.max_dynamic_shared_size_bytes = _SMEM_OPTIN
+    except Exception as e:
+        raise RuntimeError(f"kernel {name} ({_FAMILY}.cu) failed to build: {type(e).__name__}: {e}") from e
     return k
 
 
-_SMEM_SET: dict[str, int] = {}
+def _launch(name: str, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch kernel ``name`` on torch's current stream; a failed launch raises naming the kernel."""
+    from workbench.kernels import launch
 
-
-def _ensure_smem(kernel, name: str, nbytes: int) -> None:
-    if nbytes > 48 * 1024 and _SMEM_SET.get(name, 0) < nbytes:
-        kernel.max_dynamic_shared_size_bytes = nbytes
-        _SMEM_SET[name] = nbytes
+    k = _kernel(name, shared_mem > 48 * 1024)
+    try:
+        launch(k, grid, block, args, shared_mem=shared_mem)
+    except Exception as e:
+        raise RuntimeError(f"kernel {name} ({_FAMILY}.cu) failed to launch: {type(e).__name__}: {e}") from e
 
 
 def _check_tensor(t: Any, what: str) -> None:
@@ -146,21 +163,21 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
                 out: GpuTrees | None = None) -> GpuTrees:
     """Build ``B`` draft trees at once.
 
-    ``logprobs``: float32 ``[B, L, K]`` (rows sorted descending), ``token_ids``:
-    int64 or int32 ``[B, L, K]`` on the same device; ``budget`` in 1..1024,
-    L in 1..32 on the GPU. ``root_tokens``: an int, or an int64 tensor ``[B]``
+    ``logprobs``: float32 ``[B, L, K]`` (rows sorted descending, every value
+    finite and <= 0), ``token_ids``: int64 or int32 ``[B, L, K]`` (>= 0) on the
+    same device; ``budget`` in 1..MAX_BUDGET, L in 1..MAX_L on the GPU.
+    ``root_tokens``: an int (>= -1; -1: unknown), or an int64 tensor ``[B]``
     (the bonus tokens from the previous round, on the device). Returns a
     :class:`GpuTrees` with ``n = tree_size(L, K, budget)`` nodes per request.
-    ``validate=True`` also checks sortedness and finiteness (a host sync).
-    ``method`` (all bit-exact): "small" (at most 32 non-root nodes: one warp
-    per request, lane p holds node p's next unpopped child, a pop is a warp
-    arg-max with ``__reduce_max_sync``), "small_br" (the same with its per-pop
-    lane updates as branches, as first written), "small_v1" (the previous small
-    kernel: the frontier as a sorted list in one warp's registers), "heap" (a
-    binary heap run by one thread in shared memory), "warp" (frontier in shared
-    memory, one warp reduction per pop); "auto" takes "small" when it applies,
-    else "heap". ``out``:
-    preallocated :class:`GpuTrees` of shape ``[B, n]`` to write into (GPU).
+    ``validate=True`` also checks the values (a host sync): sortedness,
+    finiteness, log-probs <= 0, token ids >= 0.
+    ``method`` (GPU; both bit-exact): "small" (at most 32 non-root nodes: one
+    warp per request, lane p holds node p's next unpopped child, a pop is a
+    warp arg-max with ``__reduce_max_sync``), "heap" (a binary heap run by one
+    thread in shared memory, one block per request) or "auto"
+    (:func:`dispatched_build_method`). CPU tensors run the NumPy reference
+    request by request whatever the method. ``out``: preallocated
+    :class:`GpuTrees` of shape ``[B, n]`` to write into (GPU).
     """
     torch = _torch()
     _check_tensor(logprobs, "logprobs")
@@ -170,8 +187,7 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     budget = int(budget)
     if budget < 1:
         raise ValueError(f"budget must be >= 1 (it counts non-root nodes), got {budget}")
-    if method not in BUILD_METHODS:
-        raise ValueError(f"method must be one of {BUILD_METHODS}, got {method!r}")
+    check_choice("method", method, BUILD_METHODS)
     if logprobs.dim() != 3:
         raise ValueError(f"logprobs must be [B, L, K], got shape {tuple(logprobs.shape)}")
     if logprobs.dtype != torch.float32:
@@ -196,11 +212,17 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         root_t = root_tokens.contiguous()
     elif not isinstance(root_tokens, (int, np.integer)) or isinstance(root_tokens, bool):
         raise TypeError(f"root_tokens must be an int or a tensor, got {type(root_tokens).__name__}")
+    elif root_tokens < -1:
+        raise ValueError(f"root_tokens={int(root_tokens)} is not allowed: a token id >= 0, or -1 (unknown)")
     if validate:
         if torch.isnan(logprobs).any():
             raise ValueError("logprobs contain NaN")
         if not torch.isfinite(logprobs).all():
             raise ValueError("logprobs must be finite")
+        check_array_values("logprobs", logprobs.detach().cpu().numpy(), hi=0.0,
+                           what="log-probabilities: log q <= 0")
+        check_array_values("token_ids", token_ids.detach().cpu().numpy(), lo=0, integer=True,
+                           what="vocabulary indices")
         if (logprobs[..., :-1] < logprobs[..., 1:]).any():
             raise ValueError("logprobs rows must be sorted descending")
 
@@ -217,13 +239,11 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
     K = min(budget, Kin)
     n = ref.tree_size(L, Kin, budget)
     if method == "auto":
-        method = "small" if n - 1 <= SMALL_MAX_NODES else "heap"
-    elif method in ("small", "small_br", "small_v1") and n - 1 > SMALL_MAX_NODES:
-        raise ValueError(f"method={method!r} needs at most {SMALL_MAX_NODES} non-root nodes, "
-                         f"this tree has {n - 1}; use 'auto', 'heap' or 'warp'")
-    one_warp = method in ("small", "small_br")  # one warp per request
-    warps = max(1, min(int(SMALL_WARPS_PER_BLOCK), B)) if one_warp else 1
-    smem = build_smem_bytes(L, K, n, method, warps)
+        method = dispatched_build_method(n - 1, logprobs.device)
+    elif method == "small" and n - 1 > SMALL_MAX_NODES:
+        raise ValueError(f"method='small' needs at most {SMALL_MAX_NODES} non-root nodes, "
+                         f"this tree has {n - 1}; use 'auto' or 'heap'")
+    smem = build_smem_bytes(L, K, n, method)
     if smem > _SMEM_OPTIN:
         raise ValueError(f"tree build needs {smem} B of shared memory (L={L}, K={K}, n={n}); "
                          f"the limit is {_SMEM_OPTIN}")
@@ -243,16 +263,12 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         ranks = torch.empty_like(tokens)
         scores = torch.empty((B, n), dtype=torch.float32, device=dev)
     if B > 0:
-        name = _KERNEL_NAMES[method]
-        k = _kernel(name)
-        _ensure_smem(k, name, smem)
         root_ptr = root_t if root_t is not None else np.uint64(0)
         root_def = np.int64(0 if root_t is not None else int(root_tokens))
-        grid, block = ((B,), (_BUILD_THREADS,)) if not one_warp else \
-            (((B + warps - 1) // warps,), (32 * warps,))
-        _launch(k, grid, block,
-               (lp, ids, root_ptr, root_def, B, L, Kin, K, n, tokens, parents, depths, ranks,
-                scores), shared_mem=smem)
+        block = 32 if method == "small" else _BUILD_THREADS  # "small": one warp (request) per block
+        _launch(_KERNEL_NAMES[method], (B,), (block,),
+                (lp, ids, root_ptr, root_def, B, L, Kin, K, n, tokens, parents, depths, ranks, scores),
+                shared_mem=smem)
     return GpuTrees(tokens, parents, depths, ranks, scores)
 
 
@@ -316,7 +332,7 @@ def tree_visibility(parents):
     total = B * n * n
     if total:
         blocks = min((total + 255) // 256, 65535)
-        _launch(_kernel("ddtree_visibility"), (blocks,), (256,),
+        _launch("ddtree_visibility", (blocks,), (256,),
                (parents.contiguous(), B, n, vis))
     return vis
 
@@ -374,9 +390,7 @@ def accept_greedy_batched(trees, target_argmax, out: GpuAccepted | None = None) 
     if B:
         warps = min(_ACCEPT_WARPS, B)
         smem = 4 * n * warps
-        k = _kernel("ddtree_accept")
-        _ensure_smem(k, "ddtree_accept", smem)
-        _launch(k, ((B + warps - 1) // warps,), (32 * warps,),
+        _launch("ddtree_accept", ((B + warps - 1) // warps,), (32 * warps,),
                (tokens.contiguous(), parents.contiguous(), target_argmax.contiguous(), B, n,
                 nodes, lengths, bonus), shared_mem=smem)
     return GpuAccepted(nodes, lengths, bonus)
@@ -431,7 +445,7 @@ def commit_scattered(slots, accepted: GpuAccepted):
     nfree = torch.empty(B, dtype=torch.int64, device=slots.device)
     if B:
         warps = min(_ACCEPT_WARPS, B)
-        _launch(_kernel("ddtree_commit_scattered"), ((B + warps - 1) // warps,), (32 * warps,),
+        _launch("ddtree_commit_scattered", ((B + warps - 1) // warps,), (32 * warps,),
                (slots.contiguous(), accepted.nodes.contiguous(), accepted.lengths.contiguous(),
                 B, n, keep, freed, nfree), shared_mem=n * warps)
     return keep, freed, nfree
@@ -480,7 +494,7 @@ def commit_compact(kv_cache, slots, accepted: GpuAccepted, dest_start, slot_dim:
     if B and planes:
         if planes > 65535:
             raise ValueError(f"at most 65535 planes, got {planes}")
-        _launch(_kernel("ddtree_commit_compact"), (B, planes), (_COMPACT_THREADS,),
+        _launch("ddtree_commit_compact", (B, planes), (_COMPACT_THREADS,),
                (kv_cache, np.int64(S * W), W, slots.contiguous(), accepted.nodes.contiguous(),
                 accepted.lengths.contiguous(), dest_start.contiguous(), n),
                shared_mem=8 * n)

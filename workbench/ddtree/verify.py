@@ -1,4 +1,4 @@
-"""Tree-verify attention, MLA absorbed: the API (reference, CUDA kernel dispatch, torch CPU path).
+"""Tree-verify attention, MLA absorbed: the API (reference, CUDA kernels, torch CPU path).
 
 One DDTree verify step attends every tree node's query heads over the request's
 prefix KV (read through slot indices: paged KV with page_size 1) plus the
@@ -8,61 +8,35 @@ the score is ``(q_latent . c_kv + q_rope . k_rope) * scale`` and the output is
 the softmax-weighted ``c_kv`` (512 values; ``W_UV`` is applied afterwards).
 
 - :func:`verify_attention_reference` - float64 ground truth (NumPy or torch).
-- :func:`verify_attention` / :func:`verify_attention_batched` - the CUDA kernel
-  (``workbench/kernels/ddtree_verify.cu``): the prefix is split across thread
-  blocks (flash-decoding), each block reads a chunk of latent rows once for 64
-  query rows (every head of every node in the block) with bf16 tensor cores
-  (``mma.sync`` m16n8k16), the masked tail is the last chunk, and the chunk
-  partials are merged by log-sum-exp. float32 inputs take a CUDA-core path.
-  CPU tensors take a torch path (float32 arithmetic).
+- :func:`verify_attention` / :func:`verify_attention_batched` - the CUDA kernels
+  of ``workbench/kernels/ddtree_verify.cu`` on CUDA tensors, a torch path
+  (float32 arithmetic) on CPU tensors.
+- :func:`dispatched_impl` - which kernel ``impl="auto"`` runs: the GPU's
+  dispatch table (``data/dispatch/<gpu>.json``: ``verify_bf16``, ``verify_fp32``).
 - :func:`random_verify_inputs` - fresh random inputs (torch), :func:`default_scale`.
 
-Peers live in :mod:`workbench.ddtree.verify_peers`; the parity grid, the
-benchmark and its CLI (``python -m workbench.ddtree.verify_bench --out DIR``
-writes ``DIR/ddtree_verify.json``) in :mod:`workbench.ddtree.verify_bench`.
-
-Kernel notes (numbers: ``data/measurements/h200/ddtree_verify.json``). The bf16
-default on the H200 is ``impl="wgmma"``: Hopper warpgroup MMA, which needs the
-sm_90a target, so this one kernel is built with nvcc
-(``workbench.kernels.load_module(..., target="sm_90a")``); where that cannot
-load, ``auto`` runs the previous ``mma.sync`` kernel (``impl="mma"``, NVRTC,
-plain sm_90). wgmma kernel: 2 warpgroups, 64 query rows x 64 keys per tile,
-Q (73.7 KB) and two key stages (2 x 73.7 KB) in 128-byte-swizzled shared
-memory; warpgroup 0 computes the scores of all 64 keys (m64n64k16, Q and K
-both K-major through matrix descriptors; a row's scores lie in one lane quad,
-so no row-max exchange), P (bf16) and the rescale factors go to shared memory,
-and warpgroup g accumulates output columns 256g..256g+255 (m64n256k16, V = the
-same key tile read MN-major through the descriptor's transpose bit); the next
-tile's cp.async gather runs under both phases; 242 registers, no spills.
-(Until 1e272c7 each warpgroup computed its 32-key half with m64n32k16 and the
-row maxima were exchanged: ``-DVERIFY_WG_S1=0``, bench variant wgmma_5de266b.)
-Every KV row is read once per 64-row block, so a 64 x 64 tile moves 73.7 KB
-from L2 for 8.9 MFLOP. Measured per tile on the H200 (0929e2e): 2.6 us; the
-gathers alone 1.7-1.9 us, the compute alone 1.74 us (diagnostic builds
-``-DVERIFY_WG_DIAG=1`` / ``=2``): the two overlap only in part, and the gathers
-alone draw about 5 TB/s from L2 across the GPU. Tried and slower: a 32-key ring
-with three gathers in flight (967a0d4), the ping-pong kernels of version 7
-(1e272c7), warpgroup 1 alone gathering with the slot indices read ahead
-(f9c5bfa), two row blocks as a 2-CTA cluster that each gather half of every
-tile and copy it to the other through distributed shared memory (a87f500:
-halving the bytes a CTA gathers saved far less than half the gather time, and
-the copies cost more than that). With H = 8 the 264 query rows fill five
-64-row blocks, the last with 8 rows. The chunk partials are merged by a second
-launch (one block per query row, the chunks' lse values read once, in parallel). Batched requests first run
-one small launch for offsets, chunk starts and the ancestor masks; one request
-with T <= 128 does without it (the kernel takes the prefix length and builds
-the masks its tail blocks need in shared memory).
-(papers/ddtree_kernels.md, section 3, has every version with its prediction and
-outcome.)
+The kernels (numbers: ``data/measurements/h200/ddtree_verify.json``, design and
+history: ``papers/ddtree_kernels.md``). The key range of each request is split
+across thread blocks (flash-decoding); a block reads each latent row of its
+chunk once for 64 query rows (every head of every node in the block), the masked
+tail is the last chunk, and a second launch merges the chunk partials by
+log-sum-exp. ``"wgmma"`` (bf16, the H200's choice): Hopper warpgroup MMA, built
+for sm_90a with nvcc; warpgroup 0 computes the 64 x 64 score tile (m64n64k16),
+both warpgroups accumulate half of the 512 output columns (m64n256k16), the next
+tile's gather (cp.async through the slot indices, which reach shared memory a
+tile ahead) runs under both. One request with T <= 128 needs no prepare launch
+(the kernel builds its ancestor masks in shared memory). ``"mma"`` (bf16, any
+sm_90 build; the generic choice): ``mma.sync`` m16n8k16, same tiling.
+``"simple"`` (float32): CUDA cores, 16 query rows per block. A kernel that fails
+to build or launch raises ``RuntimeError`` naming it; nothing falls back.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
 import numpy as np
-
-from workbench.kernels import launch as _launch
 
 D_LATENT = 512  # kv_lora_rank: c_kv width and output width
 D_ROPE = 64     # qk_rope_head_dim
@@ -74,14 +48,15 @@ _MMA_SMEM = 230_400
 _WGMMA_SMEM = 232_448  # + 1 KB for the single-request form's in-kernel ancestor masks
 _NOPREP_MAX_T = 128   # single-request form without the prepare launch: (nodes of a block) x ceil(T/32) <= 256 words
 _SIMPLE_SMEM = (16 * 576 + 32 * 577 + 16 * 32 + 3 * 16) * 4
-_IMPLS = ("auto", "wgmma", "mma", "simple")
-_WGMMA_TARGET = "sm_90a"  # workbench.kernels.load_module target of the wgmma kernel
-_WGMMA_KERNEL = "ddtree_verify_wgmma_bf16"  # 64-key tiles, 2 stages (a 32-key 4-stage ring: commit 967a0d4)
+IMPLS = ("auto", "wgmma", "mma", "simple")
+_KERNELS = {"wgmma": "ddtree_verify_wgmma_bf16", "mma": "ddtree_verify_mma_bf16", "simple": "ddtree_verify_simple_f32"}
+_SMEM = {"wgmma": _WGMMA_SMEM, "mma": _MMA_SMEM, "simple": _SIMPLE_SMEM}
+_TARGETS = {"wgmma": "sm_90a"}  # workbench.kernels.load_module targets (others: NVRTC, plain sm_90)
 
 __all__ = [
     "D_KV", "D_LATENT", "D_ROPE",
     "verify_attention_reference", "verify_attention", "verify_attention_batched",
-    "random_verify_inputs", "default_scale", "auto_impl", "wgmma_unavailable_reason",
+    "random_verify_inputs", "default_scale", "dispatched_impl", "IMPLS",
 ]
 
 
@@ -264,54 +239,47 @@ def _plan(n_prefix_total: int, B: int, T: int, M: int, rows_per_block: int, bloc
     return rb, chunk_len, n_chunks
 
 
-_KERNELS: dict[tuple, Any] = {}
+@functools.cache
+def _kernel(name: str, smem: int, target: str | None = None):
+    """Cached ``RawKernel`` ``name`` of the ddtree_verify family (``target``: see
+    :func:`workbench.kernels.load_module`), dynamic shared memory limit raised once. Raises
+    ``RuntimeError`` naming the kernel when it does not build or load."""
+    from workbench.kernels import get_kernel
 
-
-def _kernel(name: str, smem: int, options: tuple = (), target: str | None = None):
-    """Cached ``RawKernel`` of the ddtree_verify family (``options`` such as ``-D`` macros
-    select tuning variants; ``target`` see :func:`workbench.kernels.load_module`), dynamic shared
-    memory limit raised once."""
-    k = _KERNELS.get((name, options, target))
-    if k is None:
-        from workbench.kernels import get_kernel
-
-        k = get_kernel("ddtree_verify", name, tuple(options), target)
+    try:
+        k = get_kernel("ddtree_verify", name, (), target)
         if smem > 48 * 1024:
-            try:
-                k.max_dynamic_shared_size_bytes = smem
-            except AttributeError:  # older CuPy: set the attribute through the driver
-                import cupy
-
-                cupy.cuda.driver.funcSetAttribute(k.kernel.ptr, 8, smem)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _KERNELS[(name, options, target)] = k
+            k.max_dynamic_shared_size_bytes = smem
+    except Exception as e:
+        where = f" for {target}" if target else ""
+        raise RuntimeError(f"kernel {name} (ddtree_verify.cu{where}) failed to build: {type(e).__name__}: "
+                           f"{str(e).strip()[:500]}") from e
     return k
 
 
-_WGMMA_STATE: dict[str, Any] = {}
+def _launch(name: str, smem: int, grid, block, args, target: str | None = None) -> None:
+    """Launch kernel ``name`` on torch's current stream; a failure raises naming the kernel."""
+    from workbench.kernels import launch
+
+    k = _kernel(name, smem, target)
+    try:
+        launch(k, grid, block, args, shared_mem=smem)
+    except Exception as e:
+        raise RuntimeError(f"kernel {name} (ddtree_verify.cu) failed to launch: {type(e).__name__}: {e}") from e
 
 
-def wgmma_unavailable_reason() -> str | None:
-    """``None`` when the wgmma kernel (sm_90a, built with nvcc) loads on this machine, else why not.
+def dispatched_impl(dtype: Any, device: Any = None) -> str:
+    """What ``impl="auto"`` runs for inputs of ``dtype`` (a torch dtype or its name) on the CUDA
+    ``device`` (None: the current one): the GPU's dispatch table, ``verify_bf16`` (``"wgmma"`` on the
+    H200, ``"mma"`` in the generic table) or ``verify_fp32`` (``"simple"``)."""
+    import torch
 
-    Tried once per process; ``impl="auto"`` runs the ``mma.sync`` kernel when this is not ``None``.
-    """
-    if "reason" not in _WGMMA_STATE:
-        try:
-            _kernel("ddtree_verify_wgmma_bf16", _WGMMA_SMEM, (), _WGMMA_TARGET)
-            _WGMMA_STATE["reason"] = None
-        except Exception as e:  # noqa: BLE001 - the reason is reported, auto falls back to mma
-            _WGMMA_STATE["reason"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
-    return _WGMMA_STATE["reason"]
+    from workbench.dispatch import dispatch_for
 
-
-def auto_impl(dtype: Any) -> str:
-    """What ``impl="auto"`` runs on this machine for inputs of ``dtype`` (a torch dtype or its name):
-    ``"wgmma"`` for bf16 where it loads (see :func:`wgmma_unavailable_reason`), else ``"mma"``;
-    ``"simple"`` for float32."""
-    name = str(dtype).replace("torch.", "")
-    if name != "bfloat16":
-        return "simple"
-    return "wgmma" if wgmma_unavailable_reason() is None else "mma"
+    impl = dispatch_for(torch.cuda.get_device_name(device)).verify_impl(dtype)
+    if impl not in IMPLS[1:]:
+        raise ValueError(f"dispatch verify impl {impl!r} is not a verify kernel; known: {IMPLS[1:]}")
+    return impl
 
 
 def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
@@ -340,9 +308,8 @@ def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
 
 def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_offsets, tail_kv, parents, scale, *,
                              check: bool = True, impl: str = "auto", chunk_len: int | None = None,
-                             out=None, lse=None, _poison_workspace: bool = False, _options: tuple = (),
-                             _single_prefix: int | None = None, _prepare: bool | None = None,
-                             _merge_options: tuple = ()):
+                             out=None, lse=None, _poison_workspace: bool = False,
+                             _single_prefix: int | None = None):
     """Tree-verify attention for B requests with different prefix lengths.
 
     q_latent [B, T, H, 512], q_rope [B, T, H, 64], kv_cache [S, 576] (rows
@@ -358,16 +325,14 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     no offsets tensor has to be made on the device; with the wgmma kernel and
     T <= 128 that form also skips the prepare launch: the kernel takes the
     prefix length as an argument and builds the ancestor masks it needs in
-    shared memory (``_prepare=True`` forces the prepare launch, a tuning
-    variant). ``_options`` / ``_merge_options``: ``-D`` options of the
-    attention / merge kernel builds, tuning variants.)
+    shared memory. ``_poison_workspace``: fill the partials with NaN first,
+    for parity tests.)
 
-    ``impl``: ``"auto"`` (:func:`auto_impl`: wgmma, else mma, for bf16; CUDA
-    cores for float32), ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for
-    sm_90a with nvcc; 64 query rows x 64 keys per step), ``"mma"`` (bf16
-    tensor cores through ``mma.sync``, any sm_90 build; the previous kernel)
-    or ``"simple"`` (CUDA cores, any dtype). ``chunk_len`` overrides
-    the keys per thread block. ``out``/``lse`` may be given preallocated.
+    ``impl``: ``"auto"`` (:func:`dispatched_impl`: the GPU's dispatch table),
+    ``"wgmma"`` (bf16, Hopper warpgroup MMA, built for sm_90a with nvcc),
+    ``"mma"`` (bf16, ``mma.sync``, any sm_90 build) or ``"simple"`` (float32,
+    CUDA cores); ignored on CPU tensors. ``chunk_len`` overrides the keys per
+    thread block. ``out``/``lse`` may be given preallocated.
     Returns ``(out [B, T, H, 512] in the input dtype, lse [B, T, H] float32)``.
     """
     import torch
@@ -383,8 +348,8 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
                                              parents)):
         raise TypeError("verify_attention_batched takes torch tensors (use verify_attention_reference for NumPy)")
     B, T, H = _check_shapes(q_latent, q_rope, kv_cache, tail_kv, parents, scale, batched=True)
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     dtype = q_latent.dtype
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"inputs must be bfloat16 or float32, got {dtype}")
@@ -446,13 +411,11 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     qr = q_rope.contiguous()
     tail = tail_kv.contiguous()
 
-    kind = impl if impl != "auto" else auto_impl(dtype)
+    kind = impl if impl != "auto" else dispatched_impl(dtype, dev)
     if kind in ("mma", "wgmma") and dtype != torch.bfloat16:
-        raise ValueError(f"impl={impl!r} needs bfloat16 inputs (float32 takes impl='simple')")
-    if kind == "wgmma":
-        why = wgmma_unavailable_reason()
-        if why is not None:
-            raise ValueError(f"impl={kind!r} is not available here ({why}); use impl='mma' or 'auto'")
+        raise ValueError(f"impl={kind!r} needs bfloat16 inputs, got {dtype} (float32 takes impl='simple')")
+    if kind == "simple" and dtype != torch.float32:
+        raise ValueError(f"impl='simple' needs float32 inputs, got {dtype} (bfloat16 takes 'wgmma' or 'mma')")
     if kind == "wgmma" and kv_cache.shape[0] > 2**31 - 1:  # the kernel may carry slot indices in 32 bits
         raise ValueError(f"kv_cache has {kv_cache.shape[0]} rows; impl='wgmma' allows at most 2**31 - 1")
     rows = _MMA_ROWS if kind in ("mma", "wgmma") else _SIMPLE_ROWS
@@ -460,7 +423,7 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     rb, clen, n_chunks = _plan(int(slots.shape[0]), B, T, M, rows, per_sm * _num_sms(dev), chunk_len)
     W = -(-T // 32)
     # single request, wgmma kernel, T <= 128: no prepare launch (the kernel reads P and parents itself)
-    noprep = single and kind == "wgmma" and T <= _NOPREP_MAX_T and _prepare is not True
+    noprep = single and kind == "wgmma" and T <= _NOPREP_MAX_T
 
     i32 = dict(dtype=torch.int32, device=dev)
     if not noprep:
@@ -487,31 +450,23 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     if noprep:
         offs_ws = vis = chunk_start = null
     else:
-        _launch(_kernel("ddtree_verify_prepare", 0), 1 + -(-(B * T) // 1024), 1024,
+        _launch("ddtree_verify_prepare", 0, 1 + -(-(B * T) // 1024), 1024,
                 (null if offsets is None else offsets, np.int64(slots.shape[0]), par, B, T, W, clen, offs_ws,
                  chunk_start, vis))
     scale_log2 = float(scale) * math.log2(math.e)
     args = (ql, qr, kv_cache, np.int64(kv_cache.stride(0)), slots, offs_ws, tail, vis, chunk_start, o_part,
             lse_part, B, T, H, W, clen, scale_log2)
-    if kind == "wgmma":
-        _launch(_kernel(_WGMMA_KERNEL, _WGMMA_SMEM, _options, _WGMMA_TARGET), (rb, n_chunks), 256,
-                args + (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null),
-                shared_mem=_WGMMA_SMEM)
-    elif kind == "mma":
-        _launch(_kernel("ddtree_verify_mma_bf16", _MMA_SMEM, _options), (rb, n_chunks), 256, args,
-                shared_mem=_MMA_SMEM)
-    else:
-        name = "ddtree_verify_simple_bf16" if dtype == torch.bfloat16 else "ddtree_verify_simple_f32"
-        _launch(_kernel(name, _SIMPLE_SMEM), (rb, n_chunks), 256, args, shared_mem=_SIMPLE_SMEM)
+    if kind == "wgmma":  # the single-request form's prefix length and parents (else 0 and null)
+        args += (np.int64(slots.shape[0]) if noprep else np.int64(0), par if noprep else null)
+    _launch(_KERNELS[kind], _SMEM[kind], (rb, n_chunks), 256, args, _TARGETS.get(kind))
     merge = "ddtree_verify_merge_bf16" if dtype == torch.bfloat16 else "ddtree_verify_merge_f32"
-    _launch(_kernel(merge, 0, tuple(_merge_options)), B * M, 128,
-            (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
+    _launch(merge, 0, B * M, 128, (o_part, lse_part, chunk_start, out, lse, B, M, n_chunks if noprep else 0))
     return out, lse
 
 
 def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, *, check: bool = True,
-                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None, _options: tuple = (),
-                     _prepare: bool | None = None, _merge_options: tuple = ()):
+                     impl: str = "auto", chunk_len: int | None = None, out=None, lse=None,
+                     _poison_workspace: bool = False):
     """Tree-verify attention for one request (absorbed MLA, paged prefix + tree tail).
 
     q_latent [T, H, 512], q_rope [T, H, 64], kv_cache [S, 576] (rows
@@ -535,8 +490,7 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
     l = None if lse is None else lse.unsqueeze(0)
     o, l = verify_attention_batched(q_latent[None], q_rope[None], kv_cache, prefix_slots, None, tail_kv[None],
                                     parents[None], scale, check=check, impl=impl, chunk_len=chunk_len, out=o, lse=l,
-                                    _options=_options, _single_prefix=P, _prepare=_prepare,
-                                    _merge_options=_merge_options)
+                                    _poison_workspace=_poison_workspace, _single_prefix=P)
     return o[0], l[0]
 
 

@@ -1,5 +1,5 @@
 """Peers of the tree-verify attention kernel (:mod:`workbench.ddtree.verify`), timed beside it by
-:mod:`workbench.ddtree.verify_bench`: same arguments as :func:`~workbench.ddtree.verify.verify_attention`,
+:mod:`workbench.bench.ddtree` (:data:`PEERS`): same arguments as :func:`~workbench.ddtree.verify.verify_attention`,
 each returns ``(out [T, H, 512], lse [T, H] float32)``.
 
 - :func:`verify_attention_naive` - gather the prefix, one matmul for the scores, mask the tail, softmax,
@@ -14,7 +14,7 @@ from typing import Any
 
 from workbench.ddtree.verify import D_KV, D_LATENT, _torch_verify, _visibility_torch
 
-__all__ = ["verify_attention_naive", "verify_attention_sdpa", "verify_attention_flex"]
+__all__ = ["PEERS", "verify_attention_naive", "verify_attention_sdpa", "verify_attention_flex"]
 
 
 def verify_attention_naive(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale):
@@ -63,7 +63,7 @@ def verify_attention_flex(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, par
 
     Returns ``(out [T, H, 512], lse [T, H] float32)``. Failures (head dims 576/512
     are outside what its kernels accept in some torch versions) propagate as the
-    original exception; :func:`benchmark_verify` records them as unsupported.
+    original exception; the benchmark records them as unsupported.
     """
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -85,3 +85,8 @@ def verify_attention_flex(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, par
     v = keys[None, None, :, :D_LATENT]
     o, l = _FLEX_CACHE["fn"](q, k, v, block_mask=bm, scale=scale, enable_gqa=True, return_lse=True)
     return o[0].permute(1, 0, 2).contiguous(), l[0].permute(1, 0).float()
+
+
+PEERS = {"naive_torch": verify_attention_naive, "sdpa_dense_mask": verify_attention_sdpa,
+         "flex_attention": verify_attention_flex}
+"""The peers by the names the measurement files use."""

@@ -90,9 +90,41 @@ def test_build_trees_errors():
     with pytest.raises(ValueError, match="shape"):
         build_trees(lp, ids[:, :2], 4)
     with pytest.raises(ValueError, match="sorted"):
-        build_trees(torch.arange(24.0).view(2, 3, 4), ids, 4, validate=True)
+        build_trees(-torch.arange(24.0).view(2, 3, 4).flip(-1), ids, 4, validate=True)
     with pytest.raises(ValueError, match="root_tokens"):
         build_trees(lp, ids, 4, root_tokens=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"root_tokens=-2 is not allowed"):
+        build_trees(lp, ids, 4, root_tokens=-2)
+    with pytest.raises(ValueError, match=r"method='warp' is not allowed: one of 'auto', 'small', 'heap'"):
+        build_trees(lp, ids, 4, method="warp")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_build_trees_rejects_positive_logprobs_and_negative_ids(device):
+    """Log-probs are log q <= 0 and token ids vocabulary indices >= 0: the error names the element and the rule
+    (CPU: always, the reference checks; GPU: with validate=True, which syncs)."""
+    lp = torch.full((2, 3, 4), -1.0, device=device)
+    ids = torch.zeros(2, 3, 4, dtype=torch.int64, device=device)
+    bad = lp.clone()
+    bad[1, 2, 0] = 0.25
+    with pytest.raises(ValueError, match=r"logprobs\[1, 2, 0\]=0.25 is not allowed: finite numbers <= 0.0"):
+        build_trees(bad, ids, 4, validate=True)
+    neg = ids.clone()
+    neg[0, 1, 3] = -5
+    with pytest.raises(ValueError, match=r"token_ids\[0, 1, 3\]=-5 is not allowed: integers >= 0"):
+        build_trees(lp, neg, 4, validate=True)
+
+
+def test_dispatch_tree_build_rule_is_known():
+    """Every dispatch table's tree_build rule names builders this module has."""
+    import json
+
+    from workbench.dispatch import DISPATCH_DIR
+    from workbench.ddtree.tree_gpu import TREE_BUILD_RULES
+
+    for path in sorted(DISPATCH_DIR.glob("*.json")):
+        rule = json.loads(path.read_text())["tree_build"]
+        assert rule in TREE_BUILD_RULES, f"{path.name}: tree_build={rule!r}, known: {sorted(TREE_BUILD_RULES)}"
 
 
 def test_compose_round_cpu():
@@ -133,7 +165,7 @@ def test_verify_attention_torch_matches_loop():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["auto", "small", "small_br", "small_v1", "warp", "heap"])
+@pytest.mark.parametrize("method", ["auto", "small", "heap"])
 @pytest.mark.parametrize("B,L,K,budget,quant", [(64, 15, 32, 32, None), (8, 7, 8, 8, 2),
                                                   (16, 15, 64, 256, 4), (4, 32, 1024, 1024, 8),
                                                   (5, 3, 40, 1024, None), (3, 1, 5, 9, 1),
@@ -145,7 +177,7 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
     lp, ids = _grid(gen, B, L, K, quant, device="cuda")
     roots = torch.randint(0, 100, (B,)).cuda()
     n = tree_size(L, K, budget)
-    if method in ("small", "small_br", "small_v1") and n - 1 > 32:
+    if method == "small" and n - 1 > 32:
         with pytest.raises(ValueError, match="small"):
             build_trees(lp, ids, budget, method=method)
         return
@@ -161,28 +193,21 @@ def test_gpu_build_bit_exact(B, L, K, budget, quant, method):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,budget", [("warp", 200), ("heap", 200), ("small", 32),
-                                           ("small_br", 32), ("small_v1", 32), ("warp", 32),
-                                           ("heap", 32)])
+def test_gpu_auto_follows_the_dispatch():
+    from workbench.ddtree.tree_gpu import TREE_BUILD_RULES, dispatched_build_method
+    from workbench.dispatch import dispatch_for
+
+    small, large = TREE_BUILD_RULES[dispatch_for(torch.cuda.get_device_name()).tree_build]
+    assert dispatched_build_method(32) == small and dispatched_build_method(33) == large
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,budget", [("heap", 200), ("small", 32), ("heap", 32)])
 def test_gpu_build_all_ties(method, budget):
     lp = torch.zeros(3, 6, 4, device="cuda")
     ids = torch.arange(72, device="cuda").view(3, 6, 4)
     trees = build_trees(lp, ids, budget, method=method)
     _assert_same_as_reference(trees, lp, ids, budget, [-1, -1, -1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("warps", [2, 4])
-def test_gpu_build_small_several_requests_per_block(monkeypatch, warps):
-    from workbench.ddtree import tree_gpu
-
-    monkeypatch.setattr(tree_gpu, "SMALL_WARPS_PER_BLOCK", warps)
-    gen = torch.Generator().manual_seed(warps)
-    B = 4 * warps + 1  # the last block is partly empty
-    lp, ids = _grid(gen, B, 15, 32, 4, device="cuda")
-    roots = torch.randint(0, 100, (B,)).cuda()
-    trees = build_trees(lp, ids, 32, root_tokens=roots, method="small")
-    _assert_same_as_reference(trees, lp, ids, 32, roots.cpu())
 
 
 @pytest.mark.gpu
@@ -235,12 +260,16 @@ def test_gpu_round_no_sync_and_graph():
     assert torch.equal(cap.accepted.nodes, again.accepted.nodes)
 
 
-def test_parse_sanitizer_log():
-    from workbench.ddtree.bench import parse_sanitizer_log, sanitizer_command
+def test_bench_helpers_on_cpu(tmp_path):
+    from workbench.bench import ddtree as bench
 
-    ok = parse_sanitizer_log("sanitize driver done\n========= ERROR SUMMARY: 0 errors\n", 0)
-    assert ok["errors"] == 0 and ok["driver_done"] and ok["tail"] == ""
-    race = parse_sanitizer_log("========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, "
-                               "0 warnings)\n", 1)
-    assert race["errors"] == 3 and not race["driver_done"] and race["tail"]
-    assert sanitizer_command("racecheck")[:3] == ["compute-sanitizer", "--tool", "racecheck"]
+    lp, ids = bench.random_grid(np.random.default_rng(0), 3, 4, 5, quant=2)
+    assert lp.dtype == np.float32 and (lp <= 0).all() and (np.diff(lp, axis=-1) <= 0).all()
+    assert ids.dtype == np.int64 and ids.min() >= 0
+    (tmp_path / "memcheck.log").write_text("sanitize driver done\n========= ERROR SUMMARY: 0 errors\nexit=0\n")
+    (tmp_path / "racecheck.log").write_text("========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)\n"
+                                            "exit=1\n")
+    r = bench.read_sanitizer_logs(tmp_path)
+    assert r["memcheck"]["errors"] == 0 and r["memcheck"]["driver_done"] and r["memcheck"]["returncode"] == 0
+    assert r["racecheck"]["errors"] == 3 and not r["racecheck"]["driver_done"] and r["racecheck"]["returncode"] == 1
+    assert r["racecheck"]["command"].startswith("compute-sanitizer --tool racecheck")
