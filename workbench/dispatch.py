@@ -16,8 +16,8 @@ Fields of a dispatch file:
 - ``moe_large``: ``[[largest M, [NT, RT, D, S, LINE]], ...]``: the four-launch
   path's gate/up and down variant by M; the last row covers every larger M.
 - ``verify_bf16`` / ``verify_fp32``: the verify-attention form by dtype.
-- ``tree_build``: ``"small_or_warp"`` (one-warp builder when the tree has at
-  most 32 non-root nodes, else the warp builder).
+- ``tree_build``: ``"small_or_heap"`` (the one-warp builder when the tree has at
+  most 32 non-root nodes, else the shared-memory heap builder).
 """
 from __future__ import annotations
 
