@@ -4,6 +4,7 @@ import pytest
 from workbench import capacity as cap
 from workbench.cli import main
 from workbench.config import load_config
+from workbench.validation import parse_text
 
 K26 = load_config("kimi-k2.6")
 
@@ -63,12 +64,20 @@ def test_b300_concurrency_and_max_context_capped_by_yarn():
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(context=300_000), "YaRN limit"),
-    (dict(mem_fraction=0.0), "mem_fraction"),
-    (dict(mem_fraction=1.5), "mem_fraction"),
-    (dict(gpu="tpu"), "unknown GPU"),
+    (dict(context=300_000), r"context=300000 is not allowed: an integer in \[1, 262144\] tokens \(kimi-k2.6's YaRN limit"),
+    (dict(context=0), r"context=0 is not allowed"),
+    (dict(context=1e6), r"context=1000000.0 is not allowed: an integer"),
+    (dict(mem_fraction=0.0), r"mem_fraction=0.0 is not allowed: a finite number in \(0, 1\]"),
+    (dict(mem_fraction=1.5), "mem_fraction=1.5 is not allowed"),
+    (dict(gpu="tpu"), "gpu='tpu' is not allowed: one of 'rtx-pro-6000'"),
     (dict(model="llama"), "unknown model"),
-    (dict(kv_dtype="int2"), "kv dtype"),
+    (dict(kv_dtype="int2"), "kv_dtype='int2' is not allowed: one of 'bf16'"),
+    (dict(reserved_gib=-1), "reserved_gib=-1 is not allowed"),
+    (dict(attention="sp"), "attention='sp' is not allowed: one of 'tp', 'dp'"),
+    (dict(tp=3), "tp=3 is not allowed: an integer that divides the 64 attention heads of kimi-k2.6: "
+                 "one of 1, 2, 4, 8, 16, 32, 64"),
+    (dict(tp=1000), "tp=1000 is not allowed"),
+    (dict(tp=0), "tp=0 is not allowed"),
 ])
 def test_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -84,6 +93,17 @@ def test_cli_capacity(capsys):
     assert "YaRN limit" in capsys.readouterr().err
     assert main(["capacity", "--gpu", "nope"]) != 0
     assert main(["capacity", "--mem-fraction", "0"]) != 0
+    capsys.readouterr()
+    for argv, msg in ((["--tp", "3"], "tp=3 is not allowed: an integer that divides the 64 attention heads"),
+                      (["--tp", "1000"], "tp=1000 is not allowed"),
+                      (["--context", "1e6"], "context=1000000 is not allowed: an integer in [1, 262144] tokens"),
+                      (["--context", "abc"], "context='abc' is not allowed: an integer in [1, 262144] tokens")):
+        assert main(["capacity", *argv]) == 2
+        err = capsys.readouterr().err
+        assert msg in err, err
+        with pytest.raises(ValueError) as lib:  # the library says the same
+            cap.capacity(**{argv[0][2:]: parse_text(argv[1])})
+        assert str(lib.value) in err
     assert main(["capacity", "--json", "--gpu", "h200"]) == 0
     import json
     doc = json.loads(capsys.readouterr().out)

@@ -246,16 +246,22 @@ def test_moe_points_skip_peers_and_skewed(tmp_path):
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"gpu": "b301"}, "unknown GPU"),
-    ({"accept": 17}, "above the block"),
-    ({"accept": 0.5}, ">= 1"),
-    ({"budget": -1}, "budget"),
-    ({"block": 0}, "block"),
-    ({"overhead_ms": -1.0}, "overhead"),
-    ({"context": -5}, "context"),
-    ({"bandwidth_bytes_per_s": -1.0}, "bandwidth"),
-    ({"tree_builder": "fpga"}, "tree_builder"),
-    ({"tp": 3}, "divide"),
+    ({"gpu": "b301"}, "gpu='b301' is not allowed: one of"),
+    ({"accept": 17}, r"accept=17 is not allowed: a non-empty list of numbers in \[1, 16\]"),
+    ({"accept": 0.5}, r"accept=0.5 is not allowed"),
+    ({"accept": []}, r"accept=\[\] is not allowed: a non-empty list"),
+    ({"budget": -1}, r"budget=-1 is not allowed: an integer in \[1, 1024\]"),
+    ({"budget": 100_000, "tree_builder": "gpu"}, r"budget=100000 is not allowed: an integer in \[1, 1024\]"),
+    ({"block": 0}, r"block=0 is not allowed: an integer in \[2, "),
+    ({"overhead_ms": -1.0}, "overhead_ms=-1.0 is not allowed: a finite number >= 0"),
+    ({"overhead_ms": 1.0, "overhead_cut_ms": 1.0}, "overhead_cut_ms=1.0 is not allowed: None when overhead_ms"),
+    ({"context": -5}, r"context=-5 is not allowed: an integer in \[1, 262144\] tokens"),
+    ({"context": 100_000_000}, "context=100000000 is not allowed: .*YaRN limit"),
+    ({"bandwidth_bytes_per_s": -1.0}, "bandwidth_bytes_per_s=-1.0 is not allowed: a finite number > 0"),
+    ({"tree_builder": "fpga"}, "tree_builder='fpga' is not allowed: one of 'cpu', 'gpu'"),
+    ({"tp": 3}, "tp=3 is not allowed: an integer that divides the 64 attention heads"),
+    ({"tp": 1000}, "tp=1000 is not allowed"),
+    ({"anchor_budget": 0}, "anchor_budget=0 is not allowed"),
 ])
 def test_bad_inputs_are_clear_errors(calib, kw, match):
     args = {"gpu": "b300", "block": 16, "budget": 32, "accept": 12, "calibration": calib, **kw}

@@ -51,7 +51,7 @@ def test_explorer_runs_headless_and_reports_bad_input():
     message = box.children[2]
     assert set(sliders) == {"accepted", "block", "budget", "TB/s", "overhead ms"}
     sliders["accepted"].value = 20          # above the block: an error message, no exception, no clipping
-    assert "above the block" in message.value
+    assert "accept=(20.0,) is not allowed: a non-empty list of numbers in [1, 16]" in message.value
     assert sliders["accepted"].value == 20
     sliders["accepted"].value = 12
     assert message.value == ""

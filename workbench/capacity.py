@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
-import math
+from pathlib import Path
 from typing import Any
 
 from workbench.config import KV_DTYPE_BYTES, ModelConfig, load_config
 from workbench.hardware import get_gpu
+from workbench.validation import check_choice, check_float, parse_text
 
 BF16 = 2
 GIB = 2**30
+ATTENTION_MODES = ("tp", "dp")
 
 
 @dataclasses.dataclass
@@ -59,10 +62,8 @@ def weight_bytes_per_gpu(cfg: ModelConfig, tp: int = 1, attention: str = "tp") -
     ``attention`` is ``"tp"`` (heads sharded) or ``"dp"`` (data-parallel
     attention: the attention block replicated on every rank).
     """
-    if tp < 1:
-        raise ValueError(f"tp must be >= 1, got {tp}")
-    if attention not in ("tp", "dp"):
-        raise ValueError(f"attention must be 'tp' or 'dp', got {attention!r}")
+    cfg.check_tp(tp)
+    check_choice("attention", attention, ATTENTION_MODES)
     h, H, L = cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
     q_in = cfg.q_lora_rank if cfg.q_lora_rank else h
     replicated_attn = h * cfg.kv_row_width + cfg.kv_lora_rank  # kv_a_proj_with_mqa + kv_a_layernorm
@@ -85,6 +86,24 @@ def weight_bytes_per_gpu(cfg: ModelConfig, tp: int = 1, attention: str = "tp") -
     return WeightBreakdown(embedding_and_head=embed_b, attention=attention_b, dense_mlp=dense_b,
                            shared_experts=shared_b, routed_experts=routed_b,
                            router_and_norms=router_b + norms_b)
+
+
+def check_inputs(model: str | Path | ModelConfig, tp: Any, mem_fraction: Any, context: Any, kv_dtype: Any,
+                 reserved_gib: Any, gpu: Any = None, attention: Any = None) -> ModelConfig:
+    """The rules :func:`capacity` applies to its inputs (``gpu`` / ``attention`` None: not given,
+    not checked); returns the model config. ``workbench run`` checks notebook 05's parameters
+    with it before the notebook runs, so the CLI, the library and the notebook say the same."""
+    cfg = model if isinstance(model, ModelConfig) else load_config(model)
+    cfg.check_tp(tp)
+    cfg.check_context(context)
+    check_float("mem_fraction", mem_fraction, lo=0, hi=1, lo_open=True)
+    check_choice("kv_dtype", kv_dtype, KV_DTYPE_BYTES)
+    check_float("reserved_gib", reserved_gib, lo=0)
+    if gpu is not None:
+        get_gpu(gpu)
+    if attention is not None:
+        check_choice("attention", attention, ATTENTION_MODES)
+    return cfg
 
 
 @dataclasses.dataclass
@@ -145,22 +164,12 @@ class CapacityAnswer:
 def capacity(model: str | ModelConfig = "kimi-k2.6", gpu: str = "rtx-pro-6000", tp: int = 8,
              mem_fraction: float = 0.85, context: int = 200_000, kv_dtype: str = "bf16",
              reserved_gib: float = 2.0, attention: str = "tp") -> CapacityAnswer:
-    """Does ``context`` fit for one request, and how many such requests fit at once."""
-    cfg = load_config(model) if isinstance(model, str) else model
+    """Does ``context`` fit for one request, and how many such requests fit at once.
+
+    Raises :class:`~workbench.validation.InvalidParameter` (a ValueError) on an input outside
+    :func:`check_inputs`'s rules."""
+    cfg = check_inputs(model, tp, mem_fraction, context, kv_dtype, reserved_gib, gpu, attention)
     g = get_gpu(gpu)
-    if not (0 < mem_fraction <= 1) or math.isnan(mem_fraction):
-        raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
-    if context < 1:
-        raise ValueError(f"context must be >= 1 token, got {context}")
-    if reserved_gib < 0:
-        raise ValueError(f"reserved_gib must be >= 0, got {reserved_gib}")
-    if kv_dtype not in KV_DTYPE_BYTES:
-        raise ValueError(f"unknown kv dtype {kv_dtype!r}; allowed: {', '.join(KV_DTYPE_BYTES)}")
-    if context > cfg.yarn_limit:
-        raise ValueError(f"context {context:,} exceeds the model's YaRN limit of {cfg.yarn_limit:,} tokens "
-                         f"(factor {cfg.rope_scaling.factor:g} x original "
-                         f"{cfg.rope_scaling.original_max_position_embeddings}, capped by "
-                         f"max_position_embeddings {cfg.max_position_embeddings:,}); allowed: 1..{cfg.yarn_limit:,}")
     weights = weight_bytes_per_gpu(cfg, tp, attention)
     reserved = reserved_gib * GIB
     kv_tok = cfg.kv_bytes_per_token(kv_dtype)
@@ -217,16 +226,20 @@ def context_curve(contexts: list[int], gpus: list[str], **kw: Any) -> dict[str, 
 
 # ---- CLI --------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
+    d = {k: v.default for k, v in inspect.signature(capacity).parameters.items()}  # defaults: capacity()'s
     p = sub.add_parser("capacity", help="does a context fit? KV pool, weights and concurrency per GPU",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="kimi-k2.6", help="shipped model name or checkpoint dir / config.json")
-    p.add_argument("--gpu", default="rtx-pro-6000", help="GPU id from data/hardware.json")
-    p.add_argument("--tp", type=int, default=8, help="tensor-parallel ranks (GPUs)")
-    p.add_argument("--mem-fraction", type=float, default=0.85, help="fraction of GPU memory for weights + KV, in (0, 1]")
-    p.add_argument("--context", type=int, default=200_000, help="tokens per request")
-    p.add_argument("--kv-dtype", default="bf16", choices=sorted(KV_DTYPE_BYTES))
-    p.add_argument("--reserved-gib", type=float, default=2.0, help="activations/workspace reserve per GPU (GiB)")
-    p.add_argument("--attention", default="tp", choices=["tp", "dp"], help="tensor- or data-parallel attention")
+    p.add_argument("--model", default=d["model"], help="shipped model name or checkpoint dir / config.json")
+    p.add_argument("--gpu", default=d["gpu"], help="GPU id from data/hardware.json")
+    p.add_argument("--tp", type=parse_text, default=d["tp"], help="tensor-parallel ranks (GPUs): divides the attention heads")
+    p.add_argument("--mem-fraction", type=parse_text, default=d["mem_fraction"],
+                   help="fraction of GPU memory for weights + KV, in (0, 1]")
+    p.add_argument("--context", type=parse_text, default=d["context"],
+                   help="tokens per request, 1 .. the model's YaRN limit")
+    p.add_argument("--kv-dtype", default=d["kv_dtype"], help="one of " + ", ".join(KV_DTYPE_BYTES))
+    p.add_argument("--reserved-gib", type=parse_text, default=d["reserved_gib"],
+                   help="activations/workspace reserve per GPU (GiB), >= 0")
+    p.add_argument("--attention", default=d["attention"], help="tensor- (tp) or data-parallel (dp) attention")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_cli)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import DATA_DIR
+from workbench.validation import InvalidParameter, check_choice, check_divisor, check_int
 
 MODELS_DIR = DATA_DIR / "models"
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
@@ -94,8 +95,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
         """(kv_lora_rank + qk_rope_head_dim) x layers x bytes per element."""
-        if kv_dtype not in KV_DTYPE_BYTES:
-            raise ValueError(f"unknown kv dtype {kv_dtype!r}; allowed: {', '.join(KV_DTYPE_BYTES)}")
+        check_choice("kv_dtype", kv_dtype, KV_DTYPE_BYTES)
         return self.kv_row_width * self.num_hidden_layers * KV_DTYPE_BYTES[kv_dtype]
 
     @property
@@ -105,6 +105,25 @@ class ModelConfig:
         if rs.type == "yarn" and rs.original_max_position_embeddings:
             return min(int(rs.factor * rs.original_max_position_embeddings), self.max_position_embeddings)
         return self.max_position_embeddings
+
+    def check_context(self, context: object, name: str = "context") -> int:
+        """``context`` as a number of tokens this model can attend over: an integer in
+        [1, yarn_limit]. The one rule every entry point applies (capacity, projection, notebooks)."""
+        rs = self.rope_scaling
+        why = (f"factor {rs.factor:g} x original {rs.original_max_position_embeddings:,}, capped by "
+               f"max_position_embeddings {self.max_position_embeddings:,}" if rs.type == "yarn" else
+               "max_position_embeddings")
+        try:
+            return check_int(name, context, lo=1, hi=self.yarn_limit)
+        except InvalidParameter as e:
+            raise InvalidParameter(name, context, f"{e.allowed} tokens ({self.name or self.model_type}'s "
+                                                  f"YaRN limit: {why})") from None
+
+    def check_tp(self, tp: object, name: str = "tp") -> int:
+        """Tensor-parallel ranks: an integer that divides the attention heads (so at most the heads).
+        The one rule every entry point applies (capacity, projection, notebooks)."""
+        return check_divisor(name, tp, self.num_attention_heads,
+                             f"the {self.num_attention_heads} attention heads of {self.name or self.model_type}")
 
     @property
     def mscale(self) -> float:

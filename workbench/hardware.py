@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from workbench import DATA_DIR
+from workbench.validation import check_choice
 
 HARDWARE_FILE = DATA_DIR / "hardware.json"
 
@@ -48,8 +49,7 @@ def gpu_ids() -> list[str]:
 def get_gpu(gpu_id: str) -> GPU:
     """The GPU called ``gpu_id`` (``rtx-pro-6000``, ``h100``, ``h200``, ``b200``, ``b300``)."""
     gpus = _load()
-    if gpu_id not in gpus:
-        raise ValueError(f"unknown GPU {gpu_id!r}; known: {', '.join(gpus)}")
+    check_choice("gpu", gpu_id, gpus)
     g = gpus[gpu_id]
     return GPU(id=gpu_id, name=g["name"], memory_bytes=int(g["memory_bytes"]),
                bandwidth_bytes_per_s=float(g["bandwidth_bytes_per_s"]),

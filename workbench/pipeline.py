@@ -3,14 +3,24 @@
 ``workbench run [SELECTOR...] [-p NAME VALUE]... [--out DIR] [--fail-fast]``
 executes ``notebooks/NN_*.ipynb`` in order in the current Python environment
 and writes, under ``runs/<UTC stamp>/`` (git-ignored): each executed notebook,
-its HTML export, and ``run.json`` (per notebook: parameters, status, seconds,
-and on failure the failing cell and the error).
+its HTML export (self-contained: plotly.js once per file, so it opens
+offline), and ``run.json`` (the git commit and whether the tree was dirty, the
+package versions, and per notebook: parameters, status, seconds, and on
+failure the failing cell and the error).
 
 Parameters: ``-p NAME VALUE`` applies to every selected notebook that declares
 ``NAME`` in its ``parameters`` cell; ``-p NN:NAME VALUE`` (or
 ``name:NAME``) to the matching notebooks only. Values are YAML-typed (int,
-float, bool, list, string). A name no selected notebook declares is an error
-that lists the notebooks' parameters.
+float, bool, list, string; ``1e6`` is the integer 1000000). A name no selected
+notebook declares is an error that lists the notebooks' parameters.
+
+Checked before any notebook runs: every parameter of every selected notebook
+(its default, the profile's value, the ``-p`` value) against its type and
+range in ``notebooks/parameters.yaml`` and the library's own input check for
+that notebook (:mod:`workbench.validation`); an error names the notebook, the
+parameter, the value and what is allowed, and nothing runs. A single value
+given for a list parameter counts as a one-element list (``-p accept 12`` is
+``[12]``); nothing is clipped.
 
 Profiles: on a machine with a CUDA GPU the ``gpu`` profile of
 ``notebooks/profiles.yaml`` supplies GPU-size parameters (``--profile cpu``
@@ -19,9 +29,12 @@ keeps the notebooks' CPU defaults); explicit ``-p`` values win.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import hashlib
 import datetime as _dt
+import importlib.metadata
+import inspect
 import json
 import os
 import sys
@@ -34,9 +47,16 @@ from typing import Any
 import yaml
 
 from workbench import NOTEBOOK_DIR, REPO_ROOT
+from workbench.validation import InvalidParameter, ParamSpec, parse_text, resolve_ref
 
 RUNS_DIR = REPO_ROOT / "runs"
 PROFILES_FILE = NOTEBOOK_DIR / "profiles.yaml"
+SCHEMA_NAME = "parameters.yaml"  # beside the notebooks: the type and range of every parameter
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+# the kernel shows figures as plotly's mimetype (JupyterLab and VS Code draw it); the HTML export adds plotly.js once
+PLOTLY_RENDERER = "plotly_mimetype"
+VERSIONED = ("torch", "numpy", "plotly", "papermill", "nbconvert", "nbformat", "ipykernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +86,76 @@ class Notebook:
         return {k: {"default": v["default"], "type": v["inferred_type_name"], "help": v.get("help", "")}
                 for k, v in params.items()}
 
+    def defaults(self, declared: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The ``parameters`` cell's defaults as values (each must be a Python literal)."""
+        out = {}
+        for k, v in (declared if declared is not None else self.parameters()).items():
+            try:
+                out[k] = ast.literal_eval(v["default"])
+            except (ValueError, SyntaxError):
+                raise ValueError(f"{self.name}: the default of {k} ({v['default']}) is not a Python literal; "
+                                 f"write it as one so it can be checked against {SCHEMA_NAME}") from None
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class NotebookSchema:
+    """A notebook's entry in notebooks/parameters.yaml: one :class:`ParamSpec` per parameter and
+    the library's input check (``module:function``, called with the parameters it names)."""
+
+    parameters: dict[str, ParamSpec]
+    check: str | None = None
+
+    def check_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` (every parameter of the notebook) checked and typed; raises InvalidParameter
+        (the first bad one) or ValueError for a parameter the schema lacks."""
+        missing = sorted(set(values) - set(self.parameters))
+        if missing:
+            raise ValueError(f"parameter(s) {', '.join(missing)} have no entry in notebooks/{SCHEMA_NAME}: "
+                             f"give each a type and range there")
+        typed = {}
+        for k, v in values.items():
+            try:
+                typed[k] = self.parameters[k].check(k, v, values)
+            except InvalidParameter as e:  # the library's own message where its check covers k (it says more)
+                raise self._library_message(e, values) from None
+        self._call_check(typed)
+        return typed
+
+    def _call_check(self, values: dict[str, Any]) -> None:
+        if self.check:
+            fn = resolve_ref(self.check)
+            names = inspect.signature(fn).parameters
+            fn(**{k: v for k, v in values.items() if k in names})
+
+    def _library_message(self, e: InvalidParameter, values: dict[str, Any]) -> InvalidParameter:
+        try:
+            self._call_check(values)
+        except InvalidParameter as lib:
+            if lib.name == e.name:
+                return lib
+        except (ValueError, TypeError):
+            pass
+        return e
+
+
+def load_schema(folder: Path = NOTEBOOK_DIR) -> dict[str, NotebookSchema]:
+    """notebooks/parameters.yaml: notebook selector -> :class:`NotebookSchema`."""
+    path = Path(folder) / SCHEMA_NAME
+    if not path.exists():
+        raise ValueError(f"{path} is missing: every notebook parameter needs a type and range there")
+    raw = yaml.safe_load(path.read_text()) or {}
+    return {str(sel): NotebookSchema({k: ParamSpec.from_dict(v) for k, v in (entry.get("parameters") or {}).items()},
+                                     entry.get("check")) for sel, entry in raw.items()}
+
+
+def schema_of(nb: Notebook, schema: dict[str, NotebookSchema]) -> NotebookSchema:
+    hits = [s for sel, s in schema.items() if nb.matches(sel)]
+    if len(hits) != 1:
+        raise ValueError(f"{nb.name}: {'no' if not hits else 'more than one'} entry in notebooks/{SCHEMA_NAME} "
+                         f"(keys: {', '.join(schema)})")
+    return hits[0]
+
 
 def discover(folder: Path = NOTEBOOK_DIR) -> list[Notebook]:
     """The numbered notebooks ``NN_*.ipynb`` in ``folder``, in order."""
@@ -84,14 +174,6 @@ def select(notebooks: list[Notebook], selectors: list[str]) -> list[Notebook]:
     return chosen
 
 
-def parse_value(text: str) -> Any:
-    """YAML typing: ``3`` -> int, ``0.5`` -> float, ``true`` -> bool, ``[1, 2]`` -> list, else str."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
 def load_profile(name: str) -> dict[str, dict[str, Any]]:
     """Per-notebook parameters of profile ``name`` from notebooks/profiles.yaml ({} if absent)."""
     if name == "cpu" or not PROFILES_FILE.exists():
@@ -103,10 +185,15 @@ def load_profile(name: str) -> dict[str, dict[str, Any]]:
 
 
 def resolve_parameters(notebooks: list[Notebook], overrides: list[tuple[str, str]],
-                       profile: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """Map notebook name -> parameters to inject; raises ValueError for unknown names."""
+                       profile: dict[str, dict[str, Any]] | None = None,
+                       schema: dict[str, NotebookSchema] | None = None) -> dict[str, dict[str, Any]]:
+    """Map notebook name -> parameters to inject, checked (see :func:`check_parameters`).
+
+    Raises ValueError for unknown names and for values outside notebooks/parameters.yaml or
+    the library's checks, before anything runs."""
     declared = {nb.name: nb.parameters() for nb in notebooks}
     out: dict[str, dict[str, Any]] = {nb.name: {} for nb in notebooks}
+    origin: dict[str, dict[str, str]] = {nb.name: {} for nb in notebooks}
     for nb in notebooks:  # profile values; a name the notebook does not declare is an error
         for sel, values in (profile or {}).items():
             if nb.matches(str(sel)):
@@ -115,8 +202,9 @@ def resolve_parameters(notebooks: list[Notebook], overrides: list[tuple[str, str
                     raise ValueError(f"profile sets unknown parameter(s) {', '.join(unknown)} for {nb.name}; "
                                      f"its parameters are: {', '.join(declared[nb.name])}")
                 out[nb.name].update(values)
+                origin[nb.name].update(dict.fromkeys(values, "the profile"))
     for key, raw in overrides:
-        value = parse_value(raw)
+        value = parse_text(raw)
         scope, _, name = key.rpartition(":")
         targets = [nb for nb in notebooks if not scope or nb.matches(scope)]
         hit = [nb for nb in targets if name in declared[nb.name]]
@@ -126,7 +214,33 @@ def resolve_parameters(notebooks: list[Notebook], overrides: list[tuple[str, str
             raise ValueError(f"unknown parameter {key!r}; parameters are: {listing}")
         for nb in hit:
             out[nb.name][name] = value
-    return out
+            origin[nb.name][name] = f"-p {key}"
+    return check_parameters(notebooks, out, origin, declared, schema)
+
+
+def check_parameters(notebooks: list[Notebook], injected: dict[str, dict[str, Any]],
+                     origin: dict[str, dict[str, str]], declared: dict[str, dict[str, dict[str, Any]]],
+                     schema: dict[str, NotebookSchema] | None = None) -> dict[str, dict[str, Any]]:
+    """Every parameter of every notebook (default, profile or ``-p`` value) against its
+    :class:`ParamSpec` and the notebook's library check. Returns the injected values, typed
+    (a single value for a list parameter becomes a one-element list). Raises ValueError listing
+    every notebook's first bad parameter, with where its value came from."""
+    errors, typed_out = [], {}
+    for nb in notebooks:
+        sch = schema_of(nb, schema if schema is not None else load_schema(nb.path.parent))
+        values = {**nb.defaults(declared[nb.name]), **injected[nb.name]}
+        try:
+            typed = sch.check_values(values)
+        except InvalidParameter as e:
+            errors.append(f"{nb.name}: {e} (value from {origin[nb.name].get(e.name, 'the notebook default')})")
+            continue
+        except ValueError as e:
+            errors.append(f"{nb.name}: {e}")
+            continue
+        typed_out[nb.name] = {k: typed[k] for k in injected[nb.name]}
+    if errors:
+        raise ValueError("parameters not allowed; no notebook ran:\n  " + "\n  ".join(errors))
+    return typed_out
 
 
 def _kernel_name() -> str:
@@ -147,14 +261,62 @@ def _kernel_name() -> str:
     return name
 
 
-def _export_html(nb_path: Path) -> Path | None:
+def _export_html(nb_path: Path) -> Path:
+    """The executed notebook as one self-contained HTML file: each plotly figure drawn from its
+    mimetype output, plotly.js embedded once (with the first figure), so the file opens offline.
+    A widget (it needs a running kernel) shows as a note; the widgets' saved state, which
+    carries another copy of plotly.js, is left out."""
     import nbformat
+    import plotly.io as pio
     from nbconvert import HTMLExporter
 
-    html, _ = HTMLExporter().from_notebook_node(nbformat.read(nb_path, as_version=4))
-    out = nb_path.with_suffix(".html")
-    out.write_text(html)
+    nb = nbformat.read(nb_path, as_version=4)
+    first = True
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if PLOTLY_MIME in data:
+                fig = data.pop(PLOTLY_MIME)
+                data["text/html"] = pio.to_html({k: fig[k] for k in ("data", "layout", "frames") if k in fig},
+                                                config=fig.get("config"), include_plotlyjs=first,
+                                                include_mathjax=False, full_html=False, validate=False,
+                                                default_height=525)
+                first = False
+            elif WIDGET_MIME in data:
+                out["data"] = {"text/html": "<p><em>An interactive widget: open the executed .ipynb in Jupyter "
+                                            "with a running kernel to use it.</em></p>"}
+    nb.metadata.pop("widgets", None)
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    path = nb_path.with_suffix(".html")
+    path.write_text(html)
+    return path
+
+
+def _versions() -> dict[str, str | None]:
+    """Python and the packages the notebooks and their reports run on (cupy if installed)."""
+    import platform
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    cupy = sorted(d.metadata["Name"] for d in importlib.metadata.distributions()
+                  if (d.metadata["Name"] or "").lower().startswith("cupy"))
+    for name in cupy:
+        out[name] = importlib.metadata.version(name)
     return out
+
+
+def _git() -> dict[str, Any]:
+    """The commit the run came from and whether tracked files differed from it."""
+    from workbench.measure import git_commit
+
+    commit = git_commit()
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.removesuffix("-dirty"), "dirty": commit.endswith("-dirty")}
 
 
 def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str, str]] | None = None,
@@ -176,9 +338,9 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
     out = Path(out_dir) if out_dir else RUNS_DIR / stamp
     out.mkdir(parents=True, exist_ok=True)
     kernel = _kernel_name()
-    # executed notebooks and their HTML carry plotly.js, so figures show offline
-    os.environ.setdefault("PLOTLY_RENDERER", "plotly_mimetype+notebook")
+    os.environ["PLOTLY_RENDERER"] = PLOTLY_RENDERER  # the kernels inherit it
     record: dict[str, Any] = {"started_utc": stamp, "profile": profile, "python": sys.executable,
+                              "git": _git(), "versions": _versions(), "plotly_renderer": PLOTLY_RENDERER,
                               "out_dir": str(out), "notebooks": []}
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
     for nb in bar:
@@ -244,9 +406,13 @@ def _cli_run(args: argparse.Namespace) -> int:
 
 
 def _cli_list(args: argparse.Namespace) -> int:
+    schema = load_schema(Path(args.notebooks))
     for nb in discover(Path(args.notebooks)):
-        print(nb.name)
+        sch = schema_of(nb, schema)
+        print(nb.name + (f"  (also checked by {sch.check})" if sch.check else ""))
         for k, v in nb.parameters().items():
-            typ = f"  ({v['type']})" if v["type"] and v["type"] != "None" else ""
-            print(f"    {k} = {v['default']}{typ}" + (f"  # {v['help']}" if v["help"] else ""))
+            spec = sch.parameters.get(k)
+            rule = f"  ({spec.describe()})" if spec else f"  (no entry in {SCHEMA_NAME})"
+            text = (spec.help if spec else "") or v["help"]
+            print(f"    {k} = {v['default']}{rule}" + (f"  # {text}" if text else ""))
     return 0

@@ -14,6 +14,10 @@ import argparse
 import json
 import sys
 
+from workbench.decode import MAX_BUDGET
+from workbench.projection.model import TREE_BUILDERS, StepShape
+from workbench.validation import check_float, parse_text
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -22,24 +26,28 @@ def register(subparsers) -> None:
                     "measurements where present and on the source's anchors (data/anchors/). Prints tokens/s "
                     "low / central / high and the step breakdown.")
     p.add_argument("--gpu", required=True, help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
-    p.add_argument("--block", type=int, required=True, help="drafter block size (bonus token + drafted positions)")
-    p.add_argument("--budget", type=int, required=True, help="tree budget: non-root nodes (verify width budget+1)")
-    p.add_argument("--accept", type=float, nargs="+", required=True,
+    p.add_argument("--block", type=parse_text, required=True, help="drafter block size (bonus token + drafted positions)")
+    p.add_argument("--budget", type=parse_text, required=True,
+                   help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
+    p.add_argument("--accept", type=parse_text, nargs="+", required=True,
                    help="accepted length(s) per step, root included (1 <= a <= block)")
-    p.add_argument("--overhead-ms", type=float, default=None,
+    p.add_argument("--overhead-ms", type=parse_text, default=None,
                    help="fix the host overhead per step (default: calibrated on the source's B300 anchor)")
-    p.add_argument("--overhead-cut-ms", type=float, default=None,
+    p.add_argument("--overhead-cut-ms", type=parse_text, default=None,
                    help="subtract this much from the calibrated host overhead")
     p.add_argument("--calibration", nargs="+", default=None, metavar="FILE",
                    help="measurement files (moe_bandwidth / ddtree_kernels / engine_step JSON) that replace the "
                         "committed data/measurements/h200 ones")
     p.add_argument("--anchors-only", action="store_true",
                    help="ignore data/measurements; calibrate on the source's anchors only")
-    p.add_argument("--context", type=int, default=1024, help="context length in tokens (default 1024)")
-    p.add_argument("--tp", type=int, default=8, help="tensor-parallel GPUs (default 8)")
-    p.add_argument("--tree-builder", choices=("cpu", "gpu"), default="cpu",
-                   help="where the draft tree is built (default cpu, as in SGLang)")
-    p.add_argument("--bandwidth-tbs", type=float, default=None,
+    p.add_argument("--context", type=parse_text, default=StepShape.context,
+                   help=f"context length in tokens, 1 .. the model's YaRN limit (default {StepShape.context})")
+    p.add_argument("--tp", type=parse_text, default=StepShape.tp,
+                   help=f"tensor-parallel GPUs, dividing the attention heads (default {StepShape.tp})")
+    p.add_argument("--tree-builder", default=StepShape.tree_builder,
+                   help=f"where the draft tree is built: {' or '.join(TREE_BUILDERS)} "
+                        f"(default {StepShape.tree_builder}, as in SGLang)")
+    p.add_argument("--bandwidth-tbs", type=parse_text, default=None,
                    help="what-if datasheet memory bandwidth of the GPU in TB/s")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.set_defaults(func=run)
@@ -48,23 +56,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from workbench.projection.project import project
 
-    for name in ("block", "budget", "tp"):
-        v = getattr(args, name)
-        if v < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-    if args.context < 0:
-        raise ValueError(f"--context must be >= 0 tokens, got {args.context}")
-    if args.overhead_ms is not None and args.overhead_ms < 0:
-        raise ValueError(f"--overhead-ms must be >= 0, got {args.overhead_ms:g}")
-    if args.overhead_cut_ms is not None and args.overhead_cut_ms < 0:
-        raise ValueError(f"--overhead-cut-ms must be >= 0, got {args.overhead_cut_ms:g}")
-    if args.bandwidth_tbs is not None and args.bandwidth_tbs <= 0:
-        raise ValueError(f"--bandwidth-tbs must be > 0, got {args.bandwidth_tbs:g}")
+    bandwidth = None
+    if args.bandwidth_tbs is not None:
+        bandwidth = check_float("bandwidth_tbs", args.bandwidth_tbs, lo=0, lo_open=True) * 1e12
     try:
-        res = project(args.gpu, args.block, args.budget, tuple(args.accept), overhead_ms=args.overhead_ms,
+        res = project(args.gpu, args.block, args.budget, list(args.accept), overhead_ms=args.overhead_ms,
                       overhead_cut_ms=args.overhead_cut_ms, context=args.context, tp=args.tp,
                       tree_builder=args.tree_builder,
-                      bandwidth_bytes_per_s=None if args.bandwidth_tbs is None else args.bandwidth_tbs * 1e12,
+                      bandwidth_bytes_per_s=bandwidth,
                       calibration=args.calibration, use_measurements=not args.anchors_only)
     except (KeyError, TypeError) as e:  # a malformed calibration file
         raise ValueError(f"could not read the calibration: {type(e).__name__}: {e}") from None

@@ -22,10 +22,13 @@ from typing import Any, Mapping
 
 from workbench import DATA_DIR
 from workbench.config import ModelConfig, load_config
+from workbench.decode import DecodeConfig
 from workbench.hardware import get_gpu, gpu_ids
+from workbench.validation import check_choice
 
 ANCHORS_DIR = DATA_DIR / "anchors"
 BF16 = 2
+TREE_BUILDERS = ("cpu", "gpu")
 
 
 # ---------------------------------------------------------------------------
@@ -287,17 +290,13 @@ class StepShape:
     tree_builder: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("block", "budget", "tp"):
-            v = getattr(self, name)
-            if not isinstance(v, (int,)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if self.block < 2:
-            raise ValueError(f"block must be >= 2 (the bonus token plus at least one drafted "
-                             f"position), got {self.block}")
-        if not isinstance(self.context, int) or self.context < 0:
-            raise ValueError(f"context must be an integer >= 0 tokens, got {self.context!r}")
-        if self.tree_builder not in ("cpu", "gpu"):
-            raise ValueError(f"tree_builder must be 'cpu' or 'gpu', got {self.tree_builder!r}")
+        # the rules every entry point shares: block and budget as DecodeConfig bounds them (the GPU tree
+        # builder's limits), tp and context as the model allows (ModelConfig.check_tp / check_context)
+        DecodeConfig(block=self.block, budget=self.budget)
+        cfg = default_model()
+        cfg.check_tp(self.tp)
+        cfg.check_context(self.context)
+        check_choice("tree_builder", self.tree_builder, TREE_BUILDERS)
 
     @property
     def m(self) -> int:

@@ -19,14 +19,15 @@ source's "12.5 ms -> 8 ms" read as a 4.5 ms cut).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from workbench.decode import DEFAULT, MAX_BUDGET
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.model import (
     TERM_NAMES, TERMS, GpuSpec, Range, StepShape, default_model, load_anchors, load_assumptions,
     load_gpu, step_terms, tokens_per_s,
 )
+from workbench.validation import InvalidParameter, check_float, check_int, check_list
 
 ANCHOR_GPU = "b300"
 
@@ -168,26 +169,39 @@ class Projection:
         return "\n".join(lines)
 
 
-def _check_accept(accept: Sequence[float], shape: StepShape) -> tuple[float, ...]:
-    if isinstance(accept, (int, float)):
-        accept = (accept,)
-    acc = tuple(float(a) for a in accept)
-    if not acc:
-        raise ValueError("give at least one accepted length")
-    for a in acc:
-        if not math.isfinite(a) or a < 1:
-            raise ValueError(f"accepted length must be >= 1 (it counts the root/bonus token), got {a:g}")
-        if a > shape.block:
-            raise ValueError(f"accepted length {a:g} is above the block {shape.block}: at most block tokens "
-                             f"(the bonus token plus block-1 drafted positions) can be accepted per step")
-        if a > shape.m:
-            raise ValueError(f"accepted length {a:g} is above the tree size budget+1 = {shape.m}")
-    return acc
+def check_inputs(gpu: Any, block: Any, budget: Any, accept: Any, overhead_ms: Any = None,
+                 context: Any = StepShape.context, tp: Any = StepShape.tp, tree_builder: Any = StepShape.tree_builder,
+                 overhead_cut_ms: Any = None, bandwidth_bytes_per_s: Any = None
+                 ) -> tuple[GpuSpec, StepShape, tuple[float, ...]]:
+    """The rules :func:`project` applies to its inputs: the GPU, the step's shape (:class:`StepShape`:
+    block and budget within the tree builder's limits, tp dividing the heads, context within YaRN),
+    the accepted lengths (1 .. min(block, budget + 1); a single number is a one-element list) and
+    the overheads (>= 0 ms, one or the other). Returns the GPU, the shape and the accepted lengths.
+    ``workbench run`` checks notebook 04's parameters with it before the notebook runs."""
+    target = load_gpu(gpu)
+    if bandwidth_bytes_per_s is not None:
+        target = target.with_bandwidth(check_float("bandwidth_bytes_per_s", bandwidth_bytes_per_s, lo=0,
+                                                   lo_open=True))
+    shape = StepShape(block=block, budget=budget, context=context, tp=tp, tree_builder=tree_builder)
+    hi = min(shape.block, shape.m)
+    acc = check_list("accept", accept, lambda n, v: check_float(n, v, lo=1, hi=hi),
+                     f"numbers in [1, {hi}] (the accepted length counts the root; at most block = {shape.block} "
+                     f"and the tree's budget + 1 = {shape.m} nodes)")
+    if overhead_ms is not None:
+        check_float("overhead_ms", overhead_ms, lo=0)
+    if overhead_cut_ms is not None:
+        check_float("overhead_cut_ms", overhead_cut_ms, lo=0)
+        if overhead_ms is not None:
+            raise InvalidParameter("overhead_cut_ms", overhead_cut_ms,
+                                   "None when overhead_ms is given (fix the overhead or cut the calibrated one)")
+    return target, shape, tuple(acc)
 
 
-def project(gpu: str = "b300", block: int = 16, budget: int = 32, accept: Sequence[float] | float = (12, 16), *,
-            overhead_ms: float | None = None, overhead_cut_ms: float | None = None, context: int = 1024,
-            tp: int = 8, tree_builder: str = "cpu", bandwidth_bytes_per_s: float | None = None,
+def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT.budget,
+            accept: Sequence[float] | float = (12, 16), *,
+            overhead_ms: float | None = None, overhead_cut_ms: float | None = None, context: int = StepShape.context,
+            tp: int = StepShape.tp, tree_builder: str = StepShape.tree_builder,
+            bandwidth_bytes_per_s: float | None = None,
             calibration: Calibration | Iterable[Any] | None = None, use_measurements: bool = True,
             anchor_budget: int | None = None) -> Projection:
     """Project tokens/s at concurrency 1 on ``gpu`` (an id of data/hardware.json).
@@ -200,29 +214,18 @@ def project(gpu: str = "b300", block: int = 16, budget: int = 32, accept: Sequen
     file's, 8; the source does not state it); a structural what-if, not part of the ranges.
     ``calibration``: a :class:`Calibration` or measurement files to load; ``use_measurements``:
     read the committed data/measurements/h200 files (False = the source's anchors only).
-    Raises ValueError on an unknown GPU, negative or non-integer sizes, an accepted length above
-    the block, or a negative overhead.
+    Raises :class:`~workbench.validation.InvalidParameter` (a ValueError) on an input outside
+    :func:`check_inputs`'s rules.
     """
-    target = load_gpu(gpu)
-    if bandwidth_bytes_per_s is not None:
-        target = target.with_bandwidth(bandwidth_bytes_per_s)
-    if not isinstance(context, int) or isinstance(context, bool) or context < 0:
-        raise ValueError(f"context must be an integer >= 0 tokens, got {context!r}")
-    shape = StepShape(block=block, budget=budget, context=context, tp=tp, tree_builder=tree_builder)
-    acc = _check_accept(accept, shape)
-    if overhead_ms is not None and overhead_cut_ms is not None:
-        raise ValueError("give overhead_ms or overhead_cut_ms, not both")
-    if overhead_ms is not None and not (math.isfinite(overhead_ms) and overhead_ms >= 0):
-        raise ValueError(f"overhead must be >= 0 ms, got {overhead_ms}")
-    if overhead_cut_ms is not None and not (math.isfinite(overhead_cut_ms) and overhead_cut_ms >= 0):
-        raise ValueError(f"overhead cut must be >= 0 ms, got {overhead_cut_ms}")
+    target, shape, acc = check_inputs(gpu, block, budget, accept, overhead_ms, context, tp, tree_builder,
+                                      overhead_cut_ms, bandwidth_bytes_per_s)
+    if anchor_budget is not None:
+        check_int("anchor_budget", anchor_budget, lo=1, hi=MAX_BUDGET)
     if isinstance(calibration, Calibration):
         calib = calibration
     else:
         calib = load_calibration(calibration, use_measurements=use_measurements, tp=tp)
     cfg = default_model()
-    if cfg.num_attention_heads % tp:
-        raise ValueError(f"tp={tp} must divide the {cfg.num_attention_heads} attention heads")
 
     anchor_gpu = load_gpu(ANCHOR_GPU)
     calibrated = overhead_ms is None
@@ -242,9 +245,6 @@ def project(gpu: str = "b300", block: int = 16, budget: int = 32, accept: Sequen
             oh = anchor_oh = float(overhead_ms)
         return step_terms(shape, target, params, calib, cfg, overhead_ms=oh), anchor_oh
 
-    if anchor_budget is not None:
-        if not isinstance(anchor_budget, int) or anchor_budget < 1:
-            raise ValueError(f"anchor_budget must be an integer >= 1, got {anchor_budget!r}")
     fixed = {} if anchor_budget is None else {"anchor_budget": anchor_budget}
 
     central = {**{k: r.central for k, r in ranges.items()}, **fixed}

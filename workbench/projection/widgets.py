@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.figures import TERM_COLORS
-from workbench.projection.model import TERM_NAMES, load_gpu
+from workbench.decode import MAX_BUDGET, MAX_L
+from workbench.projection.model import TERM_NAMES, StepShape, load_gpu
 from workbench.projection.project import project
 
 
@@ -27,7 +28,7 @@ def _figure_widget(fig: go.Figure) -> Any:
 
 
 def explorer_state(gpu: str, block: int, budget: int, accept: float, bandwidth_tbs: float, overhead_ms: float,
-                   calibration: Calibration, context: int = 1024) -> dict[str, Any]:
+                   calibration: Calibration, context: int = StepShape.context) -> dict[str, Any]:
     """What the explorer draws for one slider setting: baseline (datasheet bandwidth, calibrated
     overhead) and what-if breakdowns, with tokens/s. Raises ValueError on invalid inputs."""
     base = project(gpu, block, budget, (accept,), calibration=calibration, context=context)
@@ -60,7 +61,7 @@ def _empty_figure() -> go.Figure:
 
 def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, accept: float = 12.0,
                         calibration: Calibration | None = None, use_measurements: bool = True,
-                        context: int = 1024) -> Any:
+                        context: int = StepShape.context) -> Any:
     """Sliders (accepted length, block, budget, bandwidth, overhead) updating a stacked bar of the
     step breakdown, baseline beside what-if. Returns an ipywidgets.VBox."""
     import ipywidgets as w
@@ -71,8 +72,8 @@ def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, ac
     oh0 = base.breakdown["central"]["overhead"]
     sliders = {
         "accept": w.FloatSlider(value=accept, min=1, max=32, step=0.5, description="accepted"),
-        "block": w.IntSlider(value=block, min=2, max=32, description="block"),
-        "budget": w.IntSlider(value=budget, min=1, max=1024, description="budget"),
+        "block": w.IntSlider(value=block, min=2, max=MAX_L + 1, description="block"),
+        "budget": w.IntSlider(value=budget, min=1, max=MAX_BUDGET, description="budget"),
         "bandwidth_tbs": w.FloatSlider(value=round(spec.bandwidth_bytes_per_s / 1e12, 2), min=0.5, max=20,
                                        step=0.1, description="TB/s"),
         "overhead_ms": w.FloatSlider(value=round(oh0, 2), min=0, max=30, step=0.1, description="overhead ms"),
