@@ -32,7 +32,7 @@ from workbench.ddtree.verify import (D_KV, D_LATENT, dispatched_impl, random_ver
 from workbench.ddtree.verify_peers import PEERS
 from workbench.sanitizer import read_logs, stated_count, summary_lines
 
-__all__ = ["random_grid", "check_tree_kernels", "benchmark_tree_kernels", "benchmark_round", "verify_floor",
+__all__ = ["random_grid", "check_tree_kernels", "timing_rows", "benchmark_tree_kernels", "benchmark_round", "verify_floor",
            "check_verify", "benchmark_verify", "sanitize_driver", "read_sanitizer_logs", "main"]
 
 # Output-vs-float64 bound of the verify check, ||out - ref|| / ||ref|| and max |lse - ref| (tests use
@@ -65,13 +65,16 @@ def _methods(n_nonroot: int) -> list[str]:
     return (["small"] if n_nonroot <= SMALL_MAX_NODES else []) + ["heap"]
 
 
-def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 0) -> list[dict[str, Any]]:
+def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 0,
+                       device: str = "cuda") -> list[dict[str, Any]]:
     """Rows ``{kernel, shapes, cases, bit_exact, passed}``: at each (batch, L, K, budget) point every
-    applicable builder (poisoned outputs) against :func:`build_tree`, then visibility, accept and both
-    commits against the references. Integer outputs and the float32 scores must match bit for bit."""
+    applicable builder against :func:`build_tree`, then visibility, accept and both commits against the
+    references. Integer outputs and the float32 scores must match bit for bit. ``device="cpu"``: the
+    wrappers' CPU path (``build_trees[auto]`` only)."""
     import torch
 
     rng = np.random.default_rng(seed)
+    dev = torch.device(device)
     rows = []
     for B, L, K, budget in points:
         lp, ids = random_grid(rng, B, L, K, 4)
@@ -79,9 +82,9 @@ def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 
         refs = [build_tree(lp[b], ids[b], budget, root_token=int(roots[b])) for b in range(B)]
         n = refs[0].n
         shape = f"B={B} L={L} K={K} budget={budget} ties"
-        lpg, idg = torch.from_numpy(lp).cuda(), torch.from_numpy(ids).cuda()
-        for method in _methods(n - 1):
-            trees = build_trees(lpg, idg, budget, root_tokens=torch.from_numpy(roots).cuda(), method=method)
+        lpg, idg = torch.from_numpy(lp).to(dev), torch.from_numpy(ids).to(dev)
+        for method in _methods(n - 1) if dev.type == "cuda" else ["auto"]:
+            trees = build_trees(lpg, idg, budget, root_tokens=torch.from_numpy(roots).to(dev), method=method)
             got = {f: getattr(trees, f).cpu().numpy() for f in ("tokens", "parents", "depths", "ranks", "scores")}
             ok = all(np.array_equal(got[f][b], getattr(refs[b], f)) for b in range(B)
                      for f in ("tokens", "parents", "depths", "ranks"))
@@ -91,11 +94,11 @@ def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 
         ok = all(np.array_equal(vis[b], refs[b].visibility()) for b in range(B))
         rows.append(dict(kernel="tree_visibility", shapes=f"B={B} n={n}", cases=B, bit_exact=ok, passed=ok))
         small = rng.integers(0, 3, size=(B, L, K))  # a tiny vocabulary: long accepts, children sharing tokens
-        trees_s = build_trees(lpg, torch.from_numpy(small).cuda(), budget)
+        trees_s = build_trees(lpg, torch.from_numpy(small).to(dev), budget)
         am = rng.integers(0, 3, size=(B, n))
-        acc = accept_greedy_batched(trees_s, torch.from_numpy(am).cuda())
+        acc = accept_greedy_batched(trees_s, torch.from_numpy(am).to(dev))
         slots = rng.permutation(B * n * 2)[: B * n].reshape(B, n).astype(np.int64)
-        keep, freed, nfree = (t.cpu().numpy() for t in commit_scattered(torch.from_numpy(slots).cuda(), acc))
+        keep, freed, nfree = (t.cpu().numpy() for t in commit_scattered(torch.from_numpy(slots).to(dev), acc))
         nodes, lens, bonus = acc.nodes.cpu().numpy(), acc.lengths.cpu().numpy(), acc.bonus.cpu().numpy()
         acc_ok = com_ok = True
         for b in range(B):
@@ -109,9 +112,9 @@ def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 
                          passed=bool(acc_ok)))
         rows.append(dict(kernel="commit_scattered", shapes=f"B={B} n={n}", cases=B, bit_exact=bool(com_ok),
                          passed=bool(com_ok)))
-        kv = torch.randn(2, B * n, 576, device="cuda").to(torch.bfloat16)
-        before = kv.cpu()
-        cs = torch.arange(B * n, device="cuda").view(B, n)
+        kv = torch.randn(2, B * n, 576, device=dev).to(torch.bfloat16)
+        before = kv.cpu().clone()
+        cs = torch.arange(B * n, device=dev).view(B, n)
         commit_compact(kv, cs, acc, cs[:, 0].contiguous(), slot_dim=1)
         after, ok = kv.cpu(), True
         for b in range(B):
@@ -119,6 +122,51 @@ def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 
             ok &= bool(torch.equal(after[:, b * n: b * n + ln], before[:, b * n + torch.from_numpy(nodes[b, :ln])]))
             ok &= bool(torch.equal(after[:, b * n + ln: (b + 1) * n], before[:, b * n + ln: (b + 1) * n]))
         rows.append(dict(kernel="commit_compact", shapes=f"B={B} n={n} 2x576 bf16", cases=B, bit_exact=ok, passed=ok))
+    return rows
+
+
+def timing_rows(device: str = "cuda", batch: int = 8, L: int = 7, budget: int = 32, verify_nodes: int = 9,
+                verify_heads: int = 2, verify_prefix: int = 256, verify_dtype: str = "float32",
+                seed: int = 0) -> list[dict[str, Any]]:
+    """A quick look in this process (not a measurement file): tree build and accept against the CPU
+    references, verify attention against its peers; medians of CUDA events (GPU) or wall time (CPU) around
+    one Python call, launch included. Rows ``{op, impl, shapes, median_ms, x CPU reference, status}``."""
+    import torch
+
+    from workbench.measure import time_cpu, time_cuda
+
+    dev = torch.device(device)
+    clock = (lambda f, r=20: _median(time_cuda(f, warmup=3, reps=r))) if dev.type == "cuda" else \
+        (lambda f, r=5: _median(time_cpu(f, warmup=1, reps=r)))
+    rng = np.random.default_rng(seed)
+    lp, ids = random_grid(rng, batch, L, budget)
+    small = rng.integers(0, 2, size=ids.shape)
+    shape = f"B={batch} L={L} K={budget} budget={budget}"
+    cpu_build = _median(time_cpu(lambda: [build_tree(lp[b], ids[b], budget) for b in range(batch)], warmup=1, reps=5))
+    lpg, idg = torch.from_numpy(lp).to(dev), torch.from_numpy(ids).to(dev)
+    t = clock(lambda: build_trees(lpg, idg, budget))
+    n = build_trees(lpg, idg, budget).n
+    what = f"build_trees ({dispatched_build_method(n - 1) if dev.type == 'cuda' else 'CPU path'})"
+    rows = [dict(op="build", impl="CPU reference (heapq)", shapes=shape, median_ms=cpu_build),
+            dict(op="build", impl=what, shapes=shape, median_ms=t, **{"x CPU reference": cpu_build / t})]
+    trees = build_trees(lpg, torch.from_numpy(small).to(dev), budget)
+    am = torch.from_numpy(rng.integers(0, 2, size=(batch, trees.n))).to(dev)
+    cpu_trees, am_np = [trees.tree(b) for b in range(batch)], am.cpu().numpy()
+    cpu_acc = _median(time_cpu(lambda: [accept_greedy(cpu_trees[b], am_np[b]) for b in range(batch)], warmup=1, reps=20))
+    t = clock(lambda: accept_greedy_batched(trees, am))
+    rows += [dict(op="accept", impl="CPU reference", shapes=f"B={batch} n={trees.n}", median_ms=cpu_acc),
+             dict(op="accept", impl="accept_greedy_batched", shapes=f"B={batch} n={trees.n}", median_ms=t,
+                  **{"x CPU reference": cpu_acc / t})]
+    inp = random_verify_inputs(verify_nodes, verify_heads, verify_prefix, verify_dtype, dev, seed=seed)
+    shape = f"T={verify_nodes} H={verify_heads} P={verify_prefix} {verify_dtype}"
+    for name, fn in [("verify_attention", verify_attention), *PEERS.items()]:
+        if name == "flex_attention" and dev.type == "cpu":
+            rows.append(dict(op="verify", impl=name, shapes=shape, status="not run on a CPU (torch.compile)"))
+            continue
+        try:
+            rows.append(dict(op="verify", impl=name, shapes=shape, median_ms=clock(lambda fn=fn: fn(**inp)), status="ok"))
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run these shapes is shown as such
+            rows.append(dict(op="verify", impl=name, shapes=shape, status=f"{type(e).__name__}: {str(e)[:80]}"))
     return rows
 
 
