@@ -254,7 +254,7 @@ def _cli(args: argparse.Namespace) -> int:
 
 # ---- the source's 200k claim ---------------------------------------------------------
 SOURCE_CLAIMS = {
-    "kv_bytes_per_token": 8.6e3,  # "approximately 8.6 KB" (seeds/001, seeds/000)
+    "kv_bytes_per_token": 8.6e3,  # "approximately 8.6 KB" (the source articles)
     "kv_sharded_across_tp": True,  # "not stored redundantly across TP ranks—each GPU holds only its shard"
     "verdict": "easily feasible",  # 200k context on 8x RTX PRO 6000, mem-fraction-static 0.85
 }

@@ -3,7 +3,10 @@
 ``python -m workbench.report`` prints the table; ``--write-readme`` replaces
 the block between the ``results:begin`` / ``results:end`` markers of
 README.md. tests/test_report.py checks that the README's block equals what
-the measurements give, so no number in it is typed by hand.
+the measurements give, so no number in it is typed by hand. The rows come
+from the areas' report code (:mod:`workbench.reports.ddtree`,
+:mod:`workbench.moe.plots`); a missing module raises rather than leaving a
+hole in the table.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Any
 
 from workbench import REPO_ROOT, papers
 from workbench.measure import load_measurement
+from workbench.moe import plots as mplots
+from workbench.reports import ddtree as ddtree_report
 
 README = REPO_ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -26,16 +31,8 @@ def _fmt(v: Any) -> str:
 
 def results_rows() -> list[dict[str, Any]]:
     """One row per issue goal measured on the H200: area, goal, measured, met, source file."""
-    rows: list[dict[str, Any]] = []
-    try:
-        from workbench.ddtree import bench as tb
-
-        for r in tb.goal_rows():
-            rows.append({"area": "DDTree tree kernels", "goal": r["goal"], "measured": r["measured"],
-                         "met": r["met"], "file": "ddtree_kernels.json"})
-    except Exception as e:  # a missing module or file must not hide the rest
-        rows.append({"area": "DDTree tree kernels", "goal": "-", "measured": f"unavailable ({e})", "met": None,
-                     "file": "ddtree_kernels.json"})
+    rows: list[dict[str, Any]] = [{"area": "DDTree tree kernels", **r, "file": "ddtree_kernels.json"}
+                                  for r in ddtree_report.goal_rows()]
     vdoc = load_measurement("ddtree_verify")
     if vdoc:
         res = vdoc["results"]
@@ -50,35 +47,29 @@ def results_rows() -> list[dict[str, Any]]:
             rows.append({"area": "DDTree verify attention", "goal": ">= 50% of floor at every point",
                          "measured": f"min {mp:.1f}%" if isinstance(mp, (int, float)) else str(mp),
                          "met": isinstance(mp, (int, float)) and mp >= 50, "file": "ddtree_verify.json"})
-    try:
-        from workbench.moe import plots as mplots
-
-        doc = mplots.load_moe_bandwidth()
-        if doc:
-            for r in mplots.goal_rows(doc):
-                rows.append({"area": "INT4 MoE", "goal": f"{r['goal']} ({r['target']})",
-                             "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
-                             "file": "moe_bandwidth.json"})
-        rep = mplots.load_moe_repeat()
-        if rep:   # the same sweep repeated at today's dispatch: its goal rows beside the sweep's
-            for r in mplots.bandwidth_goal_rows(rep):
-                rows.append({"area": "INT4 MoE", "goal": f"{r['goal']}, repeat of the sweep at the same dispatch "
-                                                         f"({r['target']})",
-                             "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
-                             "file": f"{mplots.CURRENT_REPEAT}.json"})
-        small = mplots.load_moe_small()
-        for column, what in (("dispatched span % copy", "the kernels' device time (profiler span)"),
-                             ("dispatched % copy", "one graph replay per call (a lone call's latency)")):
-            got = mplots.dispatched_worst_pct(small, column) if small else None
-            if got:
-                pct, row = got
-                rows.append({"area": "INT4 MoE",
-                             "goal": f"% of copy bandwidth at M <= 16, dispatched path today, {what} (>= 80)",
-                             "measured": f"{pct:.1f} (worst: {row['routing']} M={row['M']}, {row['dispatched']})",
-                             "met": pct >= 80, "file": f"{small['name']}.json"})
-    except Exception as e:
-        rows.append({"area": "INT4 MoE", "goal": "-", "measured": f"unavailable ({e})", "met": None,
-                     "file": "moe_bandwidth.json"})
+    doc = mplots.load_moe_bandwidth()
+    if doc:
+        for r in mplots.goal_rows(doc):
+            rows.append({"area": "INT4 MoE", "goal": f"{r['goal']} ({r['target']})",
+                         "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
+                         "file": "moe_bandwidth.json"})
+    rep = mplots.load_moe_repeat()
+    if rep:   # the same sweep repeated at today's dispatch: its goal rows beside the sweep's
+        for r in mplots.bandwidth_goal_rows(rep):
+            rows.append({"area": "INT4 MoE", "goal": f"{r['goal']}, repeat of the sweep at the same dispatch "
+                                                     f"({r['target']})",
+                         "measured": _fmt(r["measured (worst)"]) + " (worst)", "met": r["met"],
+                         "file": f"{mplots.CURRENT_REPEAT}.json"})
+    small = mplots.load_moe_small()
+    for column, what in (("dispatched span % copy", "the kernels' device time (profiler span)"),
+                         ("dispatched % copy", "one graph replay per call (a lone call's latency)")):
+        got = mplots.dispatched_worst_pct(small, column) if small else None
+        if got:
+            pct, row = got
+            rows.append({"area": "INT4 MoE",
+                         "goal": f"% of copy bandwidth at M <= 16, dispatched path today, {what} (>= 80)",
+                         "measured": f"{pct:.1f} (worst: {row['routing']} M={row['M']}, {row['dispatched']})",
+                         "met": pct >= 80, "file": f"{small['name']}.json"})
     edoc = load_measurement("engine_step")
     if edoc:
         for method in ("greedy", "ddtree"):
