@@ -78,10 +78,10 @@ def build_empty(config: ModelConfig, dtype: torch.dtype, device, int4_experts: b
     """A :class:`DeepseekV3` with uninitialised storage on ``device`` (router kept in float32)."""
     with torch.device("meta"):
         model = DeepseekV3(config, dtype=dtype, int4_experts=int4_experts)
+        for name, p in model.named_parameters():  # final dtypes first: storage is allocated once, below
+            if p.is_floating_point() and not _is_router(name):
+                p.data = torch.empty_like(p, dtype=dtype)
     model.to_empty(device=device)
-    for name, p in model.named_parameters():
-        if p.is_floating_point() and not _is_router(name):
-            p.data = torch.empty_like(p, dtype=dtype)
     return model.eval()
 
 

@@ -126,6 +126,12 @@ class DecodeEngine:
         self._programs: dict[int, Any] = {}
         self.captures = 0
 
+    def drop_graphs(self) -> None:
+        """Forget every bucket's buffers and captured graph (their memory goes back to the allocator)."""
+        self._buckets.clear()
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # -- what ran ---------------------------------------------------------------
     def paths(self, method: str, graph: bool) -> dict[str, str]:
         tree = "-"

@@ -1,0 +1,392 @@
+"""Engine step benchmark: the captured step (:class:`workbench.engine.DecodeEngine`) at full depth.
+
+``python -m workbench.bench.engine --out DIR`` builds
+``synthetic_model("kimi-k2.6", layers=61, experts=E)`` (E: ``--experts``, default the
+most routed INT4 experts per layer that fit this GPU), gives every request a
+``--prefix`` of seeded random latent rows (no prefill), and for each concurrency
+C in ``--concurrency`` times
+
+- greedy steps (the greedy tokens become the scripted drafter's continuation), and
+- DDTree steps (block, budget, ``ScriptedDrafter`` with each ``--p-top``),
+
+as CUDA-graph replays; at C = 1 the same step run eagerly (``graphs=False``) and
+the eager reference (:func:`workbench.engine.generate`'s step functions over a
+``PagedKVCache``) are timed in the same run as peers. Per configuration: wall ms
+per step (host clock around the replay and its one device-to-host copy), GPU-busy
+ms and kernel launches per step (the CUDA profiler's kernel and copy records over
+``--profile-steps`` steps), tokens/s, mean accepted length, and the bytes floor:
+weights the step touches (attention, dense MLP, router, shared experts, the
+distinct routed experts its tokens chose, lm_head, embedding rows) plus the KV
+rows it reads, over the device copy bandwidth measured in the same run; the
+percent is floor / wall. Writes ``engine_step.json`` (with provenance and raw
+samples) and prints a table last. ``--tiny`` runs a small config on the CPU in
+seconds (a smoke test of the same code; no floor).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from workbench.decode import DecodeConfig
+from workbench.engine import DecodeEngine, ScriptedDrafter, synthetic_model, tiny_config
+
+GOALS = {"greedy_pct_of_floor_c1": 70.0, "ddtree_pct_of_floor_c1": 60.0, "graph_over_eager_tokens_per_s_c1": 10.0,
+         "greedy_c8_over_c1_tokens_per_s": 4.0}
+
+
+def _median(x) -> float:
+    return float(statistics.median(x)) if len(x) else float("nan")
+
+
+def default_experts(cfg, layers: int, rows: int, capacity: int, reserve_gb: float = 16.0) -> int:
+    """The most routed experts per layer that fit the current GPU beside the dense weights, a KV pool of
+    ``rows x capacity`` tokens and ``reserve_gb`` of work space (counting every layout the fused MoE
+    holds per expert)."""
+    from workbench.engine.loader import build_empty
+    from workbench.moe import Int4Experts
+
+    c = cfg.replace(num_hidden_layers=layers, n_routed_experts=cfg.num_experts_per_tok)
+    meta = build_empty(c, torch.bfloat16, "meta", True)
+    wb = meta.weight_bytes()
+    dense = sum(v for k, v in wb.items() if k != "routed_per_expert")
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    one = Int4Experts(torch.zeros(1, 2 * I, D // 8, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, 2 * I, D // 32, dtype=torch.bfloat16, device="cuda"),
+                      torch.zeros(1, D, I // 8, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, D, I // 32, dtype=torch.bfloat16, device="cuda"))
+    per_expert = one.nbytes
+    del one
+    torch.cuda.empty_cache()
+    moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
+    kv = rows * capacity * c.kv_row_width * layers * 2
+    free = torch.cuda.mem_get_info()[0]
+    e = int((free - dense - kv - reserve_gb * 2**30) // (moe_layers * per_expert))
+    return max(cfg.num_experts_per_tok, min(cfg.n_routed_experts, e - e % 8))
+
+
+def floor_bytes(model, distinct: list[int], tokens: int, kv_rows: int) -> dict[str, int]:
+    """Bytes a step must read at least: weights touched (``distinct`` routed experts per MoE layer)
+    and ``kv_rows`` latent rows of every layer; embedding: one row per token."""
+    wb = model.weight_bytes()
+    el = model.embed_tokens.weight.element_size()
+    parts = {k: wb[k] for k in ("attention", "dense_mlp", "router", "shared_experts", "lm_head")}
+    parts["routed_experts"] = sum(distinct) * wb["routed_per_expert"]
+    parts["embedding_rows"] = tokens * model.config.hidden_size * el
+    parts["kv_read"] = kv_rows * model.config.kv_row_width * len(model.layers) * el
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _distinct(model) -> list[int]:
+    return [int(torch.unique(l.mlp.last_expert_ids).numel()) for l in model.layers if l.is_moe]
+
+
+def profile_steps(step, n: int) -> dict[str, Any]:
+    """Kernel launches and GPU-busy ms per step over ``n`` calls of ``step`` (CUDA profiler records;
+    busy = the union of kernel, copy and memset intervals)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in ev)
+    busy, end = 0.0, -1.0
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    kernels = [e for e in ev if not e.name.startswith(("Memcpy", "Memset"))]
+    return {"launches_per_step": len(kernels) / n, "gpu_busy_ms_per_step": busy / 1e3 / n,
+            "events_recorded": len(ev)}
+
+
+def _prompts(C: int, prefix: int, V: int) -> list[list[int]]:
+    return [[(7 * i + 3) % V] * prefix for i in range(C)]
+
+
+def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max_new: int, warmup: int,
+                 steps: int, prof: int, run_out: bool = False) -> dict[str, Any]:
+    """Warm up, time ``steps`` steps, profile ``prof`` more; returns the raw samples and the tokens."""
+    m = engine.model
+    s = engine.start(_prompts(C, prefix, m.config.vocab_size), max_new, config, drafter, synthetic_prefix=True)
+    for _ in range(warmup):
+        s.step()
+    wall, distinct, kv, acc, graph = [], [], [], [], []
+    for _ in range(steps):
+        kv_rows = int(engine.cache.lengths[:C].sum())
+        info = s.step()
+        wall.append(info["ms"])
+        graph.append(info["graph"])
+        kv.append(kv_rows)
+        distinct.append(_distinct(m))
+        L1 = info["rows"].shape[1] - 4
+        acc.append([int(x) for x in info["rows"][:C, L1]])
+    prof_rec = profile_steps(s.step, prof) if (prof and m.device.type == "cuda") else None
+    while run_out and not s.done:
+        s.step()
+    return {"wall_ms": wall, "distinct_experts": distinct, "kv_rows": kv, "accepted": acc, "graph": graph,
+            "profile": prof_rec, "tokens": [r.tokens for r in s.results()], "T": s.bucket.T, "top2": s.top2,
+            "paths": engine.paths(config.method, all(graph))}
+
+
+def summarise(model, raw: dict[str, Any], C: int, gbps: float | None) -> dict[str, Any]:
+    """Medians, tokens/s and the floor of a :func:`time_session` record."""
+    wall = _median(raw["wall_ms"])
+    mean_acc = statistics.fmean(a for step in raw["accepted"] for a in step)
+    toks_per_step = statistics.fmean(sum(step) for step in raw["accepted"])
+    floors = [floor_bytes(model, d, C * raw["T"], kv) for d, kv in zip(raw["distinct_experts"], raw["kv_rows"])]
+    nbytes = _median([f["total"] for f in floors])
+    floor_ms = nbytes / (gbps * 1e9) * 1e3 if gbps else None
+    out = {"C": C, "tokens_per_request_step": raw["T"], "wall_ms": wall, "tokens_per_s": toks_per_step / wall * 1e3,
+           "mean_accepted": mean_acc, "bytes_floor": nbytes, "floor_ms": floor_ms,
+           "pct_of_floor": 100 * floor_ms / wall if floor_ms else None,
+           "bytes_by_part": {k: _median([f[k] for f in floors]) for k in floors[0]},
+           "distinct_experts_median": _median([sum(d) / max(len(d), 1) for d in raw["distinct_experts"]]),
+           "graph_replays": sum(raw["graph"]), "paths": raw["paths"]}
+    if raw["profile"]:
+        out.update(raw["profile"])
+        out["gpu_busy_fraction"] = out["gpu_busy_ms_per_step"] / wall
+    return out
+
+
+def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont: list[int], steps: int,
+                        prof: int) -> dict[str, Any]:
+    """The eager reference at C = 1: :func:`workbench.engine.generate`'s step functions over a
+    ``PagedKVCache`` holding ``prefix`` seeded random rows."""
+    from workbench.engine.generate import _ddtree_step, _greedy_step, _Req, _resolve_tree_impl, _Timer
+    from workbench.engine.kv_cache import PagedKVCache
+
+    dev = model.device
+    cache = PagedKVCache.for_model(model, prefix + (steps + prof + 4) * (config.budget + 2))
+    cache.add_request(0)
+    sl = cache.allocate(0, prefix)
+    g = torch.Generator(device=dev).manual_seed(1000)
+    rows = torch.randn(cache.num_layers, prefix, cache.row_width, generator=g, device=dev)
+    cache.pool[:, sl] = (0.5 * rows).to(cache.pool.dtype)
+    cache.append(0, sl)
+    r = _Req(0, [], [cont[0]], [])
+    timer = _Timer(dev)
+    impl = _resolve_tree_impl(config.tree_impl, dev, config.block, config.budget)
+
+    def fail(_, e):
+        raise RuntimeError(f"benchmark request failed: {e}")
+
+    def one():
+        timer.start()
+        if config.method == "greedy":
+            (tok, rec), = _greedy_step(model, cache, [r], timer, fail).values()
+            new = [tok]
+        else:
+            (new, rec), = _ddtree_step(model, cache, [r], timer, fail, drafter, config.block, config.budget,
+                                       config.commit, (), impl).values()
+        r.out.extend(new)
+        timer.finish()
+        return rec.accepted_length
+
+    one()
+    wall, acc = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        a = one()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        acc.append([a])
+    prof_rec = profile_steps(one, prof) if (prof and dev.type == "cuda") else None
+    return {"wall_ms": wall, "accepted": acc, "profile": prof_rec}
+
+
+def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: int = 4096,
+        concurrency: tuple[int, ...] = (1, 2, 4, 8, 16), p_tops: tuple[float, ...] = (0.8, 0.95), block: int = 16,
+        budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
+        tiny: bool = False, device: str = "auto") -> dict[str, Any]:
+    from workbench.measure import measure_copy_bandwidth, write_measurement
+
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    t0 = time.perf_counter()
+    gd = DecodeConfig(method="greedy", block=block, budget=budget)
+    need = (warmup + steps + prof + 2) * block + 2
+    capacity = prefix + need + block + 8
+    bw = measure_copy_bandwidth(2 << 30) if dev.type == "cuda" else None
+    gbps = bw["gb_per_s"] if bw else None
+    if tiny:
+        cfg = tiny_config(n_group=1, topk_group=1)
+        model = synthetic_model(cfg, layers=None, experts=experts, seed=0, device=dev,
+                                dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32, int4=True)
+    else:
+        from workbench.config import load_config
+
+        cfg = load_config("kimi-k2.6")
+        if experts is None:
+            experts = default_experts(cfg, layers, max(concurrency), capacity)
+        model = synthetic_model(cfg, layers=layers, experts=experts, seed=0, device=dev, dtype=torch.bfloat16)
+    build_s = time.perf_counter() - t0
+    V = model.config.vocab_size
+    engine = DecodeEngine(model, max_requests=max(concurrency), capacity=capacity, max_generated=need)
+    rows, raw_all, lossless = [], {}, []
+    greedy_c1 = None
+    for C in concurrency:
+        g = time_session(engine, C, prefix, gd, None, need, warmup, steps, prof, run_out=True)
+        raw_all[f"greedy/C{C}/graph"] = g
+        rows.append({"method": "greedy", "p_top": None, "path": "graph" if engine.graphs else "eager-step",
+                     **summarise(model, g, C, gbps)})
+        conts = g["tokens"]
+        if C == 1:
+            greedy_c1 = conts
+        for p in p_tops:
+            d = ScriptedDrafter(conts, V, block=block, p_top=p, seed=0, device=dev)
+            dd = time_session(engine, C, prefix, gd.replace(method="ddtree"), d, need, warmup, steps, prof)
+            raw_all[f"ddtree/p{p}/C{C}/graph"] = dd
+            rows.append({"method": "ddtree", "p_top": p, "path": "graph" if engine.graphs else "eager-step",
+                         "expected_accepted": d.expected_accepted_length(budget), **summarise(model, dd, C, gbps)})
+            for i, (got, want) in enumerate(zip(dd["tokens"], conts)):
+                n = min(len(got), len(want))
+                first = next((k for k in range(n) if got[k] != want[k]), None)
+                rec = {"C": C, "p_top": p, "request": i, "compared": n, "first_divergence": first}
+                if first is not None and 1 <= first <= len(g["top2"][i]):
+                    rec["greedy_top2_logits_there"] = g["top2"][i][first - 1]  # greedy step first-1 made token first
+                lossless.append(rec)
+        engine.drop_graphs()
+    # peers at C = 1: the same step run eagerly, and generate()'s eager step functions
+    if engine.graphs:
+        eager = DecodeEngine(model, max_requests=1, capacity=capacity, max_generated=need, graphs=False)
+        d = ScriptedDrafter(greedy_c1, V, block=block, p_top=p_tops[0], seed=0, device=dev)
+        for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
+            e = time_session(eager, 1, prefix, cfg_, dr, need, 1, eager_steps, 1)
+            raw_all[f"{cfg_.method}/C1/eager-step"] = e
+            rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "eager-step",
+                         **summarise(model, e, 1, gbps)})
+        del eager
+        for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
+            e = time_generate_steps(model, prefix, cfg_, dr, greedy_c1, eager_steps, 1)
+            raw_all[f"{cfg_.method}/C1/generate"] = e
+            wall = _median(e["wall_ms"])
+            acc = statistics.fmean(a for s in e["accepted"] for a in s)
+            rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "generate",
+                         "C": 1, "wall_ms": wall, "tokens_per_s": acc / wall * 1e3, "mean_accepted": acc,
+                         **(e["profile"] or {})})
+    goals = goal_rows(rows, p_tops[0])
+    results = {"rows": rows, "goals": goals, "lossless": lossless, "copy_bandwidth_gbps": gbps,
+               "model_build_s": build_s, "captures": engine.captures,
+               "model_device_bytes": model.device_bytes(), "experts": model.config.n_routed_experts}
+    results.update(_compat(rows, p_tops[0], gbps))
+    params = {"model": "tiny" if tiny else "kimi-k2.6", "layers": len(model.layers),
+              "experts": model.config.n_routed_experts, "prefix": prefix, "block": block, "budget": budget,
+              "p_tops": list(p_tops), "concurrency": list(concurrency), "steps": steps, "warmup": warmup,
+              "profile_steps": prof, "eager_steps": eager_steps, "dtype": str(model.dtype).replace("torch.", ""),
+              "device": str(dev), "commit": gd.commit}
+    notes = ("wall = host clock around one step (graph replay or eager body) and its one device-to-host copy; "
+             "floor = (weights touched + KV rows read) / device copy bandwidth measured in this run; routed experts "
+             "counted are the distinct ones the step's tokens chose; the drafter's logits (ScriptedDrafter's device "
+             "program) are not in the floor. Prefix KV rows are seeded random values (no prefill).")
+    path = None
+    if out is not None:
+        samples = {k: {kk: v for kk, v in r.items() if kk != "tokens"} for k, r in raw_all.items()}
+        samples["copy_bandwidth"] = bw
+        path = write_measurement("engine_step", parameters=params, results=results, samples=samples,
+                                 notes=notes, out_dir=out)
+    results["_path"] = str(path) if path else None
+    print_table(rows, goals)
+    return results
+
+
+def goal_rows(rows: list[dict[str, Any]], p: float) -> list[dict[str, Any]]:
+    """The issue's goals at C = 1 (and C = 8 for scaling), each with the measured value."""
+    def row(method, C, path, p_top=None):
+        return next((r for r in rows if r["method"] == method and r["C"] == C and r["path"] == path
+                     and (p_top is None or r.get("p_top") == p_top)), None)
+
+    out = []
+    g1, d1 = row("greedy", 1, "graph"), row("ddtree", 1, "graph", p)
+    gen = row("greedy", 1, "generate")
+    g8 = row("greedy", 8, "graph")
+    for name, val in (("greedy_pct_of_floor_c1", g1 and g1["pct_of_floor"]),
+                      ("ddtree_pct_of_floor_c1", d1 and d1["pct_of_floor"]),
+                      ("graph_over_eager_tokens_per_s_c1", g1 and gen and g1["tokens_per_s"] / gen["tokens_per_s"]),
+                      ("greedy_c8_over_c1_tokens_per_s", g1 and g8 and g8["tokens_per_s"] / g1["tokens_per_s"])):
+        out.append({"goal": name, "target": GOALS[name], "measured": val,
+                    "met": None if val is None else bool(val >= GOALS[name])})
+    return out
+
+
+def _compat(rows, p: float, gbps) -> dict[str, Any]:
+    """``results.greedy`` / ``results.ddtree`` at C = 1 (graph) in the fields earlier readers use."""
+    out = {}
+    for method in ("greedy", "ddtree"):
+        r = next((r for r in rows if r["method"] == method and r["C"] == 1 and r["path"] in ("graph", "eager-step")
+                  and r.get("p_top") in (None, p)), None)
+        if r:
+            out[method] = {"median_ms": {"total": r["wall_ms"]}, "bytes_by_part": r["bytes_by_part"],
+                           "pct_of_floor": r["pct_of_floor"], "floor_ms": r["floor_ms"],
+                           "ms_per_token": r["wall_ms"] / r["mean_accepted"],
+                           "mean_accepted_length": r["mean_accepted"], "tree_size": r["tokens_per_request_step"]}
+    return out
+
+
+def print_table(rows: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None:
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
+
+    print(f"{'method':7s} {'p':>5s} {'path':10s} {'C':>3s} {'ms':>8s} {'busy':>7s} {'launch':>7s} {'tok/s':>8s} "
+          f"{'acc':>5s} {'floor':>7s} {'%fl':>5s}")
+    for r in rows:
+        print(f"{r['method']:7s} {f(r.get('p_top'), '5.2f'):>5s} {r['path']:10s} {r['C']:3d} {f(r['wall_ms'], '8.2f')} "
+              f"{f(r.get('gpu_busy_ms_per_step'), '7.2f')} {f(r.get('launches_per_step'), '7.0f')} "
+              f"{f(r['tokens_per_s'], '8.1f')} {f(r.get('mean_accepted'), '5.2f')} {f(r.get('floor_ms'), '7.2f')} "
+              f"{f(r.get('pct_of_floor'), '5.1f')}")
+    for g in goals:
+        print(f"goal {g['goal']}: target {g['target']}, measured {f(g['measured'], '.2f')}, met {g['met']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from workbench.validation import check_float, check_int
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="folder for engine_step.json (default: do not write)")
+    ap.add_argument("--layers", type=int, default=None, help="default 61 (--tiny: the tiny config's 3)")
+    ap.add_argument("--experts", type=int, default=None, help="routed experts per layer (default: the most that fit)")
+    ap.add_argument("--prefix", type=int, default=None, help="default 4096 (--tiny: 32)")
+    ap.add_argument("--concurrency", default=None, help="comma-separated C values (default 1,2,4,8,16; --tiny 1,2)")
+    ap.add_argument("--p-top", default="0.8,0.95")
+    ap.add_argument("--block", type=int, default=None, help="default DecodeConfig's (--tiny: 8)")
+    ap.add_argument("--budget", type=int, default=None, help="default DecodeConfig's (--tiny: 8)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--eager-steps", type=int, default=4)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--tiny", action="store_true", help="small config on the CPU in seconds (smoke test)")
+    a = ap.parse_args(argv)
+    layers = a.layers if a.layers is not None else (None if a.tiny else 61)
+    prefix = check_int("prefix", a.prefix if a.prefix is not None else (32 if a.tiny else 4096), lo=1)
+    conc = tuple(check_int("concurrency", int(x), lo=1, hi=128) for x in
+                 (a.concurrency or ("1,2" if a.tiny else "1,2,4,8,16")).split(","))
+    p_tops = tuple(check_float("p_top", float(x), lo=0.0, hi=1.0) for x in a.p_top.split(","))
+    check_int("warmup", a.warmup, lo=2)  # the first step of a bucket runs eagerly, the second captures
+    dc = DecodeConfig(block=a.block or (8 if a.tiny else DecodeConfig().block),
+                      budget=a.budget or (8 if a.tiny else DecodeConfig().budget))
+    if a.tiny:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a smoke test on a shared CPU: one thread is the fastest here
+        try:
+            run(a.out, layers=None, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops,
+                block=dc.block, budget=dc.budget, steps=min(a.steps, 3), warmup=2, prof=0, eager_steps=2, tiny=True,
+                device="cpu" if a.device == "auto" else a.device)
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        run(a.out, layers=layers, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops, block=dc.block,
+            budget=dc.budget, steps=a.steps, warmup=a.warmup, prof=a.profile_steps, eager_steps=a.eager_steps,
+            device=a.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
