@@ -67,6 +67,11 @@ def test_param_spec_types_bounds_and_choices():
     assert opt.check("o", None) is None and opt.check("o", "None") is None and opt.check("o", 3) == 3.0
     with pytest.raises(InvalidParameter, match="o=-1 is not allowed: a finite number >= 0, or None"):
         opt.check("o", -1)
+    group = ParamSpec("int", lo=1, multiple_of="workbench.moe.packing:GROUP_SIZE")
+    assert group.check("hidden", 7168) == 7168
+    with pytest.raises(InvalidParameter, match="hidden=100 is not allowed: an integer >= 1 and a multiple of 32"):
+        group.check("hidden", 100)
+    assert "a multiple of 32" in group.describe()
     with pytest.raises(InvalidParameter, match="type='list\\[dict\\]' is not allowed"):
         ParamSpec("list[dict]")
     with pytest.raises(ValueError, match="unknown key.*minimum"):

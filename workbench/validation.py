@@ -155,6 +155,7 @@ class ParamSpec:
       same notebook (``topk`` <= ``num_experts``), or a library constant ``module:NAME``;
     - ``choices``: the allowed values: a list, or ``module:NAME`` of the library (a tuple, a
       dict's keys, or a function returning them);
+    - ``multiple_of``: an ``int`` parameter must be a multiple of this (a number or ``module:NAME``);
     - ``optional``: None is allowed too (``-p overhead_ms null``, or ``None``);
     - ``help``: what the parameter means.
     """
@@ -163,6 +164,7 @@ class ParamSpec:
     lo: float | str | None = None
     hi: float | str | None = None
     choices: tuple[Any, ...] | str | None = None
+    multiple_of: int | str | None = None
     optional: bool = False
     help: str = ""
 
@@ -200,9 +202,15 @@ class ParamSpec:
             parts.append(_range(lo, hi).strip())
         if self.choices is not None:
             parts.append("one of " + ", ".join(map(str, self.allowed_choices())))
+        if self.multiple_of is not None:
+            parts.append(f"a multiple of {self._multiple()}")
         if self.optional:
             parts.append("or None")
         return " ".join(parts)
+
+    def _multiple(self) -> int | None:
+        m = self.multiple_of
+        return resolve_ref(m) if isinstance(m, str) else m
 
     def check(self, name: str, value: Any, others: Mapping[str, Any] | None = None) -> Any:
         """``value`` checked (and typed: an int given for a float is a float, a single value for a
@@ -220,16 +228,21 @@ class ParamSpec:
             if b is not None:
                 bounds[key] = b
         choices = self.allowed_choices()
+        multiple = self._multiple()
+        what = kind + _range(bounds.get("lo"), bounds.get("hi"))
+        if choices is not None:
+            what += " among " + ", ".join(map(repr, choices))
+        if multiple is not None:
+            what += f", multiples of {multiple}"
 
         def item(n: str, v: Any) -> Any:
             v = scalar(n, v, **bounds) if base in ("int", "float") else scalar(n, v)
             if choices is not None:
                 check_choice(n, v, choices)
+            if multiple is not None and v % multiple:
+                raise InvalidParameter(n, v, f"an integer{_range(bounds.get('lo'), bounds.get('hi'))} "
+                                             f"and a multiple of {multiple}")
             return v
-
-        what = kind + _range(bounds.get("lo"), bounds.get("hi"))
-        if choices is not None:
-            what += " among " + ", ".join(map(repr, choices))
         try:
             return check_list(name, value, item, what) if self.is_list else item(name, value)
         except InvalidParameter as e:
