@@ -372,7 +372,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             key = f"H{H}_P{P}"
             s = samples[key] = {}
 
-            def calls(kind):
+            def calls(kind, sets=sets):
                 return [lambda st=st: verify_attention(**st, check=False, impl=kind) for st in sets]
 
             s["verify_attention"] = ks = _time_rotating(calls(impl), reps, 5)
@@ -380,7 +380,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
             s["verify_attention_batched"] = kb
             cur = {"i": 0}
             s["verify_attention_eager"] = eager = time_cuda(
-                lambda: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
+                lambda sets=sets: verify_attention(**sets[cur["i"]], check=False), warmup=3, reps=20,
                 setup=lambda i: cur.__setitem__("i", i % n_sets))
             var_res = {}
             for vname, kind in variants.items():
