@@ -36,30 +36,26 @@ def test_cli_calibration_file(tmp_path, capsys):
     assert rc == 0 and doc["calibration"]["files"] == [str(p)]
 
 
+def _args(gpu="b300", block="16", budget="32", accept=("12",), *extra):
+    return ["--gpu", gpu, "--block", block, "--budget", budget, "--accept", *accept, *extra]
+
+
 @pytest.mark.parametrize("argv,message", [
-    (["--gpu", "b301", "--block", "16", "--budget", "32", "--accept", "12"], "gpu='b301' is not allowed: one of"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "17"],
-     "accept=[12, 17] is not allowed: a non-empty list of numbers in [1, 16]"),
-    (["--gpu", "b300", "--block", "16", "--budget", "-32", "--accept", "12"],
-     "budget=-32 is not allowed: an integer in [1, 1024]"),
-    (["--gpu", "b300", "--block", "16", "--budget", "100000", "--accept", "12", "--tree-builder", "gpu"],
-     "budget=100000 is not allowed: an integer in [1, 1024]"),
-    (["--gpu", "b300", "--block", "-16", "--budget", "32", "--accept", "12"], "block=-16 is not allowed: an integer in [2, "),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "-2"], "accept=[-2] is not allowed"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--overhead-ms", "-1"],
-     "overhead_ms=-1 is not allowed: a finite number >= 0"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--context", "-1"],
-     "context=-1 is not allowed: an integer in [1, 262144] tokens"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--context", "100000000"],
+    (_args("b301"), "gpu='b301' is not allowed: one of"),
+    (_args(accept=("12", "17")), "accept=[12, 17] is not allowed: a non-empty list of numbers in [1, 16]"),
+    (_args(budget="-32"), "budget=-32 is not allowed: an integer in [1, 1024]"),
+    (_args("b300", "16", "100000", ("12",), "--tree-builder", "gpu"), "budget=100000 is not allowed: an integer in [1, 1024]"),
+    (_args(block="-16"), "block=-16 is not allowed: an integer in [2, "),
+    (_args(accept=("-2",)), "accept=[-2] is not allowed"),
+    (_args("b300", "16", "32", ("12",), "--overhead-ms", "-1"), "overhead_ms=-1 is not allowed: a finite number >= 0"),
+    (_args("b300", "16", "32", ("12",), "--context", "-1"), "context=-1 is not allowed: an integer in [1, 262144] tokens"),
+    (_args("b300", "16", "32", ("12",), "--context", "100000000"),
      "context=100000000 is not allowed: an integer in [1, 262144] tokens (kimi-k2.6's YaRN limit"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--tp", "3"],
+    (_args("b300", "16", "32", ("12",), "--tp", "3"),
      "tp=3 is not allowed: an integer that divides the 64 attention heads of kimi-k2.6"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--tree-builder", "fpga"],
-     "tree_builder='fpga' is not allowed: one of 'cpu', 'gpu'"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--bandwidth-tbs", "0"],
-     "bandwidth_tbs=0 is not allowed: a finite number > 0"),
-    (["--gpu", "b300", "--block", "16", "--budget", "32", "--accept", "12", "--calibration", "/nonexistent.json"],
-     "does not exist"),
+    (_args("b300", "16", "32", ("12",), "--tree-builder", "fpga"), "tree_builder='fpga' is not allowed: one of 'cpu', 'gpu'"),
+    (_args("b300", "16", "32", ("12",), "--bandwidth-tbs", "0"), "bandwidth_tbs=0 is not allowed: a finite number > 0"),
+    (_args("b300", "16", "32", ("12",), "--calibration", "/nonexistent.json"), "does not exist"),
 ])
 def test_cli_errors_exit_nonzero_with_message(capsys, argv, message):
     rc = main(["project", *argv])
