@@ -276,7 +276,7 @@ class _LaunchConfig(ctypes.Structure):
 @functools.lru_cache(maxsize=1)
 def libcuda() -> Any:
     """The CUDA driver library through ``ctypes``, loaded once (``OSError`` where there is none), for the calls CuPy
-    does not expose (``cuLaunchKernelEx`` here, ``cuTensorMapEncodeTiled`` in workbench.ddtree.gather_probe)."""
+    does not expose (``cuLaunchKernelEx``, for programmatic dependent launch)."""
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     lib.cuLaunchKernelEx.restype = ctypes.c_int
