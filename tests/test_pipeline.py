@@ -206,8 +206,12 @@ def test_html_carries_plotly_js_once(tmp_path):
         "import plotly.graph_objects as go\n"
         "for i in range(k):\n    go.Figure(go.Bar(y=[i, 1])).show()\n"
         "import ipywidgets\nipywidgets.IntSlider()")
+    import os
+
+    before = os.environ.get("PLOTLY_RENDERER")
     rec = pipeline.run_notebooks(["01"], [], out_dir=tmp_path / "o", notebook_dir=d, progress=False)
-    assert rec["failed"] == 0
+    assert rec["failed"] == 0 and rec["plotly_renderer"] == pipeline.PLOTLY_RENDERER
+    assert os.environ.get("PLOTLY_RENDERER") == before  # set for the kernels only, then restored
     html = (tmp_path / "o" / "01_figs.html").read_text()
     from plotly.offline import get_plotlyjs
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import datetime as _dt
@@ -319,11 +320,51 @@ def _git() -> dict[str, Any]:
     return {"commit": commit.removesuffix("-dirty"), "dirty": commit.endswith("-dirty")}
 
 
+@contextlib.contextmanager
+def _environ(**values: str):
+    """Environment variables set for the duration (the kernels started inside inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_one(nb: Notebook, params: dict[str, Any], out: Path, kernel: str) -> dict[str, Any]:
+    """Execute one notebook into ``out`` and export its HTML; returns its run.json entry."""
+    import papermill
+
+    entry: dict[str, Any] = {"notebook": nb.name, "parameters": params, "status": "ok"}
+    target = out / nb.path.name
+    t0 = time.perf_counter()
+    try:
+        papermill.execute_notebook(str(nb.path), str(target), parameters=params, kernel_name=kernel,
+                                   cwd=str(nb.path.parent), progress_bar=False, log_output=False)
+    except papermill.PapermillExecutionError as e:
+        entry.update(status="failed", error={"cell_index": e.cell_index, "exec_count": e.exec_count,
+                                             "cell_source": e.source, "ename": e.ename, "evalue": e.evalue})
+    except Exception as e:  # kernel died, bad notebook, ...
+        entry.update(status="failed", error={"cell_index": None, "ename": type(e).__name__,
+                                             "evalue": str(e), "traceback": traceback.format_exc()})
+    entry["seconds"] = round(time.perf_counter() - t0, 2)
+    if target.exists():
+        entry["executed"] = str(target)
+        try:
+            entry["html"] = str(_export_html(target))
+        except Exception as e:  # an export failure must not hide the run's result; the CLI prints it
+            entry["html_error"] = f"{type(e).__name__}: {e}"
+    return entry
+
+
 def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str, str]] | None = None,
                   out_dir: str | Path | None = None, fail_fast: bool = False, profile: str = "auto",
                   notebook_dir: Path = NOTEBOOK_DIR, progress: bool = True) -> dict[str, Any]:
     """Execute the selected notebooks; returns the run record (also written as run.json)."""
-    import papermill
     from tqdm.auto import tqdm
 
     notebooks = select(discover(notebook_dir), selectors or [])
@@ -338,41 +379,22 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
     out = Path(out_dir) if out_dir else RUNS_DIR / stamp
     out.mkdir(parents=True, exist_ok=True)
     kernel = _kernel_name()
-    os.environ["PLOTLY_RENDERER"] = PLOTLY_RENDERER  # the kernels inherit it
     record: dict[str, Any] = {"started_utc": stamp, "profile": profile, "python": sys.executable,
                               "git": _git(), "versions": _versions(), "plotly_renderer": PLOTLY_RENDERER,
                               "out_dir": str(out), "notebooks": []}
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
-    for nb in bar:
-        bar.set_postfix_str(nb.name)
-        entry: dict[str, Any] = {"notebook": nb.name, "parameters": params[nb.name], "status": "ok"}
-        target = out / nb.path.name
-        t0 = time.perf_counter()
-        try:
-            papermill.execute_notebook(str(nb.path), str(target), parameters=params[nb.name],
-                                       kernel_name=kernel, cwd=str(nb.path.parent), progress_bar=False,
-                                       log_output=False)
-        except papermill.PapermillExecutionError as e:
-            entry.update(status="failed", error={"cell_index": e.cell_index, "exec_count": e.exec_count,
-                                                 "cell_source": e.source, "ename": e.ename, "evalue": e.evalue})
-        except Exception as e:  # kernel died, bad notebook, ...
-            entry.update(status="failed", error={"cell_index": None, "ename": type(e).__name__,
-                                                 "evalue": str(e), "traceback": traceback.format_exc()})
-        entry["seconds"] = round(time.perf_counter() - t0, 2)
-        if target.exists():
-            entry["executed"] = str(target)
-            try:
-                entry["html"] = str(_export_html(target))
-            except Exception as e:  # an export failure must not hide the run's result
-                entry["html_error"] = f"{type(e).__name__}: {e}"
-        record["notebooks"].append(entry)
-        (out / "run.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
-        if entry["status"] != "ok":
-            msg = entry["error"]
-            print(f"\n{nb.name}: FAILED in cell {msg.get('cell_index')}: {msg['ename']}: {msg['evalue']}",
-                  file=sys.stderr)
-            if fail_fast:
-                break
+    with _environ(PLOTLY_RENDERER=PLOTLY_RENDERER):  # the kernels inherit it
+        for nb in bar:
+            bar.set_postfix_str(nb.name)
+            entry = _run_one(nb, params[nb.name], out, kernel)
+            record["notebooks"].append(entry)
+            (out / "run.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+            if entry["status"] != "ok":
+                msg = entry["error"]
+                print(f"\n{nb.name}: FAILED in cell {msg.get('cell_index')}: {msg['ename']}: {msg['evalue']}",
+                      file=sys.stderr)
+                if fail_fast:
+                    break
     record["failed"] = sum(e["status"] != "ok" for e in record["notebooks"])
     record["finished_utc"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     (out / "run.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
@@ -400,7 +422,8 @@ def _cli_run(args: argparse.Namespace) -> int:
     rec = run_notebooks(args.selectors, [tuple(p) for p in args.parameter], args.out, args.fail_fast, args.profile,
                         notebook_dir=Path(args.notebooks))
     for e in rec["notebooks"]:
-        print(f"{e['status']:>6}  {e['seconds']:8.1f} s  {e['notebook']}")
+        print(f"{e['status']:>6}  {e['seconds']:8.1f} s  {e['notebook']}"
+              + (f"  (no HTML: {e['html_error']})" if "html_error" in e else ""))
     print(f"run record: {Path(rec['out_dir']) / 'run.json'} ({rec['failed']} failed)")
     return 1 if rec["failed"] else 0
 
