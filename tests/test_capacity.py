@@ -70,7 +70,7 @@ def test_b300_concurrency_and_max_context_capped_by_yarn():
     (dict(mem_fraction=0.0), r"mem_fraction=0.0 is not allowed: a finite number in \(0, 1\]"),
     (dict(mem_fraction=1.5), "mem_fraction=1.5 is not allowed"),
     (dict(gpu="tpu"), "gpu='tpu' is not allowed: one of 'rtx-pro-6000'"),
-    (dict(model="llama"), "unknown model"),
+    (dict(model="llama"), r"model='llama' is not allowed: a shipped model \(one of 'deepseek-v3', 'kimi-k2.6'\)"),
     (dict(kv_dtype="int2"), "kv_dtype='int2' is not allowed: one of 'bf16'"),
     (dict(reserved_gib=-1), "reserved_gib=-1 is not allowed"),
     (dict(attention="sp"), "attention='sp' is not allowed: one of 'tp', 'dp'"),

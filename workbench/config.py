@@ -255,7 +255,8 @@ def load_config(model: str | Path) -> ModelConfig:
     elif not p.exists():
         named = MODELS_DIR / str(model) / "config.json"
         if not named.exists():
-            raise ValueError(f"unknown model {str(model)!r}: not a path and not a shipped model; "
-                             f"shipped: {', '.join(available_models())}")
+            raise InvalidParameter("model", str(model), "a shipped model (one of "
+                                   + ", ".join(map(repr, available_models()))
+                                   + ") or the path of a checkpoint directory or config.json")
         p = named
     return config_from_dict(json.loads(p.read_text()), name=p.parent.name)
