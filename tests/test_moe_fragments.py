@@ -1,4 +1,4 @@
-"""CPU tests of the fragment layout read by moe_small_fused (workbench.moe.packing.fragment_pack).
+"""CPU tests of the fragment layout the small-M kernels read (workbench.moe.packing.fragment_pack).
 
 Besides the round trip, ``emulate_tile`` replays what one warp of the kernel does with a
 (tile, step) block: the LOP3 extraction of mma A registers, the activation words it feeds as B,
@@ -10,8 +10,19 @@ import pytest
 import torch
 
 from workbench.int4 import dequantize_int4
-from workbench.moe.packing import (FRAG_STAGE, FRAG_WORDS, fragment_dequantize, fragment_pack, fragment_stages,
-                                   random_int4_experts)
+from workbench.moe.packing import (FRAG_STAGE, FRAG_WORDS, Int4Experts, fragment_dequantize, fragment_pack,
+                                   fragment_stages, random_int4_experts)
+
+
+def with_fragments(ex: Int4Experts) -> Int4Experts:
+    """The same experts, built with the fragment layout (on the CPU it is not made by default)."""
+    return Int4Experts(*ex.packed(), with_fragments=True)
+
+
+def tile_major(stage_major: torch.Tensor) -> torch.Tensor:
+    """One expert's stage-major fragments [K/256, R/16, 4, 144] -> [R/16, K/64, 144] (fragment_pack's order)."""
+    ns, nt = stage_major.shape[:2]
+    return stage_major.permute(1, 0, 2, 3).reshape(nt, ns * FRAG_STAGE, FRAG_WORDS)
 
 
 def _bf16_bits(v: torch.Tensor) -> torch.Tensor:
@@ -82,27 +93,47 @@ def test_kernel_fragment_arithmetic(gate_up):
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
-def test_fragments_cached_and_rebuilt_on_change():
-    ex = random_int4_experts(2, 256, 256, seed=1)
+def test_fragments_made_once_at_construction_and_round_trip_bit_for_bit():
+    """The fragment copy is made when the experts are built, never rebuilt, counted in nbytes; dequantised back it
+    equals the compressed-tensors weights the reference reads, bit for bit, for every expert and both matrices."""
+    ex = with_fragments(random_int4_experts(2, 256, 512, seed=1))
     gu, dn = ex.fragments()
-    assert gu.shape == (2, 1, 512 // 16, FRAG_STAGE, FRAG_WORDS) and dn.shape == (2, 1, 256 // 16, FRAG_STAGE, FRAG_WORDS)
-    assert ex.fragments()[0] is gu
-    ex.down_scale.mul_(2)                       # in-place change: version counter moves
-    assert ex.fragments()[1] is not dn
-    tile_major = ex.fragments()[1][1].permute(1, 0, 2, 3).reshape(256 // 16, 256 // 64, FRAG_WORDS)
-    assert torch.equal(fragment_dequantize(tile_major),
-                       dequantize_int4(ex.down_packed[1], ex.down_scale[1], group_size=32))
+    assert gu.shape == (2, 1, 1024 // 16, FRAG_STAGE, FRAG_WORDS) and dn.shape == (2, 2, 256 // 16, FRAG_STAGE, FRAG_WORDS)
+    assert ex.fragments()[0] is gu and ex.layouts == ("packed", "fragments")
+    packed_bytes = sum(t.numel() * t.element_size() for t in ex.packed())
+    assert ex.nbytes == packed_bytes + gu.numel() * 4 + dn.numel() * 4 == 2 * packed_bytes
+    for e in range(2):
+        w_gu, w_dn = ex.dequantize(e)
+        assert torch.equal(fragment_dequantize(tile_major(gu[e]), gate_up=True), w_gu)
+        assert torch.equal(fragment_dequantize(tile_major(dn[e])), w_dn)
+
+
+def test_cpu_experts_hold_one_copy_and_say_so():
+    ex = random_int4_experts(2, 256, 256, seed=1)
+    assert ex.layouts == ("packed",)
+    assert ex.nbytes == sum(t.numel() * t.element_size() for t in ex.packed()) == ex.num_experts * ex.bytes_per_expert()
+    with pytest.raises(ValueError, match="no fragment layout"):
+        ex.fragments()
+    with pytest.raises(AttributeError):
+        ex.down_scale = ex.down_scale * 2     # frozen: the layouts cannot drift apart
+    assert with_fragments(ex).to("cpu").layouts == ("packed", "fragments")
+
+
+def test_fragment_layout_needs_stage_multiples():
+    ex = random_int4_experts(1, 128, 64, seed=0)
+    with pytest.raises(ValueError, match="multiple"):
+        with_fragments(ex)
 
 
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_kernel_stage_addressing(gate_up):
-    """moe_small_fused's reads of the cached stack: the stage of (expert, 256-K stage j, tile) starts at
+    """The small-M kernels' reads of the stack: the stage of (expert, 256-K stage j, tile) starts at
     uint4 ((e * nsup + j) * tiles + tile) * 144, is copied as uint4 lane + 32 i (i < 4) and 128 + lane
     (lane < 16), and block q of it (64-K step 4 j + q) at uint4 36 q: the blocks gathered this way, run
     through the kernel's arithmetic, give W x."""
     copied = sorted([lane + 32 * i for lane in range(32) for i in range(4)] + [128 + lane for lane in range(16)])
     assert copied == list(range(FRAG_STAGE * FRAG_WORDS // 4))
-    ex = random_int4_experts(3, 512, 256, seed=11)
+    ex = with_fragments(random_int4_experts(3, 512, 256, seed=11))
     gu, dn = ex.fragments()
     stack = gu if gate_up else dn
     rows, k = (512, 512) if gate_up else (512, 256)

@@ -1,14 +1,17 @@
-"""The notebook-02 tables built from the committed one-launch vs four-launch comparison."""
+"""The notebook-02 and paper tables built from the committed MoE measurements."""
 import pytest
 
-from workbench.moe import fused, plots
+from workbench.moe import plots
+from workbench.reports import moe as report
+
+H200 = "NVIDIA H200"
 
 
 @pytest.fixture(scope="module")
 def small():
     doc = plots.load_moe_small("h200")
     if doc is None:
-        pytest.skip("no committed moe_small_splitk measurement")
+        pytest.skip("no committed moe_small_dispatch measurement")
     return doc
 
 
@@ -17,7 +20,7 @@ def test_small_path_rows_follow_the_dispatch_table(small):
     assert len(rows) == len(small["results"]["rows"]) > 0
     k = small["parameters"]["topk"]
     for r in rows:
-        label = plots.dispatched_label(r["M"], k)
+        label = plots.dispatched_label(r["M"], k, H200)
         assert r["dispatched"].startswith(label)
         assert r["dispatched % copy"] == r[f"{label} % copy"] is not None
         timed = {p: r[f"{p} % copy"] for p in plots.one_launch_paths(small) + ["four_launch"]}
@@ -28,11 +31,9 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
     pct, row = plots.dispatched_worst_pct(small)
     rows = plots.small_path_rows(small)
     assert pct == min(r["dispatched % copy"] for r in rows) == row["dispatched % copy"]
-    # SMALL_TABLE was set from runs 16-20; this file times every dispatched path in one process. The dispatch sees M,
-    # not the routing, so the check is per M: averaged over the two routings the dispatched path is within 1.5
-    # points of copy bandwidth of each row's fastest path, and in every row within 3 points (the spread of one path
-    # at one row between processes). At 595cffc, M = 3, splitk_s4 led under uniform routing by 1.7 points and
-    # trailed under skewed routing by 4.7: no single kernel is within 1.5 points in both rows there.
+    # This file times every dispatched kernel in one process. The dispatch sees M, not the routing, so the check is per
+    # M: averaged over the two routings the dispatched path is within 1.5 points of copy bandwidth of each row's
+    # fastest path, and in every row within 3 points (the spread of one path at one row between processes).
     by_m: dict[int, list[float]] = {}
     for r in rows:
         gap = r[f"{r['fastest']} % copy"] - r["dispatched % copy"]
@@ -42,40 +43,18 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
         assert sum(gaps) / len(gaps) <= 1.5, (m, gaps)
 
 
-def test_dispatched_label_follows_the_variant():
-    saved = fused.SMALL_VARIANT["name"]
-    try:
-        fused.set_small_variant("v3")
-        assert plots.dispatched_label(16, 8) == "small_fused"
-        fused.set_small_variant("splitk_s3")
-        assert plots.dispatched_label(16, 8) == "splitk_s3"
-        assert plots.dispatched_label(1, 8) == "splitk_s3"     # a forced kernel wherever one launch runs
-        assert plots.dispatched_label(17, 8) == "four_launch"  # 17 x 8 > SMALL_MAX_PAIRS
-        fused.set_small_variant(None)                          # each SMALL_TABLE row's own kernel
-        assert [plots.dispatched_label(m, 8) for m in (1, 2, 4, 9, 17)] == ["phased_r2_pdl", "phased_r3_pdl_k4",
-                                                                          "phased_r3_pdl_gu2", "phased_r3_pdl_gu2",
-                                                                          "four_launch"]
-        saved_table = list(fused.SMALL_TABLE)
-        try:
-            fused.set_small_table([(1, None), (16, True)])
-            assert plots.dispatched_label(1, 8) == "four_launch" and plots.dispatched_label(9, 8) == "splitk_s4x4e"
-        finally:
-            fused.set_small_table(saved_table)
-    finally:
-        fused.set_small_variant(saved)
+def test_dispatched_label_follows_the_dispatch_data():
+    assert [plots.dispatched_label(m, 8, H200) for m in (1, 2, 4, 9, 16, 17)] == [
+        "phased_r2_pdl", "phased_r3_pdl_k4", "phased_r3_pdl_gu2", "phased_r3_pdl_gu2", "phased_r3_pdl_gu2",
+        "four_launch"]                                           # 17 x 8 > 128 pairs
+    assert plots.dispatched_label(1, 8, "a GPU without a table") == "four_launch"   # generic.json
 
 
 def test_dispatched_path_missing_from_the_file_is_an_error(small):
-    saved = fused.SMALL_VARIANT["name"]
-    doc = {**small, "parameters": {**small["parameters"], "paths": ["small_fused", "four_launch"]}}
-    try:
-        fused.set_small_variant("splitk_s4")
-        doc["results"] = {**small["results"], "rows": [
-            {k: v for k, v in r.items() if not k.startswith("splitk_s4")} for r in small["results"]["rows"]]}
-        with pytest.raises(ValueError, match="did not time the dispatched path"):
-            plots.dispatched_worst_pct(doc)
-    finally:
-        fused.set_small_variant(saved)
+    doc = {**small, "results": {**small["results"], "rows": [
+        {k: v for k, v in r.items() if not k.startswith("phased_r2_pdl")} for r in small["results"]["rows"]]}}
+    with pytest.raises(ValueError, match="did not time the dispatched path"):
+        plots.dispatched_worst_pct(doc)
 
 
 def test_pct_figure_overlays_the_small_kernel(small):
@@ -97,32 +76,29 @@ def test_call_time_rows_are_the_sweeps_four_timings():
     assert plots.call_time_rows({"results": {"rows": [{"m": 1, "routing": "uniform"}]}}) == []
 
 
-def test_pair_delta_rows_are_the_files_differences():
-    """report.pair_delta_rows: new minus old per (routing, M) and run, and the min..max over the runs."""
-    from workbench.moe import report
+def test_versions_table_reads_every_run_from_git():
+    """The paper's versions table: one row per run of report.VERSIONS (and the earlier sweeps), each with a measured
+    column computed from the run's file as committed at report.HISTORY; None only without git history."""
+    rows = report.version_rows()
+    if rows is None:
+        pytest.skip(f"git history at {report.HISTORY} not available")
+    assert len(rows) == len(report.VERSIONS) + len(report.MOE_RUNS)
+    assert all(r["measured"] and r["code"] and r["outcome"] for r in rows)
 
-    names = ("moe_small_xend", "moe_small_xend_2")
-    docs = [plots.load_moe_small(name=n) for n in names]
-    if any(d is None for d in docs):
-        pytest.skip("run-16 files not committed")
-    rows = {(r["routing"], r["M"]): r for r in report.pair_delta_rows(names, (("ctasplit_x4e", "ctasplit_x4"),))}
-    assert len(rows) == len(docs[0]["results"]["rows"])
-    for i, doc in enumerate(docs):
-        for r in doc["results"]["rows"]:
-            want = r["ctasplit_x4e_pct_of_copy"] - r["ctasplit_x4_pct_of_copy"]
-            assert rows[(r["routing"], r["m"])][f"ctasplit_x4e - ctasplit_x4, run {i + 1}"] == f"{want:+.1f}"
-    lo, hi = rows[("uniform", 1)]["ctasplit_x4e - ctasplit_x4, min..max"].split("..")
-    assert float(lo) <= float(hi)
-    # a path a run did not time gives "-"
-    assert report.pair_delta_rows(names, (("ctasplit_x4e", "no_such_path"),))[0]["ctasplit_x4e - no_such_path, min..max"] == "-"
+
+def test_dispatch_block_names_every_dispatched_launch():
+    rows = plots.dispatch_rows(H200)
+    text = report.block_dispatch()
+    assert [r["path"] for r in rows] == ["small-M"] * 3 + ["four_launch"] * 3
+    assert "moe_small_phased_gu_r2p" in text and "moe_gate_up_nt1_rt2_l2" in text and "generic.json" in text
 
 
 def test_load_moe_repeat_only_at_todays_dispatch(monkeypatch):
-    """plots.load_moe_repeat: the committed repeat of today's sweep (same small-M table), and None once the two
-    tables differ (a repeat of an older dispatch) or the repeat is missing."""
+    """plots.load_moe_repeat: the committed repeat of today's sweep (same small-M dispatch), and None once the two
+    differ (a repeat of an older dispatch) or the repeat is missing."""
     doc = plots.load_moe_bandwidth()
     rep = plots.load_moe_repeat()
-    assert rep is not None and rep["parameters"]["small_table"] == doc["parameters"]["small_table"]
+    assert rep is not None and plots._dispatch_key(rep) == plots._dispatch_key(doc)
     real = plots.load_measurement
 
     def older(name, gpu="h200"):
@@ -139,8 +115,8 @@ def test_load_moe_repeat_only_at_todays_dispatch(monkeypatch):
 
 
 def test_bandwidth_goal_rows_are_the_copy_rows():
-    """plots.bandwidth_goal_rows: the % of copy rows of goal_rows, first in it: the profiler's span (run 34 on),
-    in-graph, queued, one replay."""
+    """plots.bandwidth_goal_rows: the % of copy rows of goal_rows, first in it: the profiler's span (where the file
+    has it), in-graph, queued, one replay."""
     doc = plots.load_moe_bandwidth()
     rows = plots.bandwidth_goal_rows(doc)
     n = len(rows)

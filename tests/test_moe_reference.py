@@ -1,12 +1,20 @@
-"""CPU tests of the float32 MoE reference, the CPU path of fused_moe_int4 and the bench analysis helpers."""
+"""CPU tests of the float32 MoE reference, the CPU path of fused_moe_int4, what it dispatches (moe_plan) and the
+bench's analysis helpers."""
+import json
+
 import pytest
 import torch
 
-from workbench.moe import fused_moe_int4, moe_reference, random_int4_experts
-from workbench.moe.bench import (bytes_moved, distinct_experts, flops, make_routing, plateau_m, rel_error,
-                                 group_pairs, peer_moe, dequantize_gpu)
+from workbench import DATA_DIR
+from workbench.bench.moe import (bytes_moved, dequantize_gpu, distinct_experts, flops, group_pairs, make_routing,
+                                 peer_moe, plateau_m, rel_error)
+from workbench.dispatch import dispatch_for
 from workbench.kernels import KERNEL_DIR
-from workbench.moe.fused import VARIANTS, kernel_config, max_work_items, variant_name
+from workbench.moe import fused_moe_int4, moe_reference, random_int4_experts
+from workbench.moe.fused import (FOUR_LAUNCH, LARGE_VARIANTS, SMALL_KERNELS, large_variant, max_work_items,
+                                 moe_plan, variant_name)
+
+H200 = dispatch_for("NVIDIA H200")
 
 SRC = (KERNEL_DIR / "moe_int4.cu").read_text()
 
@@ -95,16 +103,78 @@ def test_plateau_and_work_item_bound():
     assert plateau_m([1, 2], [float("nan"), 1.0]) == 2          # NaN points are skipped
     assert plateau_m([1, 2, 4], [1.0, 1.0, 1.0]) is None       # still falling at the largest M swept
     assert plateau_m([1, 2, 4, 8], [1.0, 2.0, 4.0, 8.1]) == 1  # flat per token from the start
-    assert kernel_config(1)[0] == 1 and kernel_config(1024)[0] == 4
-    for var in VARIANTS:  # every listed variant is compiled in moe_int4.cu
-        nt, rt, d, s, line = var
-        tag = variant_name(var).split("_")[-1]
-        assert f"MOE_INSTANCE({nt}, {rt}, {d}, {s}, {'true' if line else 'false'}, {tag})" in SRC
+    assert H200.moe_large_variant(1)[0] == 1 and H200.moe_large_variant(1024)[0] == 4
     g = torch.Generator().manual_seed(5)
     for m in (1, 3, 16, 100, 1024):
         for kind in ("uniform", "skewed"):
             ids, _ = make_routing(m, 384, 8, kind, g)
             counts = torch.bincount(ids.reshape(-1).long(), minlength=384)
-            chunk = 8 * kernel_config(m)[0]
+            chunk = 8 * H200.moe_large_variant(m)[0]
             need = int(((counts + chunk - 1) // chunk).sum())
             assert need <= max_work_items(m * 8, 384, chunk)
+
+
+def test_every_kernel_in_the_tables_is_compiled_and_nothing_else_is():
+    """fused's tables name exactly the entry points of moe_int4.cu, and every dispatch file names only those."""
+    for var in LARGE_VARIANTS:
+        nt, rt, d, s, line = var
+        tag = variant_name(var).split("_")[-1]
+        assert f"MOE_INSTANCE({nt}, {rt}, {d}, {s}, {'true' if line else 'false'}, {tag})" in SRC
+    assert SRC.count("MOE_INSTANCE(") - 1 == len(LARGE_VARIANTS)          # minus the macro's definition
+    for gu, dn, _ in SMALL_KERNELS.values():
+        assert f"MOE_PHASED_KERNELS({gu}, {dn}," in SRC
+    assert SRC.count("MOE_PHASED_KERNELS(") - 1 == len(SMALL_KERNELS)
+    for path in sorted((DATA_DIR / "dispatch").glob("*.json")):
+        raw = json.loads(path.read_text())
+        assert {k for _, k in raw["moe_small"]} <= set(SMALL_KERNELS), path.name
+        assert {tuple(v) for _, v in raw["moe_large"]} <= set(LARGE_VARIANTS), path.name
+
+
+def test_moe_plan_follows_the_dispatch_data():
+    plan = lambda m, **kw: moe_plan(m, 8, "cuda", dispatch=H200, **kw)   # noqa: E731
+    for m, (max_m, kern) in [(1, H200.moe_small[0]), (2, H200.moe_small[1]), (16, H200.moe_small[-1])]:
+        p = plan(m)
+        assert p["path"] == "small" and p["kernel"] == kern and p["launches"] == list(SMALL_KERNELS[kern][:2])
+    p = plan(17)
+    assert p["path"] == FOUR_LAUNCH and p["variant"] == H200.moe_large_variant(17)
+    assert p["launches"] == ["moe_align", f"moe_gate_up_{variant_name(p['variant'])}",
+                             f"moe_down_{variant_name(p['variant'])}", "moe_combine"]
+    assert plan(1, kernel=FOUR_LAUNCH)["variant"] == H200.moe_large_variant(1) and plan(1, kernel=FOUR_LAUNCH)["forced"]
+    assert plan(4, kernel=(4, 2, 2, 0, 0))["kernel"] == "four_launch:nt4_rt2_d2"
+    generic = dispatch_for("a GPU without a table")
+    assert generic.generic and moe_plan(1, 8, "cuda", dispatch=generic)["path"] == FOUR_LAUNCH
+    cpu = moe_plan(3, 8, "cpu")
+    assert cpu["impl"] == "torch" and cpu["kernel"] == "moe_reference" and cpu["launches"] == []
+    assert plan(3, impl="torch")["impl"] == "torch"
+
+
+def test_moe_plan_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="unknown MoE kernel 'phased_r9'"):
+        moe_plan(1, 8, "cuda", kernel="phased_r9", dispatch=H200)
+    with pytest.raises(ValueError, match="at most 128"):
+        moe_plan(17, 8, "cuda", kernel="phased_r2_pdl", dispatch=H200)
+    with pytest.raises(ValueError, match="four-launch variant must be one of"):
+        moe_plan(1, 8, "cuda", kernel=(1, 1, 4, 0, 0), dispatch=H200)
+    with pytest.raises(ValueError, match="impl='cuda' needs CUDA tensors"):
+        moe_plan(1, 8, "cpu", impl="cuda")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        moe_plan(1, 8, "cpu", impl="triton")
+    with pytest.raises(ValueError, match="torch reference takes none"):
+        moe_plan(1, 8, "cpu", kernel="phased_r2_pdl")
+    # a whole-line variant needs H and I multiples of 1024; the register-prefetch form runs instead
+    assert large_variant((1, 2, 0, 2, 1), 512, 512) == (1, 2, 2, 0, 0)
+    assert large_variant((1, 2, 0, 2, 1), 7168, 2048) == (1, 2, 0, 2, 1)
+
+
+def test_fused_on_cpu_runs_the_reference_and_refuses_cuda_kernels():
+    ex = random_int4_experts(4, 64, 32, seed=6)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    ids, w = make_routing(3, 4, 2, "uniform", g)
+    ref = moe_reference(x, ids, w, ex).to(torch.bfloat16)
+    assert torch.equal(fused_moe_int4(x, ids, w, ex), ref)
+    assert torch.equal(fused_moe_int4(x, ids, w, ex, impl="torch"), ref)
+    with pytest.raises(ValueError, match="impl='cuda' needs CUDA tensors"):
+        fused_moe_int4(x, ids, w, ex, impl="cuda")
+    with pytest.raises(ValueError, match="torch reference takes none"):
+        fused_moe_int4(x, ids, w, ex, kernel="phased_r2_pdl")

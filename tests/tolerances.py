@@ -21,8 +21,9 @@ class Tol:
 
 # name -> bounds. The reference is float32/float64; the kernel's output dtype sets the bound.
 TOLERANCES: dict[str, Tol] = {
-    "moe_bf16": Tol(atol=2e-2, rtol=2e-2, min_cos=0.9999),            # fused INT4 MoE out, bf16 [M, H], both
-    # divided by the reference's RMS (h is rounded to bf16 between the two GEMMs: errors scale with the output)
+    "moe_bf16": Tol(atol=3e-2, rtol=2e-2, min_cos=0.9999),            # fused INT4 MoE out, bf16 [M, H], both
+    # divided by the reference's RMS: h is rounded to bf16 between the two GEMMs, so every element's error scales
+    # with the output's size, not its own; atol leaves several sigma of that rounding over ~10^7 elements
     "verify_bf16": Tol(atol=1e-2, rtol=2e-2, min_cos=0.99995),        # verify attention out, bf16 [T, h, 512]
     "verify_fp32": Tol(atol=1e-4, rtol=1e-4, min_cos=0.9999999),      # verify attention out, float32
     "verify_lse_bf16": Tol(atol=2e-3, rtol=0.0, min_cos=0.9999999),   # verify log-sum-exp (float32) from bf16 inputs

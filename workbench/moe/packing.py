@@ -1,10 +1,10 @@
-"""Routed-expert weights in the layout the fused INT4 MoE kernel reads.
+"""Routed-expert weights in the layouts the fused INT4 MoE kernels read.
 
 The per-matrix format is compressed-tensors ``pack-quantized`` exactly as
 stored on disk (see :mod:`workbench.int4`): int32 words ``[out, in // 8]``
 holding eight ``q + 8`` nibbles along the input dimension, bf16 scales
-``[out, in // 32]``, symmetric, group size 32. Nothing inside a row is
-reordered. The one re-packing done at load time is stacking:
+``[out, in // 32]``, symmetric, group size 32. The four-launch kernels
+(any M) and the torch reference read it, stacked:
 
 - ``gate_up_packed`` int32 ``[E, 2 * I, H // 8]``: rows ``0..I-1`` are
   ``experts.{e}.gate_proj``, rows ``I..2I-1`` are ``experts.{e}.up_proj``;
@@ -14,18 +14,18 @@ reordered. The one re-packing done at load time is stacking:
 
 (H = hidden size, 7168 for Kimi K2.6; I = moe_intermediate_size, 2048.)
 
-The small-M kernel (``moe_small_fused``, at most 128 (token, expert) pairs per
-call) reads a second, derived layout, the *fragment pack* (:func:`fragment_pack`,
-made once per set of experts on first use and cached on the object,
-:meth:`Int4Experts.fragments`): per matrix int32 ``[R/16, K/64, 144]``, for each
-tile of 16 rows and 64-wide K step a contiguous 576-byte block holding the
-nibbles in mma.m16n8k16 A-fragment order (word ``4 * lane + kc``) and the
-tile's bf16 scales of those two groups (16 words); the cached stack is
-stage-major (:func:`fragment_stages`), ``[E, K/256, R/16, 4, 144]``: the four
-blocks of one tile and 256-wide K stage are one contiguous 2304-byte stretch (what
-one warp copies per loop iteration) and the stretches of neighbouring tiles at one
-stage are adjacent. It costs as much memory
-again as the compressed-tensors tensors, which the larger-M kernels still read.
+The small-M kernels (at most 128 (token, expert) pairs per call) read the
+*fragment layout* (:func:`fragment_pack`, stage-major :func:`fragment_stages`):
+per matrix int32 ``[K/256, R/16, 4, 144]``, for each tile of 16 rows and
+64-wide K step a 576-byte block holding the nibbles in mma.m16n8k16
+A-fragment order (word ``4 * lane + kc``) and the tile's bf16 scales of those
+two groups (16 words); the four blocks of one tile and 256-wide K stage are
+one contiguous 2304-byte stretch. :class:`Int4Experts` makes it once, when it
+is built on a GPU whose dispatch runs a small-M kernel
+(:attr:`Int4Experts.layouts`), and counts it in :attr:`Int4Experts.nbytes`:
+the two kernel families read different layouts, so on such a GPU the routed
+experts are held twice (one copy needs a four-launch kernel that reads the
+fragment layout; papers/moe_int4.md, limits).
 """
 
 from __future__ import annotations
@@ -40,16 +40,35 @@ from workbench.int4 import PACK, dequantize_int4, quantize_int4
 GROUP_SIZE = 32
 
 
-@dataclass
+def _small_kernels_run(device: torch.device) -> bool:
+    """True when ``device`` is a CUDA device whose dispatch (:func:`workbench.dispatch.dispatch_for`) names a small-M
+    kernel, so the fragment layout is read there."""
+    if device.type != "cuda":
+        return False
+    from workbench.dispatch import dispatch_for
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return bool(dispatch_for(torch.cuda.get_device_name(idx)).moe_small)
+
+
+@dataclass(frozen=True, eq=False)
 class Int4Experts:
-    """Stacked INT4 routed experts (layout in the module docstring)."""
+    """Stacked INT4 routed experts (layouts in the module docstring), immutable.
+
+    Built from the compressed-tensors tensors (``Int4Experts(gate_up_packed, gate_up_scale, down_packed,
+    down_scale)``, all on one device). ``with_fragments``: whether to also hold the fragment layout the small-M
+    kernels read; None (the default) holds it where those kernels can run for these experts (a CUDA device whose
+    dispatch names a small-M kernel, H and I multiples of 512); it is made here, once, one expert at a time.
+    """
 
     gate_up_packed: torch.Tensor  # int32 [E, 2I, H/8]
     gate_up_scale: torch.Tensor   # bf16  [E, 2I, H/32]
     down_packed: torch.Tensor     # int32 [E, H, I/8]
     down_scale: torch.Tensor      # bf16  [E, H, I/32]
     group_size: int = GROUP_SIZE
-    _frag_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    with_fragments: bool | None = None
+    gate_up_frag: torch.Tensor | None = field(default=None, init=False, repr=False)  # int32 [E, H/256, 2I/16, 4, 144]
+    down_frag: torch.Tensor | None = field(default=None, init=False, repr=False)     # int32 [E, I/256, H/16, 4, 144]
 
     def __post_init__(self) -> None:
         gu, gus, dn, dns = self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
@@ -76,6 +95,18 @@ class Int4Experts:
         devs = {t.device for t in (gu, gus, dn, dns)}
         if len(devs) != 1:
             raise ValueError(f"expert tensors are on different devices: {devs}")
+        frag = self.with_fragments
+        if frag is None:
+            frag = _small_kernels_run(gu.device) and h % 512 == 0 and i % 512 == 0
+        if frag:
+            _check_frag_dims(2 * i, h, True)
+            if h % (FRAG_STAGE * FRAG_K) or i % (FRAG_STAGE * FRAG_K):
+                raise ValueError(f"the fragment layout needs H and I multiples of {FRAG_STAGE * FRAG_K}, "
+                                 f"got H {h}, I {i}")
+            object.__setattr__(self, "gate_up_frag", torch.stack(
+                [fragment_stages(fragment_pack(gu[x], gus[x], gate_up=True)) for x in range(e)]).contiguous())
+            object.__setattr__(self, "down_frag", torch.stack(
+                [fragment_stages(fragment_pack(dn[x], dns[x])) for x in range(e)]).contiguous())
 
     @property
     def num_experts(self) -> int:
@@ -93,37 +124,40 @@ class Int4Experts:
     def device(self) -> torch.device:
         return self.gate_up_packed.device
 
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """The layouts held: ``("packed",)`` or ``("packed", "fragments")``."""
+        return ("packed", "fragments") if self.gate_up_frag is not None else ("packed",)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every expert tensor held, on :attr:`device` (both layouts when both are held)."""
+        ts = [self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale]
+        if self.gate_up_frag is not None:
+            ts += [self.gate_up_frag, self.down_frag]
+        return sum(t.numel() * t.element_size() for t in ts)
+
     def to(self, device: str | torch.device) -> "Int4Experts":
+        """A copy on ``device`` (``with_fragments`` as this one's)."""
         return Int4Experts(self.gate_up_packed.to(device), self.gate_up_scale.to(device),
-                           self.down_packed.to(device), self.down_scale.to(device), self.group_size)
+                           self.down_packed.to(device), self.down_scale.to(device), self.group_size,
+                           self.with_fragments)
+
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate_up_packed, gate_up_scale, down_packed, down_scale): the compressed-tensors layout."""
+        return self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
 
     def fragments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up, down) in the fragment layout, stage-major: int32 [E, H/256, 2I/16, 4, 144] and
-        [E, I/256, H/16, 4, 144].
-
-        Made on first call (on the experts' device, one expert at a time) and
-        cached; the cache is rebuilt when a source tensor is replaced or changed
-        in place (data pointer or version counter). gate_up tiles interleave
-        8 gate rows and the same 8 up rows (:func:`fragment_pack`, ``gate_up=True``).
-        Stage-major (:func:`fragment_stages`): a warp copies one contiguous
-        2304-byte stretch (one tile, 256 K) per loop iteration, and the stretches
-        of neighbouring tiles at one stage are adjacent, so warps working on one
-        expert read one contiguous stretch together. H and I must be multiples of 256.
-        """
-        key = tuple((t.data_ptr(), t._version) for t in
-                    (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
-        if self._frag_cache.get("key") != key:
-            e = self.num_experts
-            gu = torch.stack([fragment_stages(fragment_pack(self.gate_up_packed[x], self.gate_up_scale[x],
-                                                            gate_up=True)) for x in range(e)]).contiguous()
-            dn = torch.stack([fragment_stages(fragment_pack(self.down_packed[x], self.down_scale[x]))
-                              for x in range(e)]).contiguous()
-            self._frag_cache.clear()
-            self._frag_cache.update(key=key, gu=gu, dn=dn)
-        return self._frag_cache["gu"], self._frag_cache["dn"]
+        [E, I/256, H/16, 4, 144]; gate_up tiles interleave 8 gate rows and the same 8 up rows
+        (:func:`fragment_pack`, ``gate_up=True``). Raises when these experts were built without it."""
+        if self.gate_up_frag is None:
+            raise ValueError(f"these experts hold no fragment layout (built on {self.device} with with_fragments="
+                             f"{self.with_fragments}); the small-M kernels need Int4Experts(..., with_fragments=True)")
+        return self.gate_up_frag, self.down_frag
 
     def bytes_per_expert(self) -> int:
-        """Packed weights + scales of one expert (what the kernel must stream for it)."""
+        """Packed weights + scales of one expert (what a kernel must stream for it)."""
         return sum(t[0].numel() * t.element_size() for t in
                    (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
 
@@ -216,7 +250,7 @@ def random_int4_experts(num_experts: int, hidden: int, intermediate: int, *, dev
 FRAG_ROWS = 16     # rows per tile (mma M)
 FRAG_K = 64        # K per step (two quantisation groups, four mma k16 chunks)
 FRAG_WORDS = 144   # int32 per (tile, step): 128 nibble words + 16 scale words
-FRAG_STAGE = 4     # 64-wide steps per ring stage of moe_small_fused (one tile x 256 K per warp iteration)
+FRAG_STAGE = 4     # 64-wide steps per ring stage of the small-M kernels (one tile x 256 K per warp iteration)
 # dims of the nibble view [tile, hi, g, s, gr, t, h, kk] (row = 16 tile + 8 hi + g,
 # k = 64 s + 32 gr + 8 t + 4 h + kk) in the order the words are laid out
 _FRAG_PERM = (0, 3, 2, 5, 4, 6, 1, 7)      # -> [tile, s, g, t, gr, h, hi, kk]
@@ -239,7 +273,7 @@ def _check_frag_dims(rows: int, k: int, gate_up: bool) -> None:
 
 
 def fragment_pack(packed: torch.Tensor, scale: torch.Tensor, *, gate_up: bool = False) -> torch.Tensor:
-    """Re-pack one matrix for ``moe_small_fused``: int32 [R, K/8] + bf16 [R, K/32] -> int32 [R/16, K/64, 144].
+    """Re-pack one matrix for the small-M kernels: int32 [R, K/8] + bf16 [R, K/32] -> int32 [R/16, K/64, 144].
 
     ``packed``/``scale`` are compressed-tensors pack-quantized (nibble j of word w
     is element 8w + j, value q + 8). Word ``4 * lane + kc`` of a (tile, step)
@@ -278,7 +312,7 @@ def fragment_stages(frag: torch.Tensor) -> torch.Tensor:
     """Stage-major order of one matrix's fragment pack: int32 [R/16, K/64, 144] -> [K/256, R/16, 4, 144].
 
     Block (tile, 64-wide step s) goes to [s // 4, tile, s % 4]; this is the
-    order ``moe_small_fused`` streams (:data:`FRAG_STAGE` steps per ring stage).
+    order the small-M kernels stream (:data:`FRAG_STAGE` steps per ring stage).
     """
     if frag.dtype != torch.int32 or frag.dim() != 3 or frag.shape[2] != FRAG_WORDS:
         raise ValueError(f"frag must be int32 [R/16, K/64, {FRAG_WORDS}], got {frag.dtype} {tuple(frag.shape)}")

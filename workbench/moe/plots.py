@@ -1,9 +1,9 @@
-"""Tables and plotly figures for notebooks/02_moe_bandwidth.ipynb.
+"""Tables and plotly figures of the INT4 MoE measurements (notebook 02, papers/moe_int4.md, the README block).
 
-Everything reads the committed measurements (``data/measurements/<gpu>/moe_bandwidth.json``,
-the full sweep; ``moe_small_dispatch.json`` (:data:`SMALL_COMPARE`), the one-launch small-M kernels against the four-launch path
-at M <= 16 in one run, the file :data:`workbench.moe.fused.SMALL_TABLE` was set from) and the source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing
-here holds a measured number.
+Everything reads the committed measurements: ``data/measurements/<gpu>/moe_bandwidth.json`` (the sweep of the
+dispatched path, ``python -m workbench.bench.moe``), :data:`CURRENT_REPEAT` (the same sweep repeated at the same
+dispatch), :data:`SMALL_COMPARE` (the small-M kernels beside the four-launch path at M <= 16 in one process) and the
+source's anchor points (``data/anchors/rtx_pro_6000_moe.json``); nothing here holds a measured number.
 """
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import torch
 from workbench import DATA_DIR
 from workbench.kernels import resolve_device
 from workbench.measure import load_measurement
-from workbench.moe.bench import IN_GRAPH_CALLS, dispatched_path, make_routing, plateau_m, rel_error
-from workbench.moe.fused import fused_moe_int4, gpu_supported, variant_name
+from workbench.bench.moe import IN_GRAPH_CALLS, make_routing, plateau_m, rel_error
+from workbench.dispatch import dispatch_for
+from workbench.moe.fused import FOUR_LAUNCH, SMALL_KERNELS, fused_moe_int4, gpu_supported, large_variant, moe_plan, \
+    variant_name
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -35,21 +37,37 @@ def load_moe_bandwidth(gpu: str = "h200") -> dict[str, Any] | None:
     return load_measurement("moe_bandwidth", gpu)
 
 
-CURRENT_REPEAT = "moe_bandwidth_repeat34"   # the full sweep again at moe_bandwidth.json's dispatch (run 34)
+CURRENT_REPEAT = "moe_bandwidth_repeat34"   # the full sweep again at moe_bandwidth.json's dispatch, another machine
+
+
+def _dispatch_key(doc: dict[str, Any]) -> Any:
+    """The small-M dispatch a sweep ran: its ``small_table`` (files before the dispatch was data) or
+    ``dispatch.moe_small``."""
+    par = doc["parameters"]
+    return par["small_table"] if "small_table" in par else par.get("dispatch", {}).get("moe_small")
 
 
 def load_moe_repeat(gpu: str = "h200") -> dict[str, Any] | None:
     """:data:`CURRENT_REPEAT`, the full sweep repeated at today's dispatch, or None when it is not committed or its
-    small-M table differs from ``moe_bandwidth``'s (then it repeats an older dispatch and says nothing of today's)."""
+    small-M dispatch differs from ``moe_bandwidth``'s (then it repeats an older dispatch and says nothing of today's)."""
     doc, rep = load_moe_bandwidth(gpu), load_measurement(CURRENT_REPEAT, gpu)
-    if not doc or not rep or rep["parameters"].get("small_table") != doc["parameters"].get("small_table"):
+    if not doc or not rep or _dispatch_key(rep) != _dispatch_key(doc):
         return None
     return rep
 
 
 def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_values: list[int],
                 device: str = "auto", seed: int = 0) -> list[dict[str, Any]]:
-    """fused_moe_int4 against the float32 reference on fresh random inputs, one row per (M, routing)."""
+    """fused_moe_int4 against the float32 reference on fresh random inputs, one row per (M, routing), with the kernel
+    :func:`workbench.moe.fused.moe_plan` names (``moe_reference`` on the CPU)."""
+    for name, v, lo in (("hidden", hidden, 1), ("intermediate", intermediate, 1), ("num_experts", num_experts, 1),
+                        ("topk", topk, 1)):
+        if not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if topk > num_experts:
+        raise ValueError(f"topk must be at most num_experts ({num_experts}), got {topk}")
+    if not m_values or any(not isinstance(m, int) or not 1 <= m <= 65535 for m in m_values):
+        raise ValueError(f"m_values must be a non-empty list of integers in [1, 65535], got {m_values!r}")
     dev = resolve_device(device)
     # experts are drawn where they will run (384 Kimi-sized experts are ~8.5 GB: seconds on a GPU)
     experts = random_int4_experts(num_experts, hidden, intermediate, device=dev, seed=seed)
@@ -69,10 +87,41 @@ def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_v
             x = torch.randn(m, hidden, generator=gen).to(torch.bfloat16)
             out = fused_moe_int4(x.to(dev), ids.to(dev), w.to(dev), experts).cpu()
             ref = moe_reference(x.to(dev), ids.to(dev), w.to(dev), experts).cpu()  # float32 dequantise-then-matmul
+            plan = moe_plan(m, topk, dev, hidden=hidden, intermediate=intermediate)
             rows.append({"M": m, "routing": routing, "distinct experts": int(torch.unique(ids).numel()),
                          "rel err": rel_error(out, ref), "non-finite": int((~torch.isfinite(out)).sum()),
-                         "path": path})
+                         "path": path, "kernel": plan["kernel"]})
     return rows
+
+
+def dispatch_rows(device_name: str = "NVIDIA H200", hidden: int = 7168, intermediate: int = 2048
+                  ) -> list[dict[str, Any]]:
+    """The MoE dispatch of ``device_name`` (data/dispatch) as rows: M range, path, kernel, its launches."""
+    d = dispatch_for(device_name)
+    rows, lo = [], 1
+    for max_m, name in d.moe_small:
+        rows.append({"M": f"{lo}-{max_m}", "path": "small-M", "kernel": name, "launches": ", ".join(SMALL_KERNELS[name][:2])})
+        lo = max_m + 1
+    for max_m, var in d.moe_large:
+        name = variant_name(large_variant(var, hidden, intermediate))
+        rows.append({"M": f"{lo}-{max_m}" if max_m < 1 << 20 else f">= {lo}", "path": FOUR_LAUNCH,
+                     "kernel": f"{name} {tuple(var)}",
+                     "launches": f"moe_align, moe_gate_up_{name}, moe_down_{name}, moe_combine"})
+        lo = max_m + 1
+    return rows
+
+
+def anchor_rows(doc: dict[str, Any], anchors: dict[str, Any]) -> list[dict[str, Any]]:
+    """The source's RTX PRO 6000 points beside the sweep's H200 rows at the same M (uniform routing)."""
+    by_m = {r["m"]: r for r in doc["results"]["rows"] if r["routing"] == "uniform"}
+    out = []
+    for p in anchors["points"]:
+        h = by_m.get(p["m"])
+        out.append({"M": p["m"], f"source {anchors['gpu']} ms/layer": p["ms_per_layer"],
+                    "H200 ms/layer (uniform)": h["ms_median"] if h else None,
+                    "H200 % of copy": h["pct_of_copy"] if h else None,
+                    "ratio source / H200": p["ms_per_layer"] / h["ms_median"] if h else None})
+    return out
 
 
 def table_figure(rows: list[dict[str, Any]], title: str = ""):
@@ -163,7 +212,7 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
                                          mode="lines+markers", line={"dash": "dash"},
                                          name=f"fused W4A16, {routing}: in-graph % of copy"))
             sp = [r for r in rr if r.get("span_pct_of_copy") is not None]
-            if sp:   # run 34 on: the kernels' device time, what the goal is judged on
+            if sp:   # the kernels' device time, what the goal is judged on
                 fig.add_trace(go.Scatter(x=[r["m"] for r in sp], y=[r["span_pct_of_copy"] for r in sp],
                                          mode="lines+markers", line={"dash": "dashdot"},
                                          name=f"fused W4A16, {routing}: kernels' device time (profiler span) % of copy"))
@@ -179,29 +228,31 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     return fig
 
 
-SMALL_COMPARE = "moe_small_dispatch"   # every path fused.SMALL_TABLE dispatches, timed in one process
+SMALL_COMPARE = "moe_small_dispatch"   # the small-M kernels beside the four-launch path at M <= 16, one process
 
 
 def load_moe_small(gpu: str = "h200", name: str = SMALL_COMPARE) -> dict[str, Any] | None:
-    """A committed comparison of the paths at M <= 16 (``bench --small-compare NAME``), or None."""
+    """The committed comparison of the paths at M <= 16 (:data:`SMALL_COMPARE`), or None."""
     return load_measurement(name, gpu)
 
 
 def one_launch_paths(small: dict[str, Any]) -> list[str]:
-    """Labels of the one-launch paths a comparison timed ("small_fused" is version 3, then split-K names)."""
-    return [p for p in small["parameters"].get("paths", ["small_fused", "four_launch"]) if p != "four_launch"]
+    """Labels of the small-M kernels a comparison timed (its ``paths`` but ``four_launch``)."""
+    return [p for p in small["parameters"].get("paths", [FOUR_LAUNCH]) if p != FOUR_LAUNCH]
 
 
-dispatched_label = dispatched_path   # the comparison-file label of the path fused_moe_int4 runs today for M
+def dispatched_label(m: int, topk: int, device_name: str) -> str:
+    """The comparison-file label of the path data/dispatch names for M tokens on ``device_name``: a small-M kernel's
+    name or ``four_launch``."""
+    return dispatch_for(device_name).moe_small_kernel(m, topk) or FOUR_LAUNCH
 
 
 def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict[str, Any]]:
-    """Per (routing, M): every timed path's ms and % of copy from one run, the fastest, and the path
-    ``fused_moe_int4`` dispatches today (:func:`dispatched_label`; its % of copy is None when this file
-    did not time that path)."""
+    """Per (routing, M): every timed path's ms and % of copy from one run, the fastest, and the path the dispatch
+    of the file's GPU names (:func:`dispatched_label`; its % of copy is None when this file did not time it)."""
     k = topk or small["parameters"]["topk"]
-    paths = one_launch_paths(small) + ["four_launch"]
-    has_in_graph = any("dispatched" in r for r in small["results"]["rows"])
+    gpu = small["provenance"].get("gpu", "")
+    paths = one_launch_paths(small) + [FOUR_LAUNCH]
     out = []
     for r in sorted(small["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
         row: dict[str, Any] = {"routing": r["routing"], "M": r["m"]}
@@ -210,34 +261,14 @@ def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict
             row[f"{p} ms"] = r.get(f"{p}_ms_median")
             row[f"{p} % copy"] = timed.get(p)
         row["fastest"] = max(timed, key=timed.get)
-        d = dispatched_label(r["m"], k)
-        row["dispatched"] = f"four_launch ({r['four_launch_variant']})" if d == "four_launch" else d
+        d = dispatched_label(r["m"], k, gpu)
+        row["dispatched"] = f"four_launch ({r['four_launch_variant']})" if d == FOUR_LAUNCH else d
         row["dispatched % copy"] = timed.get(d)
-        if has_in_graph:   # queued / in-graph columns (files from run 21 on), when they are of today's path
-            same = r.get("dispatched") == d
-            row["dispatched queued % copy"] = r.get(f"{d}_queued_pct_of_copy") if same else None
-            row["dispatched in-graph % copy"] = r.get(f"{d}_ingraph_pct_of_copy") if same else None
-            if any(k.endswith("_span_pct_of_copy") for k in r):   # the profiler's span (files from run 34 on)
-                row["dispatched span % copy"] = r.get(f"{d}_span_pct_of_copy") if same else None
+        same = r.get("dispatched") == d   # queued / in-graph / span columns: only of the dispatched path
+        row["dispatched queued % copy"] = r.get(f"{d}_queued_pct_of_copy") if same else None
+        row["dispatched in-graph % copy"] = r.get(f"{d}_ingraph_pct_of_copy") if same else None
+        row["dispatched span % copy"] = r.get(f"{d}_span_pct_of_copy") if same else None
         out.append(row)
-    return out
-
-
-def timing_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per row of a comparison file (:func:`load_moe_small`) from run 21 on: the dispatched path timed three ways
-    (one replay on an idle GPU, queued behind a sleep kernel, in-graph) in microseconds, their differences and
-    % of copy."""
-    out = []
-    for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
-        d = r.get("dispatched")
-        if not d or f"{d}_ingraph_ms_median" not in r:
-            continue
-        one, q, g = (r[f"{d}{k}_ms_median"] * 1e3 for k in ("", "_queued", "_ingraph"))
-        out.append({"routing": r["routing"], "M": r["m"], "path": d, "one replay us": f"{one:.1f}",
-                    "queued us": f"{q:.1f}", "in-graph us": f"{g:.1f}", "one - queued us": f"{one - q:+.1f}",
-                    "queued - in-graph us": f"{q - g:+.1f}", "% copy one / queued / in-graph":
-                        f"{r[d + '_pct_of_copy']:.1f} / {r[d + '_queued_pct_of_copy']:.1f} / "
-                        f"{r[d + '_ingraph_pct_of_copy']:.1f}"})
     return out
 
 
@@ -249,8 +280,8 @@ def dispatched_worst_pct(small: dict[str, Any], column: str = "dispatched % copy
     rows = small_path_rows(small)
     missing = [(r["routing"], r["M"], r["dispatched"]) for r in rows if r["dispatched % copy"] is None]
     if missing:
-        raise ValueError(f"{small['name']}.json did not time the dispatched path at {missing}: re-run "
-                         "`python -m workbench.moe.bench --small-compare` with that path")
+        raise ValueError(f"{small['name']}.json did not time the dispatched path at {missing}: measure it again "
+                         "(`python -m workbench.bench.moe`)")
     if not rows or any(r.get(column) is None for r in rows):
         return None
     worst = min(rows, key=lambda r: r[column])
@@ -271,8 +302,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                "ms": r["ms_median"], "GB/s": r["gb_per_s_median"], "% copy": r["pct_of_copy"],
                "in-graph ms": r.get("ingraph_ms_median"), "in-graph % copy": r.get("ingraph_pct_of_copy"),
                "TFLOP/s": r["tflops"], "ms/token": r["ms_per_token"], "plateau M*": pm[r["routing"]],
-               "kernel": r.get("path") or (variant_name(tuple(r["kernel_config"])) if len(r["kernel_config"]) == 5
-                                          else str(r["kernel_config"]))}
+               "kernel": r.get("path", "-")}
         for key in PEERS:
             row[f"x vs {key}"] = r.get(f"speedup_vs_{key}", "-")
         out.append(row)
@@ -292,17 +322,17 @@ def goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
     ig, q, sp = worst("ingraph_pct_of_copy"), worst("queued_pct_of_copy"), worst("span_pct_of_copy")
     errs = [c["rel_err"] for c in res["checks"] if isinstance(c.get("rel_err"), float) and "peer" not in c]
     rows = []
-    if sp is not None:   # the kernels' device time (run 34 on): what the issue's bandwidth goal is judged on
+    if sp is not None:   # the kernels' device time: what the bandwidth goal is judged on
         rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, the kernels' device time (profiler: first kernel "
-                             "start to last kernel end; the goal's measure from run 34)", "target": ">= 80",
+                             "start to last kernel end)", "target": ">= 80",
                      "measured (worst)": sp, "met": sp >= 80})
     rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, in-graph ({IN_GRAPH_CALLS} calls back to back in one "
                          "graph)", "target": ">= 80", "measured (worst)": ig, "met": ig is not None and ig >= 80})
-    if q is not None:   # files from run 21 on
+    if q is not None:
         rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, one call's device time (queued behind a sleep "
                              "kernel)", "target": ">= 80", "measured (worst)": q, "met": q >= 80})
     rows.append({"goal": f"% of copy bandwidth at M <= {m_max}, one graph replay per call on an idle GPU (a lone "
-                         "call's latency, host launch inside; the goal's measure until run 34)", "target": ">= 80",
+                         "call's latency, host launch inside)", "target": ">= 80",
                  "measured (worst)": pct, "met": pct is not None and pct >= 80})
     rows += [
         {"goal": f"speedup over bf16 cuBLAS per expert, M <= {m_max}", "target": ">= 3", "measured (worst)": sb,
@@ -316,7 +346,7 @@ def goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
 
 
 def call_time_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, Any]]:
-    """Run 34: one call timed four ways per row of a sweep with the profiler's spans (M <= ``m_max``): one replay on
+    """One call timed four ways per row of a sweep with the profiler's spans (M <= ``m_max``): one replay on
     an idle GPU, queued, the profiler's kernel span and in-graph, in us, with one replay and queued minus the span;
     [] for a file without spans."""
     us = lambda v: f"{1e3 * v:.1f}"   # noqa: E731
@@ -338,85 +368,10 @@ def bandwidth_goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, 
 
 
 def tuning_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """ms of every compiled kernel variant at each M (uniform routing), from the run's tuning step."""
+    """ms of each four-launch variant at each M (uniform routing), from the tuning step of the sweep the moe_large
+    rows of data/dispatch/h200.json were set from (variants no longer compiled are in git history, 2c78290)."""
     tun = doc["results"].get("tuning")
     if not tun:
         return []
     ms_keys = list(next(iter(tun["ms"].values())).keys())
     return [{"variant (NT, RT, D)": k, **{f"M={m}": v[m] for m in ms_keys}} for k, v in tun["ms"].items()]
-
-
-TRACE = "moe_ctasplit_trace"   # the timelines of the CTA-split kernels (workbench.moe.trace, -DMOE_TRACE build)
-
-
-def load_moe_trace(gpu: str = "h200", name: str = TRACE) -> dict[str, Any] | None:
-    """A committed ``python -m workbench.moe.trace`` run, or None."""
-    return load_measurement(name, gpu)
-
-
-def trace_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (variant, routing, M) of a trace run: where the call's time went (us from the first CTA's
-    entry, medians over the traced calls; "a / b" pairs are gate_up / down)."""
-    def pair(r: dict[str, Any], key: str, spec: str = ".2f") -> str:
-        return f"{r[f'gate_up_{key}']:{spec}} / {r[f'down_{key}']:{spec}}"
-
-    return [{"variant": r.get("variant", "ctasplit"), "routing": r["routing"], "M": r["m"],
-             "per call us (default / traced build)": f"{1e3 * r['kernel_ms_median_default_build']:.1f} / "
-                                                     f"{1e3 * r['kernel_ms_median_traced_build']:.1f}",
-             "span": f"{r['span_us']:.1f}", "first stages": f"{r['first_stages_us_median']:.1f}",
-             "last gate_up": f"{r['last_gate_up_barrier_us']:.1f}", "tail": f"{r['tail_us']:.1f}",
-             "busy": f"{r['busy_fraction']:.2f}",
-             "task": f"{r['gate_up_task_us_median']:.1f} / {r['down_task_us_median']:.1f}",
-             "arrive spread": pair(r, "arrive_spread_us_median"),
-             "last = prev. epilogue warp": pair(r, "last_is_prev_epilogue"),
-             "epilogue": pair(r, "epilogue_us_median"), "fence": pair(r, "fence_us_median")}
-            for r in doc["results"]["rows"]]
-
-
-def trace_busy_figure(doc: dict[str, Any], m: int = 1, routing: str = "uniform"):
-    """CTAs inside a task (warp 0's view) per microsecond of one traced call at M tokens, one line per variant."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for key, sample in doc["samples"].items():
-        parts = key.split("/")
-        variant, rt, mm = (parts if len(parts) == 3 else ["ctasplit", *parts])
-        if rt != routing or mm != f"m{m}":
-            continue
-        s = sample["summaries"][0]
-        fig.add_trace(go.Scatter(x=[i * s["bin_us"] for i in range(len(s["busy_ctas"]))], y=s["busy_ctas"],
-                                 mode="lines", name=f"{variant} ({s['ctas']} CTAs)"))
-    fig.update_layout(title=f"CTAs inside a task, {routing} routing, M = {m} (first traced call)",
-                      xaxis={"title": "us from the first CTA's entry"}, yaxis={"title": "CTAs"})
-    return fig
-
-
-# The profiled one-launch kernels' ncu source pages (relative to data/measurements/<gpu>/): kernel, M, file.
-STAGE_LOOP_PROFILES = (
-    ("splitk_s4", 2, "moe_profile_8c7598f/sass_splitk_s4_m2.csv"),
-    ("ctasplit_x4", 1, "moe_profile_8c7598f/sass_ctasplit_x4_m1.csv"),
-    ("ctasplit_x4_b4", 1, "moe_small_x4_b4_logs/sass_ctasplit_x4_b4_m1.csv"),
-    ("ctasplit_x4e", 1, "moe_small_xend_logs/sass_ctasplit_x4e_m1.csv"),
-)
-
-
-def stage_loop_rows(gpu: str = "h200") -> list[dict[str, Any]]:
-    """The stage loops of the profiled kernels (:data:`STAGE_LOOP_PROFILES`, those committed), read from the SASS
-    in their Nsight Compute source pages (:func:`workbench.moe.sass.stage_loops`): per loop its size, where the
-    activation loads sit and how many register moves follow the last HMMA; [] when none is committed."""
-    from workbench.moe.sass import read_source_csv, stage_loops
-
-    rows = []
-    for variant, m, rel in STAGE_LOOP_PROFILES:
-        path = DATA_DIR / "measurements" / gpu / rel
-        if not path.exists():
-            continue
-        for loop in stage_loops(read_source_csv(path)):
-            rows.append({"kernel": variant, "M": m, "file": rel, "activation load": loop["load"],
-                         "SASS instructions": loop["instructions"],
-                         "HMMA at": f"{loop['first_hmma']}-{loop['last_hmma']}",
-                         "activation loads at": ", ".join(map(str, loop["loads"])),
-                         "loads after the last HMMA": loop["loads_after_last_hmma"],
-                         "moves after the last HMMA": loop["moves_after_last_hmma"]})
-    return rows
-

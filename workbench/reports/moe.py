@@ -1,0 +1,321 @@
+"""Generated blocks of papers/moe_int4.md: ``python -m workbench.reports.moe [--check]``.
+
+Every block is computed from committed files: ``data/measurements/h200/moe_bandwidth.json`` (the sweep of the
+dispatched path), its repeat :data:`workbench.moe.plots.CURRENT_REPEAT`, :data:`workbench.moe.plots.SMALL_COMPARE`
+(the small-M kernels beside the four-launch path, one process), ``moe_copy_probe.json`` (the copy ceiling timed three
+ways), ``data/dispatch/h200.json``, ``data/anchors/rtx_pro_6000_moe.json``, and, for the versions table, the
+measurement files of earlier runs as committed at :data:`HISTORY` (read from git; the block says so where git
+history is missing).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any, Callable
+
+from workbench import REPO_ROOT, papers
+from workbench.bench.moe import flops
+from workbench.dispatch import dispatch_for
+from workbench.measure import load_measurement
+from workbench.moe import plots
+from workbench.moe.fused import FOUR_LAUNCH, variant_name
+from workbench.papers import markdown_table
+
+PAPER = REPO_ROOT / "papers" / "moe_int4.md"
+GPU_NAME = "NVIDIA H200"
+MEASURED = "data/measurements/h200"
+COPY_PROBE = "moe_copy_probe"
+HISTORY = "2c78290"   # the last commit holding every removed kernel, module and measurement file
+MOE_RUNS = (("9e008e4", "1"), ("1a32b46", "2"), ("8398986", "3"))   # earlier moe_bandwidth.json: (file commit, run)
+
+# The versions table: (version, change, prediction (as written before the run, abridged), measurement file at
+# HISTORY, (new path, incumbent path, the M its outcome was decided at or None for every M) compared in it, outcome,
+# commit where the form's code is).
+VERSIONS: tuple[tuple[str, str, str, str, tuple, str, str], ...] = (
+    ("5 (v3)", "one persistent launch at M x topk <= 128: grouping in shared memory, gate/up and down tasks from one "
+     "counter, fragment layout (576-byte blocks in mma A order), 4096 weights per warp iteration",
+     ">= 80% of copy at M <= 16", "moe_small_v3", ("small_fused", "four_launch", None),
+     "kept at M >= 4 (slower at M = 1-2)", "c5f9350"),
+    ("6", "split-K tasks (a tile's K cut in 1, 2 or 4 parts, partials reduced by the last part)",
+     "faster than v3 at M = 1-2, where v3 has fewer tasks than warps", "moe_small_splitk",
+     ("splitk_s4", "small_fused", None), "kept (splitk_s4 at M = 2-16)", "1e272c7"),
+    ("7-8", "producer / consumer warps with TMA bulk copies (tma_w4 / tma_w8)", "more bytes in flight per SM",
+     "moe_small_tma", ("tma_w4", "splitk_s4", None), "reverted", "f6e1631"),
+    ("9", "the -136 offset added on the tensor core (one more mma per chunk)", "fewer issue slots per weight",
+     "moe_small_s4f", ("splitk_s4f", "splitk_s4", None), "reverted", "db569f3"),
+    ("10", "group-sum correction: C = -136 sum(x) instead of per-weight subtractions", "fewer issue slots per weight",
+     "moe_small_s4g", ("splitk_s4g", "splitk_s4", None), "reverted", "34ecb97"),
+    ("11", "CTA-split tasks: a CTA's four warps share one task's tiles and K range", "faster at M = 1",
+     "moe_small_ctasplit", ("ctasplit", "splitk_s4", (1,)), "kept at M = 1", "dda6540"),
+    ("12", "split barriers in the CTA-split kernel (no block barrier per task)", "a shorter task epilogue",
+     "moe_small_ctasplit_sb", ("ctasplit_sb", "ctasplit", None), "reverted", "d2c515f"),
+    ("13-16", "activations 4 steps ahead, then loaded after a stage's last step into the same registers (x4, x4e)",
+     "no long-scoreboard wait at a stage's first mma", "moe_small_xend", ("ctasplit_x4e", "ctasplit_x4", None),
+     "kept (x4e forms at every M <= 16)", "e544bfd"),
+    ("15", "the x4 CTA-split kernel at 4 CTAs per SM (122 registers)", "loads issued earlier", "moe_small_x4_b4",
+     ("ctasplit_x4_b4", "ctasplit_x4", None), "reverted", "6b7b71c"),
+    ("18", "gate/up on fp16 activations (one shift per weight word)", "fewer dequantisation instructions",
+     "moe_small_f16", ("ctasplit_x4eh", "ctasplit_x4e", None), "reverted", "c8de03a"),
+    ("19", "a 3-stage ring per warp (two stages in flight)", "0-3 points ahead of x4e", "moe_small_r3",
+     ("ctasplit_x4e_r3", "ctasplit_x4e", None), "kept", "26489aa"),
+    ("20-23", "one fence per publish, relaxed h spin, static first tasks (r3f, r3fs, r3fst)",
+     "each a point or two at M = 1", "moe_small_r3fst", ("ctasplit_x4e_r3fst", "ctasplit_x4e_r3fs", (1,)),
+     "kept at M = 1-4", "5fd4788"),
+    ("25", "warp-split: every warp on its own, units of one K part of one tile", "ahead at M = 2-16",
+     "moe_small_wsplit", ("wsplit_r3_g1d1", "ctasplit_x4e_r3_g1d1", None), "kept at M = 2-16", "42799f6"),
+    ("26", "the CTA-split kernel without its block barrier", "3-8% faster at M = 1", "moe_small_nb",
+     ("ctasplit_x4e_r3nb", "ctasplit_x4e_r3fst", None), "reverted", "a62ea3b"),
+    ("27", "interleaved task order; an epilogue warp; one more static task (r3fsti, r3fste, r3fstd)",
+     "shorter tails at M = 1-2", "moe_small_sd", ("ctasplit_x4e_r3fstd_g4d1", "ctasplit_x4e_r3fst_g4d1", (2,)),
+     "r3fstd kept at M = 2, the others reverted", "412a5af"),
+    ("28", "two launches without task machinery (the phased form): gate/up, then down with the sum over k",
+     "streams like a read-only kernel in each launch", "moe_small_phased", ("phased_r3", "ctasplit_x4e_r3fst", None),
+     "kept at every M <= 16", "44bb7ad"),
+    ("28b", "the down launch under programmatic dependent launch (phased_r3_pdl)", "the launch gap hidden",
+     "moe_small_pdl", ("phased_r3_pdl", "phased_r3", None), "kept", "ac0a0ce"),
+    ("28c-e", "gate/up warps in full rounds; one ring per warp's tasks; 4-stage rings", "fewer idle warps",
+     "moe_small_dn4", ("phased_r4_pdl", "phased_r3_pdl", None), "reverted", "6fe5fd0"),
+    ("29", "the down launch as two-CTA clusters per tile", "shorter chains per tile", "moe_small_c2",
+     ("phased_r3_pdl_c2", "phased_r3_pdl", None), "reverted", "00df147"),
+    ("29b", "launch bounds (128, 6) / (128, 5)", "more warps resident", "moe_small_g6",
+     ("phased_r3_pdl_g6", "phased_r3_pdl", None), "reverted", "5593ac9"),
+    ("29e", "a correction mma instead of the subtractions", "fewer issue slots", "moe_small_cm",
+     ("phased_r3_pdl_cm", "phased_r3_pdl", None), "reverted", "7de299f"),
+    ("29f", "K-split gate/up: one task per CTA, its four warps a quarter of K each (phased_r3_pdl_k4)",
+     "a shorter partial round at M = 2", "moe_small_k4", ("phased_r3_pdl_k4", "phased_r3_pdl", (2,)), "kept at M = 2",
+     "fe7a863"),
+    ("30", "L2 prefetches of the down weights", "the down ring starts warm", "moe_small_pf",
+     ("phased_r3_pdl_pfd", "phased_r3_pdl", None), "reverted", "4e1a5c6"),
+    ("30b", "gate/up warps' first stages issued before the prologue", "an earlier first byte", "moe_small_ei",
+     ("phased_r3_pdl_ei", "phased_r3_pdl", None), "reverted", "aded977"),
+    ("31", "the dequantisation's -136 folded into one mma per stage", "fewer issue slots", "moe_small_fo",
+     ("phased_r3_pdl_fd", "phased_r3_pdl", None), "reverted", "d11ae6f"),
+    ("32", "K-span gate/up (each CTA T consecutive tasks, its warps quarters of their stages)",
+     "fewer, longer streams", "moe_small_ksa", ("phased_r3_pdl_ks6a", "phased_r3_pdl", None), "reverted", "40fdae4"),
+    ("33", "two-stage rings: both launches (phased_r2_pdl), gate/up only (phased_r3_pdl_gu2)",
+     "Little's law: as many bytes in flight with more warps", "moe_small_r2", ("phased_r2_pdl", "phased_r3_pdl", (1,)),
+     "phased_r2_pdl kept at M = 1", "60ec73d"),
+    ("33", "(same run) the two-stage ring in the gate/up launch only", "as above", "moe_small_r2",
+     ("phased_r3_pdl_gu2", "phased_r3_pdl", (4, 16)), "phased_r3_pdl_gu2 kept at M = 3-16", "60ec73d"),
+)
+
+
+def _f(v: Any, spec: str = "") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def _doc() -> dict[str, Any]:
+    doc = plots.load_moe_bandwidth()
+    if doc is None:
+        raise FileNotFoundError(f"{MEASURED}/moe_bandwidth.json is not committed")
+    return doc
+
+
+def block_provenance() -> str:
+    """The files the results read, with their provenance, and the run's shapes and ceilings."""
+    rows = []
+    for name in ("moe_bandwidth", plots.CURRENT_REPEAT, plots.SMALL_COMPARE, COPY_PROBE):
+        d = load_measurement(name)
+        if d is None:
+            continue
+        p = d["provenance"]
+        rows.append({"file": f"`{MEASURED}/{name}.json`", "GPU": p.get("gpu"), "code commit": str(p.get("git_commit"))[:7],
+                     "date (UTC)": p.get("date_utc"), "driver": p.get("driver"),
+                     "torch / CuPy / CUDA": f"{p.get('torch')} / {p.get('cupy')} / {p.get('cuda_runtime')}"})
+    par, res = _doc()["parameters"], _doc()["results"]
+    return (markdown_table(rows) + f"\nShapes: {par['num_experts']} experts, hidden {par['hidden']}, intermediate "
+            f"{par['intermediate']}, top-{par['topk']}, group {par['group_size']}; {par['bytes_per_expert']} bytes per "
+            f"expert (INT4 weights and bf16 scales of gate, up and down). Measured in the sweep's run: copy bandwidth "
+            f"{res['copy_gb_per_s']:.0f} GB/s, bf16 matmul {res['bf16_matmul_tflops']:.0f} TFLOP/s. Weights: "
+            f"{par['weights']}.\n")
+
+
+def block_dispatch() -> str:
+    d = dispatch_for(GPU_NAME)
+    g = dispatch_for("a GPU without a table")
+    return (f"`data/dispatch/{d.gpu}.json` (top-{8}, small-M kernels while M x top-k <= {d.moe_small_max_pairs}):\n\n"
+            + markdown_table([{**r, "kernel": f"`{r['kernel']}`", "launches": ", ".join(f"`{x}`" for x in
+                                                                             r["launches"].split(", "))}
+                              for r in plots.dispatch_rows(GPU_NAME)]) + f"\nAny other GPU gets `data/dispatch/{g.gpu}.json`: "
+            + ("no small-M kernel, " if not g.moe_small else "") + "the four-launch variants "
+            + ", ".join(f"{list(v)} to M = {m}" if m < 1 << 20 else f"{list(v)} beyond" for m, v in g.moe_large)
+            + ".\n")
+
+
+def block_floor() -> str:
+    doc = _doc()
+    par, res = doc["parameters"], doc["results"]
+    rows = []
+    for r in sorted((r for r in res["rows"] if r["routing"] == "uniform"), key=lambda r: r["m"]):
+        fl = flops(r["m"], par["topk"], par["hidden"], par["intermediate"])
+        bt = r["bytes_median"] / (res["copy_gb_per_s"] * 1e9) * 1e3
+        ft = fl / (res["bf16_matmul_tflops"] * 1e12) * 1e3
+        rows.append({"M": r["m"], "experts touched": r["distinct_experts_median"],
+                     "GB moved": f"{r['bytes_median'] / 1e9:.3f}", "bytes time ms": f"{bt:.4f}",
+                     "GFLOP": f"{fl / 1e9:.1f}", "flops time ms": f"{ft:.4f}",
+                     "floor": "bytes" if bt >= ft else "flops", "measured ms": f"{r['ms_median']:.4f}",
+                     "% of floor": f"{r['pct_of_floor']:.1f}"})
+    probe = load_measurement(COPY_PROBE)
+    text = ""
+    if probe:
+        ratio = statistics.median(r["span_over_one"] for r in probe["results"]["rows"])
+        text = (f"\nThe copy ceiling is one 2 GiB copy between two CUDA events. Timed by the profiler's kernel span "
+                f"instead (`{COPY_PROBE}.json`, {len(probe['results']['rows'])} rounds), it is {ratio:.4f}x that, so "
+                f"a span-timed % of copy below reads that much lower against a span-timed ceiling.\n")
+    return "Uniform routing.\n\n" + markdown_table(rows) + text
+
+
+def block_summary() -> str:
+    keep = ["routing", "M", "experts", "ms", "% copy", "in-graph % copy", "TFLOP/s", "kernel"]
+    fmt = {"ms": ".4f", "% copy": ".1f", "in-graph % copy": ".1f", "TFLOP/s": ".1f"}
+    rows = []
+    for r in plots.summary_rows(_doc()):
+        row = {k: _f(r[k], fmt.get(k, "")) for k in keep}
+        row.update({f"x {k}": _f(r[f"x vs {k}"], ".1f") for k in plots.PEERS})
+        rows.append(row)
+    plateau = {r["routing"]: r["plateau M*"] for r in plots.summary_rows(_doc())}
+    peers = "; ".join(f"`{k}`: {v}" for k, v in plots.PEERS.items())
+    return (f"Peers (x = peer time / kernel time, same run): {peers}. Plateau M* (time per token stops falling, "
+            f"within 10%): " + ", ".join(f"{k} {v}" for k, v in sorted(plateau.items())) + ".\n\n"
+            + markdown_table(rows))
+
+
+def block_small() -> str:
+    """The small-M kernels beside the four-launch path and the earlier split-K kernels, one process."""
+    small = plots.load_moe_small()
+    if small is None:
+        return f"{MEASURED}/{plots.SMALL_COMPARE}.json is not committed.\n"
+    paths = plots.one_launch_paths(small) + [FOUR_LAUNCH]
+    rows = [{"routing": r["routing"], "M": r["M"], **{f"{p} % copy": _f(r[f"{p} % copy"], ".1f") for p in paths},
+             "dispatched": r["dispatched"], "dispatched span % copy": _f(r["dispatched span % copy"], ".1f"),
+             "dispatched in-graph % copy": _f(r["dispatched in-graph % copy"], ".1f")}
+            for r in plots.small_path_rows(small)]
+    return (f"`{plots.SMALL_COMPARE}.json` (code {small['provenance']['git_commit'][:7]}; one graph replay per call, "
+            f"% of the copy bandwidth of the same run; `splitk_*` are run 6's and 16's one-launch kernels, timed as "
+            f"controls):\n\n" + markdown_table(rows))
+
+
+def block_call_time() -> str:
+    parts = []
+    for name in ("moe_bandwidth", plots.CURRENT_REPEAT):
+        doc = load_measurement(name)
+        rows = plots.call_time_rows(doc) if doc else []
+        lat = doc["results"].get("graph_launch_latency") if doc else None
+        if not rows or not lat:
+            parts.append(f"`{name}.json` is not committed or has no profiler spans.\n")
+            continue
+        parts.append(f"`{name}.json` (code {doc['provenance']['git_commit'][:7]}; graph launch latency of the same "
+                     f"process {1e3 * lat['latency_ms']:.1f} us):\n\n" + markdown_table(rows))
+    return "\n".join(parts)
+
+
+def block_goals() -> str:
+    met = {True: "yes", False: "**no**"}
+    rep = plots.load_moe_repeat()
+    rows = [(r, "moe_bandwidth") for r in plots.goal_rows(_doc())]
+    rows += [(r, plots.CURRENT_REPEAT) for r in (plots.bandwidth_goal_rows(rep) if rep else [])]
+    small = plots.load_moe_small()
+    out = [{"goal": r["goal"], "file": f"`{name}.json`", "target": r["target"],
+            "measured (worst)": _f(r["measured (worst)"], ".3g"), "met": met[bool(r["met"])]} for r, name in rows]
+    for column in ("dispatched span % copy", "dispatched % copy"):
+        got = plots.dispatched_worst_pct(small, column) if small else None
+        if got:
+            out.append({"goal": f"% of copy bandwidth at M <= 16, {column.replace('dispatched ', '')} (one replay "
+                                "where not named), the dispatched kernel at each M",
+                        "file": f"`{small['name']}.json`", "target": ">= 80",
+                        "measured (worst)": f"{got[0]:.3g} ({got[1]['routing']} M={got[1]['M']}, {got[1]['dispatched']})",
+                        "met": met[got[0] >= 80]})
+    return markdown_table(out)
+
+
+def block_anchors() -> str:
+    a = plots.load_anchors()
+    rows = [{k: _f(v, ".3g") if v is not None else "-" for k, v in r.items()} for r in plots.anchor_rows(_doc(), a)]
+    lo, hi = a["percent_of_peak"]["range"]
+    bw = _doc()["results"]["copy_gb_per_s"] / 1e3 / a["peak_bandwidth_tb_per_s"]
+    return (f"The source states {lo}-{hi}% of {a['peak_bandwidth_tb_per_s']} TB/s on the {a['gpu']} and a plateau at "
+            f"M >= {a['plateau_m']['value']}. The H200's copy bandwidth measured in the sweep is {bw:.2f}x that "
+            f"{a['peak_bandwidth_tb_per_s']} TB/s.\n\n" + markdown_table(rows))
+
+
+def block_large() -> str:
+    """The four-launch variants' tuning (the sweep whose tuning step set data/dispatch's moe_large rows)."""
+    dispatched = {variant_name(v) for _, v in dispatch_for(GPU_NAME).moe_large}
+    rows = [{**r, "variant (NT, RT, D)": f"**{r['variant (NT, RT, D)']}**" if r["variant (NT, RT, D)"] in dispatched
+             else r["variant (NT, RT, D)"]} for r in plots.tuning_rows(_doc())]
+    rows = [{k: _f(v, ".3f") for k, v in r.items()} for r in rows]
+    return ("ms per layer of each four-launch variant (uniform routing, the sweep's tuning step; bold: dispatched at "
+            "some M, the others are in git history at " + HISTORY + "):\n\n" + markdown_table(rows))
+
+
+def block_checks() -> str:
+    res = _doc()["results"]
+    checks = res["checks"]
+    ours = [c for c in checks if isinstance(c.get("rel_err"), float) and "peer" not in c]
+    peers = [c for c in checks if "peer" in c]
+    return (f"{len(ours)} checks of the sweep's run against the float32 reference (M in "
+            f"{sorted({c['m'] for c in ours})}): worst relative error {max(c['rel_err'] for c in ours):.2e}, "
+            f"non-finite outputs {sum(c.get('nonfinite', 0) for c in ours)}, every check ok = {res['all_checks_ok']}. "
+            "Peers against the same reference: " + ", ".join(f"{c['peer']} {c['rel_err']:.2e}" for c in peers) + ".\n")
+
+
+def _compare(doc: dict[str, Any], new: str, old: str, ms: tuple[int, ...] | None) -> str:
+    """``new`` minus ``old`` in points of copy (one replay) over the file's rows at M in ``ms`` (None: every M)."""
+    d = [r[f"{new}_pct_of_copy"] - r[f"{old}_pct_of_copy"] for r in doc["results"]["rows"]
+         if f"{new}_pct_of_copy" in r and f"{old}_pct_of_copy" in r and (ms is None or r["m"] in ms)]
+    if not d:
+        raise ValueError(f"{doc['name']}.json has no rows of both {new} and {old} at M in {ms}")
+    at = "every M" if ms is None else "M = " + ", ".join(map(str, ms))
+    return f"mean {statistics.mean(d):+.1f}, worst {min(d):+.1f}, best {max(d):+.1f} ({len(d)} rows, {at})"
+
+
+def version_rows() -> list[dict[str, Any]] | None:
+    """:data:`VERSIONS` with the measured column read from each run's file at :data:`HISTORY`; runs 1-3 from the
+    earlier moe_bandwidth.json files; None where git history lacks them."""
+    rows = []
+    for commit, run in MOE_RUNS:
+        doc = papers.committed_json(commit, f"{MEASURED}/moe_bandwidth.json")
+        if doc is None:
+            return None
+        at = {(r["routing"], r["m"]): r for r in doc["results"]["rows"]}
+        kern = sorted({r.get("path") or str(r.get("kernel_config")) for r in doc["results"]["rows"] if r["m"] <= 16})
+        rows.append({"run": run, "change": "four launches: " + ", ".join(kern), "prediction": ">= 80% of copy at M <= 16",
+                     "measured": f"% of copy, uniform M = 1 / 16: {at[('uniform', 1)]['pct_of_copy']:.1f} / "
+                                 f"{at[('uniform', 16)]['pct_of_copy']:.1f}",
+                     "outcome": "kept (the four-launch path)", "code": doc["provenance"]["git_commit"][:7]})
+    for run, change, pred, name, (new, old, ms), outcome, code in VERSIONS:
+        doc = papers.committed_json(HISTORY, f"{MEASURED}/{name}.json")
+        if doc is None:
+            return None
+        rows.append({"run": run, "change": change, "prediction": pred,
+                     "measured": f"`{new}` - `{old}`, points of copy: {_compare(doc, new, old, ms)}; `{name}.json`",
+                     "outcome": outcome, "code": code})
+    return rows
+
+
+def block_versions() -> str:
+    rows = version_rows()
+    if rows is None:
+        return f"git history at {HISTORY} is not available here (a shallow clone?); the table reads it.\n"
+    return markdown_table(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "provenance": block_provenance, "dispatch": block_dispatch, "floor": block_floor, "summary": block_summary,
+    "small": block_small, "call_time": block_call_time, "goals": block_goals, "anchors": block_anchors,
+    "large": block_large, "checks": block_checks, "versions": block_versions,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block rewritten; unknown block names are an error."""
+    return papers.render(text, BLOCKS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return papers.main(argv, paper=PAPER, blocks=BLOCKS, prog="python -m workbench.reports.moe",
+                       description=__doc__.split("\n")[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
