@@ -316,32 +316,31 @@ def test_engine_step_comparison(tmp_path):
 
 
 def test_small_m_comparison_replaces_the_points_it_measured(tmp_path):
-    """A bench --small-compare file beside moe_bandwidth: at its M values the dispatched path's uniform %
-    of copy replaces the sweep's point; other M keep the sweep; alone it is not used (a note says so)."""
-    from workbench.moe import fused
-    from workbench.moe.bench import compare_label
+    """A bench small-M comparison file beside moe_bandwidth: at its M values the dispatched path's uniform % of
+    copy replaces the sweep's point; other M keep the sweep; alone it is not used (a note says so)."""
+    from workbench.moe.plots import FOUR_LAUNCH, dispatched_label
 
+    gpu = "NVIDIA H200"
     rows = [{"routing": r, "m": m, "pct_of_copy": 60.0, "ms_median": 1.0, "bytes_moved": 1e9, "timing": "cuda_graph"}
             for r in ("uniform", "skewed") for m in (1, 9, 32)]
-    big = {"name": "moe_bandwidth", "provenance": {"gpu": "NVIDIA H200"},
-           "results": {"copy_gb_per_s": 4200.0, "rows": rows}}
-    # each M's row times the path dispatched there (one-launch kernels may differ by M)
-    label = {m: compare_label(fused.small_variant_for(m, 8)) if fused.uses_small_path(m, 8) else "four_launch"
-             for m in (1, 9)}
+    big = {"name": "moe_bandwidth", "provenance": {"gpu": gpu}, "results": {"copy_gb_per_s": 4200.0, "rows": rows}}
+    # each M's row times the path data/dispatch names there (one-launch kernels may differ by M)
+    label = {m: dispatched_label(m, 8, gpu) for m in (1, 9)}
     small_rows = [{"routing": r, "m": m, "four_launch_variant": "nt1_rt2_l2",
                    "four_launch_pct_of_copy": 50.0, "four_launch_ms_median": 1.0,
-                   **({} if label[m] == "four_launch" else
+                   **({} if label[m] == FOUR_LAUNCH else
                       {f"{label[m]}_pct_of_copy": 80.0 + m if r == "uniform" else 10.0, f"{label[m]}_ms_median": 1.0})}
                   for r in ("uniform", "skewed") for m in (1, 9)]
-    paths = sorted({v for v in label.values() if v != "four_launch"}) + ["four_launch"]
-    small = {"name": "moe_small_test", "parameters": {"topk": 8, "paths": paths},
+    paths = sorted({v for v in label.values() if v != FOUR_LAUNCH}) + [FOUR_LAUNCH]
+    small = {"name": "moe_small_test", "provenance": {"gpu": gpu}, "parameters": {"topk": 8, "paths": paths},
              "results": {"rows": small_rows}}
     (tmp_path / "moe_bandwidth.json").write_text(json.dumps(big))
     (tmp_path / "moe_small_test.json").write_text(json.dumps(small))
     cal = load_calibration([tmp_path / "moe_bandwidth.json", tmp_path / "moe_small_test.json"],
                            use_measurements=False)
-    expect_m1 = 0.81 if label[1] != "four_launch" else 0.50
-    assert cal.moe_measured == [(1.0, pytest.approx(expect_m1)), (9.0, pytest.approx(0.89)), (32.0, pytest.approx(0.6))]
+    expect = {m: 0.50 if label[m] == FOUR_LAUNCH else (80.0 + m) / 100 for m in (1, 9)}
+    assert cal.moe_measured == [(1.0, pytest.approx(expect[1])), (9.0, pytest.approx(expect[9])),
+                                (32.0, pytest.approx(0.6))]
     assert "moe_small_test.json" in cal.moe_source
     alone = load_calibration([tmp_path / "moe_small_test.json"], use_measurements=False)
     assert alone.moe_measured is None and any("small-M comparison" in n for n in alone.notes)
