@@ -24,7 +24,7 @@ run: $(STAMP)
 	$(PY) -m workbench run $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --nbval-lax --sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider tests notebooks
+	$(PY) -m pytest -q --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider tests notebooks
 
 clean-runs:
 	rm -rf runs
