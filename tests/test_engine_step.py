@@ -36,7 +36,7 @@ def test_greedy_equals_generate(engine, greedy):
     assert all(r.error is None for r in res)
     st = res[0].steps[0]
     assert st.accepted_length == 1 and st.tree_size == 1 and st.batch == 4
-    assert st.paths == {"attention": "torch", "moe": "torch", "tree_build": "-", "step": "eager"}
+    assert st.paths == {"attention": "torch", "moe": "torch", "tree_build": "-", "step": "eager", "fuse": "eager"}
     # C = 3 runs in the bucket of 4 with a padding row
     assert [r.tokens for r in engine.generate(PROMPTS[:3], NEW)] == greedy[:3]
     assert engine.captures == 0  # the CPU step is never captured

@@ -105,8 +105,13 @@ def profile_steps(step, n: int) -> dict[str, Any]:
             busy += b - max(a, end)
             end = b
     kernels = [e for e in ev if not e.name.startswith(("Memcpy", "Memset"))]
+    by: dict[str, list[float]] = {}
+    for e in kernels:
+        by.setdefault(e.name[:90], []).append((e.time_range.end - e.time_range.start) / 1e3)
+    top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:30]
     return {"launches_per_step": len(kernels) / n, "gpu_busy_ms_per_step": busy / 1e3 / n,
-            "events_recorded": len(ev)}
+            "events_recorded": len(ev),
+            "top_kernels": [{"name": k, "per_step": len(v) / n, "ms_per_step": sum(v) / n} for k, v in top]}
 
 
 def _prompts(C: int, prefix: int, V: int) -> list[list[int]]:
@@ -206,7 +211,7 @@ def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont:
 def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: int = 4096,
         concurrency: tuple[int, ...] = (1, 2, 4, 8, 16), p_tops: tuple[float, ...] = (0.8, 0.95), block: int = 16,
         budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
-        tiny: bool = False, device: str = "auto") -> dict[str, Any]:
+        tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",)) -> dict[str, Any]:
     from workbench.measure import measure_copy_bandwidth, write_measurement
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
@@ -228,80 +233,113 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
             experts = default_experts(cfg, layers, max(concurrency), capacity)
         model = synthetic_model(cfg, layers=layers, experts=experts, seed=0, device=dev, dtype=torch.bfloat16)
     build_s = time.perf_counter() - t0
-    V = model.config.vocab_size
-    engine = DecodeEngine(model, max_requests=max(concurrency), capacity=capacity, max_generated=need)
     rows, raw_all, lossless = [], {}, []
+    state: dict[str, Any] = {"error": None, "captures": 0}
+    params = {"model": "tiny" if tiny else "kimi-k2.6", "layers": len(model.layers),
+              "experts": model.config.n_routed_experts, "prefix": prefix, "block": block, "budget": budget,
+              "p_tops": list(p_tops), "concurrency": list(concurrency), "steps": steps, "warmup": warmup,
+              "profile_steps": prof, "eager_steps": eager_steps, "dtype": str(model.dtype).replace("torch.", ""),
+              "device": str(dev), "commit": gd.commit, "fuses": list(fuses)}
+    notes = ("wall = host clock around one step (graph replay or eager body) and its one device-to-host copy; "
+             "floor = (weights touched + KV rows read) / device copy bandwidth measured in this run; routed experts "
+             "counted are the distinct ones the step's tokens chose; the drafter's logits (ScriptedDrafter's device "
+             "program) are not in the floor. Prefix KV rows are seeded random values (no prefill).")
+
+    def save() -> dict[str, Any]:
+        """Write what is measured so far (called after every configuration, so a stopped run keeps its rows)."""
+        goals = goal_rows(rows, p_tops[0])
+        results = {"rows": rows, "goals": goals, "lossless": lossless, "copy_bandwidth_gbps": gbps,
+                   "error": state["error"], "model_build_s": build_s, "captures": state["captures"],
+                   "model_device_bytes": model.device_bytes(), "experts": model.config.n_routed_experts}
+        results.update(_compat(rows, p_tops[0], gbps))
+        if out is not None:
+            samples = {k: {kk: v for kk, v in r.items() if kk != "tokens"} for k, r in raw_all.items()}
+            samples["copy_bandwidth"] = bw
+            results["_path"] = str(write_measurement("engine_step", parameters=params, results=results,
+                                                     samples=samples, notes=notes, out_dir=out))
+        return results
+
+    try:
+        for i, fuse in enumerate(fuses):
+            engine = DecodeEngine(model, max_requests=max(concurrency), capacity=capacity, max_generated=need,
+                                  fuse=fuse)
+            _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, prefix, need, warmup, steps,
+                   prof, eager_steps, capacity, gbps, dev, peers=i == 0, save=save)
+            state["captures"] += engine.captures
+            del engine
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - recorded in the measurement file, then raised again below
+        import traceback
+
+        state["error"] = traceback.format_exc()
+        print(state["error"], file=sys.stderr)
+    results = save()
+    print_table(rows, results["goals"])
+    if state["error"] is not None:
+        raise RuntimeError("the engine benchmark stopped early (rows so far are written); see the traceback above")
+    return results
+
+
+def _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, prefix, need, warmup, steps, prof,
+           eager_steps, capacity, gbps, dev, peers: bool, save) -> None:
+    """Every (C, method) configuration as graph replays, then (``peers``) the eager peers at C = 1; rows appended
+    in place, each with the engine's ``fuse`` mode."""
+    V, block, budget, fz = model.config.vocab_size, gd.block, gd.budget, engine.ops.mode
     greedy_c1 = None
     for C in concurrency:
         g = time_session(engine, C, prefix, gd, None, need, warmup, steps, prof, run_out=True)
-        raw_all[f"greedy/C{C}/graph"] = g
-        rows.append({"method": "greedy", "p_top": None, "path": "graph" if engine.graphs else "eager-step",
-                     **summarise(model, g, C, gbps)})
+        raw_all[f"greedy/C{C}/graph/{fz}"] = g
+        path = "graph" if engine.graphs else "eager-step"
+        rows.append({"method": "greedy", "p_top": None, "path": path, "fuse": fz, **summarise(model, g, C, gbps)})
         conts = g["tokens"]
         if C == 1:
             greedy_c1 = conts
         for p in p_tops:
             d = ScriptedDrafter(conts, V, block=block, p_top=p, seed=0, device=dev)
             dd = time_session(engine, C, prefix, gd.replace(method="ddtree"), d, need, warmup, steps, prof)
-            raw_all[f"ddtree/p{p}/C{C}/graph"] = dd
-            rows.append({"method": "ddtree", "p_top": p, "path": "graph" if engine.graphs else "eager-step",
+            raw_all[f"ddtree/p{p}/C{C}/graph/{fz}"] = dd
+            rows.append({"method": "ddtree", "p_top": p, "path": path, "fuse": fz,
                          "expected_accepted": d.expected_accepted_length(budget), **summarise(model, dd, C, gbps)})
             for i, (got, want) in enumerate(zip(dd["tokens"], conts)):
                 n = min(len(got), len(want))
                 first = next((k for k in range(n) if got[k] != want[k]), None)
-                rec = {"C": C, "p_top": p, "request": i, "compared": n, "first_divergence": first}
+                rec = {"C": C, "p_top": p, "fuse": fz, "request": i, "compared": n, "first_divergence": first}
                 if first is not None and 1 <= first <= len(g["top2"][i]):
-                    rec["greedy_top2_logits_there"] = g["top2"][i][first - 1]  # greedy step first-1 made token first
+                    rec["greedy_top2_logits_there"] = g["top2"][i][first - 1]  # greedy step first-1 made it
                 lossless.append(rec)
+            save()
         engine.drop_graphs()
+    if not engine.graphs or greedy_c1 is None or not peers:
+        return
     # peers at C = 1: the same step run eagerly, and generate()'s eager step functions
-    if engine.graphs:
-        eager = DecodeEngine(model, max_requests=1, capacity=capacity, max_generated=need, graphs=False)
-        d = ScriptedDrafter(greedy_c1, V, block=block, p_top=p_tops[0], seed=0, device=dev)
-        for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
-            e = time_session(eager, 1, prefix, cfg_, dr, need, 1, eager_steps, 1)
-            raw_all[f"{cfg_.method}/C1/eager-step"] = e
-            rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "eager-step",
-                         **summarise(model, e, 1, gbps)})
-        del eager
-        for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
-            e = time_generate_steps(model, prefix, cfg_, dr, greedy_c1, eager_steps, 1)
-            raw_all[f"{cfg_.method}/C1/generate"] = e
-            wall = _median(e["wall_ms"])
-            acc = statistics.fmean(a for s in e["accepted"] for a in s)
-            rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "generate",
-                         "C": 1, "wall_ms": wall, "tokens_per_s": acc / wall * 1e3, "mean_accepted": acc,
-                         **(e["profile"] or {})})
-    goals = goal_rows(rows, p_tops[0])
-    results = {"rows": rows, "goals": goals, "lossless": lossless, "copy_bandwidth_gbps": gbps,
-               "model_build_s": build_s, "captures": engine.captures,
-               "model_device_bytes": model.device_bytes(), "experts": model.config.n_routed_experts}
-    results.update(_compat(rows, p_tops[0], gbps))
-    params = {"model": "tiny" if tiny else "kimi-k2.6", "layers": len(model.layers),
-              "experts": model.config.n_routed_experts, "prefix": prefix, "block": block, "budget": budget,
-              "p_tops": list(p_tops), "concurrency": list(concurrency), "steps": steps, "warmup": warmup,
-              "profile_steps": prof, "eager_steps": eager_steps, "dtype": str(model.dtype).replace("torch.", ""),
-              "device": str(dev), "commit": gd.commit}
-    notes = ("wall = host clock around one step (graph replay or eager body) and its one device-to-host copy; "
-             "floor = (weights touched + KV rows read) / device copy bandwidth measured in this run; routed experts "
-             "counted are the distinct ones the step's tokens chose; the drafter's logits (ScriptedDrafter's device "
-             "program) are not in the floor. Prefix KV rows are seeded random values (no prefill).")
-    path = None
-    if out is not None:
-        samples = {k: {kk: v for kk, v in r.items() if kk != "tokens"} for k, r in raw_all.items()}
-        samples["copy_bandwidth"] = bw
-        path = write_measurement("engine_step", parameters=params, results=results, samples=samples,
-                                 notes=notes, out_dir=out)
-    results["_path"] = str(path) if path else None
-    print_table(rows, goals)
-    return results
+    eager = DecodeEngine(model, max_requests=1, capacity=capacity, max_generated=need, graphs=False)
+    d = ScriptedDrafter(greedy_c1, V, block=block, p_top=p_tops[0], seed=0, device=dev)
+    for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
+        e = time_session(eager, 1, prefix, cfg_, dr, need, 1, eager_steps, 1)
+        raw_all[f"{cfg_.method}/C1/eager-step"] = e
+        rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "eager-step",
+                     "fuse": "eager", **summarise(model, e, 1, gbps)})
+        save()
+    del eager
+    for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
+        e = time_generate_steps(model, prefix, cfg_, dr, greedy_c1, eager_steps, 1)
+        raw_all[f"{cfg_.method}/C1/generate"] = e
+        wall = _median(e["wall_ms"])
+        acc = statistics.fmean(a for s in e["accepted"] for a in s)
+        rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "generate",
+                     "fuse": "-", "C": 1, "wall_ms": wall, "tokens_per_s": acc / wall * 1e3, "mean_accepted": acc,
+                     **(e["profile"] or {})})
+        save()
 
 
 def goal_rows(rows: list[dict[str, Any]], p: float) -> list[dict[str, Any]]:
     """The issue's goals at C = 1 (and C = 8 for scaling), each with the measured value."""
     def row(method, C, path, p_top=None):
-        return next((r for r in rows if r["method"] == method and r["C"] == C and r["path"] == path
-                     and (p_top is None or r.get("p_top") == p_top)), None)
+        """The fastest row of that configuration (over the fuse modes measured)."""
+        got = [r for r in rows if r["method"] == method and r["C"] == C and r["path"] == path
+               and (p_top is None or r.get("p_top") == p_top)]
+        return min(got, key=lambda r: r["wall_ms"]) if got else None
 
     out = []
     g1, d1 = row("greedy", 1, "graph"), row("ddtree", 1, "graph", p)
@@ -320,8 +358,9 @@ def _compat(rows, p: float, gbps) -> dict[str, Any]:
     """``results.greedy`` / ``results.ddtree`` at C = 1 (graph) in the fields earlier readers use."""
     out = {}
     for method in ("greedy", "ddtree"):
-        r = next((r for r in rows if r["method"] == method and r["C"] == 1 and r["path"] in ("graph", "eager-step")
-                  and r.get("p_top") in (None, p)), None)
+        got = [r for r in rows if r["method"] == method and r["C"] == 1 and r["path"] in ("graph", "eager-step")
+               and r.get("p_top") in (None, p)]
+        r = min(got, key=lambda r: r["wall_ms"]) if got else None
         if r:
             out[method] = {"median_ms": {"total": r["wall_ms"]}, "bytes_by_part": r["bytes_by_part"],
                            "pct_of_floor": r["pct_of_floor"], "floor_ms": r["floor_ms"],
@@ -334,11 +373,12 @@ def print_table(rows: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) and v == v else "-"
 
-    print(f"{'method':7s} {'p':>5s} {'path':10s} {'C':>3s} {'ms':>8s} {'busy':>7s} {'launch':>7s} {'tok/s':>8s} "
-          f"{'acc':>5s} {'floor':>7s} {'%fl':>5s}")
+    print(f"{'method':7s} {'p':>5s} {'path':10s} {'fuse':7s} {'C':>3s} {'ms':>8s} {'busy':>7s} {'launch':>7s} "
+          f"{'tok/s':>8s} {'acc':>5s} {'floor':>7s} {'%fl':>5s}")
     for r in rows:
-        print(f"{r['method']:7s} {f(r.get('p_top'), '5.2f'):>5s} {r['path']:10s} {r['C']:3d} {f(r['wall_ms'], '8.2f')} "
-              f"{f(r.get('gpu_busy_ms_per_step'), '7.2f')} {f(r.get('launches_per_step'), '7.0f')} "
+        print(f"{r['method']:7s} {f(r.get('p_top'), '5.2f'):>5s} {r['path']:10s} {r.get('fuse', '-'):7s} {r['C']:3d} "
+              f"{f(r['wall_ms'], '8.2f')} {f(r.get('gpu_busy_ms_per_step'), '7.2f')} "
+              f"{f(r.get('launches_per_step'), '7.0f')} "
               f"{f(r['tokens_per_s'], '8.1f')} {f(r.get('mean_accepted'), '5.2f')} {f(r.get('floor_ms'), '7.2f')} "
               f"{f(r.get('pct_of_floor'), '5.1f')}")
     for g in goals:
@@ -362,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--eager-steps", type=int, default=4)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--fuse", default="eager", help="comma-separated step_ops modes, each a full sweep "
+                                                   "(eager, compile); the eager peers run with the first")
     ap.add_argument("--tiny", action="store_true", help="small config on the CPU in seconds (smoke test)")
     a = ap.parse_args(argv)
     layers = a.layers if a.layers is not None else (None if a.tiny else 61)
@@ -384,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run(a.out, layers=layers, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops, block=dc.block,
             budget=dc.budget, steps=a.steps, warmup=a.warmup, prof=a.profile_steps, eager_steps=a.eager_steps,
-            device=a.device)
+            device=a.device, fuses=tuple(a.fuse.split(",")))
     return 0
 
 

@@ -15,6 +15,7 @@ from workbench.engine.synthetic import synthetic_model, tiny_config  # noqa: F40
 from workbench.engine.kv_device import DeviceKVCache  # noqa: F401
 from workbench.engine.step import DecodeEngine  # noqa: F401
 
-__all__ = ["COMMIT_MODES", "DFlashConfig", "DFlashDrafter", "DecodeEngine", "DeepseekV3", "DeviceKVCache", "DraftInput", "Drafter",
+__all__ = ["COMMIT_MODES", "DFlashConfig", "DFlashDrafter", "DecodeEngine", "DeepseekV3",
+           "DeviceKVCache", "DraftInput", "Drafter",
            "GenerationResult", "KVPoolFull", "PagedKVCache", "ScriptedDrafter", "Segment", "StepRecord",
            "generate", "load_model", "quantize_experts_int4", "synthetic_model", "tiny_config"]

@@ -161,7 +161,7 @@ class StepAttention:
     to end (``prefix`` int64 [C x capacity], ``offsets`` int64 [C + 1], device ops only) and takes
     the tree's ``parents`` int64 [C, T] (None: T = 1, decode). Calling it per layer with
     q_lat [N, H, R], q_rope [N, H, Dr], kv_layer [slots, R + Dr], tail rows [N, R + Dr] (N = C x T)
-    returns (the latent output float32 [N, H, R], the path that ran):
+    returns (the latent output [N, H, R] (kernel: the input dtype; torch: float32), the path that ran):
 
     - ``"kernel"``: one ``workbench.ddtree.verify_attention_batched`` call over every request's
       nodes (CUDA, latent 512 + rope 64; no host synchronisation: captured in graphs);
@@ -207,7 +207,7 @@ class StepAttention:
             o, _ = verify_attention_batched(q_lat.to(dt).view(C, T, H, R), q_rope.to(dt).view(C, T, H, -1),
                                             kv_layer, self.prefix[:C * self.cache.capacity], self.offsets,
                                             tail.view(C, T, -1), self.parents, scale, check=False)
-            return o.float().view(N, H, R), "workbench.ddtree.verify_attention_batched"
+            return o.view(N, H, R), "workbench.ddtree.verify_attention_batched"
         from workbench.engine.model import latent_attention_torch
 
         outs = []

@@ -231,6 +231,9 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
     if missing:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise ValueError(f"checkpoint {path} lacks tensors: {', '.join(missing[:10])}{more}")
+    for layer in model.layers:  # the fused MoE's view (and any layout it keeps) is made now: device_bytes() is final
+        if layer.is_moe and layer.mlp.experts.int4:
+            layer.mlp.experts.as_int4_experts()
     return model
 
 

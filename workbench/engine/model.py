@@ -220,21 +220,10 @@ class MLAttention(nn.Module):
         return self.project_out(torch.cat(outs, 0), x.dtype)
 
     def project_out(self, o_lat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Latent attention output float32 [N, H, R] -> [N, D] in ``dtype`` (``W_UV`` then ``o_proj``)."""
-        o = torch.einsum("nhr,hvr->nhv", o_lat, self._wkv()[1].float()).to(dtype)
-        return self.o_proj(o.reshape(o_lat.shape[0], self.H * self.dv))
-
-    def forward_step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_layer: torch.Tensor,
-                     tail_slots: torch.Tensor, attention) -> torch.Tensor:
-        """x [N, D] (N = C x T, request-major) -> [N, D]; writes the N latent rows to ``kv_layer[tail_slots]``
-        (a padding or failed row's slot is the pool's spare row) and attends through ``attention``
-        (a :class:`workbench.engine.step_attention.StepAttention`). No host synchronisation."""
-        q_nope, q_rope = self.project_q(x, cos, sin)
-        rows = self.project_kv(x, cos, sin).to(kv_layer.dtype)
-        kv_layer.index_copy_(0, tail_slots, rows)
-        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, self._wkv()[0])
-        o_lat, self.last_path = attention(q_lat, q_rope, kv_layer, rows, self.scale)
-        return self.project_out(o_lat, x.dtype)
+        """Latent attention output [N, H, R] -> [N, D] (``W_UV`` in the weights' dtype, then ``o_proj``)."""
+        w_uv = self._wkv()[1]
+        o = torch.einsum("nhr,hvr->nhv", o_lat.to(w_uv.dtype), w_uv)
+        return self.o_proj(o.reshape(o_lat.shape[0], self.H * self.dv)).to(dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -329,10 +318,11 @@ class DeepseekV3(nn.Module):
                 captured[i] = h
         return self.logits_f32(h), captured
 
-    def logits_f32(self, h: torch.Tensor) -> torch.Tensor:
+    def logits_f32(self, h: torch.Tensor, rms=None) -> torch.Tensor:
         """Final norm and lm_head: h [N, D] -> logits float32 [N, vocab] (bf16 weights accumulate into a
-        float32 output on CUDA, so the argmax is taken over unrounded logits)."""
-        x = self.norm(h)
+        float32 output on CUDA, so the argmax is taken over unrounded logits). ``rms``: the norm function
+        (default the module)."""
+        x = self.norm(h) if rms is None else rms(h, self.norm.weight, self.norm.eps)
         w = self.lm_head.weight
         if w.dtype == torch.float32:
             return F.linear(x.float(), w)
@@ -342,20 +332,47 @@ class DeepseekV3(nn.Module):
 
     @torch.no_grad()
     def forward_step(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tail_slots: torch.Tensor,
-                     pool: torch.Tensor, attention, capture_layers: Sequence[int] = ()
-                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """The captured step's forward: tokens int64 [N], cos/sin float32 [N, qk_rope_head_dim // 2],
-        tail_slots int64 [N] (where each token's latent row goes), pool [layers, slots, row_width].
-        Token ids are trusted (no range check: it would synchronise). Returns float32 logits [N, vocab]
-        and the hidden states of ``capture_layers`` ([N, D] each)."""
+                     pool: torch.Tensor, attention, ops=None) -> torch.Tensor:
+        """The engine step's forward (:mod:`workbench.engine.step`): tokens int64 [N], cos/sin float32
+        [N, qk_rope_head_dim // 2], tail_slots int64 [N] (where each token's latent row goes: a padding or
+        failed row's is the pool's spare row), pool [layers, slots, row_width]; ``attention`` a
+        :class:`workbench.engine.kv_device.StepAttention`; ``ops`` the torch work between the kernels
+        (:func:`workbench.engine.step_ops.step_ops`, eager by default). Token ids are trusted (a range check
+        would synchronise). Returns float32 logits [N, vocab]. No host synchronisation on the kernel paths."""
+        from workbench.engine.step_ops import step_ops
+
+        ops = ops or step_ops("eager")
         h = self.embed_tokens(tokens)
-        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            h = h + layer.self_attn.forward_step(layer.input_layernorm(h), cos, sin, pool[i], tail_slots, attention)
-            h = h + layer._mlp(layer.post_attention_layernorm(h))
-            if i in capture_layers:
-                captured[i] = h
-        return self.logits_f32(h), captured
+            a = layer.self_attn
+            q_a = a.q_a_proj.weight if a.config.q_lora_rank is not None else None
+            q_b = a.q_b_proj.weight if q_a is not None else a.q_proj.weight
+            q_a_ln = a.q_a_layernorm if q_a is not None else None
+            w_uk, w_uv = a._wkv()
+            q_lat, q_rope, rows = ops.attn_in(
+                h, layer.input_layernorm.weight, layer.input_layernorm.eps, q_a,
+                q_a_ln.weight if q_a_ln is not None else None, q_a_ln.eps if q_a_ln is not None else 0.0, q_b,
+                a.kv_a_proj_with_mqa.weight, a.kv_a_layernorm.weight, a.kv_a_layernorm.eps, w_uk, cos, sin,
+                a.H, a.dn, a.dr, a.R, a.interleave)
+            kv_layer = pool[i]
+            rows = rows.to(kv_layer.dtype)
+            kv_layer.index_copy_(0, tail_slots, rows)
+            o_lat, a.last_path = attention(q_lat, q_rope, kv_layer, rows, a.scale)
+            h, y = ops.attn_out(h, o_lat, w_uv, a.o_proj.weight, layer.post_attention_layernorm.weight,
+                                layer.post_attention_layernorm.eps)
+            mlp = layer.mlp
+            if layer.is_moe:
+                g = mlp.gate
+                ids, w = ops.route(y, g.weight, g.e_score_correction_bias, g.top_k, g.n_group, g.topk_group,
+                                   g.norm_topk_prob, g.scaling)
+                mlp.last_expert_ids = ids
+                routed = mlp.experts(y, ids, w)
+                sh = mlp.shared_experts
+                h = ops.mlp_out(h, y, routed, sh.gate_proj.weight, sh.up_proj.weight, sh.down_proj.weight) \
+                    if sh is not None else h + routed
+            else:
+                h = ops.mlp_out(h, y, None, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        return self.logits_f32(h, ops.rms)
 
     def device_bytes(self) -> int:
         """Bytes the model holds on its device: every parameter and buffer storage once, plus any layout the

@@ -83,14 +83,17 @@ class DecodeEngine:
     (rounded up to a bucket). capacity: committed tokens per request (prompt + output; default
     the rope limit, at most 8192). kv_slots: pool size (default max_requests x capacity).
     graphs: capture and replay CUDA graphs (default: on CUDA). attention / moe: ``"auto"``,
-    or force ``"kernel"``/``"torch"`` and ``"fused"``/``"torch"`` (graphs need the kernels).
+    or force ``"kernel"``/``"torch"`` and ``"fused"``/``"torch"`` (graphs need the kernels; these set
+    the model's modules' ``impl``). fuse: the torch work between the kernels, ``"eager"`` or
+    ``"compile"`` (:func:`workbench.engine.step_ops.step_ops`; CUDA only).
     max_generated: the longest output a DDTree drafter program is prepared for.
     """
 
     def __init__(self, model, *, max_requests: int = 16, capacity: int | None = None,
                  kv_slots: int | None = None, graphs: bool | None = None, attention: str = "auto",
-                 moe: str = "auto", max_generated: int = 1024):
+                 moe: str = "auto", max_generated: int = 1024, fuse: str = "eager"):
         from workbench.decode import MAX_L
+        from workbench.engine.step_ops import step_ops
 
         self.model = model
         dev = model.device
@@ -101,6 +104,9 @@ class DecodeEngine:
             raise ValueError(f"capacity={capacity!r} is not allowed: 1..{limit - MAX_L - 1} (the rope limit "
                              f"{limit} less the deepest tree)")
         self.graphs = dev.type == "cuda" if graphs is None else bool(graphs)
+        if fuse == "compile" and dev.type != "cuda":
+            raise ValueError("fuse='compile' is for CUDA models; the CPU step runs eager")
+        self.ops = step_ops(fuse)
         if self.graphs and dev.type != "cuda":
             raise ValueError("graphs=True needs a model on a CUDA device")
         for layer in model.layers:
@@ -127,8 +133,10 @@ class DecodeEngine:
         self.captures = 0
 
     def drop_graphs(self) -> None:
-        """Forget every bucket's buffers and captured graph (their memory goes back to the allocator)."""
+        """Forget every bucket's buffers and captured graph and every drafter program (their memory goes back
+        to the allocator)."""
         self._buckets.clear()
+        self._programs.clear()
         if self.model.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -139,7 +147,7 @@ class DecodeEngine:
             tree = "workbench.ddtree.build_trees (CUDA kernel)" if self.model.device.type == "cuda" else \
                 "workbench.ddtree.build_trees (CPU reference)"
         return {"attention": self.attention_impl, "moe": self.moe_impl, "tree_build": tree,
-                "step": "cuda graph replay" if graph else "eager"}
+                "step": "cuda graph replay" if graph else "eager", "fuse": self.ops.mode}
 
     # -- sessions ----------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int, config: DecodeConfig | None = None, drafter=None,
@@ -194,8 +202,8 @@ class DecodeEngine:
         slots, ok = cache.allocate(act, 1)
         pos = cache.lengths[:C]
         b.attention.prepare(None)
-        logits, _ = self.model.forward_step(self.last_token[:C], self.cos[pos], self.sin[pos], slots.view(-1),
-                                            cache.pool, b.attention)
+        logits = self.model.forward_step(self.last_token[:C], self.cos[pos], self.sin[pos], slots.view(-1),
+                                         cache.pool, b.attention, self.ops)
         nxt = logits.argmax(-1)
         top2 = logits.topk(2, dim=-1).values
         cache.commit_append(slots, ok)
@@ -219,8 +227,8 @@ class DecodeEngine:
         slots, ok = cache.allocate(act, T)
         pos = (cache.lengths[:C, None] + trees.depths).reshape(-1)
         b.attention.prepare(trees.parents)
-        logits, _ = self.model.forward_step(trees.tokens.reshape(-1), self.cos[pos], self.sin[pos],
-                                            slots.reshape(-1), cache.pool, b.attention)
+        logits = self.model.forward_step(trees.tokens.reshape(-1), self.cos[pos], self.sin[pos],
+                                         slots.reshape(-1), cache.pool, b.attention, self.ops)
         acc = accept_greedy_batched(trees, logits.argmax(-1).view(C, T))
         a = cache.commit_tree(slots, acc, ok, config.commit)
         width = L + 1

@@ -40,7 +40,7 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
 
     int4: routed experts in INT4 (default: when the config says its experts are quantised).
     Example: ``synthetic_model("kimi-k2.6", layers=4, device="cuda")`` is one dense and three MoE
-    layers with all 384 INT4 experts (about 30 GB).
+    layers with all 384 INT4 experts (about 30 GB). ``model.device_bytes()`` reports what it holds.
     """
     cfg = load_config(config) if isinstance(config, str) else config
     changes = {}
@@ -78,4 +78,7 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
         else:
             std = 1.0 / math.sqrt(t.shape[-1])
             t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype) * std)
+    for layer in model.layers:  # the fused MoE's view (and any layout it keeps) is made now: device_bytes() is final
+        if layer.is_moe and layer.mlp.experts.int4:
+            layer.mlp.experts.as_int4_experts()
     return model
