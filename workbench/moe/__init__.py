@@ -1,13 +1,15 @@
 """INT4 (W4A16) mixture-of-experts for decode shapes.
 
 - :mod:`workbench.moe.packing` - :class:`Int4Experts`, the stacked
-  compressed-tensors expert weights the kernel reads (and how they are built
-  from a checkpoint's per-expert tensors).
+  compressed-tensors expert weights and the fragment layout the small-M
+  kernels read (and how they are built from a checkpoint's per-expert tensors).
 - :mod:`workbench.moe.reference` - dequantise-then-matmul in float32 (CPU or GPU).
-- :mod:`workbench.moe.fused` - :func:`fused_moe_int4`, the fused CUDA path with
-  the reference as its CPU path.
-- :mod:`workbench.moe.bench` - the bandwidth benchmark
-  (``python -m workbench.moe.bench --out DIR``) and its analysis helpers.
+- :mod:`workbench.moe.fused` - :func:`fused_moe_int4`, the CUDA kernels that
+  data/dispatch names, with the reference as its CPU path; :func:`moe_plan`.
+- :mod:`workbench.moe.plots` - tables and figures of the committed measurements.
+
+Measurement: ``python -m workbench.bench.moe``; the paper's blocks:
+``python -m workbench.reports.moe``.
 """
 from workbench.moe.fused import fused_moe_int4
 from workbench.moe.packing import Int4Experts, experts_from_state_dict, quantize_experts, random_int4_experts

@@ -142,6 +142,41 @@ def block_dispatch() -> str:
             + ".\n")
 
 
+def sweep_vs_dispatch_rows() -> list[dict[str, Any]]:
+    """Rows of the sweep whose kernel differs from what data/dispatch names for that M today (the sweep's own tuning
+    chose its table), with that M's same-run comparison of the two where the committed files have one."""
+    doc, small = _doc(), plots.load_moe_small()
+    gpu = doc["provenance"].get("gpu", GPU_NAME)
+    d = dispatch_for(gpu)
+    tuning = (doc["results"].get("tuning") or {}).get("ms", {})
+    srows = {(r["routing"], r["M"]): r for r in plots.small_path_rows(small)} if small else {}
+    out = []
+    for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
+        ran = r["path"].removeprefix("small_")
+        want = d.moe_small_kernel(r["m"], doc["parameters"]["topk"]) or variant_name(d.moe_large_variant(r["m"]))
+        if ran == want:
+            continue
+        if (r["routing"], r["m"]) in srows:
+            s = srows[(r["routing"], r["m"])]
+            note = (f"`{small['name']}.json`, one replay: {want} {s[f'{want} % copy']:.1f}, {ran} "
+                    f"{s[f'{ran} % copy']:.1f} % of copy")
+        elif want in tuning and ran in tuning:
+            note = (f"the sweep's tuning, uniform: {want} {tuning[want][str(r['m'])]:.3f} ms, {ran} "
+                    f"{tuning[ran][str(r['m'])]:.3f} ms")
+        else:
+            note = "no same-run comparison committed"
+        out.append({"routing": r["routing"], "M": r["m"], "the sweep ran": ran, "dispatched today": want,
+                    "comparison": note})
+    return out
+
+
+def block_sweep_vs_dispatch() -> str:
+    rows = sweep_vs_dispatch_rows()
+    if not rows:
+        return "Every row of the sweep ran the kernel the dispatch names today.\n"
+    return markdown_table(rows)
+
+
 def block_floor() -> str:
     doc = _doc()
     par, res = doc["parameters"], doc["results"]
@@ -304,6 +339,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "provenance": block_provenance, "dispatch": block_dispatch, "floor": block_floor, "summary": block_summary,
     "small": block_small, "call_time": block_call_time, "goals": block_goals, "anchors": block_anchors,
     "large": block_large, "checks": block_checks, "versions": block_versions,
+    "sweep_vs_dispatch": block_sweep_vs_dispatch,
 }
 
 
