@@ -232,8 +232,8 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise ValueError(f"checkpoint {path} lacks tensors: {', '.join(missing[:10])}{more}")
     for layer in model.layers:  # the fused MoE's view (and any layout it keeps) is made now: device_bytes() is final
-        if layer.is_moe and layer.mlp.experts.int4:
-            layer.mlp.experts.as_int4_experts()
+        if layer.is_moe:
+            layer.mlp.experts.prepare(model.dtype)
     return model
 
 

@@ -134,6 +134,13 @@ class RoutedExperts(nn.Module):
         names = ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale") if self.int4 else PROJS
         return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in names)
 
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Make the fused MoE's view now (at load) when the fused path will run for inputs of ``dtype``
+        (INT4 experts of group 32 on CUDA, bf16), so that the model's device bytes are final."""
+        probe = torch.empty(0, dtype=dtype, device=self.gate_up_packed.device if self.int4 else "cpu")
+        if self.int4 and self.group_size == 32 and self.path(probe) == "fused":
+            self.as_int4_experts()
+
     def as_int4_experts(self):
         """A zero-copy ``workbench.moe.Int4Experts`` over this storage (INT4 only)."""
         from workbench.moe import Int4Experts  # type: ignore

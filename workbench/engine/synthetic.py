@@ -79,6 +79,6 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
             std = 1.0 / math.sqrt(t.shape[-1])
             t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype) * std)
     for layer in model.layers:  # the fused MoE's view (and any layout it keeps) is made now: device_bytes() is final
-        if layer.is_moe and layer.mlp.experts.int4:
-            layer.mlp.experts.as_int4_experts()
+        if layer.is_moe:
+            layer.mlp.experts.prepare(model.dtype)
     return model
