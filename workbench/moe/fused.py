@@ -207,12 +207,17 @@ def _kernel(name: str) -> Any:
 
 @functools.cache
 def resident_ctas(device_index: int, name: str) -> int:
-    """CTAs of kernel ``name`` (128 threads) that fit on device ``device_index`` at once (occupancy x SMs)."""
-    from cupy.cuda import driver
-
+    """CTAs of kernel ``name`` (128 threads) that fit on device ``device_index`` at once (occupancy x SMs; where the
+    driver's occupancy call is missing, from the kernel's registers: 64K per SM, allocated per warp in 256s)."""
     kern = _kernel(name)
-    fptr = getattr(kern, "ptr", None) or kern.kernel.ptr
-    per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, THREADS, 0))
+    try:
+        from cupy.cuda import driver
+
+        fptr = getattr(kern, "ptr", None) or kern.kernel.ptr
+        per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, THREADS, 0))
+    except (ImportError, AttributeError):
+        per_warp = ((int(kern.num_regs) * 32 + 255) // 256) * 256
+        per_sm = min(65536 // (per_warp * (THREADS // 32)), 2048 // THREADS)
     if per_sm < 1:
         raise MoEKernelError(f"MoE kernel {name}: no CTA of {THREADS} threads fits on an SM")
     return per_sm * torch.cuda.get_device_properties(device_index).multi_processor_count
