@@ -42,8 +42,8 @@ def test_figures_are_plotly_figures():
 
 
 def test_explorer_runs_headless_and_reports_bad_input():
-    pytest.importorskip("ipywidgets")
-    from workbench.projection.widgets import projection_explorer
+    ipywidgets = pytest.importorskip("ipywidgets")
+    from workbench.projection.widgets import explorer_state, projection_explorer
 
     cal = load_calibration(use_measurements=False)
     box = projection_explorer("b300", 16, 32, 12, calibration=cal)
@@ -56,10 +56,10 @@ def test_explorer_runs_headless_and_reports_bad_input():
     sliders["accepted"].value = 12
     assert message.value == ""
     sliders["TB/s"].value = 16.0
-    fig = box.children[3]
-    if isinstance(fig, go.FigureWidget):
-        moe = fig.data[0].y
-        assert moe[1] == pytest.approx(moe[0] / 2)   # twice the bandwidth, half the MoE term
+    assert message.value == "" and isinstance(box.children[3], ipywidgets.Output)
+    state = explorer_state("b300", 16, 32, 12, bandwidth_tbs=16.0, overhead_ms=8.0, calibration=cal)
+    moe = [state[k].breakdown["central"]["moe"] for k in ("baseline", "what_if")]
+    assert moe[1] == pytest.approx(moe[0] / 2)   # twice the B300's 8 TB/s, half the MoE term
 
 
 def test_committed_paper_is_current():

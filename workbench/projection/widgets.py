@@ -1,11 +1,11 @@
 """Interactive what-ifs: ipywidgets sliders driving a plotly figure.
 
 :func:`projection_explorer` returns an ``ipywidgets.VBox`` (display it). The
-figure is a ``plotly.graph_objects.FigureWidget`` when anywidget is installed
-(plotly >= 6 needs it) and otherwise an ordinary figure re-drawn into an
-``ipywidgets.Output``; both run headless (papermill, nbval). An input the
-model rejects (an accepted length above the block, ...) is shown as the
-error message; nothing is clipped.
+figure is an ordinary plotly figure re-drawn into an ``ipywidgets.Output`` at
+each change (not a ``FigureWidget``: its saved state would carry a second copy
+of plotly.js in every executed notebook); it runs headless (papermill, nbval).
+An input the model rejects (an accepted length above the block, ...) is shown
+as the error message; nothing is clipped.
 """
 from __future__ import annotations
 
@@ -13,18 +13,11 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from workbench.decode import MAX_BUDGET, MAX_L
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.figures import TERM_COLORS
-from workbench.decode import MAX_BUDGET, MAX_L
 from workbench.projection.model import TERM_NAMES, StepShape, load_gpu
 from workbench.projection.project import project
-
-
-def _figure_widget(fig: go.Figure) -> Any:
-    try:
-        return go.FigureWidget(fig)
-    except ImportError:
-        return None
 
 
 def explorer_state(gpu: str, block: int, budget: int, accept: float, bandwidth_tbs: float, overhead_ms: float,
@@ -71,7 +64,7 @@ def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, ac
     base = project(gpu, block, budget, (accept,), calibration=calib, context=context)
     oh0 = base.breakdown["central"]["overhead"]
     sliders = {
-        "accept": w.FloatSlider(value=accept, min=1, max=32, step=0.5, description="accepted"),
+        "accept": w.FloatSlider(value=accept, min=1, max=MAX_L + 1, step=0.5, description="accepted"),
         "block": w.IntSlider(value=block, min=2, max=MAX_L + 1, description="block"),
         "budget": w.IntSlider(value=budget, min=1, max=MAX_BUDGET, description="budget"),
         "bandwidth_tbs": w.FloatSlider(value=round(spec.bandwidth_bytes_per_s / 1e12, 2), min=0.5, max=20,
@@ -79,12 +72,7 @@ def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, ac
         "overhead_ms": w.FloatSlider(value=round(oh0, 2), min=0, max=30, step=0.1, description="overhead ms"),
     }
     message = w.HTML(value="")
-    static = _empty_figure()
-    fig = _figure_widget(static)
-    out = None
-    if fig is None:
-        out = w.Output()
-        fig = static
+    fig, out = _empty_figure(), w.Output()
 
     def update(_change: Any = None) -> None:
         vals = {k: s.value for k, s in sliders.items()}
@@ -94,17 +82,12 @@ def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, ac
             message.value = f"<b>not drawn:</b> {e}"
             return
         message.value = ""
-        if out is None:
-            with fig.batch_update():
-                _draw(fig, state)
-        else:
-            _draw(fig, state)
-            out.clear_output(wait=True)
-            with out:
-                fig.show()
+        _draw(fig, state)
+        out.clear_output(wait=True)
+        with out:
+            fig.show()
 
     for s in sliders.values():
         s.observe(update, names="value")
     update()
-    return w.VBox([w.HBox(list(sliders.values())[:3]), w.HBox(list(sliders.values())[3:]), message,
-                   out if out is not None else fig])
+    return w.VBox([w.HBox(list(sliders.values())[:3]), w.HBox(list(sliders.values())[3:]), message, out])
