@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from workbench.decode import MAX_BUDGET
+from workbench.decode import MAX_BUDGET, MAX_L
 from workbench.projection.model import TREE_BUILDERS, StepShape
 from workbench.validation import check_float, parse_text
 
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
                     "measurements where present and on the source's anchors (data/anchors/). Prints tokens/s "
                     "low / central / high and the step breakdown.")
     p.add_argument("--gpu", required=True, help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
-    p.add_argument("--block", type=parse_text, required=True, help="drafter block size (bonus token + drafted positions)")
+    p.add_argument("--block", type=parse_text, required=True, help=f"drafter block size (bonus token + drafted positions), 2..{MAX_L + 1}")
     p.add_argument("--budget", type=parse_text, required=True,
                    help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
     p.add_argument("--accept", type=parse_text, nargs="+", required=True,
