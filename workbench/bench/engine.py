@@ -166,7 +166,8 @@ def summarise(model, raw: dict[str, Any], C: int, gbps: float | None) -> dict[st
 def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont: list[int], steps: int,
                         prof: int) -> dict[str, Any]:
     """The eager reference at C = 1: :func:`workbench.engine.generate`'s step functions over a
-    ``PagedKVCache`` holding ``prefix`` seeded random rows."""
+    ``PagedKVCache`` holding ``prefix`` seeded random rows; ``cont`` the request's greedy tokens (the first
+    is the token the decode starts from)."""
     from workbench.engine.generate import _ddtree_step, _greedy_step, _Req, _resolve_tree_impl, _Timer
     from workbench.engine.kv_cache import PagedKVCache
 
@@ -211,7 +212,8 @@ def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont:
 def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: int = 4096,
         concurrency: tuple[int, ...] = (1, 2, 4, 8, 16), p_tops: tuple[float, ...] = (0.8, 0.95), block: int = 16,
         budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
-        tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",)) -> dict[str, Any]:
+        tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",),
+        baseline_concurrency: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
     from workbench.measure import measure_copy_bandwidth, write_measurement
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
@@ -239,7 +241,8 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
               "experts": model.config.n_routed_experts, "prefix": prefix, "block": block, "budget": budget,
               "p_tops": list(p_tops), "concurrency": list(concurrency), "steps": steps, "warmup": warmup,
               "profile_steps": prof, "eager_steps": eager_steps, "dtype": str(model.dtype).replace("torch.", ""),
-              "device": str(dev), "commit": gd.commit, "fuses": list(fuses)}
+              "device": str(dev), "commit": gd.commit, "fuses": list(fuses),
+              "baseline_concurrency": list(baseline_concurrency)}
     notes = ("wall = host clock around one step (graph replay or eager body) and its one device-to-host copy; "
              "floor = (weights touched + KV rows read) / device copy bandwidth measured in this run; routed experts "
              "counted are the distinct ones the step's tokens chose; the drafter's logits (ScriptedDrafter's device "
@@ -263,7 +266,8 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
         for i, fuse in enumerate(fuses):
             engine = DecodeEngine(model, max_requests=max(concurrency), capacity=capacity, max_generated=need,
                                   fuse=fuse)
-            _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, prefix, need, warmup, steps,
+            cs = concurrency if i == len(fuses) - 1 else tuple(c for c in concurrency if c in baseline_concurrency)
+            _sweep(model, engine, rows, raw_all, lossless, gd, cs, p_tops, prefix, need, warmup, steps,
                    prof, eager_steps, capacity, gbps, dev, peers=i == 0, save=save)
             state["captures"] += engine.captures
             del engine
@@ -323,7 +327,7 @@ def _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, pref
         save()
     del eager
     for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):
-        e = time_generate_steps(model, prefix, cfg_, dr, greedy_c1, eager_steps, 1)
+        e = time_generate_steps(model, prefix, cfg_, dr, greedy_c1[0], eager_steps, 1)
         raw_all[f"{cfg_.method}/C1/generate"] = e
         wall = _median(e["wall_ms"])
         acc = statistics.fmean(a for s in e["accepted"] for a in s)
@@ -402,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--eager-steps", type=int, default=4)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--fuse", default="eager", help="comma-separated step_ops modes, each a full sweep "
-                                                   "(eager, compile); the eager peers run with the first")
+    ap.add_argument("--fuse", default="eager", help="comma-separated step_ops modes (eager, compile): the last "
+                                                   "runs every C, the others only --baseline-concurrency; the "
+                                                   "eager peers run with the first")
+    ap.add_argument("--baseline-concurrency", default="1,8")
     ap.add_argument("--tiny", action="store_true", help="small config on the CPU in seconds (smoke test)")
     a = ap.parse_args(argv)
     layers = a.layers if a.layers is not None else (None if a.tiny else 61)
@@ -426,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run(a.out, layers=layers, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops, block=dc.block,
             budget=dc.budget, steps=a.steps, warmup=a.warmup, prof=a.profile_steps, eager_steps=a.eager_steps,
-            device=a.device, fuses=tuple(a.fuse.split(",")))
+            device=a.device, fuses=tuple(a.fuse.split(",")),
+            baseline_concurrency=tuple(int(x) for x in a.baseline_concurrency.split(",")))
     return 0
 
 

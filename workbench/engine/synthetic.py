@@ -30,13 +30,24 @@ def tiny_config(**overrides) -> ModelConfig:
     return ModelConfig(**base)
 
 
+def _zero_mean_nibbles(words: torch.Tensor) -> torch.Tensor:
+    """int32 words of 8 packed signed nibbles with every -8 (0b1000) nibble set to 0: values -7..7, mean 0."""
+    out = words
+    for k in range(8):
+        is_min = ((out >> (4 * k)) & 0xF) == 8
+        out = torch.where(is_min, out & ~(0xF << (4 * k)) if k < 7 else out & 0x0FFFFFFF, out)
+    return out
+
+
 @torch.no_grad()
 def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None = 4, experts: int | None = None,
                     seed: int = 0, device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16,
                     int4: bool | None = None):
     """A model with ``config``'s dimensions, its first ``layers`` layers and ``experts`` routed experts
     (default: all), random weights (Gaussian, std 1/sqrt(fan_in); norms near 1; INT4 experts as random
-    nibbles with positive scales), reproducible from ``seed``.
+    nibbles in -7..7 with 0 drawn twice as often (mean zero, as trained weights are: uniform -8..7 has
+    mean -0.5, which gives every expert output a shared direction and routes every token to the same
+    experts) and positive scales), reproducible from ``seed``.
 
     int4: routed experts in INT4 (default: when the config says its experts are quantised).
     Example: ``synthetic_model("kimi-k2.6", layers=4, device="cuda")`` is one dense and three MoE
@@ -63,7 +74,8 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
     g = torch.Generator(device=device).manual_seed(seed)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if name.endswith("_packed"):
-            t.copy_(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, device=device, dtype=torch.int32))
+            t.copy_(_zero_mean_nibbles(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, device=device,
+                                                     dtype=torch.int32)))
         elif name.endswith("_scale"):
             fan_in = t.shape[-1] * (model.layers[int(name.split(".")[1])].mlp.experts.group_size)
             std_q = 4.61  # std of a uniform int in [-8, 7]
