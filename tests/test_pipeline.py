@@ -208,10 +208,10 @@ def test_html_carries_plotly_js_once(tmp_path):
         "import ipywidgets\nipywidgets.IntSlider()")
     import os
 
-    before = os.environ.get("PLOTLY_RENDERER")
+    before = {k: os.environ.get(k) for k in ("PLOTLY_RENDERER", "JUPYTER_PATH")}
     rec = pipeline.run_notebooks(["01"], [], out_dir=tmp_path / "o", notebook_dir=d, progress=False)
     assert rec["failed"] == 0 and rec["plotly_renderer"] == pipeline.PLOTLY_RENDERER
-    assert os.environ.get("PLOTLY_RENDERER") == before  # set for the kernels only, then restored
+    assert {k: os.environ.get(k) for k in before} == before  # set for the run only, then restored
     html = (tmp_path / "o" / "01_figs.html").read_text()
     from plotly.offline import get_plotlyjs
 

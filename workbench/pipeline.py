@@ -244,10 +244,9 @@ def check_parameters(notebooks: list[Notebook], injected: dict[str, dict[str, An
     return typed_out
 
 
-def _kernel_name() -> str:
-    """A kernelspec for this very interpreter, so notebooks run in the current environment."""
-    from jupyter_client.kernelspec import KernelSpecManager
-
+def _kernel_spec() -> tuple[str, str]:
+    """A kernelspec for this very interpreter, so notebooks run in the current environment: its name
+    and the JUPYTER_PATH that finds it (the spec's folder first)."""
     root = Path(tempfile.gettempdir()) / f"workbench-kernels-{os.getuid()}"
     name = "workbench-" + hashlib.sha1(sys.executable.encode()).hexdigest()[:10]  # stable across runs
     spec_dir = root / "kernels" / name
@@ -256,10 +255,7 @@ def _kernel_name() -> str:
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"workbench ({sys.executable})", "language": "python"}))
     paths = os.environ.get("JUPYTER_PATH", "")
-    if str(root) not in paths.split(os.pathsep):
-        os.environ["JUPYTER_PATH"] = os.pathsep.join([str(root)] + ([paths] if paths else []))
-    KernelSpecManager().get_kernel_spec(name)  # fail early if not found
-    return name
+    return name, os.pathsep.join([str(root)] + ([paths] if paths else []))
 
 
 def _export_html(nb_path: Path) -> Path:
@@ -378,12 +374,15 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_dir) if out_dir else RUNS_DIR / stamp
     out.mkdir(parents=True, exist_ok=True)
-    kernel = _kernel_name()
+    kernel, jupyter_path = _kernel_spec()
     record: dict[str, Any] = {"started_utc": stamp, "profile": profile, "python": sys.executable,
                               "git": _git(), "versions": _versions(), "plotly_renderer": PLOTLY_RENDERER,
                               "out_dir": str(out), "notebooks": []}
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
-    with _environ(PLOTLY_RENDERER=PLOTLY_RENDERER):  # the kernels inherit it
+    with _environ(PLOTLY_RENDERER=PLOTLY_RENDERER, JUPYTER_PATH=jupyter_path):  # for papermill and the kernels
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        KernelSpecManager().get_kernel_spec(kernel)  # fail early if not found
         for nb in bar:
             bar.set_postfix_str(nb.name)
             entry = _run_one(nb, params[nb.name], out, kernel)
