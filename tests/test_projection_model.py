@@ -184,7 +184,7 @@ def test_synthetic_calibration_file(tmp_path):
 
 
 def test_synthetic_ddtree_kernels_file(tmp_path):
-    """The layout workbench.ddtree.bench writes: build_* records and verify points."""
+    """The layout workbench.bench.ddtree writes: build_* records and verify points."""
     build = {f"build_B64_L15_budget{b}": {"gpu_graph_ms": g, "gpu_eager_ms": 0.05, "cpu_ms": c, "batch": 64,
                                           "L": 15, "K": b, "budget": b, "method": "warp"}
              for b, g, c in ((8, 0.01, 2.048), (32, 0.02, 8.192))}
@@ -270,7 +270,7 @@ def test_bad_inputs_are_clear_errors(calib, kw, match):
 
 
 def test_moe_bench_layout(tmp_path):
-    """The layout workbench.moe.bench writes: results.rows per (routing, m), copy_gb_per_s, checks."""
+    """The layout workbench.bench.moe writes: results.rows per (routing, m), copy_gb_per_s, checks."""
     rows = [{"routing": r, "m": m, "bytes_median": 1e9, "ms_median": 0.4, "gb_per_s_median": 2500.0,
              "pct_of_copy": (60.0 if r == "uniform" else 20.0) + m / 10, "floor_ms": 0.3,
              "bf16_cublas_ms_median": 2.0, "speedup_vs_bf16_cublas": 5.0, "timing": "cuda_graph"}
