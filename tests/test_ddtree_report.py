@@ -1,7 +1,7 @@
 """The DDTree paper's generated blocks, the README's goal rows and notebook 01's tables and figures."""
 import pytest
 
-from workbench import papers
+from workbench.reports import papers
 from workbench.reports import ddtree as R
 
 

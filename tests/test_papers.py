@@ -1,11 +1,11 @@
-"""The shared generated-block mechanism (workbench.papers) and the measurement papers built on it."""
+"""The shared generated-block mechanism (workbench.reports.papers) and the measurement papers built on it."""
 import importlib
 
 import pytest
 
-from workbench import papers
+from workbench.reports import papers
 
-REPORTS = ["workbench.reports.ddtree", "workbench.reports.moe", "workbench.projection.report"]
+REPORTS = ["workbench.reports.ddtree", "workbench.reports.moe", "workbench.reports.projection"]
 
 
 def test_render_check_and_main(tmp_path):

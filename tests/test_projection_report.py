@@ -3,7 +3,7 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.projection import figures, load_calibration, project
-from workbench.projection.report import BLOCKS, PAPER, _BLOCK, main, render
+from workbench.reports.projection import BLOCKS, PAPER, _BLOCK, main, render
 
 
 def test_paper_has_every_generated_block_and_renders(tmp_path):
@@ -65,4 +65,4 @@ def test_explorer_runs_headless_and_reports_bad_input():
 def test_committed_paper_is_current():
     """papers/b300_projection.md's generated blocks equal what the committed data gives."""
     text = PAPER.read_text()
-    assert render(text) == text, "paper is stale: run python -m workbench.projection.report"
+    assert render(text) == text, "paper is stale: run python -m workbench.reports.projection"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from workbench import REPO_ROOT, papers
+from workbench import REPO_ROOT
+from workbench.reports import papers
 from workbench.measure import load_measurement
-from workbench.papers import markdown_table
+from workbench.reports.papers import markdown_table
 
 PAPER = REPO_ROOT / "papers" / "ddtree_kernels.md"
 KEPT_BUILDERS = ("small", "heap")  # the builders the dispatch runs (ddtree_tree.cu); the others are in git

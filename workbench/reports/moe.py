@@ -13,13 +13,14 @@ import statistics
 import sys
 from typing import Any, Callable
 
-from workbench import REPO_ROOT, papers
+from workbench import REPO_ROOT
+from workbench.reports import papers
 from workbench.bench.moe import flops
 from workbench.dispatch import dispatch_for
 from workbench.measure import load_measurement
 from workbench.moe import plots
 from workbench.moe.fused import FOUR_LAUNCH, variant_name
-from workbench.papers import markdown_table
+from workbench.reports.papers import markdown_table
 
 PAPER = REPO_ROOT / "papers" / "moe_int4.md"
 GPU_NAME = "NVIDIA H200"

@@ -1,6 +1,6 @@
 """The README's results table, generated from the committed measurements.
 
-``python -m workbench.report`` prints the table; ``--write-readme`` replaces
+``python -m workbench.reports.readme`` prints the table; ``--write-readme`` replaces
 the block between the ``results:begin`` / ``results:end`` markers of
 README.md. tests/test_report.py checks that the README's block equals what
 the measurements give, so no number in it is typed by hand. The rows come
@@ -14,7 +14,8 @@ import argparse
 import re
 from typing import Any
 
-from workbench import REPO_ROOT, papers
+from workbench import REPO_ROOT
+from workbench.reports import papers
 from workbench.measure import load_measurement
 from workbench.moe import plots as mplots
 from workbench.reports import ddtree as ddtree_report
@@ -102,7 +103,7 @@ def write_readme() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workbench.report", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m workbench.reports.readme", description=__doc__)
     p.add_argument("--write-readme", action="store_true")
     a = p.parse_args(argv)
     if a.write_readme:

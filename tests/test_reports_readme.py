@@ -1,9 +1,9 @@
-from workbench import report
+from workbench.reports import readme as report
 
 
 def test_readme_results_block_matches_measurements():
     text = report.README.read_text()
-    assert report.readme_block() in text, "README results are stale: run python -m workbench.report --write-readme"
+    assert report.readme_block() in text, "README results are stale: run python -m workbench.reports.readme --write-readme"
 
 
 def test_rows_cover_every_area():

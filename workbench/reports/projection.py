@@ -7,17 +7,18 @@ data/hardware.json), the model config and the measurement files
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``;
 regenerate them with
 
-    python -m workbench.projection.report            # rewrite papers/b300_projection.md in place
-    python -m workbench.projection.report --check    # exit 1 if the paper is stale
+    python -m workbench.reports.projection            # rewrite papers/b300_projection.md in place
+    python -m workbench.reports.projection --check    # exit 1 if the paper is stale
 """
 from __future__ import annotations
 
 import sys
 from typing import Callable
 
-from workbench import REPO_ROOT, papers
+from workbench import REPO_ROOT
+from workbench.reports import papers
 from workbench.hardware import gpu_table
-from workbench.papers import markdown_table
+from workbench.reports.papers import markdown_table
 from workbench.projection.calibration import load_calibration
 from workbench.projection.figures import breakdown_by_gpu
 from workbench.projection.model import TERM_NAMES, TERMS, load_assumptions
@@ -247,7 +248,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return papers.main(argv, paper=PAPER, blocks=BLOCKS, prog="python -m workbench.projection.report",
+    return papers.main(argv, paper=PAPER, blocks=BLOCKS, prog="python -m workbench.reports.projection",
                        description=__doc__.split("\n")[0])
 
 
