@@ -13,7 +13,7 @@ import torch
 from tolerances import assert_close
 from workbench.bench import ddtree as bench
 from workbench.ddtree import verify as V
-from workbench.ddtree import verify_peers as VP
+from workbench.bench import verify_peers as VP
 from workbench.kernels import KERNEL_DIR
 
 

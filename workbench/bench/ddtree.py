@@ -29,7 +29,7 @@ from workbench.ddtree.tree_gpu import (SMALL_MAX_NODES, accept_greedy_batched, b
                                        commit_scattered, dispatched_build_method, tree_visibility)
 from workbench.ddtree.verify import (D_KV, D_LATENT, dispatched_impl, random_verify_inputs, verify_attention,
                                      verify_attention_reference)
-from workbench.ddtree.verify_peers import PEERS
+from workbench.bench.verify_peers import PEERS
 from workbench.sanitizer import read_logs, stated_count, summary_lines
 
 __all__ = ["random_grid", "check_tree_kernels", "timing_rows", "benchmark_tree_kernels", "benchmark_round", "verify_floor",

@@ -8,7 +8,7 @@ CPU references (NumPy, the ground truth): :func:`topk_logprobs`,
 syncs: :mod:`workbench.ddtree.compose`. Verify attention
 (``verify_attention_reference``, ``verify_attention``,
 ``verify_attention_batched``) lives in :mod:`workbench.ddtree.verify`, its
-peers in :mod:`workbench.ddtree.verify_peers`. Which kernel runs is the GPU's
+peers in :mod:`workbench.bench.verify_peers`. Which kernel runs is the GPU's
 dispatch table (``data/dispatch``); measurement: :mod:`workbench.bench.ddtree`,
 the paper's tables: :mod:`workbench.reports.ddtree`.
 """

@@ -6,9 +6,9 @@
 - :mod:`workbench.moe.reference` - dequantise-then-matmul in float32 (CPU or GPU).
 - :mod:`workbench.moe.fused` - :func:`fused_moe_int4`, the CUDA kernels that
   data/dispatch names, with the reference as its CPU path; :func:`moe_plan`.
-- :mod:`workbench.moe.plots` - tables and figures of the committed measurements.
 
-Measurement: ``python -m workbench.bench.moe``; the paper's blocks:
+Measurement: ``python -m workbench.bench.moe``; tables and figures of the
+committed results: :mod:`workbench.reports.moe_plots`; the paper's blocks:
 ``python -m workbench.reports.moe``.
 """
 from workbench.moe.fused import fused_moe_int4

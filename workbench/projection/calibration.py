@@ -427,7 +427,7 @@ def moe_points_dispatched(points: list[tuple[float, float]], small: Mapping[str,
     """``points`` with the M values of a small-M comparison (``bench --small-compare``) replaced by the
     fraction of copy of the path ``fused_moe_int4`` dispatches today at that M (uniform routing), the
     path the engine runs; that comparison's rows are timed against its own run's copy bandwidth."""
-    from workbench.moe.plots import small_path_rows
+    from workbench.reports.moe_plots import small_path_rows
 
     merged = dict(points)
     for r in small_path_rows(dict(small)):
@@ -458,7 +458,7 @@ def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = No
                 if doc is not None:
                     docs[n] = (doc, f"data/measurements/{gpu}/{n}.json")
         if "moe_small" not in docs and docs.get("moe_bandwidth", ("", ""))[1].startswith("data/measurements/"):
-            from workbench.moe.plots import SMALL_COMPARE
+            from workbench.reports.moe_plots import SMALL_COMPARE
 
             doc = load_measurement(SMALL_COMPARE, gpu)
             if doc is not None:

@@ -1,7 +1,7 @@
 """Generated blocks of papers/moe_int4.md: ``python -m workbench.reports.moe [--check]``.
 
 Every block is computed from committed files: ``data/measurements/h200/moe_bandwidth.json`` (the sweep of the
-dispatched path), its repeat :data:`workbench.moe.plots.CURRENT_REPEAT`, :data:`workbench.moe.plots.SMALL_COMPARE`
+dispatched path), its repeat :data:`workbench.reports.moe_plots.CURRENT_REPEAT`, :data:`workbench.reports.moe_plots.SMALL_COMPARE`
 (the small-M kernels beside the four-launch path, one process), ``moe_copy_probe.json`` (the copy ceiling timed three
 ways), ``data/dispatch/h200.json``, ``data/anchors/rtx_pro_6000_moe.json``, and, for the versions table, the
 measurement files of earlier runs as committed at :data:`HISTORY` (read from git; the block says so where git
@@ -18,7 +18,7 @@ from workbench.reports import papers
 from workbench.bench.moe import flops
 from workbench.dispatch import dispatch_for
 from workbench.measure import load_measurement
-from workbench.moe import plots
+from workbench.reports import moe_plots as plots
 from workbench.moe.fused import FOUR_LAUNCH, variant_name
 from workbench.reports.papers import markdown_table
 

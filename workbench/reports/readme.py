@@ -5,7 +5,7 @@ the block between the ``results:begin`` / ``results:end`` markers of
 README.md. tests/test_report.py checks that the README's block equals what
 the measurements give, so no number in it is typed by hand. The rows come
 from the areas' report code (:mod:`workbench.reports.ddtree`,
-:mod:`workbench.moe.plots`); a missing module raises rather than leaving a
+:mod:`workbench.reports.moe_plots`); a missing module raises rather than leaving a
 hole in the table.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from workbench import REPO_ROOT
 from workbench.reports import papers
 from workbench.measure import load_measurement
-from workbench.moe import plots as mplots
+from workbench.reports import moe_plots as mplots
 from workbench.reports import ddtree as ddtree_report
 
 README = REPO_ROOT / "README.md"

@@ -1,7 +1,7 @@
 """The notebook-02 and paper tables built from the committed MoE measurements."""
 import pytest
 
-from workbench.moe import plots
+from workbench.reports import moe_plots as plots
 from workbench.reports import moe as report
 
 H200 = "NVIDIA H200"
