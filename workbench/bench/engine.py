@@ -82,6 +82,19 @@ def floor_bytes(model, distinct: list[int], tokens: int, kv_rows: int) -> dict[s
     return parts
 
 
+def floor_flops(model, distinct_tokens: int, tokens_per_request: int, kv_rows: int) -> float:
+    """Matrix FLOPs a step must do at least: every weight once per token (routed: top-k experts per token),
+    and the attention scores and outputs over the visible latent rows (kv_rows committed rows, summed over the
+    requests, each seen by that request's ``tokens_per_request`` tokens)."""
+    c, wb = model.config, model.weight_bytes()
+    el = model.embed_tokens.weight.element_size()
+    dense_params = (wb["attention"] + wb["dense_mlp"] + wb["shared_experts"] + wb["lm_head"]) / el
+    moe_layers = sum(l.is_moe for l in model.layers)
+    routed = c.num_experts_per_tok * 3 * c.hidden_size * c.moe_intermediate_size * moe_layers
+    attn = 2 * c.num_attention_heads * (c.kv_row_width + c.kv_lora_rank) * len(model.layers) * tokens_per_request
+    return 2 * (dense_params + routed) * distinct_tokens + attn * kv_rows
+
+
 def _distinct(model) -> list[int]:
     return [int(torch.unique(l.mlp.last_expert_ids).numel()) for l in model.layers if l.is_moe]
 
@@ -143,16 +156,21 @@ def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max
             "paths": engine.paths(config.method, all(graph))}
 
 
-def summarise(model, raw: dict[str, Any], C: int, gbps: float | None) -> dict[str, Any]:
-    """Medians, tokens/s and the floor of a :func:`time_session` record."""
+def summarise(model, raw: dict[str, Any], C: int, gbps: float | None, tflops: float | None) -> dict[str, Any]:
+    """Medians, tokens/s and the floors of a :func:`time_session` record: bytes over the copy bandwidth and
+    matrix FLOPs over the bf16 matrix rate, both measured in the run; ``floor_ms`` is the larger."""
     wall = _median(raw["wall_ms"])
     mean_acc = statistics.fmean(a for step in raw["accepted"] for a in step)
     toks_per_step = statistics.fmean(sum(step) for step in raw["accepted"])
     floors = [floor_bytes(model, d, C * raw["T"], kv) for d, kv in zip(raw["distinct_experts"], raw["kv_rows"])]
     nbytes = _median([f["total"] for f in floors])
-    floor_ms = nbytes / (gbps * 1e9) * 1e3 if gbps else None
+    flops = _median([floor_flops(model, C * raw["T"], raw["T"], kv) for kv in raw["kv_rows"]])
+    bytes_ms = nbytes / (gbps * 1e9) * 1e3 if gbps else None
+    flops_ms = flops / (tflops * 1e12) * 1e3 if tflops else None
+    floor_ms = max(bytes_ms, flops_ms) if bytes_ms and flops_ms else None
     out = {"C": C, "tokens_per_request_step": raw["T"], "wall_ms": wall, "tokens_per_s": toks_per_step / wall * 1e3,
-           "mean_accepted": mean_acc, "bytes_floor": nbytes, "floor_ms": floor_ms,
+           "mean_accepted": mean_acc, "bytes_floor": nbytes, "bytes_floor_ms": bytes_ms, "flops": flops,
+           "flops_floor_ms": flops_ms, "floor_ms": floor_ms,
            "pct_of_floor": 100 * floor_ms / wall if floor_ms else None,
            "bytes_by_part": {k: _median([f[k] for f in floors]) for k in floors[0]},
            "distinct_experts_median": _median([sum(d) / max(len(d), 1) for d in raw["distinct_experts"]]),
@@ -214,7 +232,7 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
         budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
         tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",),
         baseline_concurrency: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
-    from workbench.measure import measure_copy_bandwidth, write_measurement
+    from workbench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     t0 = time.perf_counter()
@@ -222,7 +240,8 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
     need = (warmup + steps + prof + 2) * block + 2
     capacity = prefix + need + block + 8
     bw = measure_copy_bandwidth(2 << 30) if dev.type == "cuda" else None
-    gbps = bw["gb_per_s"] if bw else None
+    mm = measure_bf16_matmul_tflops() if dev.type == "cuda" else None
+    gbps, tflops = (bw["gb_per_s"] if bw else None), (mm["tflops"] if mm else None)
     if tiny:
         cfg = tiny_config(n_group=1, topk_group=1)
         model = synthetic_model(cfg, layers=None, experts=experts, seed=0, device=dev,
@@ -244,7 +263,9 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
               "device": str(dev), "commit": gd.commit, "fuses": list(fuses),
               "baseline_concurrency": list(baseline_concurrency)}
     notes = ("wall = host clock around one step (graph replay or eager body) and its one device-to-host copy; "
-             "floor = (weights touched + KV rows read) / device copy bandwidth measured in this run; routed experts "
+             "floor = the larger of (weights touched + KV rows read) / device copy bandwidth and the step's matrix "
+             "FLOPs (weights once per token, attention over the visible rows) / bf16 matrix rate, both measured in "
+             "this run; routed experts "
              "counted are the distinct ones the step's tokens chose; the drafter's logits (ScriptedDrafter's device "
              "program) are not in the floor. Prefix KV rows are seeded random values (no prefill).")
 
@@ -252,12 +273,13 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
         """Write what is measured so far (called after every configuration, so a stopped run keeps its rows)."""
         goals = goal_rows(rows, p_tops[0])
         results = {"rows": rows, "goals": goals, "lossless": lossless, "copy_bandwidth_gbps": gbps,
+                   "bf16_matmul_tflops": tflops,
                    "error": state["error"], "model_build_s": build_s, "captures": state["captures"],
                    "model_device_bytes": model.device_bytes(), "experts": model.config.n_routed_experts}
         results.update(_compat(rows, p_tops[0], gbps))
         if out is not None:
             samples = {k: {kk: v for kk, v in r.items() if kk != "tokens"} for k, r in raw_all.items()}
-            samples["copy_bandwidth"] = bw
+            samples["copy_bandwidth"], samples["bf16_matmul"] = bw, mm
             results["_path"] = str(write_measurement("engine_step", parameters=params, results=results,
                                                      samples=samples, notes=notes, out_dir=out))
         return results
@@ -268,7 +290,7 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
                                   fuse=fuse)
             cs = concurrency if i == len(fuses) - 1 else tuple(c for c in concurrency if c in baseline_concurrency)
             _sweep(model, engine, rows, raw_all, lossless, gd, cs, p_tops, prefix, need, warmup, steps,
-                   prof, eager_steps, capacity, gbps, dev, peers=i == 0, save=save)
+                   prof, eager_steps, capacity, (gbps, tflops), dev, peers=i == 0, save=save)
             state["captures"] += engine.captures
             del engine
             if dev.type == "cuda":
@@ -286,16 +308,18 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
 
 
 def _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, prefix, need, warmup, steps, prof,
-           eager_steps, capacity, gbps, dev, peers: bool, save) -> None:
+           eager_steps, capacity, ceilings, dev, peers: bool, save) -> None:
     """Every (C, method) configuration as graph replays, then (``peers``) the eager peers at C = 1; rows appended
     in place, each with the engine's ``fuse`` mode."""
     V, block, budget, fz = model.config.vocab_size, gd.block, gd.budget, engine.ops.mode
+    gbps, tflops = ceilings
     greedy_c1 = None
     for C in concurrency:
         g = time_session(engine, C, prefix, gd, None, need, warmup, steps, prof, run_out=True)
         raw_all[f"greedy/C{C}/graph/{fz}"] = g
         path = "graph" if engine.graphs else "eager-step"
-        rows.append({"method": "greedy", "p_top": None, "path": path, "fuse": fz, **summarise(model, g, C, gbps)})
+        rows.append({"method": "greedy", "p_top": None, "path": path, "fuse": fz,
+                     **summarise(model, g, C, gbps, tflops)})
         conts = g["tokens"]
         if C == 1:
             greedy_c1 = conts
@@ -304,7 +328,8 @@ def _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, pref
             dd = time_session(engine, C, prefix, gd.replace(method="ddtree"), d, need, warmup, steps, prof)
             raw_all[f"ddtree/p{p}/C{C}/graph/{fz}"] = dd
             rows.append({"method": "ddtree", "p_top": p, "path": path, "fuse": fz,
-                         "expected_accepted": d.expected_accepted_length(budget), **summarise(model, dd, C, gbps)})
+                         "expected_accepted": d.expected_accepted_length(budget),
+                         **summarise(model, dd, C, gbps, tflops)})
             for i, (got, want) in enumerate(zip(dd["tokens"], conts)):
                 n = min(len(got), len(want))
                 first = next((k for k in range(n) if got[k] != want[k]), None)
@@ -323,7 +348,7 @@ def _sweep(model, engine, rows, raw_all, lossless, gd, concurrency, p_tops, pref
         e = time_session(eager, 1, prefix, cfg_, dr, need, 1, eager_steps, 1)
         raw_all[f"{cfg_.method}/C1/eager-step"] = e
         rows.append({"method": cfg_.method, "p_top": None if dr is None else p_tops[0], "path": "eager-step",
-                     "fuse": "eager", **summarise(model, e, 1, gbps)})
+                     "fuse": "eager", **summarise(model, e, 1, gbps, tflops)})
         save()
     del eager
     for cfg_, dr in ((gd, None), (gd.replace(method="ddtree"), d)):

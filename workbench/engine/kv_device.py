@@ -197,6 +197,15 @@ class StepAttention:
             par = self.parents.cpu()
             self._vis = [tree_visibility(par[b:b + 1])[0].to(c.device) for b in range(C)]
 
+    def chunk_len(self, heads: int) -> int:
+        """Keys per thread block of the verify kernel: a request's capacity split so that the C requests'
+        (64-row blocks x key chunks) fill the multiprocessors once (the kernel's own plan gives a batch of
+        few requests one chunk each: at C = 2, T = 33, 64 heads that is 66 blocks on 132 multiprocessors)."""
+        sms = torch.cuda.get_device_properties(self.cache.device).multi_processor_count
+        row_blocks = -(-self.T * heads // 64)
+        per_request = max(1, sms // (self.C * row_blocks))
+        return max(64, -(-(self.cache.capacity + self.T) // per_request // 64) * 64)
+
     def __call__(self, q_lat, q_rope, kv_layer, tail, scale: float):
         C, T = self.C, self.T
         N, H, R = q_lat.shape
@@ -206,7 +215,8 @@ class StepAttention:
             dt = kv_layer.dtype
             o, _ = verify_attention_batched(q_lat.to(dt).view(C, T, H, R), q_rope.to(dt).view(C, T, H, -1),
                                             kv_layer, self.prefix[:C * self.cache.capacity], self.offsets,
-                                            tail.view(C, T, -1), self.parents, scale, check=False)
+                                            tail.view(C, T, -1), self.parents, scale, check=False,
+                                            chunk_len=self.chunk_len(H))
             return o.view(N, H, R), "workbench.ddtree.verify_attention_batched"
         from workbench.engine.model import latent_attention_torch
 

@@ -266,7 +266,8 @@ def quantize_experts_int4(src: str | Path, dst: str | Path, group_size: int = 32
                 elif fm:
                     for e in range(t.shape[0]):
                         if fm.group(2) == "gate_up_proj":
-                            items += [(f"{fm.group(1)}.{e}.gate_proj", t[e, :I]), (f"{fm.group(1)}.{e}.up_proj", t[e, I:])]
+                            items += [(f"{fm.group(1)}.{e}.gate_proj", t[e, :I]),
+                                      (f"{fm.group(1)}.{e}.up_proj", t[e, I:])]
                         else:
                             items.append((f"{fm.group(1)}.{e}.down_proj", t[e]))
                 else:

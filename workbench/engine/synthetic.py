@@ -47,7 +47,11 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
     (default: all), random weights (Gaussian, std 1/sqrt(fan_in); norms near 1; INT4 experts as random
     nibbles in -7..7 with 0 drawn twice as often (mean zero, as trained weights are: uniform -8..7 has
     mean -0.5, which gives every expert output a shared direction and routes every token to the same
-    experts) and positive scales), reproducible from ``seed``.
+    experts) and positive scales), reproducible from ``seed``. The residual branches' output projections
+    (o_proj, down_proj, the routed experts' down scales) are scaled by 1/sqrt(2 x layers), as GPT-2
+    initialises them: unscaled, a deep random model's hidden states collapse onto one direction (on the
+    H200 at 61 layers every token of every request chose the same ~9 of 32 experts and greedy decoding
+    repeated one token), which a trained model's routing does not do.
 
     int4: routed experts in INT4 (default: when the config says its experts are quantised).
     Example: ``synthetic_model("kimi-k2.6", layers=4, device="cuda")`` is one dense and three MoE
@@ -72,6 +76,7 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
     device = torch.device(device or "cpu")
     model = build_empty(cfg, dtype, device, int4)
     g = torch.Generator(device=device).manual_seed(seed)
+    out_scale = 1.0 / math.sqrt(2 * cfg.num_hidden_layers)  # residual branches' output projections
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if name.endswith("_packed"):
             t.copy_(_zero_mean_nibbles(torch.randint(-2**31, 2**31 - 1, t.shape, generator=g, device=device,
@@ -80,7 +85,7 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
             fan_in = t.shape[-1] * (model.layers[int(name.split(".")[1])].mlp.experts.group_size)
             std_q = 4.61  # std of a uniform int in [-8, 7]
             s = (1.0 + 0.25 * torch.rand(t.shape, generator=g, device=device)) / (std_q * math.sqrt(fan_in))
-            t.copy_(s.to(t.dtype))
+            t.copy_((s * (out_scale if name.endswith("down_scale") else 1.0)).to(t.dtype))
         elif name.endswith("e_score_correction_bias"):
             t.copy_(0.01 * torch.randn(t.shape, generator=g, device=device))
         elif t.dim() == 1:  # norm weights
@@ -89,6 +94,8 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
             t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype))
         else:
             std = 1.0 / math.sqrt(t.shape[-1])
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                std *= out_scale
             t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype) * std)
     for layer in model.layers:  # the fused MoE's view (and any layout it keeps) is made now: device_bytes() is final
         if layer.is_moe:
