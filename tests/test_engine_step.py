@@ -185,7 +185,8 @@ def test_graph_replay_equals_eager(gpu_model, commit):
     assert [r.tokens for r in dg] == [r.tokens for r in de]
     assert [[s.accepted_length for s in r.steps] for r in dg] == [[s.accepted_length for s in r.steps] for r in de]
     assert graph.captures == 2
-    assert all(r.steps[-1].paths["attention"] == "kernel" and r.steps[-1].paths["moe"] == "fused" for r in dg)
+    assert all(r.steps[-1].paths["attention"] == "kernel" and r.steps[-1].paths["moe"].startswith("fused: ")
+               for r in dg)
     # the same bucket replays: a second session captures nothing new
     graph.generate(GPU_PROMPTS, 48, config=cfg, drafter=d)
     assert graph.captures == 2

@@ -153,7 +153,7 @@ def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max
         s.step()
     return {"wall_ms": wall, "distinct_experts": distinct, "kv_rows": kv, "accepted": acc, "graph": graph,
             "profile": prof_rec, "tokens": [r.tokens for r in s.results()], "T": s.bucket.T, "top2": s.top2,
-            "paths": engine.paths(config.method, all(graph))}
+            "paths": engine.paths(config.method, all(graph), C * s.bucket.T)}
 
 
 def summarise(model, raw: dict[str, Any], C: int, gbps: float | None, tflops: float | None) -> dict[str, Any]:

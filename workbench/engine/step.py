@@ -141,12 +141,21 @@ class DecodeEngine:
             torch.cuda.empty_cache()
 
     # -- what ran ---------------------------------------------------------------
-    def paths(self, method: str, graph: bool) -> dict[str, str]:
+    def paths(self, method: str, graph: bool, tokens: int | None = None) -> dict[str, str]:
+        """What a step of ``tokens`` = C x T tokens runs: attention, MoE (with the fused kernel the MoE
+        dispatch picks for that many tokens), tree build, graph or eager, the step_ops mode."""
+        moe = self.moe_impl
+        if moe == "fused" and tokens:
+            from workbench.moe.fused import moe_plan
+
+            c = self.model.config
+            moe = "fused: " + str(moe_plan(tokens, c.num_experts_per_tok, self.model.device, hidden=c.hidden_size,
+                                           intermediate=c.moe_intermediate_size)["kernel"])
         tree = "-"
         if method == "ddtree":
             tree = "workbench.ddtree.build_trees (CUDA kernel)" if self.model.device.type == "cuda" else \
                 "workbench.ddtree.build_trees (CPU reference)"
-        return {"attention": self.attention_impl, "moe": self.moe_impl, "tree_build": tree,
+        return {"attention": self.attention_impl, "moe": moe, "tree_build": tree,
                 "step": "cuda graph replay" if graph else "eager", "fuse": self.ops.mode}
 
     # -- sessions ----------------------------------------------------------------
@@ -377,7 +386,7 @@ class Session:
         rows = self._host.numpy()
         L1 = self._host.shape[1] - 4
         live = [r for r in self.reqs if not r.done]
-        paths = e.paths(self.config.method, graph)
+        paths = e.paths(self.config.method, graph, self.C * self.bucket.T)
         changed = False
         for r in live:
             row = rows[r.index]
