@@ -60,6 +60,23 @@ def test_ddtree_equals_generate(model, engine, greedy, block, budget, p_top, mis
         assert g.steps[0].paths["tree_build"] == "workbench.ddtree.build_trees (CPU reference)"
 
 
+@pytest.mark.parametrize("commit", ["scattered", "compacted"])
+def test_dflash_context_window_on_the_device(model, engine, greedy, commit):
+    """DFlash in the step: its context window (the last W committed tokens' target features) lives on the
+    device and is shifted by the accepted nodes; drafts, trees and acceptance equal generate()'s."""
+    from workbench.engine import DFlashConfig, DFlashDrafter
+
+    cfg = DFlashConfig(hidden_size=model.config.hidden_size, num_layers=2, num_heads=2, head_dim=16,
+                       intermediate_size=64, block=6, target_layers=(0, 2), mask_token_id=95, context_window=8)
+    d = DFlashDrafter.random(cfg, model, seed=3)
+    dc = DecodeConfig(method="ddtree", block=6, budget=10, commit=commit)
+    want = generate(model, PROMPTS[:3], 16, config=dc, drafter=d)
+    got = engine.generate(PROMPTS[:3], 16, config=dc, drafter=d)
+    for g, w, gr in zip(got, want, greedy):
+        assert g.tokens == w.tokens == gr[:16]
+        assert [s.accepted_length for s in g.steps] == [s.accepted_length for s in w.steps]
+
+
 def test_scripted_device_program_equals_host_draft(model, greedy):
     d = ScriptedDrafter(greedy, model.config.vocab_size, block=6, p_top=0.7, seed=3)
     prog = d.device_program(rows=4, max_generated=8, device="cpu")

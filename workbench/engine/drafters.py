@@ -205,7 +205,14 @@ class ScriptedDrafter:
 class ScriptedProgram:
     """A :class:`ScriptedDrafter` on the device: its draws for every row and generated count up to
     ``max_generated`` (``ids`` int64 / ``vals`` float32 [rows, max_generated + 1, L, spread + 1]),
-    filled by :meth:`admit` between steps; :meth:`draft` builds the logits with device ops only."""
+    filled by :meth:`admit` between steps; :meth:`draft` builds the logits with device ops only.
+
+    The device-program protocol the engine step uses (:class:`DFlashProgram` too): ``target_layers``;
+    ``admit(row, request, upto, features=None, positions=None)`` between steps; ``draft(num_generated,
+    bonus, start)`` (int64 [C] each) -> logits float32 [C, L, V] and ``commit(features, nodes, count,
+    positions)`` inside the step, both capturable."""
+
+    target_layers: tuple[int, ...] = ()
 
     def __init__(self, drafter: ScriptedDrafter, rows: int, max_generated: int, device):
         L, S1 = drafter.block - 1, drafter.spread + 1
@@ -215,14 +222,17 @@ class ScriptedProgram:
         self.floor = drafter.floor.to(device)
         self.rows = torch.arange(rows, device=device)
 
-    def admit(self, row: int, request: int, upto: int | None = None) -> None:
+    def admit(self, row: int, request: int, upto: int | None = None, features=None, positions=None) -> None:
         """Fill ``row`` with request ``request``'s draws for generated counts 0..upto (default all)."""
         n = self.G if upto is None else min(self.G, upto + 1)
         ids, vals = zip(*(self.drafter.script(request, g) for g in range(n)))
         self.ids[row, :n] = torch.stack(ids).to(self.ids.device)
         self.vals[row, :n] = torch.stack(vals).to(self.vals.device)
 
-    def draft(self, num_generated: torch.Tensor) -> torch.Tensor:
+    def commit(self, features, nodes, count, positions) -> None:
+        """Nothing to keep: the script does not read the target."""
+
+    def draft(self, num_generated: torch.Tensor, bonus=None, start=None) -> torch.Tensor:
         """num_generated int64 [C] (device) -> logits float32 [C, L, V], as :meth:`ScriptedDrafter.draft`."""
         C = num_generated.shape[0]
         g = num_generated.clamp(max=self.G - 1)
@@ -381,6 +391,10 @@ class DFlashDrafter(nn.Module):
         pos = inp.positions.to(dev)[:, None] + torch.arange(c.block, device=dev)
         return self.forward(toks, pos, ctx, cpos, cmask).float()
 
+    def device_program(self, rows: int, max_generated: int, device) -> "DFlashProgram":
+        """This drafter with its context window resident on the device, for ``rows`` requests."""
+        return DFlashProgram(self, rows)
+
     def save(self, path: str | Path) -> Path:
         """Write the drafter's own weights (not the shared embedding/head) to one safetensors file."""
         from safetensors.torch import save_file
@@ -438,3 +452,54 @@ class DFlashDrafter(nn.Module):
                 else:
                     p.copy_((torch.randn(p.shape, generator=g) * std).to(p.dtype))
         return d.eval()
+
+
+class DFlashProgram:
+    """A :class:`DFlashDrafter` inside the engine step: per row the last ``context_window`` committed tokens'
+    target features (``ctx`` [rows, W, len(target_layers) x D] in the target dtype), their positions
+    (``pos`` int64 [rows, W]) and how many are valid (``count`` int64 [rows]), right-aligned, oldest first,
+    zeros where empty: exactly what :meth:`DFlashDrafter.draft` builds from the whole history, kept on the
+    device and updated by :meth:`commit` with the accepted nodes' features (device ops only)."""
+
+    def __init__(self, drafter: DFlashDrafter, rows: int):
+        c, t = drafter.config, drafter._target
+        self.drafter, self.target_layers = drafter, tuple(c.target_layers)
+        nf = len(c.target_layers) * c.hidden_size
+        dev = t.device
+        self.ctx = torch.zeros(rows, c.context_window, nf, dtype=t.dtype, device=dev)
+        self.pos = torch.zeros(rows, c.context_window, dtype=torch.int64, device=dev)
+        self.count = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self._cols = torch.arange(max(c.context_window, c.block), device=dev)
+
+    def admit(self, row: int, request: int, upto: int | None = None, features=None, positions=None) -> None:
+        """Start ``row`` from the prompt's features [P, nf] and positions [P] (None: an empty window)."""
+        W = self.ctx.shape[1]
+        self.ctx[row] = 0
+        self.pos[row] = 0
+        n = 0 if features is None else min(W, features.shape[0])
+        if n:
+            self.ctx[row, W - n:] = features[-n:].to(self.ctx.dtype)
+            self.pos[row, W - n:] = positions[-n:]
+        self.count[row] = n
+
+    def draft(self, num_generated, bonus, start) -> torch.Tensor:
+        """bonus int64 [C] (the roots), start int64 [C] (their positions) -> logits float32 [C, L, V]."""
+        c = self.drafter.config
+        C, W = bonus.shape[0], self.ctx.shape[1]
+        toks = torch.cat([bonus[:, None], torch.full_like(bonus[:, None], c.mask_token_id).expand(C, c.block - 1)], 1)
+        pos = start[:, None] + self._cols[:c.block]
+        mask = self._cols[:W] >= W - self.count[:C, None]
+        return self.drafter.forward(toks, pos, self.ctx[:C], self.pos[:C], mask).float()
+
+    def commit(self, features, nodes, count, positions) -> None:
+        """Shift in the accepted nodes' features: features [C, T, nf], nodes int64 [C, T] (root first, -1
+        padded), count int64 [C] (accepted, 0 where nothing is committed), positions int64 [C, T]."""
+        C, T, nf = features.shape
+        W = self.ctx.shape[1]
+        at = nodes.clamp(min=0)
+        acc_f = features.gather(1, at[..., None].expand(C, T, nf)).to(self.ctx.dtype)
+        idx = self._cols[:W] + count[:, None]
+        both = torch.cat([self.ctx[:C], acc_f], 1)
+        self.ctx[:C] = both.gather(1, idx[..., None].expand(C, W, nf))
+        self.pos[:C] = torch.cat([self.pos[:C], positions.gather(1, at)], 1).gather(1, idx)
+        self.count[:C] = (self.count[:C] + count).clamp(max=W)

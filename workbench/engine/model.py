@@ -332,17 +332,20 @@ class DeepseekV3(nn.Module):
 
     @torch.no_grad()
     def forward_step(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tail_slots: torch.Tensor,
-                     pool: torch.Tensor, attention, ops=None) -> torch.Tensor:
+                     pool: torch.Tensor, attention, ops=None, capture_layers: Sequence[int] = ()
+                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The engine step's forward (:mod:`workbench.engine.step`): tokens int64 [N], cos/sin float32
         [N, qk_rope_head_dim // 2], tail_slots int64 [N] (where each token's latent row goes: a padding or
         failed row's is the pool's spare row), pool [layers, slots, row_width]; ``attention`` a
         :class:`workbench.engine.kv_device.StepAttention`; ``ops`` the torch work between the kernels
         (:func:`workbench.engine.step_ops.step_ops`, eager by default). Token ids are trusted (a range check
-        would synchronise). Returns float32 logits [N, vocab]. No host synchronisation on the kernel paths."""
+        would synchronise). Returns float32 logits [N, vocab] and the output hidden state [N, D] of each layer in
+        ``capture_layers``. No host synchronisation on the kernel paths."""
         from workbench.engine.step_ops import step_ops
 
         ops = ops or step_ops("eager")
         h = self.embed_tokens(tokens)
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             q_a = a.q_a_proj.weight if a.config.q_lora_rank is not None else None
@@ -372,7 +375,9 @@ class DeepseekV3(nn.Module):
                     if sh is not None else h + routed
             else:
                 h = ops.mlp_out(h, y, None, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
-        return self.logits_f32(h, ops.rms)
+            if i in capture_layers:
+                captured[i] = h
+        return self.logits_f32(h, ops.rms), captured
 
     def device_bytes(self) -> int:
         """Bytes the model holds on its device: every parameter and buffer storage once, plus any layout the

@@ -180,8 +180,8 @@ class DecodeEngine:
 
     def _program(self, drafter, block: int):
         if not hasattr(drafter, "device_program"):
-            raise ValueError(f"the engine step needs a drafter with a device program (ScriptedDrafter); "
-                             f"{type(drafter).__name__} has none: use workbench.engine.generate")
+            raise ValueError(f"the engine step needs a drafter with a device program (ScriptedDrafter, "
+                             f"DFlashDrafter); {type(drafter).__name__} has none: use workbench.engine.generate")
         if getattr(drafter, "block", block) < block:
             raise ValueError(f"block {block} needs {block - 1} drafted positions; the drafter's block is "
                              f"{drafter.block}")
@@ -211,8 +211,8 @@ class DecodeEngine:
         slots, ok = cache.allocate(act, 1)
         pos = cache.lengths[:C]
         b.attention.prepare(None)
-        logits = self.model.forward_step(self.last_token[:C], self.cos[pos], self.sin[pos], slots.view(-1),
-                                         cache.pool, b.attention, self.ops)
+        logits, _ = self.model.forward_step(self.last_token[:C], self.cos[pos], self.sin[pos], slots.view(-1),
+                                            cache.pool, b.attention, self.ops)
         nxt = logits.argmax(-1)
         top2 = logits.topk(2, dim=-1).values
         cache.commit_append(slots, ok)
@@ -228,18 +228,24 @@ class DecodeEngine:
         C, T, cache = b.C, b.T, self.cache
         L, V = config.depth, self.model.config.vocab_size
         act = self.active[:C]
-        draft = b.program.draft(self.num_generated[:C])[:, :L]
+        start = cache.lengths[:C]
+        draft = b.program.draft(self.num_generated[:C], self.last_token[:C], start)[:, :L]
         lp, ids = topk_logprobs(draft, min(config.budget, V))
         if not isinstance(lp, torch.Tensor):
             lp, ids = torch.from_numpy(lp), torch.from_numpy(ids)
         trees = build_trees(lp, ids, config.budget, root_tokens=self.last_token[:C].contiguous())
         slots, ok = cache.allocate(act, T)
-        pos = (cache.lengths[:C, None] + trees.depths).reshape(-1)
+        pos = cache.lengths[:C, None] + trees.depths
         b.attention.prepare(trees.parents)
-        logits = self.model.forward_step(trees.tokens.reshape(-1), self.cos[pos], self.sin[pos],
-                                         slots.reshape(-1), cache.pool, b.attention, self.ops)
+        layers = b.program.target_layers
+        logits, cap = self.model.forward_step(trees.tokens.reshape(-1), self.cos[pos.reshape(-1)],
+                                              self.sin[pos.reshape(-1)], slots.reshape(-1), cache.pool,
+                                              b.attention, self.ops, layers)
         acc = accept_greedy_batched(trees, logits.argmax(-1).view(C, T))
         a = cache.commit_tree(slots, acc, ok, config.commit)
+        if layers:
+            feats = torch.cat([cap[l] for l in layers], -1).view(C, T, -1)
+            b.program.commit(feats, acc.nodes, a, pos)
         width = L + 1
         toks = trees.tokens.gather(1, acc.nodes[:, 1:].clamp(min=0))
         if toks.shape[1] < width:
@@ -299,11 +305,12 @@ class Session:
         for row in range(engine.rows):
             cache.release(row)
         program = engine._program(drafter, config.block) if config.method == "ddtree" else None
+        self.bucket = engine._bucket(self.C, config, program)
+        feats = self._prefill(synthetic_prefix, program.target_layers if program is not None else ())
         if program is not None:
             for r in self.reqs:
-                program.admit(r.index, r.index, upto=max_new_tokens)
-        self.bucket = engine._bucket(self.C, config, program)
-        self._prefill(synthetic_prefix)
+                f, p = feats.get(r.index, (None, None))
+                program.admit(r.index, r.index, upto=max_new_tokens, features=f, positions=p)
         self._active_host = torch.zeros(engine.rows, dtype=torch.bool)
         for r in self.reqs:
             self._active_host[r.index] = not r.done
@@ -332,7 +339,9 @@ class Session:
         r.error, r.done = msg, True
         self.engine.cache.release(r.index)
 
-    def _prefill(self, synthetic: bool) -> None:
+    def _prefill(self, synthetic: bool, layers=()) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Admit and prefill every prompt in one ragged forward; returns each request's features of ``layers``
+        ([P, len(layers) x D]) and positions [P] (none for a synthetic prefix)."""
         e, m = self.engine, self.engine.model
         cache, dev = e.cache, m.device
         t0 = time.perf_counter()
@@ -356,17 +365,24 @@ class Session:
             toks.append(torch.tensor(r.prompt, dtype=torch.int64))
             pos.append(torch.arange(len(r.prompt)))
             live.append(r)
+        feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if live:
-            logits, _ = m.forward_batch(torch.cat(toks).to(dev), torch.cat(pos).to(dev), segs, cache)
+            logits, cap = m.forward_batch(torch.cat(toks).to(dev), torch.cat(pos).to(dev), segs, cache, layers)
             ends = torch.tensor(np.cumsum([len(r.prompt) for r in live]) - 1, device=dev)
             first = logits[ends].argmax(-1)
+            allf = torch.cat([cap[l] for l in layers], -1) if layers else None
+            off = 0
             for r, t in zip(live, first.tolist()):
                 self._finish(r, [t])
                 e.last_token[r.index] = t
                 e.num_generated[r.index] = 1
+                if allf is not None:
+                    feats[r.index] = (allf[off:off + len(r.prompt)], torch.arange(len(r.prompt), device=dev))
+                off += len(r.prompt)
         ms = (time.perf_counter() - t0) * 1e3
         for r in self.reqs:
             r.prefill_ms = ms
+        return feats
 
     def step(self) -> dict[str, Any]:
         """Run one step over the bucket; returns {"ms": wall ms, "graph": replayed?, "rows": output rows}."""
