@@ -210,6 +210,24 @@ def test_graph_replay_equals_eager(gpu_model, commit):
 
 
 @pytest.mark.gpu
+def test_dflash_in_a_graph_replay_equals_eager(gpu_model):
+    from workbench.engine import DFlashConfig, DFlashDrafter
+
+    m = gpu_model
+    cfg = DFlashConfig(hidden_size=m.config.hidden_size, num_layers=1, num_heads=4, head_dim=32,
+                       intermediate_size=256, block=8, target_layers=(0, 2), mask_token_id=7, context_window=16)
+    d = DFlashDrafter.random(cfg, m, seed=1)
+    dc = DecodeConfig(method="ddtree", block=8, budget=16)
+    graph = DecodeEngine(m, max_requests=2, capacity=256, max_generated=40)
+    eager = DecodeEngine(m, max_requests=2, capacity=256, max_generated=40, graphs=False)
+    g = graph.generate(GPU_PROMPTS[:2], 40, config=dc, drafter=d)
+    e = eager.generate(GPU_PROMPTS[:2], 40, config=dc, drafter=d)
+    assert [r.tokens for r in g] == [r.tokens for r in e]
+    assert [[s.accepted_length for s in r.steps] for r in g] == [[s.accepted_length for s in r.steps] for r in e]
+    assert graph.captures == 1 and g[0].steps[-1].paths["step"] == "cuda graph replay"
+
+
+@pytest.mark.gpu
 def test_no_host_sync_inside_a_replay(gpu_model):
     m = gpu_model
     e = DecodeEngine(m, max_requests=2, capacity=256, max_generated=32)
