@@ -391,7 +391,8 @@ def _compat(rows, p: float, gbps) -> dict[str, Any]:
                and r.get("p_top") in (None, p)]
         r = min(got, key=lambda r: r["wall_ms"]) if got else None
         if r:
-            out[method] = {"median_ms": {"total": r["wall_ms"]}, "bytes_by_part": r["bytes_by_part"],
+            parts = {k: v for k, v in r["bytes_by_part"].items() if k != "total"}
+            out[method] = {"median_ms": {"total": r["wall_ms"]}, "bytes_by_part": parts,
                            "pct_of_floor": r["pct_of_floor"], "floor_ms": r["floor_ms"],
                            "ms_per_token": r["wall_ms"] / r["mean_accepted"],
                            "mean_accepted_length": r["mean_accepted"], "tree_size": r["tokens_per_request_step"]}
