@@ -2,12 +2,19 @@
 # One call on a GPU machine: every `gpu` test, then the named areas' benchmarks (each checks its kernels
 # against their references before it times them), then the README results table from the fresh files.
 #
-#   bash workbench/bench/device_check.sh [AREA ...]      AREA: moe ddtree engine (default: none, tests only)
+#   WORKBENCH_COMMIT=<sha> bash workbench/bench/device_check.sh [AREA ...]   AREA: moe ddtree engine (default: none)
+#
+# WORKBENCH_COMMIT names the commit of the working tree the call carries: the device tool copies the tree, and git
+# there can read another commit (seen: the session's base commit), which the measurement files would then record.
 #
 # Writes under $OUT (default runs/device): gpu.txt, gpu_tests.log, <area>.log, the fresh measurement JSON
 # files and results.md. The measurement files are also written to data/measurements/<gpu>/ of this checkout.
 # Missing Python packages travel as wheels in .whl/ (the device tool's README says how).
 set -uo pipefail
+if [ -z "${WORKBENCH_COMMIT:-}" ]; then
+  echo "set WORKBENCH_COMMIT to the commit this tree is (git rev-parse HEAD where you start the call)"; exit 2
+fi
+export WORKBENCH_COMMIT
 OUT=${OUT:-runs/device}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

@@ -336,11 +336,38 @@ def block_versions() -> str:
     return markdown_table(rows)
 
 
+AB_FILE = "moe_consolidation_ab"   # the consolidation's check: the old tree and the new one alternated in one session
+AB_MEASURES = (("pct_of_copy", "one replay"), ("queued_pct_of_copy", "queued"), ("span_pct_of_copy", "span"),
+               ("ingraph_pct_of_copy", "in-graph"))
+
+
+def block_consolidation_ab() -> str:
+    """Old tree (before the consolidation) against the new, alternated in one session: % of copy per measure."""
+    doc = load_measurement(AB_FILE)
+    if doc is None:
+        return f"{MEASURED}/{AB_FILE}.json is not committed.\n"
+    runs = doc["results"]["runs"]
+    rows = []
+    for routing in ("uniform", "skewed"):
+        for m in sorted({r["m"] for run in runs for r in run["rows"]}):
+            row: dict[str, Any] = {"routing": routing, "M": m}
+            for key, label in AB_MEASURES:
+                vals = {lab: [r[key] for run in runs if run["label"] == lab for r in run["rows"]
+                              if r["routing"] == routing and r["m"] == m and key in r] for lab in ("old", "new")}
+                row[f"{label}: old"] = " / ".join(f"{v:.1f}" for v in vals["old"])
+                row[f"{label}: new"] = " / ".join(f"{v:.1f}" for v in vals["new"])
+                row[f"{label}: new - old"] = f"{statistics.mean(vals['new']) - statistics.mean(vals['old']):+.1f}"
+            rows.append(row)
+    codes = sorted({run["provenance"]["git_commit"][:7] + " (" + run["label"] + ")" for run in runs})
+    return (f"`{AB_FILE}.json`: {len(runs)} processes in the order old, new, old, new on one GPU, codes "
+            f"{', '.join(codes)}; % of copy bandwidth per process:\n\n" + markdown_table(rows))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
     "provenance": block_provenance, "dispatch": block_dispatch, "floor": block_floor, "summary": block_summary,
     "small": block_small, "call_time": block_call_time, "goals": block_goals, "anchors": block_anchors,
     "large": block_large, "checks": block_checks, "versions": block_versions,
-    "sweep_vs_dispatch": block_sweep_vs_dispatch,
+    "sweep_vs_dispatch": block_sweep_vs_dispatch, "consolidation_ab": block_consolidation_ab,
 }
 
 

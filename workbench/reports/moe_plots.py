@@ -37,7 +37,7 @@ def load_moe_bandwidth(gpu: str = "h200") -> dict[str, Any] | None:
     return load_measurement("moe_bandwidth", gpu)
 
 
-CURRENT_REPEAT = "moe_bandwidth_repeat34"   # the full sweep again at moe_bandwidth.json's dispatch, another machine
+CURRENT_REPEAT = "moe_bandwidth_repeat"   # the full sweep again at moe_bandwidth.json's dispatch, a second process
 
 
 def _dispatch_key(doc: dict[str, Any]) -> Any:
