@@ -31,11 +31,12 @@ def tiny_config(**overrides) -> ModelConfig:
 
 
 def _zero_mean_nibbles(words: torch.Tensor) -> torch.Tensor:
-    """int32 words of 8 packed signed nibbles with every -8 (0b1000) nibble set to 0: values -7..7, mean 0."""
+    """int32 words of 8 packed nibbles (stored as q + 8, :mod:`workbench.int4`) with every q = -8 nibble (0b0000)
+    set to q = 0 (0b1000): q in -7..7 with 0 twice as likely, mean 0."""
     out = words
     for k in range(8):
-        is_min = ((out >> (4 * k)) & 0xF) == 8
-        out = torch.where(is_min, out & ~(0xF << (4 * k)) if k < 7 else out & 0x0FFFFFFF, out)
+        is_min = ((out >> (4 * k)) & 0xF) == 0
+        out = torch.where(is_min, out | (8 << (4 * k)) if k < 7 else out | torch.iinfo(torch.int32).min, out)
     return out
 
 
@@ -45,13 +46,12 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
                     int4: bool | None = None):
     """A model with ``config``'s dimensions, its first ``layers`` layers and ``experts`` routed experts
     (default: all), random weights (Gaussian, std 1/sqrt(fan_in); norms near 1; INT4 experts as random
-    nibbles in -7..7 with 0 drawn twice as often (mean zero, as trained weights are: uniform -8..7 has
-    mean -0.5, which gives every expert output a shared direction and routes every token to the same
-    experts) and positive scales), reproducible from ``seed``. The residual branches' output projections
-    (o_proj, down_proj, the routed experts' down scales) are scaled by 1/sqrt(2 x layers), as GPT-2
-    initialises them: unscaled, a deep random model's hidden states collapse onto one direction (on the
-    H200 at 61 layers every token of every request chose the same ~9 of 32 experts and greedy decoding
-    repeated one token), which a trained model's routing does not do.
+    nibbles with q in -7..7, 0 twice as likely, so that the weights have mean zero as trained weights do,
+    and positive scales), reproducible from ``seed``. Uniform nibbles (q in -8..7, mean -0.5) give every
+    expert's output a shared direction: on the H200 at 61 layers every token of 16 requests then chose the
+    same ~8-10 of 32 experts in every layer. The residual branches' output projections (o_proj, down_proj,
+    the routed experts' down scales) are scaled by 1/sqrt(2 x layers), as GPT-2 initialises them, so the
+    residual stream stays near unit scale through the depth.
 
     int4: routed experts in INT4 (default: when the config says its experts are quantised).
     Example: ``synthetic_model("kimi-k2.6", layers=4, device="cuda")`` is one dense and three MoE
@@ -83,7 +83,7 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
                                                      dtype=torch.int32)))
         elif name.endswith("_scale"):
             fan_in = t.shape[-1] * (model.layers[int(name.split(".")[1])].mlp.experts.group_size)
-            std_q = 4.61  # std of a uniform int in [-8, 7]
+            std_q = math.sqrt(17.5)  # std of q in -7..7 with 0 twice as likely
             s = (1.0 + 0.25 * torch.rand(t.shape, generator=g, device=device)) / (std_q * math.sqrt(fan_in))
             t.copy_((s * (out_scale if name.endswith("down_scale") else 1.0)).to(t.dtype))
         elif name.endswith("e_score_correction_bias"):
