@@ -160,7 +160,7 @@ struct StepBuf {
 // GATE_UP: weights [E, 2*I, H/8], K = H, output h [P, I] bf16 by slot.
 // DOWN:    weights [E, H, I/8],   K = I, output Y [P, H] f32 by pair.
 // S == 0: weights prefetched D steps ahead in registers.
-// S > 0:  weights and scales stream through a per-warp ring of S shared-memory
+// S > 0 (with LINE):  weights and scales stream through a per-warp ring of S shared-memory
 //         stages with cp.async (S - 1 steps in flight, no register cost);
 //         activations are prefetched one step ahead in registers.
 // LINE (with S > 0): a stage is two K steps; each cp.async instruction of a warp fetches 4 rows x
@@ -358,52 +358,7 @@ __device__ __forceinline__ void moe_gemm(
     }
     cp_async_wait<0>();
     } else {
-    unsigned char* ring = smem + warp * (S * STAGE_BYTES);
-    auto issue = [&](int j, int slot) {
-        const int G = 4 * (step0 + j) + t;
-        unsigned char* st = ring + slot * STAGE_BYTES;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            cp_async16(st + (2 * r) * 512 + lane * 16, Wb + (long long)rowA[r] * kgroups + G);
-            cp_async16(st + (2 * r + 1) * 512 + lane * 16, Wb + (long long)rowB[r] * kgroups + G);
-            cp_async4(st + RT * 1024 + (2 * r) * 128 + lane * 4, Sb + (long long)rowA[r] * kgroups + (G & ~1));
-            cp_async4(st + RT * 1024 + (2 * r + 1) * 128 + lane * 4, Sb + (long long)rowB[r] * kgroups + (G & ~1));
-        }
-    };
-#pragma unroll
-    for (int st = 0; st < S - 1; ++st) {
-        if (st < steps) issue(st, st);
-        cp_async_commit();
-    }
-    uint4 xq[NT][4];
-    load_x<NT>(xq, xrow, 4 * step0 + t);
-    const unsigned int sel = (t & 1) ? 0x3232u : 0x1010u;   // scale of group G within the aligned pair
-#pragma unroll 1
-    for (int j = 0; j < steps; ++j) {
-        if (j + S - 1 < steps) issue(j + S - 1, (j + S - 1) % S);
-        cp_async_commit();
-        uint4 xn[NT][4];
-        if (j + 1 < steps) load_x<NT>(xn, xrow, 4 * (step0 + j + 1) + t);
-        cp_async_wait<S - 1>();
-        const unsigned char* st = ring + (j % S) * STAGE_BYTES;
-        uint4 wa4[RT], wb4[RT];
-        unsigned int sa2[RT], sb2[RT];
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            wa4[r] = *reinterpret_cast<const uint4*>(st + (2 * r) * 512 + lane * 16);
-            wb4[r] = *reinterpret_cast<const uint4*>(st + (2 * r + 1) * 512 + lane * 16);
-            sa2[r] = __byte_perm(*reinterpret_cast<const unsigned int*>(st + RT * 1024 + (2 * r) * 128 + lane * 4), 0u, sel);
-            sb2[r] = __byte_perm(*reinterpret_cast<const unsigned int*>(st + RT * 1024 + (2 * r + 1) * 128 + lane * 4), 0u, sel);
-        }
-        compute_step<NT, RT>(acc, wa4, wb4, sa2, sb2, xq);
-        if (j + 1 < steps) {
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) xq[n][q] = xn[n][q];
-        }
-    }
-    cp_async_wait<0>();
+        static_assert(S == 0 || LINE, "S > 0 rings are built by whole lines (LINE); the fragment-order ring is in git at 2c78290");
     }
 
     // reduce the four K quarters (fixed order: warp 0 + 1 + 2 + 3)
