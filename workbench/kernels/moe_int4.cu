@@ -242,18 +242,18 @@ __device__ __forceinline__ void moe_gemm(
 
     if constexpr (S == 0) {
     StepBuf buf[D][RT];
+    auto fill = [&](int d, int G) {   // register slot d <- the weights and scales of K group G
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            buf[d][r].wa = ld_stream16(Wb + (long long)rowA[r] * kgroups + G);
+            buf[d][r].wb = ld_stream16(Wb + (long long)rowB[r] * kgroups + G);
+            buf[d][r].sa = ld_u16(Sb + (long long)rowA[r] * kgroups + G);
+            buf[d][r].sb = ld_u16(Sb + (long long)rowB[r] * kgroups + G);
+        }
+    };
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-        if (d < steps) {
-            const int G = 4 * (step0 + d) + t;
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                buf[d][r].wa = ld_stream16(Wb + (long long)rowA[r] * kgroups + G);
-                buf[d][r].wb = ld_stream16(Wb + (long long)rowB[r] * kgroups + G);
-                buf[d][r].sa = ld_u16(Sb + (long long)rowA[r] * kgroups + G);
-                buf[d][r].sb = ld_u16(Sb + (long long)rowB[r] * kgroups + G);
-            }
-        }
+        if (d < steps) fill(d, 4 * (step0 + d) + t);
     }
 
 #pragma unroll 1
@@ -277,16 +277,7 @@ __device__ __forceinline__ void moe_gemm(
                 }
                 compute_step<NT, RT>(acc, wa4, wb4, sa2, sb2, xq);
                 // refill this buffer slot with step j + D
-                if (j + D < steps) {
-                    const int G2 = G + 4 * D;
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        buf[d][r].wa = ld_stream16(Wb + (long long)rowA[r] * kgroups + G2);
-                        buf[d][r].wb = ld_stream16(Wb + (long long)rowB[r] * kgroups + G2);
-                        buf[d][r].sa = ld_u16(Sb + (long long)rowA[r] * kgroups + G2);
-                        buf[d][r].sb = ld_u16(Sb + (long long)rowB[r] * kgroups + G2);
-                    }
-                }
+                if (j + D < steps) fill(d, G + 4 * D);
             }
         }
     }
