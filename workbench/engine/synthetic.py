@@ -43,7 +43,7 @@ def _zero_mean_nibbles(words: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None = 4, experts: int | None = None,
                     seed: int = 0, device: str | torch.device | None = None, dtype: torch.dtype = torch.bfloat16,
-                    int4: bool | None = None):
+                    int4: bool | None = None, next_token: str = "permutation"):
     """A model with ``config``'s dimensions, its first ``layers`` layers and ``experts`` routed experts
     (default: all), random weights (Gaussian, std 1/sqrt(fan_in); norms near 1; INT4 experts as random
     nibbles with q in -7..7, 0 twice as likely, so that the weights have mean zero as trained weights do,
@@ -54,6 +54,11 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
     residual stream stays near unit scale through the depth.
 
     int4: routed experts in INT4 (default: when the config says its experts are quantised).
+    next_token: ``"permutation"`` (default) sets lm_head row ``perm[t]`` to token t's embedding / sqrt(hidden),
+    so the greedy next token is a fixed random permutation of the current one with a margin of tens of logits,
+    as a trained model is confident on predictable text; ``"random"`` keeps a Gaussian lm_head, whose top-2
+    logits differ by hundredths (at K2.6 dims on the H200, bf16 rounding in the verify forward then flipped the
+    argmax against the one-token step at the first or second token, and a scripted drafter accepted nothing).
     Example: ``synthetic_model("kimi-k2.6", layers=4, device="cuda")`` is one dense and three MoE
     layers with all 384 INT4 experts (about 30 GB). ``model.device_bytes()`` reports what it holds.
     """
@@ -97,6 +102,12 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 std *= out_scale
             t.copy_(torch.randn(t.shape, generator=g, device=device, dtype=t.dtype) * std)
+    if next_token == "permutation":
+        perm = torch.randperm(cfg.vocab_size, generator=g, device=device)
+        emb = model.embed_tokens.weight
+        model.lm_head.weight.copy_((emb[torch.argsort(perm)].float() / math.sqrt(cfg.hidden_size)).to(emb.dtype))
+    elif next_token != "random":
+        raise ValueError(f"next_token={next_token!r} is not allowed: one of 'permutation', 'random'")
     for layer in model.layers:  # the fused MoE's view (and any layout it keeps) is made now: device_bytes() is final
         if layer.is_moe:
             layer.mlp.experts.prepare(model.dtype)
