@@ -308,7 +308,7 @@ def _versions() -> dict[str, str | None]:
 
 def _git() -> dict[str, Any]:
     """The commit the run came from and whether tracked files differed from it."""
-    from workbench.measure import git_commit
+    from workbench.bench.measure import git_commit
 
     commit = git_commit()
     if commit is None:

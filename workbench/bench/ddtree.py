@@ -133,7 +133,7 @@ def timing_rows(device: str = "cuda", batch: int = 8, L: int = 7, budget: int = 
     one Python call, launch included. Rows ``{op, impl, shapes, median_ms, x CPU reference, status}``."""
     import torch
 
-    from workbench.measure import time_cpu, time_cuda
+    from workbench.bench.measure import time_cpu, time_cuda
 
     dev = torch.device(device)
     clock = (lambda f, r=20: _median(time_cuda(f, warmup=3, reps=r))) if dev.type == "cuda" else \
@@ -174,7 +174,7 @@ def _graph_time_ms(fn, inner: int = 20, reps: int = 30) -> list[float]:
     """Per-call device time: ``inner`` calls captured in one CUDA graph, replayed."""
     import torch
 
-    from workbench.measure import time_cuda
+    from workbench.bench.measure import time_cuda
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -197,7 +197,7 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
     builder, ``..._{method}`` the other one. Returns ``{"results", "samples"}``."""
     import torch
 
-    from workbench.measure import time_cpu, time_cuda
+    from workbench.bench.measure import time_cpu, time_cuda
 
     rng = np.random.default_rng(seed)
     res: dict[str, Any] = {}
@@ -276,7 +276,7 @@ def benchmark_round(batch: int = 64, L: int = 15, budget: int = 32, prefix: int 
     import torch
 
     from workbench.ddtree.compose import capture_round, check_no_host_sync, ddtree_round, make_toy_problem
-    from workbench.measure import time_cuda
+    from workbench.bench.measure import time_cuda
 
     prob = make_toy_problem(batch=batch, L=L, budget=budget, prefix=prefix, heads=heads, vocab=vocab,
                             dtype="bfloat16", device="cuda")
@@ -335,7 +335,7 @@ def check_verify(inp: dict[str, Any], impl: str = "auto", label: str = "") -> di
 
 def _time_rotating(fns: Sequence[Any], reps: int, warmup: int) -> list[float]:
     """CUDA-event samples (ms) of one CUDA-graph replay per call, the calls rotating over ``fns``."""
-    from workbench.measure import capture_graphs, time_cuda
+    from workbench.bench.measure import capture_graphs, time_cuda
 
     graphs = capture_graphs(fns)
     cur = {"i": 0}
@@ -355,7 +355,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     measured in this process. Returns the results dict (raw samples under ``samples``)."""
     import torch
 
-    from workbench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, median, time_cuda, time_in_graph
+    from workbench.bench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, median, time_cuda, time_in_graph
 
     dt = torch.bfloat16
     impl = dispatched_impl(dt)
@@ -490,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sanitizer-logs", default=None, help="folder with memcheck.log / racecheck.log to record")
     args = ap.parse_args(argv)
     from workbench.kernels import require_gpu
-    from workbench.measure import write_measurement
+    from workbench.bench.measure import write_measurement
 
     require_gpu("python -m workbench.bench.ddtree")
     if args.sanitize:

@@ -232,7 +232,7 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
         budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
         tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",),
         baseline_concurrency: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
-    from workbench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
+    from workbench.bench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     t0 = time.perf_counter()

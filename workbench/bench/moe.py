@@ -5,7 +5,7 @@ Checks every kernel the dispatch reaches against the float32 reference, then tim
 two routings, beside: the copy bandwidth and bf16 matmul rate measured in the same run (the floors), the four-launch
 path at M <= 16 (where a small-M kernel is dispatched), and torch peers (bf16 experts through cuBLAS per expert,
 torch's int4 weight-only kernel per expert, dequantise-then-matmul). Writes ``DIR/moe_bandwidth.json`` with
-provenance (:func:`workbench.measure.write_measurement`); ``--sanitize`` runs only the checks at a small shape (for
+provenance (:func:`workbench.bench.measure.write_measurement`); ``--sanitize`` runs only the checks at a small shape (for
 ``compute-sanitizer``).
 
 Routing: ``uniform`` draws each token's k experts as the top-k of i.i.d. uniform scores; ``skewed`` draws them
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.measure import capture_graphs, time_cuda_queued, time_cuda_spans, time_in_graph
+from workbench.bench.measure import capture_graphs, time_cuda_queued, time_cuda_spans, time_in_graph
 from workbench.moe.fused import (FOUR_LAUNCH, LARGE_VARIANTS, SMALL_KERNELS, SMALL_MAX_PAIRS, fused_moe_int4,
                                  moe_plan, variant_name)
 from workbench.moe.packing import Int4Experts, random_int4_experts
@@ -491,7 +491,7 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
                   tune_reps: int = 10) -> Path:
     """Checks, ceilings, the four-launch variants' timings (``tune_reps`` > 0), then the sweep over ``m_values`` x
     routings; returns the path of ``name``.json."""
-    from workbench.measure import (graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
+    from workbench.bench.measure import (graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
                                    write_measurement)
 
     torch.backends.cuda.matmul.allow_tf32 = False

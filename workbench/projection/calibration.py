@@ -2,7 +2,7 @@
 the source's anchors otherwise.
 
 Measurement files (``data/measurements/h200/<name>.json``, read with
-:func:`workbench.measure.load_measurement`, or given as paths):
+:func:`workbench.bench.measure.load_measurement`, or given as paths):
 
 - ``moe_bandwidth`` -> the MoE kernel's fraction of the copy bandwidth per M
   (uniform routing) and the copy bandwidth of the same run;
@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from workbench.measure import load_measurement
+from workbench.bench.measure import load_measurement
 from workbench.projection.model import (
     GpuSpec, Range, default_model, load_anchors, load_assumptions, load_gpu, moe_layer_bytes,
 )

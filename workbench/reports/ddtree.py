@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from workbench import REPO_ROOT
 from workbench.reports import papers
-from workbench.measure import load_measurement
+from workbench.bench.measure import load_measurement
 from workbench.reports.papers import markdown_table
 
 PAPER = REPO_ROOT / "papers" / "ddtree_kernels.md"

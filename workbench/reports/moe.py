@@ -17,7 +17,7 @@ from workbench import REPO_ROOT
 from workbench.reports import papers
 from workbench.bench.moe import flops
 from workbench.dispatch import dispatch_for
-from workbench.measure import load_measurement
+from workbench.bench.measure import load_measurement
 from workbench.reports import moe_plots as plots
 from workbench.moe.fused import FOUR_LAUNCH, variant_name
 from workbench.reports.papers import markdown_table

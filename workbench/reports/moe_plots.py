@@ -14,7 +14,7 @@ import torch
 
 from workbench import DATA_DIR
 from workbench.kernels import resolve_device
-from workbench.measure import load_measurement
+from workbench.bench.measure import load_measurement
 from workbench.bench.moe import IN_GRAPH_CALLS, make_routing, plateau_m, rel_error
 from workbench.dispatch import dispatch_for
 from workbench.moe.fused import FOUR_LAUNCH, SMALL_KERNELS, fused_moe_int4, gpu_supported, large_variant, moe_plan, \

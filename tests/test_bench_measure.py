@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from workbench import display, measure
+from workbench import display
+from workbench.bench import measure
 
 
 def test_write_and_load_measurement_roundtrip(tmp_path, monkeypatch):
@@ -34,7 +35,7 @@ def test_clock_phases_sample_clocks_while_a_graph_runs():
     """measure.clock_phases: every phase replayed, per-call times positive, nvidia-smi samples inside each phase."""
     import torch
 
-    from workbench.measure import capture_graphs, clock_phases
+    from workbench.bench.measure import capture_graphs, clock_phases
 
     x = torch.zeros(1 << 20, device="cuda")
     [g] = capture_graphs([lambda: [x.add_(1.0) for _ in range(8)]])
