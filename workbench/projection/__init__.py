@@ -3,6 +3,8 @@
 - :mod:`workbench.projection.model`: the terms (formula, source, scaling rule), byte counts.
 - :mod:`workbench.projection.calibration`: measured H200 files or the source's anchors.
 - :mod:`workbench.projection.project`: :func:`project` -> low / central / high tokens/s.
+- :mod:`workbench.projection.overhead`: the host-overhead term measured from the H200 engine step
+  (``project(..., overhead="measured")``) and how it moves to another GPU.
 - :mod:`workbench.projection.scenarios`: the source's three scenarios, reproduced.
 - :mod:`workbench.projection.cli`: ``workbench project``.
 """

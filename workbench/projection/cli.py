@@ -1,7 +1,12 @@
 """``workbench project``: tokens/s on another GPU from the calibrated step-cost model.
 
-    workbench project --gpu b300 --block 16 --budget 32 --accept 12 16 [--overhead-ms 8]
-                      [--calibration FILE...] [--json]
+    workbench project --gpu b300 --block 16 --budget 32 --accept 12 16
+                      [--overhead measured|source-anchor|MS] [--calibration FILE...] [--json]
+
+``--overhead``: ``source-anchor`` (default) calibrates the host overhead on the source's B300
+anchor; ``measured`` takes it from this workbench's H200 engine step (wall - floor of the C=1
+DDTree graph replay in data/measurements/h200/engine_step.json, host gaps unchanged, the
+kernels-below-floor part scaled with the floor); a number fixes it in ms (as ``--overhead-ms``).
 
 Also: ``--context`` (tokens, default 1024), ``--tp`` (default 8),
 ``--tree-builder cpu|gpu``, ``--bandwidth-tbs`` (what-if datasheet bandwidth),
@@ -31,8 +36,12 @@ def register(subparsers) -> None:
                    help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
     p.add_argument("--accept", type=parse_text, nargs="+", required=True,
                    help="accepted length(s) per step, root included (1 <= a <= block)")
+    p.add_argument("--overhead", type=parse_text, default=None, metavar="measured|source-anchor|MS",
+                   help="the host overhead term: 'source-anchor' (default: calibrated on the source's B300 anchor), "
+                        "'measured' (the H200 engine step's cost beyond its floor, data/measurements/h200/"
+                        "engine_step.json) or a fixed number of ms")
     p.add_argument("--overhead-ms", type=parse_text, default=None,
-                   help="fix the host overhead per step (default: calibrated on the source's B300 anchor)")
+                   help="fix the host overhead per step (the same as --overhead MS)")
     p.add_argument("--overhead-cut-ms", type=parse_text, default=None,
                    help="subtract this much from the calibrated host overhead")
     p.add_argument("--calibration", nargs="+", default=None, metavar="FILE",
@@ -60,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if args.bandwidth_tbs is not None:
         bandwidth = check_float("bandwidth_tbs", args.bandwidth_tbs, lo=0, lo_open=True) * 1e12
     try:
-        res = project(args.gpu, args.block, args.budget, list(args.accept), overhead_ms=args.overhead_ms,
+        res = project(args.gpu, args.block, args.budget, list(args.accept), overhead=args.overhead,
+                      overhead_ms=args.overhead_ms,
                       overhead_cut_ms=args.overhead_cut_ms, context=args.context, tp=args.tp,
                       tree_builder=args.tree_builder,
                       bandwidth_bytes_per_s=bandwidth,

@@ -117,13 +117,14 @@ def breakdown_figure(items: Sequence[tuple[str, Projection]], title: str | None 
 
 def accept_sweep_figure(gpus: Iterable[str] = DEFAULT_GPUS, block: int = 16, budget: int = 32,
                         calibration: Calibration | None = None, use_measurements: bool = False,
-                        overhead_ms: float | None = None) -> go.Figure:
-    """tokens/s against accepted length (1..block) per GPU, central line and low-high band."""
+                        overhead_ms: float | None = None, overhead: str | float | None = None) -> go.Figure:
+    """tokens/s against accepted length (1..block) per GPU, central line and low-high band (``overhead``,
+    ``overhead_ms``: as :func:`workbench.projection.project.project`)."""
     calib = calibration or load_calibration(use_measurements=use_measurements)
     accepts = list(range(1, block + 1))
     fig = go.Figure()
     for g in gpus:
-        res = project(g, block, budget, accepts, calibration=calib, overhead_ms=overhead_ms)
+        res = project(g, block, budget, accepts, calibration=calib, overhead_ms=overhead_ms, overhead=overhead)
         name = load_gpu(g).name.replace("NVIDIA ", "")
         fig.add_scatter(x=accepts + accepts[::-1], y=[r["high"] for r in res.tokens_per_s] +
                         [r["low"] for r in res.tokens_per_s][::-1], fill="toself", opacity=0.2,
@@ -196,3 +197,45 @@ def structural_table(calibration: Calibration | None = None, **kw: Any) -> go.Fi
     rows = structural_whatifs(calibration or load_calibration(use_measurements=False), **kw)
     return table_figure(rows, "Structural unknowns (not in the ranges): one change per row",
                         column_widths=[3, 1.2, 1, 1.2, 5], height=140 + 70 * len(rows))
+
+
+def overhead_table(calib: Calibration, **kw: Any) -> go.Figure:
+    """The overhead measured from the H200 engine step beside the source's ~12.5 ms
+    (:func:`workbench.projection.scenarios.overhead_comparison`)."""
+    from workbench.projection.scenarios import overhead_comparison
+
+    rows = overhead_comparison(calib, **kw)
+    return table_figure(rows, "Host overhead: the source's ~12.5 ms, the anchor calibration and the measured engine step",
+                        column_widths=[2.2, 2.4, 1.3, 4, 2.6], height=160 + 75 * len(rows))
+
+
+def overhead_breakdown_figure(items: Sequence[tuple[str, Projection]]) -> go.Figure:
+    """Stacked central breakdown of the same projection under each overhead mode (label, Projection),
+    with the overhead term split into host gaps and kernels below floor where it was measured."""
+    labels = [f"overhead: {mode}" for mode, _ in items]
+    fig = go.Figure()
+    for name in TERM_NAMES:
+        if name == "overhead":
+            continue
+        fig.add_bar(x=labels, y=[r.breakdown["central"][name] for _, r in items], name=name,
+                    marker_color=TERM_COLORS[name])
+    host, kern, other = [], [], []
+    for _, r in items:
+        mo = r.measured_overhead
+        if mo is None:
+            host.append(0.0), kern.append(0.0), other.append(r.breakdown["central"]["overhead"])
+        else:
+            t = mo["transfer"]["central"]
+            host.append(t["host_ms"]), kern.append(t["kernel_ms"]), other.append(0.0)
+    fig.add_bar(x=labels, y=other, name="overhead (calibrated / fixed)", marker_color=TERM_COLORS["overhead"])
+    fig.add_bar(x=labels, y=host, name="overhead: host gaps (measured)", marker_color="#ff9896")
+    fig.add_bar(x=labels, y=kern, name="overhead: kernels below floor (measured, scaled)", marker_color="#c49c94")
+    for lab, (_, r) in zip(labels, items):
+        fig.add_annotation(x=lab, y=r.step_ms["central"], yshift=14, showarrow=False,
+                           text=f"{r.step_ms['central']:.2f} ms, {r.tokens_per_s[0]['central']:.0f} tok/s")
+    s = items[0][1].shape
+    fig.update_layout(barmode="stack", yaxis_title="ms per step (central)", height=480,
+                      title=f"{items[0][1].gpu_name}, block {s.block}, budget {s.budget}, TP {s.tp}: the step with each "
+                            f"overhead (measured mode: MoE, dense, attention at their floors)",
+                      margin=dict(l=10, r=10, t=70, b=10))
+    return fig

@@ -269,12 +269,15 @@ TERMS: tuple[Term, ...] = (
          "data/measurements/h200/ddtree_kernels.json when present, else assumption",
          "host (cpu): unchanged; gpu kernel: unchanged (latency-bound)"),
     Term("overhead",
-         "host overhead (Python dispatch, launches, sampling, accept/commit, syncs): "
+         "source-anchor (default): host overhead (Python dispatch, launches, sampling, accept/commit, syncs) = "
          "anchor step - sum of the other terms at the anchor (its MoE term with the source's Marlin curve, "
-         "which the anchor ran)",
-         "calibrated on the B300 anchor 303 tok/s at block 8, accepted ~4.4 (data/anchors/source_b300.json), "
-         "or given (--overhead-ms)",
-         "host: unchanged across GPUs unless stated"),
+         "which the anchor ran); measured: the H200 engine step's wall - floor = host gaps (wall - GPU busy) "
+         "+ kernels below their floors (GPU busy - floor), with MoE, dense and attention then at their floors",
+         "source-anchor: the B300 anchor 303 tok/s at block 8, accepted ~4.4 (data/anchors/source_b300.json); "
+         "measured: data/measurements/h200/engine_step.json, C=1 DDTree graph replay (--overhead measured); "
+         "or given (--overhead MS / --overhead-ms)",
+         "source-anchor: unchanged across GPUs; measured: host gaps unchanged, kernels-below-floor part x "
+         "(projected floor / H200 floor) ** exponent (central 1, range 0..1)"),
 )
 TERM_NAMES = tuple(t.name for t in TERMS)
 
@@ -303,14 +306,21 @@ class StepShape:
         return self.budget + 1
 
 
+FLOOR_TERMS = ("moe", "dense", "attention")  # the device terms the engine step's floor counts
+
+
 def step_terms(shape: StepShape, gpu: GpuSpec, params: Mapping[str, float], calib: Any,
-               cfg: ModelConfig | None = None, overhead_ms: float = 0.0) -> dict[str, float]:
+               cfg: ModelConfig | None = None, overhead_ms: float = 0.0, *, at_floor: bool = False
+               ) -> dict[str, float]:
     """Milliseconds per term for one step on ``gpu`` (one GPU of ``shape.tp``).
 
     ``params`` holds one value for every ranged quantity (keys of
     :func:`workbench.projection.project.param_ranges`); ``calib`` is a
     :class:`workbench.projection.calibration.Calibration` (MoE fraction curve,
     attention fraction, GPU tree-build time). ``overhead_ms`` is the host term.
+    ``at_floor``: the terms of :data:`FLOOR_TERMS` at their floors (bytes over the achieved copy
+    bandwidth, or FLOPs over the achieved matrix rate, whichever is larger; no kernel fraction, no
+    fixed per-call time), as the engine step's measured floor counts them.
     """
     cfg = cfg or default_model()
     tp, m = shape.tp, shape.m
@@ -318,15 +328,16 @@ def step_terms(shape: StepShape, gpu: GpuSpec, params: Mapping[str, float], cali
     mm = params[f"matmul_flops:{gpu.id}"] * params[f"matmul_fraction:{gpu.id}"]
     dense_frac = params["dense_fraction_of_copy"]
 
-    moe_frac = calib.moe_fraction(m, params)
+    moe_frac = 1.0 if at_floor else calib.moe_fraction(m, params)
     t_moe_layer = max(moe_layer_bytes(cfg, m) / tp / (bw * moe_frac), moe_layer_flops(cfg, m) / tp / mm)
     moe = cfg.num_moe_layers * t_moe_layer
 
     dbytes = dense_bytes_per_gpu(cfg, tp)
-    dense = max(dbytes / (bw * dense_frac), 2.0 * m * dbytes / BF16 / mm)
+    dense = max(dbytes / (bw * (1.0 if at_floor else dense_frac)), 2.0 * m * dbytes / BF16 / mm)
 
     abytes, aflops = attention_layer_costs(cfg, shape.context, m, tp)
-    attention = cfg.num_hidden_layers * calib.attention_layer_ms(max(abytes / bw, aflops / mm) * 1e3, params) * 1e-3
+    attn_floor_ms = max(abytes / bw, aflops / mm) * 1e3
+    attention = cfg.num_hidden_layers * (attn_floor_ms if at_floor else calib.attention_layer_ms(attn_floor_ms, params)) * 1e-3
 
     if tp > 1:
         msg = m * cfg.hidden_size * BF16

@@ -15,6 +15,12 @@ that is what the anchor ran; the projection then uses the calibration's MoE
 fraction (this workbench's kernel when its measurement is committed). ``overhead_ms`` fixes it instead;
 ``overhead_cut_ms`` subtracts a fixed amount from the calibrated value (the
 source's "12.5 ms -> 8 ms" read as a 4.5 ms cut).
+
+``overhead="measured"`` takes the term from this workbench's captured engine step instead
+(data/measurements/h200/engine_step.json, :mod:`workbench.projection.overhead`): what the C = 1
+DDTree step costs beyond its floor on the H200, its host gaps carried over unchanged and its
+kernels-below-floor part scaled with the projected step's floor; MoE, dense and attention are then
+taken at their floors, since the measured overhead already holds the kernels' time beyond them.
 """
 from __future__ import annotations
 
@@ -24,12 +30,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from workbench.decode import DEFAULT, MAX_BUDGET
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.model import (
-    TERM_NAMES, TERMS, GpuSpec, Range, StepShape, default_model, load_anchors, load_assumptions,
+    FLOOR_TERMS, TERM_NAMES, TERMS, GpuSpec, Range, StepShape, default_model, load_anchors, load_assumptions,
     load_gpu, step_terms, tokens_per_s,
 )
+from workbench.projection import overhead as measured_overhead
 from workbench.validation import InvalidParameter, check_float, check_int, check_list
 
 ANCHOR_GPU = "b300"
+SOURCE_ANCHOR, MEASURED = "source-anchor", "measured"
+OVERHEAD_MODES = (SOURCE_ANCHOR, MEASURED)  # or a number of ms (a fixed host term)
 
 
 def _anchor() -> dict[str, Any]:
@@ -112,6 +121,13 @@ class Projection:
     calibration: Calibration
     anchor_overhead_ms: dict[str, float]            # calibrated host overhead at each corner
     bandwidth_bytes_per_s: float
+    measured_overhead: dict[str, Any] | None = None  # overhead='measured': the H200 step and its transfer
+
+    @property
+    def overhead_kind(self) -> str:
+        """'source-anchor', 'measured' or 'fixed'."""
+        return (MEASURED if self.measured_overhead is not None else
+                SOURCE_ANCHOR if self.overhead_mode.startswith("calibrated") else "fixed")
 
     @property
     def step_ms(self) -> dict[str, float]:
@@ -134,6 +150,7 @@ class Projection:
             "breakdown_ms": self.breakdown,
             "lumped_overhead_ms": self.lumped_overhead_ms,
             "anchor_overhead_ms": self.anchor_overhead_ms,
+            "measured_overhead": self.measured_overhead,
             "sensitivity": self.sensitivity,
             "ranges": {k: dataclasses.asdict(v) for k, v in self.ranges.items()},
             "terms": [dataclasses.asdict(t) for t in TERMS],
@@ -164,19 +181,56 @@ class Projection:
         lo = self.lumped_overhead_ms
         lines.append(f"{'step - moe':<12} {lo['low']:>8.2f} {lo['central']:>8.2f} {lo['high']:>8.2f}"
                      "   (what the source calls 'overhead')")
+        mo = self.measured_overhead
+        if mo is not None:
+            st, tr = mo["step"], mo["transfer"]["central"]
+            lines.append(f"measured overhead: {st['method']} C={st['C']} on the {st['gpu']} ({st['file']} at "
+                         f"{st['git_commit']}): wall {st['wall_ms']:.2f} - floor {st['floor_ms']:.2f} = "
+                         f"{st['overhead_ms']:.2f} ms = host gaps {st['host_ms']:.2f} + kernels below floor "
+                         f"{st['kernel_excess_ms']:.2f} ms; here host {tr['host_ms']:.2f} + kernels "
+                         f"{st['kernel_excess_ms']:.2f} x {tr['floor_ratio']:.3f}^{tr['exponent']:g} = "
+                         f"{tr['overhead_ms']:.2f} ms (moe, dense, attention at their floors)")
         for n in self.calibration.notes:
             lines.append(f"note: {n}")
         return "\n".join(lines)
 
 
+def check_overhead(overhead: Any, overhead_ms: Any = None, overhead_cut_ms: Any = None) -> str | float | None:
+    """The overhead choice: ``None`` (``overhead_ms`` when given, else the source's anchor), one of
+    :data:`OVERHEAD_MODES`, or a number of ms >= 0; not together with ``overhead_ms``, and
+    ``overhead_cut_ms`` only with the source-anchor calibration. Returns the mode or the ms."""
+    allowed = (f"one of {', '.join(repr(m) for m in OVERHEAD_MODES)}, a number of ms >= 0 (a fixed host "
+               f"overhead), or None")
+    if overhead is None:
+        return None
+    if isinstance(overhead, str):
+        if overhead not in OVERHEAD_MODES:
+            raise InvalidParameter("overhead", overhead, allowed)
+        value: str | float = overhead
+    else:
+        try:
+            value = check_float("overhead", overhead, lo=0)
+        except InvalidParameter:
+            raise InvalidParameter("overhead", overhead, allowed) from None
+    if overhead_ms is not None:
+        raise InvalidParameter("overhead", overhead, "None when overhead_ms is given (overhead_ms is the same "
+                                                     "choice as overhead=<ms>: give one of them)")
+    if overhead_cut_ms is not None and value != SOURCE_ANCHOR:
+        raise InvalidParameter("overhead_cut_ms", overhead_cut_ms,
+                               f"None unless overhead is {SOURCE_ANCHOR!r} (the cut applies to the overhead "
+                               f"calibrated on the source's anchor), got overhead={overhead!r}")
+    return value
+
+
 def check_inputs(gpu: Any, block: Any, budget: Any, accept: Any, overhead_ms: Any = None,
                  context: Any = StepShape.context, tp: Any = StepShape.tp, tree_builder: Any = StepShape.tree_builder,
-                 overhead_cut_ms: Any = None, bandwidth_bytes_per_s: Any = None
+                 overhead_cut_ms: Any = None, bandwidth_bytes_per_s: Any = None, overhead: Any = None
                  ) -> tuple[GpuSpec, StepShape, tuple[float, ...]]:
     """The rules :func:`project` applies to its inputs: the GPU, the step's shape (:class:`StepShape`:
     block and budget within the tree builder's limits, tp dividing the heads, context within YaRN),
     the accepted lengths (1 .. min(block, budget + 1); a single number is a one-element list) and
-    the overheads (>= 0 ms, one or the other). Returns the GPU, the shape and the accepted lengths.
+    the overheads (>= 0 ms, one or the other; ``overhead``: :func:`check_overhead`). Returns the GPU,
+    the shape and the accepted lengths.
     ``workbench run`` checks notebook 04's parameters with it before the notebook runs."""
     target = load_gpu(gpu)
     if bandwidth_bytes_per_s is not None:
@@ -194,6 +248,7 @@ def check_inputs(gpu: Any, block: Any, budget: Any, accept: Any, overhead_ms: An
         if overhead_ms is not None:
             raise InvalidParameter("overhead_cut_ms", overhead_cut_ms,
                                    "None when overhead_ms is given (fix the overhead or cut the calibrated one)")
+    check_overhead(overhead, overhead_ms, overhead_cut_ms)
     return target, shape, tuple(acc)
 
 
@@ -203,12 +258,15 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
             tp: int = StepShape.tp, tree_builder: str = StepShape.tree_builder,
             bandwidth_bytes_per_s: float | None = None,
             calibration: Calibration | Iterable[Any] | None = None, use_measurements: bool = True,
-            anchor_budget: int | None = None) -> Projection:
+            anchor_budget: int | None = None, overhead: str | float | None = None) -> Projection:
     """Project tokens/s at concurrency 1 on ``gpu`` (an id of data/hardware.json).
 
     ``accept``: one or more accepted lengths per step (root included; 1 <= a <= block).
-    ``overhead_ms``: fix the host overhead term (ms >= 0) instead of calibrating it on the B300
-    anchor; ``overhead_cut_ms``: calibrate, then subtract this many ms.
+    ``overhead``: ``"source-anchor"`` (the default: calibrated on the B300 anchor), ``"measured"``
+    (from the H200 engine step, :mod:`workbench.projection.overhead`; needs its file in the
+    calibration) or a number of ms (fixed).
+    ``overhead_ms``: the older spelling of ``overhead=<ms>`` (fix the host overhead term, ms >= 0);
+    ``overhead_cut_ms``: calibrate on the anchor, then subtract this many ms.
     ``bandwidth_bytes_per_s``: what-if datasheet bandwidth for ``gpu``.
     ``anchor_budget``: the budget the B300 anchor is taken to have run at (default: the anchor
     file's, 8; the source does not state it); a structural what-if, not part of the ranges.
@@ -218,7 +276,10 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
     :func:`check_inputs`'s rules.
     """
     target, shape, acc = check_inputs(gpu, block, budget, accept, overhead_ms, context, tp, tree_builder,
-                                      overhead_cut_ms, bandwidth_bytes_per_s)
+                                      overhead_cut_ms, bandwidth_bytes_per_s, overhead)
+    choice = check_overhead(overhead, overhead_ms, overhead_cut_ms)
+    if isinstance(choice, float):
+        overhead_ms = choice
     if anchor_budget is not None:
         check_int("anchor_budget", anchor_budget, lo=1, hi=MAX_BUDGET)
     if isinstance(calibration, Calibration):
@@ -228,11 +289,26 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
     cfg = default_model()
 
     anchor_gpu = load_gpu(ANCHOR_GPU)
-    calibrated = overhead_ms is None
+    measured = choice == MEASURED
+    calibrated = overhead_ms is None and not measured
     gpus = [target] if not calibrated or target.id == ANCHOR_GPU else [target, anchor_gpu]
     ranges = param_ranges(gpus, calib, calibrated_overhead=calibrated)
+    m_step = None
+    if measured:
+        m_step = measured_overhead.from_calibration(calib)["ddtree"]
+        ranges[measured_overhead.EXPONENT_KEY] = measured_overhead.EXCESS_EXPONENT
+    transfers: dict[int, dict[str, float]] = {}
 
     def evaluate(params: Mapping[str, float]) -> tuple[dict[str, float], float]:
+        if measured:
+            floors = step_terms(shape, target, params, calib, cfg, at_floor=True)
+            floor = sum(floors[k] for k in FLOOR_TERMS)
+            tr = measured_overhead.transfer(m_step, floor, params[measured_overhead.EXPONENT_KEY])
+            transfers[id(params)] = tr
+            terms = {k: (floors[k] if k in FLOOR_TERMS else v)
+                     for k, v in step_terms(shape, target, params, calib, cfg).items()}
+            terms["overhead"] = tr["overhead_ms"]
+            return terms, tr["overhead_ms"]
         if calibrated:
             oh, _ = calibrate_overhead(params, calib, anchor_gpu)
             anchor_oh = oh
@@ -264,11 +340,19 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
     sens.sort(key=lambda d: -d["swing_ms"])
     slow_terms, slow_oh = evaluate(slow)
     fast_terms, fast_oh = evaluate(fast)
+    mo = None
+    if measured:
+        mo = {"step": m_step.to_dict(), "greedy": measured_overhead.from_calibration(calib)["greedy"].to_dict(),
+              "transfer": {"low": transfers[id(slow)], "central": transfers[id(central)], "high": transfers[id(fast)]},
+              "assumption": measured_overhead.EXCESS_EXPONENT.source}
     breakdown = {"low": slow_terms, "central": base_terms, "high": fast_terms}
     rows = [{"accept": a, "low": tokens_per_s(a, sum(slow_terms.values())),
              "central": tokens_per_s(a, base_step), "high": tokens_per_s(a, sum(fast_terms.values()))}
             for a in acc]
-    if overhead_ms is not None:
+    if measured:
+        mode = (f"measured: {m_step.label} on the {m_step.gpu}, beyond its floor "
+                f"({m_step.file} at {m_step.git_commit})")
+    elif overhead_ms is not None:
         mode = f"fixed {overhead_ms:g} ms"
     elif overhead_cut_ms is not None:
         mode = f"calibrated on the B300 anchor minus {overhead_cut_ms:g} ms"
@@ -277,4 +361,4 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
     return Projection(gpu=target.id, gpu_name=target.name, shape=shape, accept=acc, overhead_mode=mode,
                       tokens_per_s=rows, breakdown=breakdown, sensitivity=sens, ranges=ranges,
                       calibration=calib, anchor_overhead_ms={"low": slow_oh, "central": base_oh, "high": fast_oh},
-                      bandwidth_bytes_per_s=target.bandwidth_bytes_per_s)
+                      bandwidth_bytes_per_s=target.bandwidth_bytes_per_s, measured_overhead=mo)
