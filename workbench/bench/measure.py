@@ -76,6 +76,9 @@ def provenance() -> dict[str, Any]:
             info["gpu_capability"] = f"{p.major}.{p.minor}"
     except ImportError:
         info["torch"] = None
+    from workbench.dispatch import dispatch_for
+
+    info["dispatch"] = dispatch_for().record()   # which kernels this GPU runs; generic=True: no table of its own
     try:
         import cupy
 
