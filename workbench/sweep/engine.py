@@ -1,0 +1,244 @@
+"""The engine sweep: decode rates over contexts, methods and concurrency, measured from one engine.
+
+For each context and method (``greedy``; ``ddtree-high`` / ``ddtree-low``: DDTree with a
+:class:`~workbench.engine.drafters.ScriptedDrafter` whose ``p_top`` is :data:`P_TOP`'s, scripted
+on the greedy output so acceptance is set, not learned) one
+:class:`~workbench.engine.step.DecodeEngine` measures:
+
+- TTFT (ms): the engine's prefill time of the prompt (one ragged forward: the CPU sweep keeps
+  contexts small; a chunked prefill to 128k is engine work left for the H200 session);
+- the whole ``generate``-token run: wall time (ms) and accepted length of every step;
+- the sustained rate: committed tokens (sum of accepted lengths) / decode wall time (the step loop
+  timed from outside, host work between steps included), and the two-point rate from requests of
+  ``two_point`` = (A, B) max tokens (each request's time to its last token = prefill + the step loop's
+  wall time; the ScriptedDrafter's host-side scripting at admission, which grows with max tokens and
+  which a served drafter does not do, is left out; the fastest of ``repeats`` interleaved runs: the
+  workload is deterministic, so the minimum is the estimate least disturbed by other work on the machine);
+- both checked against mean accepted length / mean step time (:func:`workbench.sweep.rates.rate_check`).
+
+:func:`concurrency_sweep` runs C = 1..N requests of one context together: per-request tokens/s
+(its committed tokens over the sum of its steps' wall times) and the aggregate (every request's
+tokens over the session's decode wall time). Times: ms unless a name ends in ``_s``; rates tokens/s.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Sequence
+
+import torch
+
+from workbench.decode import MAX_L, DecodeConfig
+from workbench.sweep.rates import rate_check, sustained_rate, two_point_rate
+from workbench.validation import InvalidParameter, check_choice, check_int, check_list
+
+METHODS = ("greedy", "ddtree-high", "ddtree-low")
+P_TOP = {"ddtree-high": 0.9, "ddtree-low": 0.4}  # ScriptedDrafter's p_top per method
+MAX_CONCURRENCY = 64  # rows of one engine session the sweep allows (bucket 64)
+
+
+def model_config(synthetic: str, layers: int | None = None):
+    """The config of ``synthetic``: ``"tiny"`` (workbench.engine.synthetic.tiny_config) or a shipped
+    model name (``kimi-k2.6``) cut to ``layers`` layers."""
+    from workbench.config import load_config
+    from workbench.engine.synthetic import tiny_config
+
+    cfg = tiny_config() if synthetic == "tiny" else load_config(synthetic)
+    if layers is not None:
+        check_int("layers", layers, lo=1, hi=cfg.num_hidden_layers)
+        cfg = cfg.replace(num_hidden_layers=layers)
+    return cfg
+
+
+def reserve(block: int, budget: int) -> int:
+    """Slots a request needs beyond prompt + generation: one block (the session's rule) and one verify tree
+    (budget + 1 nodes allocated before the accept frees the rest)."""
+    return block + budget + 1
+
+
+def context_limit(rope_limit: int, generate: int, block: int, budget: int) -> int:
+    """Longest prompt (tokens) an engine can take for ``generate`` new tokens: the rope/YaRN limit less the
+    deepest tree (MAX_L + 1, the engine's capacity rule), the generation and :func:`reserve`."""
+    return rope_limit - MAX_L - 1 - generate - reserve(block, budget)
+
+
+def check_sweep(contexts: Sequence[int], concurrency: Sequence[int], generate: int, two_point: Sequence[int],
+                methods: Sequence[str], rope_limit: int, block: int = 8, budget: int = 16, kv_slots: int | None = None,
+                concurrency_context: int | None = None) -> dict[str, Any]:
+    """Check a sweep's inputs against the model's rope/YaRN limit (``rope_limit`` tokens) and the KV pool
+    (``kv_slots``, None: the engine sizes it); raises :class:`~workbench.validation.InvalidParameter`
+    naming the parameter. Returns the checked values."""
+    generate = check_int("generate", generate, lo=2)
+    tp = check_list("two_point", two_point, lambda n, v: check_int(n, v, lo=1, hi=generate), f"integers in [1, {generate}]")
+    if len(tp) != 2 or tp[0] >= tp[1]:
+        raise InvalidParameter("two_point", list(two_point), f"two max_tokens A < B, both in [1, {generate}]")
+    res = reserve(block, budget)
+    hi = context_limit(rope_limit, generate, block, budget)
+    if hi < 1:
+        raise InvalidParameter("generate", generate, f"an integer that leaves room for a prompt under the rope "
+                                                     f"limit {rope_limit} (at most {rope_limit - MAX_L - 2 - res})")
+    allowed = f"integers in [1, {hi}] (the rope/YaRN limit {rope_limit} less the deepest tree {MAX_L + 1}, " \
+              f"generate {generate} and block + budget + 1 = {res})"
+    ctx = check_list("contexts", contexts, lambda n, v: check_int(n, v, lo=1, hi=hi), allowed)
+    conc = check_list("concurrency", concurrency, lambda n, v: check_int(n, v, lo=1, hi=MAX_CONCURRENCY),
+                      f"integers in [1, {MAX_CONCURRENCY}]")
+    meth = check_list("methods", methods, lambda n, v: check_choice(n, v, METHODS), "one of " + ", ".join(METHODS))
+    cc = min(ctx) if concurrency_context is None else concurrency_context
+    cc = check_int("concurrency_context", cc, lo=1, hi=hi)
+    if kv_slots is not None:
+        per = generate + res
+        if max(ctx) + per > kv_slots:
+            raise InvalidParameter("contexts", ctx, f"contexts whose KV (context + {per}) fits the pool of "
+                                                    f"{kv_slots} slots: at most {kv_slots - per}")
+        if max(conc) * (cc + per) > kv_slots:
+            raise InvalidParameter("concurrency", conc, f"concurrencies whose KV (C x (concurrency_context {cc} + "
+                                                        f"{per})) fits the pool of {kv_slots} slots: at most "
+                                                        f"{kv_slots // (cc + per)}")
+    return {"contexts": ctx, "concurrency": conc, "generate": generate, "two_point": tp, "methods": meth,
+            "concurrency_context": cc}
+
+
+def check_notebook(synthetic: str, layers: int | None, contexts, concurrency, generate: int, two_point,
+                   methods, block: int, budget: int) -> None:
+    """Notebook 03's input check (notebooks/parameters.yaml ``check``): the same rules as the CLI."""
+    cfg = model_config(synthetic, layers)
+    check_sweep(contexts, concurrency, generate, two_point, methods, cfg.yarn_limit, block, budget)
+
+
+def prompts_for(context: int, count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """``count`` seeded random prompts of ``context`` tokens."""
+    g = torch.Generator().manual_seed(seed * 100003 + context)
+    return torch.randint(0, vocab, (count, context), generator=g).tolist()
+
+
+def decode_config(method: str, block: int, budget: int, commit: str = "scattered") -> DecodeConfig:
+    return DecodeConfig(method="greedy" if method == "greedy" else "ddtree", block=block, budget=budget,
+                        commit=commit)
+
+
+def drafter_for(method: str, continuations, vocab: int, block: int, seed: int = 0, p_top: float | None = None):
+    """None for greedy, else a ScriptedDrafter of ``p_top`` (default ``P_TOP[method]``) over the greedy
+    ``continuations``."""
+    from workbench.engine.drafters import ScriptedDrafter
+
+    if method == "greedy":
+        return None
+    return ScriptedDrafter(continuations, vocab, block=block, p_top=P_TOP[method] if p_top is None else p_top,
+                           seed=seed)
+
+
+def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=None) -> dict[str, Any]:
+    """One engine session: {wall_ms (admission to last token), start_ms (admission: prefill and the drafter's
+    setup), ttft_ms (the prefill), decode_ms (the step loop),
+    step_ms and accepted per step per request, steps_ms (each step's wall), tokens per request, results}."""
+    t0 = time.perf_counter()
+    s = engine.start(prompts, max_new, config, drafter)
+    t1 = time.perf_counter()
+    steps_ms = []
+    while not s.done:
+        steps_ms.append(s.step()["ms"])
+    t2 = time.perf_counter()
+    res = s.results()
+    bad = [r.error for r in res if r.error]
+    if bad:
+        raise RuntimeError(f"the engine failed a request: {bad[0]}")
+    return {"wall_ms": (t2 - t0) * 1e3, "start_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3,
+            "ttft_ms": res[0].prefill_ms, "steps_ms": steps_ms,
+            "step_ms": [[st.times_ms["total"] for st in r.steps] for r in res],
+            "accepted": [[st.accepted_length for st in r.steps] for r in res],
+            "tokens": [len(r.tokens) for r in res], "results": res}
+
+
+def make_engine(model, contexts: Sequence[int], generate: int, block: int, budget: int, max_requests: int = 1,
+                **kw):
+    """A DecodeEngine sized for the sweep: capacity = longest context + generate + :func:`reserve`."""
+    from workbench.engine.step import DecodeEngine
+
+    return DecodeEngine(model, max_requests=max_requests, capacity=max(contexts) + generate + reserve(block, budget),
+                        max_generated=generate, **kw)
+
+
+def measure_point(engine, prompt: list[int], method: str, generate: int, two_point: Sequence[int], block: int,
+                  budget: int, continuation: list[int] | None = None, repeats: int = 5, seed: int = 0,
+                  commit: str = "scattered", p_top: float | None = None) -> dict[str, Any]:
+    """One (context, method) point on ``engine``: the long run's per-step record, TTFT, sustained and
+    two-point rates, and both rates checked against mean accepted / mean step time (module docstring).
+    ``continuation``: the greedy output of ``prompt`` (needed by the DDTree methods); ``p_top`` overrides
+    the method's scripted acceptance (1.0: every step accepts the whole depth)."""
+    vocab = engine.model.config.vocab_size
+    cfg = decode_config(method, block, budget, commit)
+    drafter = drafter_for(method, [continuation or []], vocab, block, seed, p_top)
+    if drafter is not None:
+        p_top = drafter.p_top[0]
+    run_session(engine, [prompt], two_point[0], cfg, drafter)  # warm-up (first run of the bucket)
+    long = run_session(engine, [prompt], generate, cfg, drafter)
+    acc, ms = long["accepted"][0], long["step_ms"][0]
+    committed = sum(acc)
+    sustained = sustained_rate(committed, long["decode_ms"] / 1e3)
+    walls = {n: [] for n in two_point}
+    for _ in range(repeats):  # A and B interleaved, so a slow spell of a shared machine hits both
+        for n in two_point:
+            r = run_session(engine, [prompt], n, cfg, drafter)
+            walls[n].append(r["ttft_ms"] + r["decode_ms"])
+    walls = {n: min(w) for n, w in walls.items()}
+    a, b = two_point
+    two = two_point_rate(a, b, walls[a] / 1e3, walls[b] / 1e3)
+    secs = [m / 1e3 for m in ms]
+    return {"context": len(prompt), "method": method, "p_top": p_top, "block": block,
+            "budget": budget, "commit": commit, "ttft_ms": long["ttft_ms"], "generated": long["tokens"][0],
+            "committed": committed, "decode_ms": long["decode_ms"],
+            "mean_step_ms": statistics.fmean(ms), "mean_accepted": statistics.fmean(acc),
+            "sustained": sustained, "two_point": two, "two_point_tokens": [a, b],
+            "two_point_wall_ms": [walls[a], walls[b]],
+            "check_sustained": rate_check(sustained, acc, secs), "check_two_point": rate_check(two, acc, secs),
+            "step_ms": ms, "accepted": acc}
+
+
+def context_sweep(model, contexts: Sequence[int], methods: Sequence[str] = METHODS, generate: int = 64,
+                  two_point: Sequence[int] = (8, 40), block: int = 8, budget: int = 16, repeats: int = 5,
+                  seed: int = 0, engine=None, **engine_kw) -> list[dict[str, Any]]:
+    """:func:`measure_point` for every context and method, on one engine (made here unless given).
+    Returns one row per (context, method)."""
+    chk = check_sweep(contexts, [1], generate, two_point, methods, model.rotary.max_positions, block,
+                      budget, engine.cache.num_slots if engine is not None else None)
+    engine = engine or make_engine(model, chk["contexts"], generate, block, budget, **engine_kw)
+    rows = []
+    for c in chk["contexts"]:
+        prompt = prompts_for(c, 1, model.config.vocab_size, seed)[0]
+        cont = None
+        if any(m != "greedy" for m in chk["methods"]):
+            cont = run_session(engine, [prompt], generate, decode_config("greedy", block, budget))["results"][0].tokens
+        for m in chk["methods"]:
+            rows.append(measure_point(engine, prompt, m, generate, chk["two_point"], block, budget, cont,
+                                      repeats, seed))
+    return rows
+
+
+def concurrency_sweep(model, concurrency: Sequence[int], context: int, methods: Sequence[str] = METHODS,
+                      generate: int = 64, block: int = 8, budget: int = 16, seed: int = 0,
+                      engine=None, **engine_kw) -> list[dict[str, Any]]:
+    """C requests of ``context`` tokens decoded together for each C: per-request tokens/s (its committed
+    tokens / the sum of its steps' wall times) and aggregate tokens/s (all committed tokens / the session's
+    decode wall). One row per (C, method)."""
+    chk = check_sweep([context], concurrency, generate, [1, generate], methods, model.rotary.max_positions, block,
+                      budget, engine.cache.num_slots if engine is not None else None, context)
+    engine = engine or make_engine(model, [context], generate, block, budget, max_requests=max(chk["concurrency"]),
+                                   **engine_kw)
+    rows = []
+    for C in chk["concurrency"]:
+        prompts = prompts_for(context, C, model.config.vocab_size, seed)
+        greedy_cfg = decode_config("greedy", block, budget)
+        conts = [r.tokens for r in run_session(engine, prompts, generate, greedy_cfg)["results"]]
+        for m in chk["methods"]:
+            cfg = decode_config(m, block, budget)
+            drafter = drafter_for(m, conts, model.config.vocab_size, block, seed)
+            run_session(engine, prompts, 2, cfg, drafter)  # warm-up of this bucket
+            s = run_session(engine, prompts, generate, cfg, drafter)
+            per = [sum(a) / (sum(ms) / 1e3) for a, ms in zip(s["accepted"], s["step_ms"])]
+            total = sum(sum(a) for a in s["accepted"])
+            rows.append({"concurrency": C, "method": m, "p_top": P_TOP.get(m), "context": context,
+                         "per_request": per, "per_request_mean": statistics.fmean(per),
+                         "aggregate": total / (s["decode_ms"] / 1e3), "committed": total,
+                         "steps": len(s["steps_ms"]), "mean_step_ms": statistics.fmean(s["steps_ms"]),
+                         "mean_accepted": statistics.fmean(x for a in s["accepted"] for x in a)})
+    return rows
