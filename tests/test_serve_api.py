@@ -1,0 +1,311 @@
+"""workbench serve over HTTP on a free loopback port: a tiny synthetic model and a byte-level BPE tokenizer trained
+here with `tokenizers` (nothing downloaded). The official openai client's completion and streamed chat carry the
+engine's greedy tokens; malformed requests get OpenAI-style error bodies; a prompt beyond the context or the free
+KV pool is refused alone; a client that leaves mid-stream frees its slots; a bounded burst of good and bad
+requests leaves every slot free; /metrics, /health and --api-key."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from workbench.engine import generate
+from workbench.serve.app import create_app
+from workbench.serve.cli import ServeOptions, build
+
+TEXT = ["The quick brown fox jumps over the lazy dog. ", "Speculative decoding drafts a tree of tokens and verifies "
+        "it in one step of the target model.", "Hello, world! Serving tokens over HTTP, one step at a time."]
+
+
+def train_tokenizer(dirpath, vocab_size=320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT * 10, trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.save(str(dirpath / "tokenizer.json"))
+    return dirpath
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, opts: ServeOptions):
+        self.scheduler, self.codec, self.name = build(opts)
+        self.model = self.scheduler.batch.engine.model
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(self.scheduler, self.codec, self.name, opts.api_key)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        t0 = time.time()
+        while not self.server.started:
+            assert time.time() - t0 < 20 and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.05)
+
+    def greedy(self, ids, n):
+        return generate(self.model, [ids], n)[0].tokens
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+KV_SLOTS = 160
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    d = train_tokenizer(tmp_path_factory.mktemp("tok"))
+    s = Server(ServeOptions(synthetic="tiny", tokenizer=str(d), max_requests=4, capacity=128, kv_slots=KV_SLOTS,
+                            max_tokens_limit=64))
+    yield s
+    s.close()
+    assert not s.scheduler.alive  # the app stopped the scheduler it started
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+@pytest.fixture
+def slow(srv, monkeypatch):
+    """A slower model (20 ms more per step), so that a request is still live while the test acts on it."""
+    step = srv.scheduler.batch.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(srv.scheduler.batch, "step", slow_step)
+
+
+def wait_idle(srv, limit=10.0):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        h = httpx.get(srv.url + "/health").json()
+        if h["running"] == 0 and h["waiting"] == 0 and h["kv_slots_used"] == 0:
+            return h
+        time.sleep(0.05)
+    raise AssertionError(f"not idle after {limit} s: {h}")
+
+
+def test_models_and_health(srv, client):
+    assert [m.id for m in client.models.list().data] == ["synthetic-tiny"]
+    h = httpx.get(srv.url + "/health").json()
+    assert h["status"] == "ok" and h["kv_slots"] == KV_SLOTS and h["rows"] == 4
+
+
+def test_completion_tokens_equal_engine_greedy(srv, client):
+    prompt = "The quick brown fox"
+    r = client.completions.create(model="synthetic-tiny", prompt=prompt, max_tokens=12)
+    want = srv.greedy(srv.codec.encode(prompt), 12)
+    c = r.choices[0]
+    assert c.token_ids == want and c.text == srv.codec.decode(want) and c.finish_reason == "length"
+    assert r.usage.prompt_tokens == len(srv.codec.encode(prompt)) and r.usage.completion_tokens == 12
+    m = r.meta_info
+    # the first token comes from the prefill, the other 11 from one greedy step each
+    assert m["spec_verify_ct"] == 11 and m["spec_accept_length"] == 1.0 and m["method"] == "greedy"
+    assert 0 < m["ttft_s"] <= m["e2e_latency_s"]
+    # a prompt of token ids gives the same
+    r2 = client.completions.create(model="synthetic-tiny", prompt=srv.codec.encode(prompt), max_tokens=12)
+    assert r2.choices[0].token_ids == want
+
+
+def test_streamed_chat_equals_engine_greedy(srv, client):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, world!"}]
+    stream = client.chat.completions.create(model="synthetic-tiny", messages=msgs, max_tokens=20, stream=True,
+                                            stream_options={"include_usage": True})
+    ids, text, finish, meta, usage = [], "", None, None, None
+    for ch in stream:
+        if ch.usage is not None:
+            usage = ch.usage
+        for c in ch.choices:
+            ids += c.token_ids or []
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+        meta = getattr(ch, "meta_info", None) or meta
+    prompt = srv.codec.encode(srv.codec.render_chat(msgs))
+    assert prompt[:3] == srv.codec.encode("<|im")  # the documented default template
+    want = srv.greedy(prompt, 20)
+    assert ids == want and text == srv.codec.decode(want) and finish == "length"
+    assert usage.completion_tokens == 20 and usage.prompt_tokens == len(prompt)
+    assert meta["completion_tokens"] == 20 and meta["spec_verify_ct"] == 19
+    # non-streamed chat agrees
+    r = client.chat.completions.create(model="synthetic-tiny", messages=msgs, max_tokens=20)
+    assert r.choices[0].message.content == text and r.choices[0].token_ids == want
+
+
+def test_stop_string_ends_the_text_before_it(srv, client):
+    prompt = "Hello, world!"
+    full = srv.codec.decode(srv.greedy(srv.codec.encode(prompt), 30))
+    stop = full[10:13]
+    assert stop and full.find(stop) >= 1
+    r = client.completions.create(model="synthetic-tiny", prompt=prompt, max_tokens=30, stop=[stop])
+    assert r.choices[0].text == full[:full.find(stop)] and r.choices[0].finish_reason == "stop"
+    s = client.completions.create(model="synthetic-tiny", prompt=prompt, max_tokens=30, stop=stop, stream=True)
+    chunks = list(s)
+    assert "".join(c.choices[0].text for c in chunks) == full[:full.find(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    wait_idle(srv)
+
+
+def _err(resp, status, param=None):
+    assert resp.status_code == status, resp.text
+    e = resp.json()["error"]
+    assert e["message"] and e["type"]
+    if param:
+        assert e["param"] == param
+    return e
+
+
+def test_error_bodies(srv, client):
+    u = srv.url + "/v1/completions"
+    e = _err(httpx.post(u, json={"prompt": "hi", "temperature": 0.7}), 400, "temperature")
+    assert "greedily" in e["message"] and "rejection sampling" in e["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="synthetic-tiny", prompt="hi", temperature=1.0)
+    _err(httpx.post(u, content=b"{not json"), 400)
+    _err(httpx.post(u, json=[1, 2]), 400)
+    _err(httpx.post(u, json={"max_tokens": 3}), 400, "prompt")
+    _err(httpx.post(u, json={"prompt": "hi", "max_tokens": 0}), 400, "max_tokens")
+    _err(httpx.post(u, json={"prompt": "hi", "max_tokens": "many"}), 400, "max_tokens")
+    _err(httpx.post(u, json={"prompt": "hi", "n": 2}), 400, "n")
+    _err(httpx.post(u, json={"prompt": "hi", "stop": 5}), 400, "stop")
+    _err(httpx.post(u, json={"prompt": [1, 99999]}), 400, "prompt")
+    assert _err(httpx.post(u, json={"prompt": "hi", "model": "gpt-9"}), 404, "model")["code"] == "model_not_found"
+    e = _err(httpx.post(u, json={"prompt": "hi", "max_tokens": 200}), 400)
+    assert e["code"] == "context_length_exceeded"
+    e = _err(httpx.post(u, json={"prompt": list(range(130)), "max_tokens": 1}), 400)
+    assert "context limit 128" in e["message"]
+    _err(httpx.post(srv.url + "/v1/chat/completions", json={"messages": "hi"}), 400, "messages")
+    _err(httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": 3}]}), 400)
+    _err(httpx.get(srv.url + "/v1/nothing"), 404)
+    wait_idle(srv)
+
+
+def test_pool_full_429_harms_no_other_request(srv, slow):
+    """A prompt that fits the context but not the free KV slots gets 429 while another request decodes; that
+    request's tokens are unchanged."""
+    a_prompt = list(range(1, 61))
+    want = srv.greedy(a_prompt, 40)
+    with httpx.Client(timeout=30) as h:
+        with h.stream("POST", srv.url + "/v1/completions",
+                      json={"prompt": a_prompt, "max_tokens": 40, "stream": True}) as resp:
+            lines = resp.iter_lines()
+            first = next(l for l in lines if l.startswith("data: "))
+            ids = json.loads(first[6:])["choices"][0]["token_ids"]
+            # A holds 60 prompt slots + 1 per step: 100 more do not fit the 160-slot pool
+            e = _err(h.post(srv.url + "/v1/completions", json={"prompt": list(range(1, 101)), "max_tokens": 4}), 429)
+            assert "KV pool full" in e["message"] and e["code"] == "kv_pool_full"
+            for line in lines:
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ids += json.loads(line[6:])["choices"][0]["token_ids"]
+    assert ids == want
+    wait_idle(srv)
+
+
+def test_client_disconnect_mid_stream_frees_slots(srv, slow):
+    def cancelled():
+        text = httpx.get(srv.url + "/metrics").text
+        line = [l for l in text.splitlines() if l.startswith('workbench_requests_total{status="cancelled"}')]
+        return float(line[0].split()[-1]) if line else 0.0
+
+    before = cancelled()
+    with httpx.Client(timeout=30) as h:
+        with h.stream("POST", srv.url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "go on"}], "max_tokens": 64,
+                            "stream": True}) as resp:
+            n, live = 0, None
+            for line in resp.iter_lines():
+                n += line.startswith("data: ")
+                if n == 3:
+                    live = httpx.get(srv.url + "/health").json()
+                    break  # leaving the iteration closes the connection
+            assert resp.status_code == 200 and live["running"] == 1 and live["kv_slots_used"] > 0
+    wait_idle(srv)  # the row was retired before its 64 tokens
+    assert cancelled() == before + 1
+
+
+def test_bounded_burst_of_good_and_bad_requests(srv):
+    prompts = [TEXT[i % 3][:10 + 3 * i] for i in range(8)]
+    good = [{"prompt": p, "max_tokens": 6 + i, "stream": bool(i % 2)} for i, p in enumerate(prompts)]
+    bad = [{"prompt": "x", "temperature": 0.5}, {"prompt": list(range(140))}, {"prompt": ""}, "{oops"]
+
+    def send(body):
+        with httpx.Client(timeout=60) as h:
+            if isinstance(body, str):
+                r = h.post(srv.url + "/v1/completions", content=body.encode())
+                return r.status_code, None
+            if not body["stream"]:
+                r = h.post(srv.url + "/v1/completions", json=body)
+                return r.status_code, r.json()["choices"][0]["token_ids"] if r.status_code == 200 else r.json()
+            ids = []
+            with h.stream("POST", srv.url + "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        ids += json.loads(line[6:])["choices"][0]["token_ids"]
+            return r.status_code, ids
+
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        futs = [ex.submit(send, b) for b in good + [{"stream": False, **b} if isinstance(b, dict) else b
+                                                    for b in bad]]
+        out = [f.result(timeout=60) for f in futs]
+    assert time.time() - t0 < 60
+    for (status, ids), body in zip(out[:8], good):
+        assert status == 200 and ids == srv.greedy(srv.codec.encode(body["prompt"]), body["max_tokens"])
+    assert [s for s, _ in out[8:]] == [400, 400, 400, 400]
+    h = wait_idle(srv)
+    assert h["kv_slots_free"] == KV_SLOTS and h["status"] == "ok"
+
+
+def test_metrics(srv, client):
+    client.completions.create(model="synthetic-tiny", prompt="metrics", max_tokens=5)
+    wait_idle(srv)
+    text = httpx.get(srv.url + "/metrics").text
+    vals = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+    assert vals['workbench_requests_total{status="ok"}'] >= 1
+    assert vals["workbench_time_to_first_token_seconds_count"] >= 1
+    assert vals["workbench_inter_token_latency_seconds_count"] >= 4
+    assert vals["workbench_accepted_length_sum"] == vals["workbench_accepted_length_count"]  # greedy: 1 per step
+    assert vals["workbench_kv_slots_free"] == KV_SLOTS and vals["workbench_kv_slots_used"] == 0
+    assert vals['workbench_requests_total{status="rejected"}'] >= 1
+
+
+def test_api_key_and_ddtree(tmp_path):
+    """--api-key: a bearer token is required on /v1; DDTree (a random DFlash drafter): the same greedy tokens."""
+    from starlette.testclient import TestClient
+
+    sched, codec, name = build(ServeOptions(synthetic="tiny", layers=2, method="ddtree", drafter="random", block=4,
+                                            budget=6, max_requests=2, capacity=64, max_tokens_limit=32))
+    app = create_app(sched, codec, name, api_key="s3cret")
+    with TestClient(app) as tc:
+        e = _err(tc.post("/v1/completions", json={"prompt": "hi"}), 401)
+        assert e["code"] == "invalid_api_key"
+        _err(tc.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+        assert tc.get("/health").status_code == 200
+        r = tc.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 10},
+                    headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        want = generate(sched.batch.engine.model, [codec.encode("Hello")], 10)[0].tokens
+        assert body["choices"][0]["token_ids"] == want
+        m = body["meta_info"]
+        assert m["method"] == "ddtree" and m["spec_verify_ct"] >= 1 and m["spec_accept_length"] >= 1.0
+    assert not sched.alive

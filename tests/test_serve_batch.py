@@ -1,0 +1,113 @@
+"""Continuous batching (workbench.engine.batch.Batch): requests admitted and retired between steps decode
+exactly generate()'s greedy / DDTree tokens, whatever joined or left around them, and every slot is free after."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.decode import DecodeConfig
+from workbench.engine import DecodeEngine, KVPoolFull, ScriptedDrafter, generate, synthetic_model, tiny_config
+from workbench.engine.batch import Batch
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18], [40], [3, 3, 3], [50, 60]]
+NEW = [12, 7, 15, 9, 4, 10]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return synthetic_model(tiny_config(), layers=None, dtype=torch.float32, seed=1)
+
+
+@pytest.fixture(scope="module")
+def want(model):
+    return [generate(model, [p], n)[0].tokens for p, n in zip(PROMPTS, NEW)]
+
+
+def _run(batch, schedule, steps_limit=200):
+    """schedule: step index -> prompt indices to add before that step; returns tokens by prompt index."""
+    got, reqs, streamed = {}, {}, {}
+    for k in range(steps_limit):
+        for i in schedule.get(k, ()):
+            reqs[i] = batch.add(PROMPTS[i], NEW[i])
+            streamed[i] = []
+        events = batch.step()
+        for i, r in reqs.items():
+            streamed[i] += events.get(r, [])
+        if len(reqs) == len(PROMPTS) and all(r.done for r in reqs.values()):
+            break
+    for i, r in reqs.items():
+        assert r.error is None and r.finish == "length"
+        assert streamed[i] == r.out  # the per-step events add up to the output
+        got[i] = r.out
+    return got, reqs
+
+
+@pytest.mark.parametrize("schedule", [
+    {0: range(6)},                       # all at once (bucket 8 with padding rows)
+    {0: [0], 2: [1, 2], 5: [3], 6: [4, 5]},  # staggered: joins while others decode
+    {0: [2], 1: [4], 3: [0, 1, 3], 9: [5]},  # row 1 (prompt 4) retires early, its row is reused
+])
+def test_greedy_tokens_independent_of_admission(model, want, schedule):
+    e = DecodeEngine(model, max_requests=8, capacity=64, kv_slots=400, max_generated=32)
+    b = Batch(e)
+    got, _ = _run(b, schedule)
+    assert [got[i] for i in range(len(PROMPTS))] == want
+    assert b.slots_used() == 0 and b.slots_free() == 400 and not b.live
+    assert int(e.cache.lengths.sum()) == 0
+
+
+def test_ddtree_tokens_independent_of_admission(model, want):
+    block, budget = 6, 10
+    e = DecodeEngine(model, max_requests=4, capacity=64, max_generated=32)
+    # request ids (0, 1, 2, ...) follow admission order: the script for id k is prompt order[k]'s continuation
+    order = [3, 0, 5, 1]
+    d = ScriptedDrafter([want[i] for i in order], model.config.vocab_size, block=block, p_top=0.8, seed=2)
+    b = Batch(e, DecodeConfig(method="ddtree", block=block, budget=budget), d)
+    reqs = {}
+    for k in range(100):
+        if k == 0:
+            reqs[3] = b.add(PROMPTS[3], NEW[3])
+            reqs[0] = b.add(PROMPTS[0], NEW[0])
+        if k == 2:
+            reqs[5] = b.add(PROMPTS[5], NEW[5])
+        if k == 3:
+            reqs[1] = b.add(PROMPTS[1], NEW[1])
+        b.step()
+        if len(reqs) == 4 and all(r.done for r in reqs.values()):
+            break
+    for i, r in reqs.items():
+        assert r.error is None and r.out == want[i]
+    assert max(r.mean_accepted_length for r in reqs.values()) > 1.5  # the tree accepted drafted tokens
+    assert b.slots_used() == 0
+
+
+def test_cancel_frees_slots_and_leaves_others_unchanged(model, want):
+    e = DecodeEngine(model, max_requests=4, capacity=64, kv_slots=200, max_generated=32)
+    b = Batch(e)
+    keep = b.add(PROMPTS[2], NEW[2])
+    drop = b.add(PROMPTS[0], NEW[0])
+    b.step()
+    b.step()
+    used = b.slots_used()
+    assert used == len(PROMPTS[2]) + len(PROMPTS[0]) + 2 * 2  # prompts + one slot per step each
+    b.cancel(drop)
+    assert drop.finish == "cancelled" and b.slots_used() == used - len(PROMPTS[0]) - 2
+    while not keep.done:
+        b.step()
+    assert keep.out == want[2] and b.slots_used() == 0
+
+
+def test_pool_full_and_context_limit_refused_without_harm(model, want):
+    e = DecodeEngine(model, max_requests=2, capacity=32, kv_slots=36, max_generated=32)
+    b = Batch(e)
+    a = b.add(PROMPTS[2], NEW[2])
+    with pytest.raises(ValueError, match="context limit"):
+        b.add(list(range(1, 30)), 10)
+    with pytest.raises(KVPoolFull):
+        b.add(list(range(1, 29)), 1)  # 28 prompt slots; 9 of 36 are taken
+    other = b.add(PROMPTS[1], NEW[1])
+    with pytest.raises(RuntimeError, match="rows"):
+        b.add(PROMPTS[3], 2)
+    while not (a.done and other.done):
+        b.step()
+    assert a.out == want[2] and other.out == want[1] and b.slots_used() == 0

@@ -1,0 +1,232 @@
+"""Continuous batching over :class:`~workbench.engine.step.DecodeEngine`: requests join and leave between steps.
+
+A :class:`Batch` owns an engine's slot table (do not run a :class:`~workbench.engine.step.Session` on the same
+engine while it lives). Between steps :meth:`Batch.add` prefills new prompts (one ragged forward for all that
+were added since the last step) and gives each the lowest free row; :meth:`Batch.cancel` retires a request and
+returns its KV slots to the pool at once. :meth:`Batch.step` runs ONE batched engine step over the bucket that
+holds the highest live row (rows without a live request are padding and allocate nothing) and returns each live
+request's new tokens. A row's tokens depend only on its own prompt and KV rows, so every request's output equals
+:func:`workbench.engine.generate`'s for that prompt whatever joined or left around it.
+
+Prefill is not chunked: a prompt is prefilled whole between two steps, so the others' next step waits for it
+(head-of-line cost: one prefill forward of that prompt's length).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.decode import DecodeConfig
+from workbench.engine.generate import StepRecord, check_prompts
+from workbench.engine.kv_cache import KVPoolFull
+from workbench.engine.model import Segment
+from workbench.engine.step import DecodeEngine, bucket_for
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """One request of a :class:`Batch`: its row while live, output so far, per-step records, and why it ended
+    (``finish``: ``"length"``, ``"stop"`` (eos), ``"cancelled"`` or ``"error"`` with ``error`` set)."""
+
+    id: int
+    prompt: list[int]
+    max_new_tokens: int
+    row: int
+    out: list[int] = dataclasses.field(default_factory=list)
+    steps: list[StepRecord] = dataclasses.field(default_factory=list)
+    prefill_ms: float = 0.0
+    finish: str | None = None
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return float(np.mean([s.accepted_length for s in self.steps])) if self.steps else float("nan")
+
+
+class Batch:
+    """A continuously batched decode over ``engine`` with one :class:`DecodeConfig` (default greedy) and, for
+    DDTree, one ``drafter`` with a device program. ``eos_token_id`` ends a request when generated."""
+
+    def __init__(self, engine: DecodeEngine, config: DecodeConfig | None = None, drafter=None,
+                 eos_token_id: int | None = None):
+        self.engine, self.config, self.eos = engine, config or DecodeConfig(method="greedy"), eos_token_id
+        if self.config.method == "ddtree" and drafter is None:
+            raise ValueError("method 'ddtree' needs a drafter (ScriptedDrafter, DFlashDrafter, ...)")
+        self.program = engine._program(drafter, self.config.block) if self.config.method == "ddtree" else None
+        self.layers = self.program.target_layers if self.program is not None else ()
+        self.live: dict[int, Request] = {}  # row -> request
+        self._pending: list[Request] = []  # added, not yet prefilled
+        self._ids = itertools.count()
+        self.step_index = 0
+        for row in range(engine.rows):
+            engine.cache.release(row)
+        self._active_host = torch.zeros(engine.rows, dtype=torch.bool)
+        engine.active.copy_(self._active_host)
+        self._host: dict[int, torch.Tensor] = {}
+
+    # -- capacity ---------------------------------------------------------------
+    @property
+    def extra(self) -> int:
+        """Tokens beyond prompt + output a request must have room for (the deepest tree)."""
+        return self.config.block if self.config.method == "ddtree" else 0
+
+    def slots_free(self) -> int:
+        return int(self.engine.cache.top)
+
+    def slots_used(self) -> int:
+        return self.engine.cache.num_slots - self.slots_free()
+
+    def rows_free(self) -> int:
+        return self.engine.rows - len(self.live) - len(self._pending)
+
+    def check(self, prompt_len: int, max_new_tokens: int) -> None:
+        """ValueError when a request of this size can never run on this engine (context or output limit)."""
+        e = self.engine
+        if max_new_tokens > e.max_generated:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: at most {e.max_generated} "
+                             f"(the engine's max_generated)")
+        need = prompt_len + max_new_tokens + self.extra
+        if need > e.capacity:
+            raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens})"
+                             f"{' + block' if self.extra else ''} = {need} tokens, beyond the context limit "
+                             f"{e.capacity} per request")
+
+    # -- between steps ---------------------------------------------------------
+    def add(self, prompt, max_new_tokens: int) -> Request:
+        """Admit one prompt (token ids): take a row and its prompt's KV slots now (KVPoolFull when the pool
+        cannot hold the prompt, RuntimeError when every row is taken); the prefill runs at the next
+        :meth:`prefill` or :meth:`step`."""
+        from workbench.validation import check_int
+
+        check_int("max_new_tokens", max_new_tokens, lo=1)
+        (prompt,) = check_prompts([prompt], self.engine.model.config.vocab_size)
+        self.check(len(prompt), max_new_tokens)
+        taken = set(self.live) | {r.row for r in self._pending}
+        row = next((i for i in range(self.engine.rows) if i not in taken), None)
+        if row is None:
+            raise RuntimeError(f"every one of the engine's {self.engine.rows} rows is taken")
+        slots = self.engine.cache.admit(row, len(prompt))  # raises KVPoolFull
+        r = Request(next(self._ids), prompt, max_new_tokens, row)
+        r._slots = slots  # type: ignore[attr-defined]
+        self._pending.append(r)
+        return r
+
+    def cancel(self, r: Request, finish: str = "cancelled", error: str | None = None) -> None:
+        """Retire ``r`` now (if still live): its row and KV slots are free for the next admission."""
+        if r in self._pending:
+            self._pending.remove(r)
+            self.engine.cache.release(r.row)
+        elif self.live.get(r.row) is r:
+            self._retire(r)
+        if r.finish is None:
+            r.finish, r.error = finish, error
+
+    def _retire(self, r: Request) -> None:
+        del self.live[r.row]
+        self.engine.cache.release(r.row)
+        self._active_host[r.row] = False
+        self.engine.active[r.row] = False
+
+    def _emit(self, r: Request, new: list[int]) -> list[int]:
+        kept = []
+        for t in new:
+            if len(r.out) >= r.max_new_tokens:
+                break
+            r.out.append(int(t))
+            kept.append(int(t))
+            if self.eos is not None and int(t) == self.eos:
+                r.finish = "stop"
+                break
+        if r.finish is None and len(r.out) >= r.max_new_tokens:
+            r.finish = "length"
+        return kept
+
+    def prefill(self) -> dict[Request, list[int]]:
+        """Prefill every added request in one ragged forward; returns each one's first token (a request that
+        is then already done is retired)."""
+        if not self._pending:
+            return {}
+        e, m = self.engine, self.engine.model
+        dev = m.device
+        reqs, self._pending = self._pending, []
+        t0 = time.perf_counter()
+        segs = [Segment(r._slots[:0], r._slots) for r in reqs]
+        toks = torch.cat([torch.tensor(r.prompt, dtype=torch.int64) for r in reqs]).to(dev)
+        pos = torch.cat([torch.arange(len(r.prompt)) for r in reqs]).to(dev)
+        with torch.no_grad():
+            logits, cap = m.forward_batch(toks, pos, segs, e.cache, self.layers)
+        ends = torch.tensor(np.cumsum([len(r.prompt) for r in reqs]) - 1, device=dev)
+        first = logits[ends].argmax(-1).tolist()
+        allf = torch.cat([cap[l] for l in self.layers], -1) if self.layers else None
+        ms = (time.perf_counter() - t0) * 1e3
+        out, off = {}, 0
+        for r, t in zip(reqs, first):
+            r.prefill_ms = ms
+            out[r] = self._emit(r, [t])
+            e.last_token[r.row] = t
+            e.num_generated[r.row] = 1
+            if self.program is not None:
+                f = allf[off:off + len(r.prompt)] if allf is not None else None
+                p = torch.arange(len(r.prompt), device=dev) if allf is not None else None
+                self.program.admit(r.row, r.id, upto=r.max_new_tokens, features=f, positions=p)
+            off += len(r.prompt)
+            self.live[r.row] = r
+            self._active_host[r.row] = True
+            e.active[r.row] = True
+            if r.done:
+                self._retire(r)
+        return out
+
+    # -- the step --------------------------------------------------------------
+    def step(self) -> dict[Request, list[int]]:
+        """Prefill what was added, then run one engine step over the live rows; returns each request's new
+        tokens (requests that finish are retired, their slots freed). Empty when nothing is live."""
+        events = self.prefill()
+        if not self.live:
+            return events
+        e, cfg = self.engine, self.config
+        C = bucket_for(max(self.live) + 1)
+        bucket = e._bucket(C, cfg, self.program)
+        t0 = time.perf_counter()
+        out, graph = e.run_step(bucket, cfg)
+        host = self._host.get(C)
+        if host is None or host.shape != out.shape:
+            host = self._host[C] = torch.empty(out.shape, dtype=torch.float64,
+                                               pin_memory=out.is_cuda)
+        if out.is_cuda:
+            host.copy_(out, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+        else:
+            host.copy_(out)
+        ms = (time.perf_counter() - t0) * 1e3
+        rows = host.numpy()
+        L1 = rows.shape[1] - 4
+        live = list(self.live.values())
+        paths = e.paths(cfg.method, graph, C * bucket.T)
+        for r in live:
+            row = rows[r.row]
+            if row[L1 + 1]:
+                r.finish, r.error = "error", (f"KVPoolFull: KV pool full: request {r.id} could not get "
+                                              f"{bucket.T} slots ({e.cache.num_slots} slots in the pool)")
+                new: list[int] = []
+            else:
+                n = int(row[L1])
+                r.steps.append(StepRecord(self.step_index, n, bucket.T, len(live), {"total": ms}, paths))
+                new = self._emit(r, [int(t) for t in row[:n]])
+            events[r] = events.get(r, []) + new
+            if r.done:
+                self._retire(r)
+        self.step_index += 1
+        return events
+
+
+__all__ = ["Batch", "KVPoolFull", "Request"]

@@ -1,0 +1,176 @@
+"""``workbench serve``: an OpenAI-compatible server over the engine (greedy or DDTree, continuous batching).
+
+    workbench serve --synthetic tiny [--layers N] [--tokenizer PATH] | --model PATH
+                    [--host 127.0.0.1] [--port 8000] [--method greedy|ddtree] [--drafter PATH|random]
+                    [--block 16] [--budget 32] [--kv-slots N] [--max-requests 8] [--capacity N]
+                    [--max-tokens-limit 1024] [--api-key KEY] [--served-model-name NAME]
+
+A checkpoint (``--model``) brings its tokenizer.json (and chat template). ``--synthetic NAME`` builds a random
+model of that shipped config (``tiny``: :func:`workbench.engine.tiny_config`) whose vocabulary is set to the
+tokenizer's: ``--tokenizer`` (a tokenizer.json or a directory holding one) or, without it, the byte-level
+fallback of 256 ids (:func:`workbench.serve.tokenizer.byte_tokenizer`). ``--method ddtree`` needs ``--drafter``:
+a DFlash drafter (file or directory, :meth:`DFlashDrafter.load`) or ``random`` (random weights: lossless, accepts
+little; for exercising the path). Binds 127.0.0.1 unless told otherwise and warns when it is not loopback.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from workbench.validation import check_choice, check_int, check_str
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    synthetic: str | None = None
+    model: str | None = None
+    layers: int | None = None
+    tokenizer: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    method: str = "greedy"
+    drafter: str | None = None
+    block: int = 16
+    budget: int = 32
+    kv_slots: int | None = None
+    max_requests: int = 8
+    capacity: int | None = None
+    max_tokens_limit: int = 1024
+    api_key: str | None = None
+    served_model_name: str | None = None
+    seed: int = 0
+
+    def check(self) -> "ServeOptions":
+        from workbench.decode import DecodeConfig
+
+        if (self.synthetic is None) == (self.model is None):
+            raise ValueError("give exactly one of --synthetic NAME and --model PATH")
+        if self.synthetic is not None:
+            check_str("synthetic", self.synthetic)
+        if self.layers is not None:
+            check_int("layers", self.layers, lo=1)
+            if self.model is not None:
+                raise ValueError("--layers is for --synthetic models")
+        check_str("host", self.host)
+        check_int("port", self.port, lo=0, hi=65535)
+        check_choice("method", self.method, ("greedy", "ddtree"))
+        DecodeConfig(method=self.method, block=self.block, budget=self.budget)  # checks block, budget
+        if self.method == "ddtree" and not self.drafter:
+            raise ValueError("--method ddtree needs --drafter PATH (a DFlash drafter) or --drafter random")
+        if self.kv_slots is not None:
+            check_int("kv_slots", self.kv_slots, lo=1)
+        check_int("max_requests", self.max_requests, lo=1, hi=128)
+        if self.capacity is not None:
+            check_int("capacity", self.capacity, lo=2)
+        check_int("max_tokens_limit", self.max_tokens_limit, lo=1)
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key must not be empty")
+        return self
+
+
+def build(opts: ServeOptions):
+    """(scheduler, codec, model name) for ``opts``: the model, tokenizer, engine and batch."""
+    import torch
+
+    from workbench.decode import DecodeConfig
+    from workbench.engine.batch import Batch
+    from workbench.engine.step import DecodeEngine
+    from workbench.serve.scheduler import Scheduler
+    from workbench.serve.tokenizer import TextCodec
+
+    opts.check()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if opts.model is not None:
+        from workbench.engine.loader import load_model
+
+        codec = TextCodec.from_dir(opts.tokenizer or opts.model)
+        model = load_model(opts.model, device=dev)
+        name = opts.served_model_name or opts.model.rstrip("/").split("/")[-1]
+    else:
+        codec = TextCodec.from_dir(opts.tokenizer) if opts.tokenizer else TextCodec.bytes()
+        model = synthetic_for(opts.synthetic, codec.vocab_size, opts.layers, dev, opts.seed)
+        name = opts.served_model_name or f"synthetic-{opts.synthetic}"
+    if codec.vocab_size > model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {codec.vocab_size} ids, the model's vocabulary {model.config.vocab_size}")
+    cfg = DecodeConfig(method=opts.method, block=opts.block, budget=opts.budget)
+    engine = DecodeEngine(model, max_requests=opts.max_requests, capacity=opts.capacity, kv_slots=opts.kv_slots,
+                          max_generated=opts.max_tokens_limit)
+    drafter = load_drafter(opts, model) if opts.method == "ddtree" else None
+    batch = Batch(engine, cfg, drafter, eos_token_id=codec.eos_token_id)
+    return Scheduler(batch), codec, name
+
+
+def synthetic_for(name: str, vocab: int, layers: int | None, device, seed: int = 0):
+    """A synthetic model of config ``name`` (``tiny`` or a shipped config) with ``vocab`` ids, float32 on the
+    CPU (bf16 on CUDA)."""
+    import torch
+
+    from workbench.config import load_config
+    from workbench.engine.synthetic import synthetic_model, tiny_config
+
+    cfg = tiny_config(vocab_size=vocab) if name == "tiny" else dataclasses.replace(load_config(name),
+                                                                                     vocab_size=vocab)
+    dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
+    return synthetic_model(cfg, layers=layers, dtype=dtype, seed=seed, device=device)
+
+
+def load_drafter(opts: ServeOptions, model):
+    from workbench.engine.drafters import DFlashConfig, DFlashDrafter
+
+    if opts.drafter == "random":
+        c = model.config
+        cfg = DFlashConfig(hidden_size=c.hidden_size, num_layers=1, num_heads=2, head_dim=16, intermediate_size=64,
+                           block=opts.block, target_layers=(0,), mask_token_id=c.vocab_size - 1, context_window=8)
+        return DFlashDrafter.random(cfg, model, seed=opts.seed).to(model.device)
+    return DFlashDrafter.load(opts.drafter, model).to(model.device)
+
+
+def serve(opts: ServeOptions, log_level: str = "info") -> int:
+    import uvicorn
+
+    from workbench.serve.app import create_app
+
+    opts.check()
+    if opts.host not in LOOPBACK:
+        print(f"workbench serve: warning: binding {opts.host}, not loopback: the server is reachable from other "
+              f"machines{'' if opts.api_key else ' and has no --api-key'}", file=sys.stderr)
+    scheduler, codec, name = build(opts)
+    app = create_app(scheduler, codec, name, opts.api_key)
+    uvicorn.run(app, host=opts.host, port=opts.port, log_level=log_level)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from workbench.validation import parse_text
+
+    d = ServeOptions()
+    p = sub.add_parser("serve", help="OpenAI-compatible server over the engine (continuous batching)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic", metavar="NAME", help="a random model of this config (tiny or a shipped name)")
+    src.add_argument("--model", metavar="PATH", help="checkpoint directory (with tokenizer.json)")
+    p.add_argument("--layers", type=parse_text, help="decoder layers of the synthetic model (default: all)")
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or a directory holding one")
+    p.add_argument("--host", default=d.host, help="bind address (default loopback)")
+    p.add_argument("--port", type=parse_text, default=d.port)
+    p.add_argument("--method", default=d.method, help="greedy or ddtree")
+    p.add_argument("--drafter", help="DFlash drafter file/dir for ddtree, or 'random'")
+    p.add_argument("--block", type=parse_text, default=d.block)
+    p.add_argument("--budget", type=parse_text, default=d.budget)
+    p.add_argument("--kv-slots", type=parse_text, help="KV pool slots (default max-requests x capacity)")
+    p.add_argument("--max-requests", type=parse_text, default=d.max_requests, help="engine rows (concurrent requests)")
+    p.add_argument("--capacity", type=parse_text, help="tokens per request, prompt + output (default the rope limit)")
+    p.add_argument("--max-tokens-limit", type=parse_text, default=d.max_tokens_limit,
+                   help="largest max_tokens a request may ask for")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--served-model-name", help="the model id clients use")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    opts = ServeOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeOptions)
+                           if hasattr(args, f.name)})
+    return serve(opts)
