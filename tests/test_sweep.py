@@ -80,3 +80,18 @@ def test_out_of_range_inputs_are_clear_errors(kw, name):
 def test_context_beyond_the_rope_limit_names_it(model):
     with pytest.raises(InvalidParameter, match="rope/YaRN limit 1024"):
         sweep.context_sweep(model, [1000], ["greedy"], generate=16, two_point=(4, 8))
+
+
+def test_cli_sweep_prints_every_part_and_rejects_bad_input(capsys):
+    from workbench.cli import main
+
+    rc = main(["sweep", "--engine", "--contexts", "16", "--concurrency", "1", "--method", "greedy",
+               "--generate", "12", "--two-point", "4", "12", "--block", "4", "--budget", "8", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and all(t in out for t in ("contexts", "concurrency", "KV layout", "decomposition"))
+    assert "source (seed-000)" in out and "20.14" in out  # 2.9 / 0.144 s from data/anchors/source_context.json
+    rc = main(["sweep", "--engine", "--contexts", "5000", "--method", "greedy"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "contexts=" in err and "rope/YaRN limit 1024" in err
+    rc = main(["sweep", "--engine", "--concurrency", "0", "--method", "greedy"])
+    assert rc == 2 and "concurrency=" in capsys.readouterr().err

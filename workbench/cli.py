@@ -16,6 +16,7 @@ _PLUGINS = (
     "workbench.environment",
     "workbench.capacity",
     "workbench.projection.cli",
+    "workbench.sweep.cli",
     "workbench.serve.cli",
 )
 

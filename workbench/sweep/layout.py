@@ -173,7 +173,8 @@ def attention_ms(slots: Sequence[int], *, heads: int = 8, tail: int = 1, kv_lora
 
 
 def layout_comparison(layouts: Sequence[str] = LAYOUTS, *, contexts: Sequence[int] = (256,), heads: int = 8,
-                      repeats: int = 20, seed: int = 0, **churn_kw) -> list[dict[str, Any]]:
+                      kv_lora_rank: int = 512, rope_dim: int = 64, repeats: int = 20, seed: int = 0,
+                      **churn_kw) -> list[dict[str, Any]]:
     """Per layout: the churn's fragmentation, and per context the attention time (ms) over a request's slot
     list of that many tokens laid out as that layout lays it out (the churned request's slots, repeated with
     an offset past the pool when the context is longer than one request)."""
@@ -191,5 +192,6 @@ def layout_comparison(layouts: Sequence[str] = LAYOUTS, *, contexts: Sequence[in
             sl = sl[:c]
             rows.append({"layout": lay, "context": c, **res["fragmentation"], "steps": res["steps"],
                          "context_runs": len(runs(sl)),
-                         "attention_ms": attention_ms(sl, heads=heads, repeats=repeats, seed=seed)})
+                         "attention_ms": attention_ms(sl, heads=heads, kv_lora_rank=kv_lora_rank,
+                                                     rope_dim=rope_dim, repeats=repeats, seed=seed)})
     return rows
