@@ -95,3 +95,17 @@ def test_cli_sweep_prints_every_part_and_rejects_bad_input(capsys):
     assert rc == 2 and "contexts=" in err and "rope/YaRN limit 1024" in err
     rc = main(["sweep", "--engine", "--concurrency", "0", "--method", "greedy"])
     assert rc == 2 and "concurrency=" in capsys.readouterr().err
+
+
+def test_bench_entry_writes_context_sweep_with_provenance(tmp_path):
+    import json
+
+    from workbench.bench.sweep import main
+
+    rc = main(["--out", str(tmp_path), "--contexts", "16", "--concurrency", "1", "--method", "greedy",
+               "--generate", "12", "--two-point", "4", "12", "--block", "4", "--budget", "8", "--repeats", "1"])
+    doc = json.loads((tmp_path / "context_sweep.json").read_text())
+    assert rc == 0 and doc["name"] == "context_sweep" and doc["provenance"]["git_commit"]
+    assert doc["notes"] == "CPU smoke run: not H200 data" and doc["parameters"]["contexts"] == [16]
+    assert len(doc["samples"][0]["step_ms"]) == len(doc["samples"][0]["accepted"]) > 0
+    assert main(["--out", str(tmp_path), "--contexts", "0"]) == 2

@@ -30,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3, help="runs of each two-point request (fastest kept)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(func=run)
 
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from workbench.sweep.tables import tables
 
     doc = sweep(args.synthetic, args.layers, args.contexts, args.concurrency, args.method, args.generate,
-                args.two_point, args.block, args.budget, args.repeats, device=args.device)
+                args.two_point, args.block, args.budget, args.repeats, device=args.device,
+                threads=args.threads)
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()

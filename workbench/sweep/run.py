@@ -35,18 +35,26 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
           concurrency: Sequence[int] = (1, 2, 4), methods: Sequence[str] = es.METHODS, generate: int = 64,
           two_point: Sequence[int] = (8, 40), block: int = 8, budget: int = 16, repeats: int = 3,
           layouts: Sequence[str] = LAYOUTS, concurrency_context: int | None = None, device: str = "cpu",
-          seed: int = 0, model=None) -> dict[str, Any]:
+          seed: int = 0, threads: int | None = None, model=None) -> dict[str, Any]:
     """Every part of the diagnosis: {parameters, contexts (rows of measure_point), concurrency (rows), layout
-    (rows of layout_comparison at the sweep's contexts), model}. Inputs are checked before anything runs."""
+    (rows of layout_comparison at the sweep's contexts), model}. Inputs are checked before anything runs.
+    ``threads``: torch's CPU threads for the run (``torch.set_num_threads``, recorded; None leaves torch's
+    setting): on a small shared CPU, 1 keeps OpenMP from spinning against other work (seen: 100x slower steps)."""
+    import torch
+
+    from workbench.validation import check_int
+
     cfg = es.model_config(synthetic, layers) if model is None else model.config
     chk = es.check_sweep(contexts, concurrency, generate, two_point, methods, cfg.yarn_limit, block, budget,
                          concurrency_context=concurrency_context)
+    if threads is not None:
+        torch.set_num_threads(check_int("threads", threads, lo=1))
     model = model or build_model(synthetic, layers, device)
     params = {"synthetic": synthetic, "layers": cfg.num_hidden_layers, "contexts": chk["contexts"],
               "concurrency": chk["concurrency"], "methods": chk["methods"], "generate": generate,
               "two_point": chk["two_point"], "block": block, "budget": budget, "repeats": repeats,
               "concurrency_context": chk["concurrency_context"], "layouts": list(layouts), "device": device,
-              "seed": seed, "p_top": es.P_TOP, "prefill": "one ragged pass (no chunking)"}
+              "seed": seed, "threads": torch.get_num_threads(), "p_top": es.P_TOP, "prefill": "one ragged pass (no chunking)"}
     ctx = es.context_sweep(model, chk["contexts"], chk["methods"], generate, chk["two_point"], block, budget,
                            repeats, seed)
     conc = es.concurrency_sweep(model, chk["concurrency"], chk["concurrency_context"], chk["methods"], generate,
