@@ -109,3 +109,14 @@ def test_bench_entry_writes_context_sweep_with_provenance(tmp_path):
     assert doc["notes"] == "CPU smoke run: not H200 data" and doc["parameters"]["contexts"] == [16]
     assert len(doc["samples"][0]["step_ms"]) == len(doc["samples"][0]["accepted"]) > 0
     assert main(["--out", str(tmp_path), "--contexts", "0"]) == 2
+
+
+def test_phase_breakdown_sums_to_the_step(model):
+    from workbench.engine.generate import PHASES
+    from workbench.sweep.phases import phase_breakdown
+
+    rows = phase_breakdown(model, [16], ["greedy", "ddtree-high"], generate=12, block=4, budget=8)
+    assert [r["method"] for r in rows] == ["greedy", "ddtree-high"]
+    for r in rows:
+        assert r["total"] == pytest.approx(sum(r[p] for p in PHASES), rel=1e-9) and r["verify"] > 0
+    assert rows[0]["tree_build"] == 0.0 and rows[1]["tree_build"] > 0 and rows[1]["mean_accepted"] > 1

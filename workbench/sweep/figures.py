@@ -100,3 +100,20 @@ def decomposition_figure(rows: list[dict[str, Any]]):
     fig.update_layout(title="Decomposition: tokens/s = accepted length / step time", yaxis_title="tokens/s",
                       barmode="group")
     return fig
+
+
+def phases_figure(doc: dict[str, Any]):
+    """Stacked ms per step of each phase (eager reference: draft, tree build, verify, accept, commit) per
+    (method, context)."""
+    import plotly.graph_objects as go
+
+    from workbench.engine.generate import PHASES
+
+    rows = doc["phases"]
+    x = [f"{r['method']} @ {r['context']}" for r in rows]
+    fig = go.Figure()
+    for p in PHASES:
+        fig.add_bar(x=x, y=[r[p] for r in rows], name=p)
+    fig.update_layout(title="Step phases (eager reference decode; verify = attention + MoE)", yaxis_title="ms per step",
+                      barmode="stack")
+    return fig

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from workbench.sweep import engine as es
 from workbench.sweep.layout import LAYOUTS, layout_comparison
+from workbench.sweep.phases import phase_breakdown
 from workbench.sweep.rates import decompose
 
 ANCHORS = Path(__file__).resolve().parents[2] / "data" / "anchors" / "source_context.json"
@@ -37,7 +38,8 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
           layouts: Sequence[str] = LAYOUTS, concurrency_context: int | None = None, device: str = "cpu",
           seed: int = 0, threads: int | None = None, model=None) -> dict[str, Any]:
     """Every part of the diagnosis: {parameters, contexts (rows of measure_point), concurrency (rows), layout
-    (rows of layout_comparison at the sweep's contexts), model}. Inputs are checked before anything runs.
+    (rows of layout_comparison at the sweep's contexts), phases (rows of phase_breakdown: the eager reference's
+    ms per phase per step), model}. Inputs are checked before anything runs.
     ``threads``: torch's CPU threads for the run (``torch.set_num_threads``, recorded; None leaves torch's
     setting): on a small shared CPU, 1 keeps OpenMP from spinning against other work (seen: 100x slower steps)."""
     import torch
@@ -61,7 +63,9 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
                                 block, budget, seed)
     lay = layout_comparison(layouts, contexts=chk["contexts"], heads=cfg.num_attention_heads,
                             kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.qk_rope_head_dim, seed=seed)
-    return {"parameters": params, "model": cfg.name, "contexts": ctx, "concurrency": conc, "layout": lay}
+    phases = phase_breakdown(model, chk["contexts"], chk["methods"], generate, block, budget, seed)
+    return {"parameters": params, "model": cfg.name, "contexts": ctx, "concurrency": conc, "layout": lay,
+            "phases": phases}
 
 
 def anchors() -> dict[str, Any]:

@@ -21,4 +21,6 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     lay = [{"layout": r["layout"], "context": r["context"], "runs/request": r["runs_per_request"],
             "mean run length": r["mean_run_length"], "runs at context": r["context_runs"],
             "attention ms": r["attention_ms"]} for r in doc["layout"]]
-    return {"contexts": ctx, "concurrency": conc, "KV layout": lay, "decomposition": decomposition(doc)}
+    ph = [{k: v for k, v in r.items()} for r in doc.get("phases", [])]
+    return {"contexts": ctx, "concurrency": conc, "KV layout": lay, "phases (eager reference, ms/step)": ph,
+            "decomposition": decomposition(doc)}
