@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import socket
 import threading
 import time
@@ -71,8 +72,9 @@ KV_SLOTS = 160
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     d = train_tokenizer(tmp_path_factory.mktemp("tok"))
+    # prompts are prefilled 8 tokens per step boundary (chunked prefill) on this server
     s = Server(ServeOptions(synthetic="tiny", tokenizer=str(d), max_requests=4, capacity=128, kv_slots=KV_SLOTS,
-                            max_tokens_limit=64))
+                            max_tokens_limit=64, prefill_chunk=8))
     yield s
     s.close()
     assert not s.scheduler.alive  # the app stopped the scheduler it started
@@ -86,13 +88,13 @@ def client(srv):
 @pytest.fixture
 def slow(srv, monkeypatch):
     """A slower model (20 ms more per step), so that a request is still live while the test acts on it."""
-    step = srv.scheduler.batch.step
+    decode = srv.scheduler.batch.decode
 
-    def slow_step():
+    def slow_decode():
         time.sleep(0.02)
-        return step()
+        return decode()
 
-    monkeypatch.setattr(srv.scheduler.batch, "step", slow_step)
+    monkeypatch.setattr(srv.scheduler.batch, "decode", slow_decode)
 
 
 def wait_idle(srv, limit=10.0):
@@ -309,3 +311,61 @@ def test_api_key_and_ddtree(tmp_path):
         m = body["meta_info"]
         assert m["method"] == "ddtree" and m["spec_verify_ct"] >= 1 and m["spec_accept_length"] >= 1.0
     assert not sched.alive
+
+
+def test_measuring_client_reports_finite_consistent_numbers(srv):
+    from workbench.serve.client import sweep
+
+    res = sweep(srv.url, "synthetic-tiny", contexts=[16, 24], concurrency=[1, 4], max_tokens=8, two_point=[4, 12],
+                sustained=12, timeout=30)
+    assert [(p["context"], p["concurrency"]) for p in res["points"]] == [(16, 1), (16, 4), (24, 1), (24, 4)]
+    for p in res["points"]:
+        a = p["aggregate"]
+        assert a["failed"] == 0 and a["completed"] == p["concurrency"] and a["errors"] == []
+        assert a["output_tokens"] == 8 * p["concurrency"]
+        assert a["output_tokens_per_s"] == pytest.approx(a["output_tokens"] / a["wall_s"])
+        assert a["accept_length"] == 1.0  # greedy, reported by the server's meta_info
+        for r in p["requests"]:
+            assert r["ok"] and r["prompt_tokens"] == p["context"] and r["output_tokens"] == 8
+            assert 0 < r["ttft_s"] <= r["e2e_s"] and len(r["itl_s"]) == 7 and all(x >= 0 for x in r["itl_s"])
+            # TPOT x (n - 1) + TTFT is the request's time
+            assert r["tpot_s"] * 7 + r["ttft_s"] == pytest.approx(r["e2e_s"])
+            assert sum(r["itl_s"]) <= r["e2e_s"] - r["ttft_s"] + 1e-9
+        assert 0 < a["ttft_s"]["median"] <= a["e2e_s"]["median"] and a["itl_s"]["n"] == 7 * p["concurrency"]
+    for row in res["rates"]:
+        tp, su = row["two_point"], row["sustained"]
+        assert tp["ok"] and tp["tokens"] == [4, 12] and math.isfinite(tp["tokens_per_s"]) and tp["tokens_per_s"] > 0
+        assert su["ok"] and su["tokens"] == 12
+        assert su["tokens_per_s"] == pytest.approx(11 / su["decode_s"])
+    json.dumps(res)  # JSON-ready
+    wait_idle(srv)
+
+
+def test_measuring_client_counts_failures_and_timeouts(srv, slow):
+    from workbench.serve.client import sweep
+
+    bad = sweep(srv.url, "no-such-model", contexts=[8], concurrency=[3], max_tokens=4, timeout=30)
+    a = bad["points"][0]["aggregate"]
+    assert a["failed"] == 3 and a["completed"] == 0 and all(e.startswith("HTTP 404") for e in a["errors"])
+    assert a["output_tokens"] == 0 and a["ttft_s"]["n"] == 0
+    slow_res = sweep(srv.url, "synthetic-tiny", contexts=[8], concurrency=[2], max_tokens=40, timeout=0.3)
+    a = slow_res["points"][0]["aggregate"]
+    assert a["failed"] == 2 and all("timeout" in e for e in a["errors"]) and len(slow_res["points"][0]["requests"]) == 2
+    wait_idle(srv)  # the timed-out clients left: their rows were retired
+    with pytest.raises(ValueError, match="two_point"):
+        sweep(srv.url, "synthetic-tiny", two_point=[12, 4])
+
+
+def test_measuring_client_command_line(srv, capsys):
+    from workbench.serve.client import main
+
+    assert main(["--endpoint", srv.url, "--model", "synthetic-tiny", "--contexts", "8", "--concurrency", "1", "2",
+                 "--max-tokens", "5", "--sustained", "6", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [p["aggregate"]["completed"] for p in res["points"]] == [1, 2]
+    assert res["rates"][0]["sustained"]["tokens"] == 6
+    assert main(["--endpoint", srv.url, "--model", "synthetic-tiny", "--contexts", "8", "--max-tokens", "3"]) == 0
+    assert "context      8 C   1: 1/1 ok (0 failed)" in capsys.readouterr().out
+    assert main(["--endpoint", srv.url, "--model", "synthetic-tiny", "--concurrency", "0"]) == 2
+    assert "concurrency=[0] is not allowed" in capsys.readouterr().err
+    wait_idle(srv)

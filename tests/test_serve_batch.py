@@ -111,3 +111,46 @@ def test_pool_full_and_context_limit_refused_without_harm(model, want):
     while not (a.done and other.done):
         b.step()
     assert a.out == want[2] and other.out == want[1] and b.slots_used() == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_chunked_prefill_equals_generate_and_lets_others_step(model, want, chunk):
+    """prefill_chunk=K: a long prompt is prefilled K tokens per step boundary while the live request keeps
+    stepping; every output still equals generate()'s."""
+    e = DecodeEngine(model, max_requests=4, capacity=64, kv_slots=300, max_generated=32)
+    b = Batch(e, prefill_chunk=chunk)
+    first = b.add(PROMPTS[0], NEW[0])  # 5 tokens: ceil(5 / chunk) boundaries to join
+    while first.row not in b.live:
+        assert not first.steps
+        b.step()
+    long = b.add(PROMPTS[2], NEW[2])  # 9 tokens: ceil(9 / chunk) boundaries before it joins
+    joins = -(-len(PROMPTS[2]) // chunk)
+    steps_before = len(first.steps)
+    for _ in range(joins - 1):
+        ev = b.step()
+        assert long not in ev and long.row not in b.live and b.busy
+    assert len(first.steps) == steps_before + joins - 1  # the live request stepped meanwhile
+    while not (first.done and long.done):
+        b.step()
+    assert first.out == want[0] and long.out == want[2] and b.slots_used() == 0
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Batch(e, prefill_chunk=0)
+
+
+def test_chunked_prefill_ddtree_with_dflash_features(model, want):
+    """DDTree with a DFlash drafter (it reads the prompt's target features): the chunks' features are joined
+    before the drafter admits the request; tokens equal generate()'s."""
+    from workbench.engine import DFlashConfig, DFlashDrafter
+
+    cfg = DFlashConfig(hidden_size=model.config.hidden_size, num_layers=1, num_heads=2, head_dim=16,
+                       intermediate_size=64, block=5, target_layers=(0, 2), mask_token_id=95, context_window=8)
+    d = DFlashDrafter.random(cfg, model, seed=3)
+    dc = DecodeConfig(method="ddtree", block=5, budget=8)
+    e = DecodeEngine(model, max_requests=2, capacity=64, max_generated=32)
+    b = Batch(e, dc, d, prefill_chunk=3)
+    reqs = [b.add(PROMPTS[i], NEW[i]) for i in (2, 1)]
+    while not all(r.done for r in reqs):
+        b.step()
+    assert [r.out for r in reqs] == [want[2], want[1]]
+    w = generate(model, [PROMPTS[2]], NEW[2], config=dc, drafter=d)[0]
+    assert [s.accepted_length for s in reqs[0].steps] == [s.accepted_length for s in w.steps]

@@ -62,6 +62,7 @@ def test_workbench_serve_process_answers_openai_client():
     (["--synthetic", "tiny", "--kv-slots", "0"], "kv_slots=0 is not allowed"),
     (["--synthetic", "tiny", "--max-requests", "500"], "max_requests=500 is not allowed"),
     (["--model", "/nonexistent", "--layers", "2"], "--layers is for --synthetic"),
+    (["--synthetic", "tiny", "--prefill-chunk", "0"], "prefill_chunk=0 is not allowed"),
 ])
 def test_serve_options_checked(argv, match, capsys):
     assert main(["serve", *argv]) == 2

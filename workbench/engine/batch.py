@@ -1,22 +1,25 @@
 """Continuous batching over :class:`~workbench.engine.step.DecodeEngine`: requests join and leave between steps.
 
 A :class:`Batch` owns an engine's slot table (do not run a :class:`~workbench.engine.step.Session` on the same
-engine while it lives). Between steps :meth:`Batch.add` prefills new prompts (one ragged forward for all that
-were added since the last step) and gives each the lowest free row; :meth:`Batch.cancel` retires a request and
-returns its KV slots to the pool at once. :meth:`Batch.step` runs ONE batched engine step over the bucket that
-holds the highest live row (rows without a live request are padding and allocate nothing) and returns each live
-request's new tokens. A row's tokens depend only on its own prompt and KV rows, so every request's output equals
-:func:`workbench.engine.generate`'s for that prompt whatever joined or left around it.
+engine while it lives). Between steps :meth:`Batch.add` takes the lowest free row and the prompt's KV slots;
+:meth:`Batch.prefill` runs one ragged forward over every prompt added and not yet prefilled; :meth:`Batch.cancel`
+retires a request and returns its KV slots to the pool at once. :meth:`Batch.decode` runs ONE batched engine step
+over the bucket that holds the highest live row (rows without a live request are padding and allocate nothing)
+and returns each live request's new tokens; :meth:`Batch.step` is prefill then decode. A row's tokens depend only
+on its own prompt and KV rows, so every request's output equals :func:`workbench.engine.generate`'s for that
+prompt whatever joined or left around it.
 
-Prefill is not chunked: a prompt is prefilled whole between two steps, so the others' next step waits for it
-(head-of-line cost: one prefill forward of that prompt's length).
+Prefill: by default a prompt is prefilled whole between two steps, so the others' next step waits for it
+(head-of-line cost: one prefill forward of that prompt's length). With ``prefill_chunk=K`` a prompt is prefilled
+K tokens per step boundary (each chunk attends to the chunks before it through the KV pool, as a
+:class:`~workbench.engine.model.Segment` with a prefix), so a long prompt delays the others' steps by one K-token
+forward at a time; it joins the step once its last chunk is in.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import time
-from typing import Any
 
 import numpy as np
 import torch
@@ -54,11 +57,15 @@ class Request:
 
 class Batch:
     """A continuously batched decode over ``engine`` with one :class:`DecodeConfig` (default greedy) and, for
-    DDTree, one ``drafter`` with a device program. ``eos_token_id`` ends a request when generated."""
+    DDTree, one ``drafter`` with a device program. ``eos_token_id`` ends a request when generated.
+    ``prefill_chunk``: prompt tokens per request per prefill forward (default: the whole prompt at once)."""
 
     def __init__(self, engine: DecodeEngine, config: DecodeConfig | None = None, drafter=None,
-                 eos_token_id: int | None = None):
+                 eos_token_id: int | None = None, prefill_chunk: int | None = None):
+        from workbench.validation import check_int
+
         self.engine, self.config, self.eos = engine, config or DecodeConfig(method="greedy"), eos_token_id
+        self.prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, lo=1)
         if self.config.method == "ddtree" and drafter is None:
             raise ValueError("method 'ddtree' needs a drafter (ScriptedDrafter, DFlashDrafter, ...)")
         self.program = engine._program(drafter, self.config.block) if self.config.method == "ddtree" else None
@@ -87,6 +94,11 @@ class Batch:
 
     def rows_free(self) -> int:
         return self.engine.rows - len(self.live) - len(self._pending)
+
+    @property
+    def busy(self) -> bool:
+        """A request is live or still being prefilled."""
+        return bool(self.live or self._pending)
 
     def check(self, prompt_len: int, max_new_tokens: int) -> None:
         """ValueError when a request of this size can never run on this engine (context or output limit)."""
@@ -151,46 +163,67 @@ class Batch:
         return kept
 
     def prefill(self) -> dict[Request, list[int]]:
-        """Prefill every added request in one ragged forward; returns each one's first token (a request that
-        is then already done is retired)."""
+        """Prefill the added requests in one ragged forward (the whole prompt, or its next ``prefill_chunk``
+        tokens); returns the first token of each request whose prompt is now complete (those join the step;
+        one that is then already done is retired)."""
         if not self._pending:
             return {}
         e, m = self.engine, self.engine.model
         dev = m.device
-        reqs, self._pending = self._pending, []
         t0 = time.perf_counter()
-        segs = [Segment(r._slots[:0], r._slots) for r in reqs]
-        toks = torch.cat([torch.tensor(r.prompt, dtype=torch.int64) for r in reqs]).to(dev)
-        pos = torch.cat([torch.arange(len(r.prompt)) for r in reqs]).to(dev)
+        spans = []
+        for r in self._pending:
+            d = getattr(r, "_prefilled", 0)
+            spans.append((d, min(len(r.prompt), d + (self.prefill_chunk or len(r.prompt)))))
+        segs = [Segment(r._slots[:d], r._slots[d:end]) for r, (d, end) in zip(self._pending, spans)]
+        toks = torch.cat([torch.tensor(r.prompt[d:end], dtype=torch.int64)
+                          for r, (d, end) in zip(self._pending, spans)]).to(dev)
+        pos = torch.cat([torch.arange(d, end) for d, end in spans]).to(dev)
         with torch.no_grad():
             logits, cap = m.forward_batch(toks, pos, segs, e.cache, self.layers)
-        ends = torch.tensor(np.cumsum([len(r.prompt) for r in reqs]) - 1, device=dev)
-        first = logits[ends].argmax(-1).tolist()
         allf = torch.cat([cap[l] for l in self.layers], -1) if self.layers else None
         ms = (time.perf_counter() - t0) * 1e3
-        out, off = {}, 0
-        for r, t in zip(reqs, first):
-            r.prefill_ms = ms
+        out, off, still = {}, 0, []
+        for r, (d, end) in zip(self._pending, spans):
+            n = end - d
+            r.prefill_ms += ms
+            r._prefilled = end  # type: ignore[attr-defined]
+            if allf is not None:
+                r._feats = getattr(r, "_feats", []) + [allf[off:off + n]]  # type: ignore[attr-defined]
+            off += n
+            if end < len(r.prompt):
+                still.append(r)
+                continue
+            t = int(logits[off - 1].argmax(-1))
             out[r] = self._emit(r, [t])
             e.last_token[r.row] = t
             e.num_generated[r.row] = 1
             if self.program is not None:
-                f = allf[off:off + len(r.prompt)] if allf is not None else None
+                f = torch.cat(r._feats) if allf is not None else None
                 p = torch.arange(len(r.prompt), device=dev) if allf is not None else None
                 self.program.admit(r.row, r.id, upto=r.max_new_tokens, features=f, positions=p)
-            off += len(r.prompt)
+                r._feats = []
             self.live[r.row] = r
             self._active_host[r.row] = True
             e.active[r.row] = True
             if r.done:
                 self._retire(r)
+        self._pending = still
         return out
 
     # -- the step --------------------------------------------------------------
     def step(self) -> dict[Request, list[int]]:
-        """Prefill what was added, then run one engine step over the live rows; returns each request's new
-        tokens (requests that finish are retired, their slots freed). Empty when nothing is live."""
+        """:meth:`prefill` what was added, then :meth:`decode`; returns each request's new tokens (requests that
+        finish are retired, their slots freed)."""
         events = self.prefill()
+        for r, toks in self.decode().items():
+            events[r] = events.get(r, []) + toks
+        return events
+
+    def decode(self) -> dict[Request, list[int]]:
+        """One engine step over the live rows; returns each live request's new tokens (requests that finish
+        are retired, their slots freed). Empty when nothing is live."""
+        events: dict[Request, list[int]] = {}
         if not self.live:
             return events
         e, cfg = self.engine, self.config
@@ -222,7 +255,7 @@ class Batch:
                 n = int(row[L1])
                 r.steps.append(StepRecord(self.step_index, n, bucket.T, len(live), {"total": ms}, paths))
                 new = self._emit(r, [int(t) for t in row[:n]])
-            events[r] = events.get(r, []) + new
+            events[r] = new
             if r.done:
                 self._retire(r)
         self.step_index += 1

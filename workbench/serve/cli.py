@@ -3,7 +3,7 @@
     workbench serve --synthetic tiny [--layers N] [--tokenizer PATH] | --model PATH
                     [--host 127.0.0.1] [--port 8000] [--method greedy|ddtree] [--drafter PATH|random]
                     [--block 16] [--budget 32] [--kv-slots N] [--max-requests 8] [--capacity N]
-                    [--max-tokens-limit 1024] [--api-key KEY] [--served-model-name NAME]
+                    [--max-tokens-limit 1024] [--prefill-chunk N] [--api-key KEY] [--served-model-name NAME]
 
 A checkpoint (``--model``) brings its tokenizer.json (and chat template). ``--synthetic NAME`` builds a random
 model of that shipped config (``tiny``: :func:`workbench.engine.tiny_config`) whose vocabulary is set to the
@@ -39,6 +39,7 @@ class ServeOptions:
     max_requests: int = 8
     capacity: int | None = None
     max_tokens_limit: int = 1024
+    prefill_chunk: int | None = None
     api_key: str | None = None
     served_model_name: str | None = None
     seed: int = 0
@@ -66,6 +67,8 @@ class ServeOptions:
         if self.capacity is not None:
             check_int("capacity", self.capacity, lo=2)
         check_int("max_tokens_limit", self.max_tokens_limit, lo=1)
+        if self.prefill_chunk is not None:
+            check_int("prefill_chunk", self.prefill_chunk, lo=1)
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty")
         return self
@@ -99,7 +102,7 @@ def build(opts: ServeOptions):
     engine = DecodeEngine(model, max_requests=opts.max_requests, capacity=opts.capacity, kv_slots=opts.kv_slots,
                           max_generated=opts.max_tokens_limit)
     drafter = load_drafter(opts, model) if opts.method == "ddtree" else None
-    batch = Batch(engine, cfg, drafter, eos_token_id=codec.eos_token_id)
+    batch = Batch(engine, cfg, drafter, eos_token_id=codec.eos_token_id, prefill_chunk=opts.prefill_chunk)
     return Scheduler(batch), codec, name
 
 
@@ -165,6 +168,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capacity", type=parse_text, help="tokens per request, prompt + output (default the rope limit)")
     p.add_argument("--max-tokens-limit", type=parse_text, default=d.max_tokens_limit,
                    help="largest max_tokens a request may ask for")
+    p.add_argument("--prefill-chunk", type=parse_text,
+                   help="prompt tokens per prefill forward (default whole prompts: a long one delays the others)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     p.add_argument("--served-model-name", help="the model id clients use")
     p.set_defaults(func=_cli)

@@ -3,8 +3,8 @@
 HTTP handlers (on the asyncio loop) :meth:`Scheduler.submit` a :class:`Job` and read its events from an
 ``asyncio.Queue``; they :meth:`Scheduler.cancel` it when the client leaves or a stop string ends it. Between two
 steps the thread retires cancelled jobs (their KV slots go back to the pool at once), admits waiting jobs while a
-row is free (prefilled together at the start of the next step), then runs :meth:`Batch.step` and posts each job's
-new tokens. Admission failures answer the job alone: a prompt that does not fit the free KV slots gets 429, one
+row is free, runs :meth:`Batch.prefill` (posting the first tokens of prompts now complete) and
+:meth:`Batch.decode` (one batched engine step) and posts each job's new tokens. Admission failures answer the job alone: a prompt that does not fit the free KV slots gets 429, one
 that can never fit (beyond the context or the whole pool) 400; a request that runs out of slots while decoding
 ends with an error event; the others continue.
 
@@ -183,13 +183,14 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._stop or self._waiting or self._cancels or self.batch.live):
+                while not (self._stop or self._waiting or self._cancels or self.batch.busy):
                     self._cv.wait()
                 if self._stop:
                     break
             try:
                 self._between_steps()
-                events = self.batch.step()
+                self._deliver(self.batch.prefill())  # first tokens out before the step runs
+                events = self.batch.decode()
                 self.steps += 1
                 self._deliver(events)
             except Exception as e:  # the engine failed: end every live job with the error, keep serving
