@@ -369,3 +369,38 @@ def test_measuring_client_command_line(srv, capsys):
     assert main(["--endpoint", srv.url, "--model", "synthetic-tiny", "--concurrency", "0"]) == 2
     assert "concurrency=[0] is not allowed" in capsys.readouterr().err
     wait_idle(srv)
+
+
+def test_pool_exhausted_while_decoding_ends_one_request_alone(monkeypatch):
+    """Two requests that each fit the 40-slot pool but not together: when it runs dry mid-decode, the engine
+    fails the later row (429, kv_pool_full) and retires it; the other finishes with its exact greedy tokens."""
+    s = Server(ServeOptions(synthetic="tiny", layers=2, max_requests=2, capacity=64, kv_slots=40,
+                            max_tokens_limit=32))
+    try:
+        decode = s.scheduler.batch.decode
+
+        def slow_decode():
+            time.sleep(0.01)
+            return decode()
+
+        monkeypatch.setattr(s.scheduler.batch, "decode", slow_decode)
+        prompts = ["0123456789", "abcdefghij"]  # 10 byte-level tokens each, + 25 generated: 35 slots each
+
+        def send(p):
+            return httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 25}, timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            rs = list(ex.map(send, prompts))
+        ok = [(p, r) for p, r in zip(prompts, rs) if r.status_code == 200]
+        failed = [r for r in rs if r.status_code != 200]
+        assert len(ok) == 1 and len(failed) == 1
+        e = _err(failed[0], 429)
+        assert e["code"] == "kv_pool_full" and "KV pool full" in e["message"]
+        p, r = ok[0]
+        assert r.json()["choices"][0]["token_ids"] == s.greedy(s.codec.encode(p), 25)
+        h = wait_idle(s)
+        assert h["kv_slots_free"] == 40
+        text = httpx.get(s.url + "/metrics").text
+        assert 'workbench_requests_total{status="error"} 1.0' in text
+    finally:
+        s.close()
