@@ -371,6 +371,21 @@ def test_measuring_client_command_line(srv, capsys):
     wait_idle(srv)
 
 
+def test_workbench_sweep_endpoint(srv, capsys):
+    """``workbench sweep --endpoint`` is the same client behind the sweep verb: finite, consistent numbers."""
+    from workbench.cli import main as cli
+
+    assert cli(["sweep", "--endpoint", srv.url, "--model", "synthetic-tiny", "--contexts", "8",
+                "--concurrency", "1", "2", "--max-tokens", "4", "--two-point", "2", "6", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [p["aggregate"]["completed"] for p in res["points"]] == [1, 2]
+    tp = res["rates"][0]["two_point"]
+    assert tp["ok"] and tp["tokens"] == [2, 6] and tp["tokens_per_s"] > 0
+    assert cli(["sweep", "--endpoint", srv.url, "--contexts", "8"]) == 2
+    assert "model=None is not allowed" in capsys.readouterr().err
+    wait_idle(srv)
+
+
 def test_pool_exhausted_while_decoding_ends_one_request_alone(monkeypatch):
     """Two requests that each fit the 40-slot pool but not together: when it runs dry mid-decode, the engine
     fails the later row (429, kv_pool_full) and retires it; the other finishes with its exact greedy tokens."""
