@@ -11,36 +11,34 @@ def _by(rows, key):
     return out
 
 
-def rate_vs_context(doc: dict[str, Any]):
-    """Tokens/s against context per method: sustained (solid), two-point (dashed), accepted / step time (dotted)."""
+def _per_method_vs_context(doc: dict[str, Any], series, title: str, yaxis: str):
+    """One line per (method, series) against context; ``series``: (label, row -> y, extra scatter kwargs)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     for m, rows in _by(doc["contexts"], "method").items():
         x = [r["context"] for r in rows]
-        fig.add_scatter(x=x, y=[r["sustained"] for r in rows], name=f"{m} sustained", mode="lines+markers")
-        fig.add_scatter(x=x, y=[r["two_point"] for r in rows], name=f"{m} two-point", mode="lines+markers",
-                        line=dict(dash="dash"))
-        fig.add_scatter(x=x, y=[r["check_sustained"]["identity"] for r in rows], name=f"{m} accepted / step",
-                        mode="markers", marker=dict(symbol="x"))
-    fig.update_layout(title="Decode rate against context", xaxis_title="context (tokens)",
-                      yaxis_title="tokens/s", xaxis_type="log")
+        for label, y, style in series:
+            fig.add_scatter(x=x, y=[y(r) for r in rows], name=f"{m} {label}", **style)
+    fig.update_layout(title=title, xaxis_title="context (tokens)", yaxis_title=yaxis, xaxis_type="log")
     return fig
+
+
+def rate_vs_context(doc: dict[str, Any]):
+    """Tokens/s against context per method: sustained (solid), two-point (dashed), accepted / step time (x)."""
+    return _per_method_vs_context(doc, [
+        ("sustained", lambda r: r["sustained"], dict(mode="lines+markers")),
+        ("two-point", lambda r: r["two_point"], dict(mode="lines+markers", line=dict(dash="dash"))),
+        ("accepted / step", lambda r: r["check_sustained"]["identity"], dict(mode="markers", marker=dict(symbol="x"))),
+    ], "Decode rate against context", "tokens/s")
 
 
 def step_vs_context(doc: dict[str, Any]):
     """Mean step wall time (ms) and TTFT (ms) against context per method."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for m, rows in _by(doc["contexts"], "method").items():
-        x = [r["context"] for r in rows]
-        fig.add_scatter(x=x, y=[r["mean_step_ms"] for r in rows], name=f"{m} step", mode="lines+markers")
-        fig.add_scatter(x=x, y=[r["ttft_ms"] for r in rows], name=f"{m} TTFT", mode="lines+markers",
-                        line=dict(dash="dot"))
-    fig.update_layout(title="Step time and TTFT against context", xaxis_title="context (tokens)",
-                      yaxis_title="ms", xaxis_type="log")
-    return fig
+    return _per_method_vs_context(doc, [
+        ("step", lambda r: r["mean_step_ms"], dict(mode="lines+markers")),
+        ("TTFT", lambda r: r["ttft_ms"], dict(mode="lines+markers", line=dict(dash="dot"))),
+    ], "Step time and TTFT against context", "ms")
 
 
 def accepted_over_generation(doc: dict[str, Any], context: int | None = None):
