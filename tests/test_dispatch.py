@@ -50,3 +50,20 @@ def test_every_table_parses_and_names_known_forms():
 def test_measurement_provenance_records_the_dispatch():
     rec = provenance()["dispatch"]
     assert set(rec) >= {"gpu", "generic", "moe_small", "moe_large", "verify_bf16", "tree_build"}
+
+
+def test_dispatch_for_device_reads_the_cuda_device_name(monkeypatch):
+    """A CUDA device (by index, or the current one when it has none) is looked up by its name; other devices get
+    the generic table."""
+    import torch
+
+    from workbench.dispatch import dispatch_for_device
+
+    names = {0: "NVIDIA GeForce RTX 4090", 1: "NVIDIA H200"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert dispatch_for_device("cuda:0").generic
+    assert dispatch_for_device(torch.device("cuda:1")).gpu == "h200"
+    assert dispatch_for_device("cuda").gpu == "h200"
+    assert dispatch_for_device(0).generic
+    assert dispatch_for_device("cpu").generic and dispatch_for_device("cpu").device_name == "cpu"

@@ -11,8 +11,8 @@ Fields of a dispatch file:
 
 - ``match``: substrings of ``torch.cuda.get_device_name()`` that select it.
 - ``moe_small``: ``[[largest M, small-M kernel], ...]`` in increasing M for
-  ``M * topk <= moe_small_max_pairs``; beyond the last row (or when empty) the
-  four-launch path runs.
+  ``M * topk <= MOE_SMALL_MAX_PAIRS`` (the kernels' own limit, below); beyond
+  the last row (or when empty) the four-launch path runs.
 - ``moe_large``: ``[[largest M, [NT, RT, D, S, LINE]], ...]``: the four-launch
   path's gate/up and down variant by M; the last row covers every larger M.
 - ``verify_bf16`` / ``verify_fp32``: the verify-attention form by dtype.
@@ -30,6 +30,9 @@ from workbench import DATA_DIR
 
 DISPATCH_DIR = DATA_DIR / "dispatch"
 GENERIC = "generic"
+# The small-M MoE kernels sort the (token, expert) pairs in one CTA's shared memory (moe_int4.cu): a property
+# of the kernels, not of a GPU, so it is not in the per-GPU files.
+MOE_SMALL_MAX_PAIRS = 128
 
 Variant = tuple[int, int, int, int, int]
 
@@ -40,7 +43,6 @@ class Dispatch:
 
     gpu: str
     source: str
-    moe_small_max_pairs: int
     moe_small: tuple[tuple[int, str], ...]
     moe_large: tuple[tuple[int, Variant], ...]
     verify_bf16: str
@@ -51,7 +53,7 @@ class Dispatch:
 
     def moe_small_kernel(self, m: int, topk: int) -> str | None:
         """The small-M kernel for M tokens of ``topk`` experts, or None for the four-launch path."""
-        if m <= 0 or m * topk > self.moe_small_max_pairs:
+        if m <= 0 or m * topk > MOE_SMALL_MAX_PAIRS:
             return None
         for max_m, name in self.moe_small:
             if m <= max_m:
@@ -90,7 +92,6 @@ def _parse(path: Path, device_name: str) -> Dispatch:
             if [r[0] for r in rows] != sorted({r[0] for r in rows}):
                 raise ValueError("rows must be in strictly increasing M")
         return Dispatch(gpu=str(raw["gpu"]), source=str(raw["source"]),
-                        moe_small_max_pairs=int(raw["moe_small_max_pairs"]),
                         moe_small=moe_small, moe_large=moe_large,
                         verify_bf16=str(raw["verify_bf16"]), verify_fp32=str(raw["verify_fp32"]),
                         tree_build=str(raw["tree_build"]), generic=raw["gpu"] == GENERIC,
@@ -121,6 +122,20 @@ def dispatch_for(device_name: str | None = None) -> Dispatch:
         if any(p in device_name for p in patterns):
             return _parse(path, device_name)
     return _parse(DISPATCH_DIR / f"{GENERIC}.json", device_name)
+
+
+def dispatch_for_device(device=None) -> Dispatch:
+    """The dispatch for a torch device, its string or a CUDA index: a CUDA device's by its name (index None:
+    the current device), the generic table for any other device; None: :func:`dispatch_for`'s default."""
+    import torch
+
+    if device is None:
+        return dispatch_for()
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda":
+        return dispatch_for("cpu")
+    return dispatch_for(torch.cuda.get_device_name(device.index if device.index is not None
+                                                   else torch.cuda.current_device()))
 
 
 def _current_device_name() -> str:

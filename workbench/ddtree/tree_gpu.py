@@ -112,9 +112,9 @@ def dispatched_build_method(n_nonroot: int, device: Any = None) -> str:
     (a CUDA device; None: the current one): the ``tree_build`` rule of the GPU's dispatch table."""
     import torch
 
-    from workbench.dispatch import dispatch_for
+    from workbench.dispatch import dispatch_for_device
 
-    rule = dispatch_for(torch.cuda.get_device_name(device)).tree_build
+    rule = dispatch_for_device(device if device is not None else torch.cuda.current_device()).tree_build
     if rule not in TREE_BUILD_RULES:
         raise ValueError(f"dispatch tree_build={rule!r} is not a known rule; known: {sorted(TREE_BUILD_RULES)}")
     small, large = TREE_BUILD_RULES[rule]

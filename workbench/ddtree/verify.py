@@ -274,9 +274,9 @@ def dispatched_impl(dtype: Any, device: Any = None) -> str:
     H200, ``"mma"`` in the generic table) or ``verify_fp32`` (``"simple"``)."""
     import torch
 
-    from workbench.dispatch import dispatch_for
+    from workbench.dispatch import dispatch_for_device
 
-    impl = dispatch_for(torch.cuda.get_device_name(device)).verify_impl(dtype)
+    impl = dispatch_for_device(device if device is not None else torch.cuda.current_device()).verify_impl(dtype)
     if impl not in IMPLS[1:]:
         raise ValueError(f"dispatch verify impl {impl!r} is not a verify kernel; known: {IMPLS[1:]}")
     return impl

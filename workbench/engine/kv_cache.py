@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-COMMIT_MODES = ("scattered", "compacted")
+from workbench.decode import COMMIT_MODES
+
 
 
 class KVPoolFull(RuntimeError):

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from workbench.dispatch import Dispatch, dispatch_for
+from workbench.dispatch import MOE_SMALL_MAX_PAIRS as SMALL_MAX_PAIRS
+from workbench.dispatch import Dispatch, dispatch_for_device
 from workbench.kernels import KernelUnavailable, gpu_available, launch, launch_dependent, load_module
 from workbench.moe.packing import Int4Experts
 from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
@@ -33,7 +34,6 @@ FAMILY = "moe_int4"
 MAX_EXPERTS = 1024
 MAX_TOKENS = 65535          # grid.y of the four-launch kernels
 THREADS = 128
-SMALL_MAX_PAIRS = 128       # the small-M kernels sort the (token, expert) pairs in one CTA's shared memory
 FOUR_LAUNCH = "four_launch"
 IMPLS = ("auto", "cuda", "torch")
 
@@ -78,14 +78,6 @@ def kernel_names() -> tuple[str, ...]:
     return (*SMALL_KERNELS, FOUR_LAUNCH)
 
 
-def _device_dispatch(device: torch.device | str) -> Dispatch:
-    device = torch.device(device)
-    if device.type != "cuda":
-        return dispatch_for("cpu")
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return dispatch_for(torch.cuda.get_device_name(idx))
-
-
 def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: int = 7168,
              intermediate: int = 2048, kernel: str | Variant | None = None, impl: str = "auto",
              dispatch: Dispatch | None = None) -> dict[str, Any]:
@@ -102,7 +94,7 @@ def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: 
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     device = torch.device(device)
-    disp = dispatch if dispatch is not None else _device_dispatch(device)
+    disp = dispatch if dispatch is not None else dispatch_for_device(device)
     base = {"dispatch": disp.gpu, "generic": disp.generic, "forced": kernel is not None}
     if impl == "torch" or (impl == "auto" and device.type != "cuda"):
         if kernel is not None:

@@ -45,10 +45,9 @@ def _small_kernels_run(device: torch.device) -> bool:
     kernel, so the fragment layout is read there."""
     if device.type != "cuda":
         return False
-    from workbench.dispatch import dispatch_for
+    from workbench.dispatch import dispatch_for_device
 
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return bool(dispatch_for(torch.cuda.get_device_name(idx)).moe_small)
+    return bool(dispatch_for_device(device).moe_small)
 
 
 @dataclass(frozen=True, eq=False)

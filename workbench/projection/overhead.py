@@ -34,10 +34,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from workbench.decode import METHODS
 from workbench.projection.model import Range
 
 ENGINE_STEP = "engine_step"
-METHODS = ("greedy", "ddtree")
 # assumption 2 above: the exponent of the floor ratio that scales the kernels-below-floor part
 EXCESS_EXPONENT = Range(0.0, 1.0, 1.0, "assumption: the engine step's kernels-below-floor time scales with the "
                         "floor (exponent 1, each kernel keeps its H200 percent of floor) down to not at all "

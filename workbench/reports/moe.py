@@ -16,7 +16,7 @@ from typing import Any, Callable
 from workbench import REPO_ROOT
 from workbench.reports import papers
 from workbench.bench.moe import flops
-from workbench.dispatch import dispatch_for
+from workbench.dispatch import MOE_SMALL_MAX_PAIRS, dispatch_for
 from workbench.bench.measure import load_measurement
 from workbench.reports import moe_plots as plots
 from workbench.moe.fused import FOUR_LAUNCH, variant_name
@@ -134,7 +134,7 @@ def block_provenance() -> str:
 def block_dispatch() -> str:
     d = dispatch_for(GPU_NAME)
     g = dispatch_for("a GPU without a table")
-    return (f"`data/dispatch/{d.gpu}.json` (top-{8}, small-M kernels while M x top-k <= {d.moe_small_max_pairs}):\n\n"
+    return (f"`data/dispatch/{d.gpu}.json` (top-{8}, small-M kernels while M x top-k <= {MOE_SMALL_MAX_PAIRS}):\n\n"
             + markdown_table([{**r, "kernel": f"`{r['kernel']}`", "launches": ", ".join(f"`{x}`" for x in
                                                                              r["launches"].split(", "))}
                               for r in plots.dispatch_rows(GPU_NAME)]) + f"\nAny other GPU gets `data/dispatch/{g.gpu}.json`: "
