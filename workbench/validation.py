@@ -106,6 +106,16 @@ def check_list(name: str, value: Any, item: Callable[[str, Any], Any], item_allo
         raise InvalidParameter(name, value, allowed) from None
 
 
+def check_two_point(name: str, value: Any, hi: int | None = None) -> list[int]:
+    """The two max_tokens (A, B) of a two-point rate: integers with 1 <= A < B (<= ``hi`` when given)."""
+    bound = f"in [1, {hi}]" if hi is not None else ">= 1"
+    allowed = f"two max_tokens A < B, both integers {bound}"
+    pair = check_list(name, value, lambda n, v: check_int(n, v, lo=1, hi=hi), f"integers {bound}")
+    if len(pair) != 2 or pair[0] >= pair[1]:
+        raise InvalidParameter(name, list(value), allowed)
+    return pair
+
+
 def parse_text(text: str) -> Any:
     """A command-line word as a value: YAML-typed (``3`` int, ``0.5`` float, ``true`` bool,
     ``[1, 2]`` list, ``null`` None, else the string), and a number YAML leaves as text

@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Any, Sequence
 
-from workbench.validation import check_float, check_int, check_list, check_str
+from workbench.validation import check_float, check_int, check_list, check_str, check_two_point
 
 
 @dataclasses.dataclass
@@ -180,11 +180,7 @@ def sweep(endpoint: str, model: str, contexts: Sequence[int] = (128,), concurren
     check_int("max_tokens", max_tokens, lo=1)
     check_float("timeout", timeout, lo=0.0, lo_open=True)
     if two_point is not None:
-        two_point = check_list("two_point", two_point, lambda n, v: check_int(n, v, lo=1), "two integers A < B")
-        if len(two_point) != 2 or two_point[0] >= two_point[1]:
-            from workbench.validation import InvalidParameter
-
-            raise InvalidParameter("two_point", two_point, "two integers A < B (max_tokens of the two requests)")
+        two_point = check_two_point("two_point", two_point)
     if sustained is not None:
         check_int("sustained", sustained, lo=2)
 

@@ -30,7 +30,7 @@ import torch
 
 from workbench.decode import MAX_L, DecodeConfig
 from workbench.sweep.rates import rate_check, sustained_rate, two_point_rate
-from workbench.validation import InvalidParameter, check_choice, check_int, check_list
+from workbench.validation import InvalidParameter, check_choice, check_int, check_list, check_two_point
 
 METHODS = ("greedy", "ddtree-high", "ddtree-low")
 P_TOP = {"ddtree-high": 0.9, "ddtree-low": 0.4}  # ScriptedDrafter's p_top per method
@@ -69,9 +69,7 @@ def check_sweep(contexts: Sequence[int], concurrency: Sequence[int], generate: i
     (``kv_slots``, None: the engine sizes it); raises :class:`~workbench.validation.InvalidParameter`
     naming the parameter. Returns the checked values."""
     generate = check_int("generate", generate, lo=2)
-    tp = check_list("two_point", two_point, lambda n, v: check_int(n, v, lo=1, hi=generate), f"integers in [1, {generate}]")
-    if len(tp) != 2 or tp[0] >= tp[1]:
-        raise InvalidParameter("two_point", list(two_point), f"two max_tokens A < B, both in [1, {generate}]")
+    tp = check_two_point("two_point", two_point, hi=generate)
     res = reserve(block, budget)
     hi = context_limit(rope_limit, generate, block, budget)
     if hi < 1:
