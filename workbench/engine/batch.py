@@ -28,7 +28,7 @@ from workbench.decode import DecodeConfig
 from workbench.engine.generate import StepRecord, check_prompts
 from workbench.engine.kv_cache import KVPoolFull
 from workbench.engine.model import Segment
-from workbench.engine.step import DecodeEngine, bucket_for
+from workbench.engine.step import DecodeEngine, bucket_for, take_tokens
 
 
 @dataclasses.dataclass(eq=False)
@@ -149,17 +149,9 @@ class Batch:
         self.engine.active[r.row] = False
 
     def _emit(self, r: Request, new: list[int]) -> list[int]:
-        kept = []
-        for t in new:
-            if len(r.out) >= r.max_new_tokens:
-                break
-            r.out.append(int(t))
-            kept.append(int(t))
-            if self.eos is not None and int(t) == self.eos:
-                r.finish = "stop"
-                break
-        if r.finish is None and len(r.out) >= r.max_new_tokens:
-            r.finish = "length"
+        kept, why = take_tokens(r.out, new, r.max_new_tokens, self.eos)
+        if r.finish is None and why is not None:
+            r.finish = why
         return kept
 
     def prefill(self) -> dict[Request, list[int]]:
@@ -229,18 +221,8 @@ class Batch:
         e, cfg = self.engine, self.config
         C = bucket_for(max(self.live) + 1)
         bucket = e._bucket(C, cfg, self.program)
-        t0 = time.perf_counter()
-        out, graph = e.run_step(bucket, cfg)
-        host = self._host.get(C)
-        if host is None or host.shape != out.shape:
-            host = self._host[C] = torch.empty(out.shape, dtype=torch.float64,
-                                               pin_memory=out.is_cuda)
-        if out.is_cuda:
-            host.copy_(out, non_blocking=True)
-            torch.cuda.current_stream().synchronize()
-        else:
-            host.copy_(out)
-        ms = (time.perf_counter() - t0) * 1e3
+        host, ms, graph = e.step_to_host(bucket, cfg, self._host.get(C))
+        self._host[C] = host
         rows = host.numpy()
         L1 = rows.shape[1] - 4
         live = list(self.live.values())

@@ -44,6 +44,20 @@ from workbench.engine.model import Segment
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+def take_tokens(out: list[int], new, max_new: int, eos: int | None) -> tuple[list[int], str | None]:
+    """Append ``new`` to ``out`` up to ``max_new`` tokens and through the first ``eos``; returns the tokens
+    kept and why the request ended: ``"stop"`` (``eos``), ``"length"`` (``max_new``) or None (it goes on)."""
+    kept: list[int] = []
+    for t in new:
+        if len(out) >= max_new:
+            break
+        out.append(int(t))
+        kept.append(int(t))
+        if eos is not None and int(t) == eos:
+            return kept, "stop"
+    return kept, "length" if len(out) >= max_new else None
+
+
 def bucket_for(n: int) -> int:
     """The smallest bucket size that holds ``n`` rows."""
     for b in BUCKETS:
@@ -257,6 +271,22 @@ class DecodeEngine:
         nan = torch.full((C, 2), float("nan"), dtype=torch.float64, device=new.device)
         return torch.cat([new.double(), a[:, None].double(), (act & ~ok)[:, None].double(), nan], 1)
 
+    def step_to_host(self, b: _Bucket, config: DecodeConfig, host: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, float, bool]:
+        """:meth:`run_step`, then its output rows in ONE device-to-host copy into ``host`` (float64 [C, width],
+        pinned on CUDA; None or another shape: a new one is made). Returns (host, wall ms, graph replayed?).
+        A row: the new tokens, their count, the pool-full flag, greedy's two largest logits."""
+        t0 = time.perf_counter()
+        out, graph = self.run_step(b, config)
+        if host is None or host.shape != out.shape:
+            host = torch.empty(out.shape, dtype=torch.float64, pin_memory=out.is_cuda)
+        if out.is_cuda:
+            host.copy_(out, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+        else:
+            host.copy_(out)
+        return host, (time.perf_counter() - t0) * 1e3, graph
+
     def run_step(self, b: _Bucket, config: DecodeConfig) -> tuple[torch.Tensor, bool]:
         """One step of bucket ``b`` (eager, capture or replay); returns the output rows (device) and
         whether a graph replay ran."""
@@ -315,9 +345,7 @@ class Session:
         for r in self.reqs:
             self._active_host[r.index] = not r.done
         engine.active.copy_(self._active_host)
-        width = (config.depth + 1 if config.method == "ddtree" else 1) + 4
-        self._host = torch.empty(self.C, width, dtype=torch.float64,
-                                 pin_memory=m.device.type == "cuda")
+        self._host: torch.Tensor | None = None   # the step's host rows, made at the first step
         self.top2: list[list[tuple[float, float]]] = [[] for _ in self.reqs]
 
     @property
@@ -325,14 +353,7 @@ class Session:
         return all(r.done for r in self.reqs)
 
     def _finish(self, r: _Live, new: list[int]) -> None:
-        for t in new:
-            if len(r.out) >= self.max_new:
-                break
-            r.out.append(int(t))
-            if self.eos is not None and int(t) == self.eos:
-                r.done = True
-                break
-        if len(r.out) >= self.max_new:
+        if take_tokens(r.out, new, self.max_new, self.eos)[1] is not None:
             r.done = True
 
     def _fail(self, r: _Live, msg: str) -> None:
@@ -389,16 +410,7 @@ class Session:
         e = self.engine
         if self.done:
             raise ValueError("every request of this session is done")
-        t0 = time.perf_counter()
-        out, graph = e.run_step(self.bucket, self.config)
-        if out.is_cuda:
-            self._host.copy_(out, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            ev.synchronize()
-        else:
-            self._host.copy_(out)
-        ms = (time.perf_counter() - t0) * 1e3
+        self._host, ms, graph = e.step_to_host(self.bucket, self.config, self._host)
         rows = self._host.numpy()
         L1 = self._host.shape[1] - 4
         live = [r for r in self.reqs if not r.done]
