@@ -205,6 +205,31 @@ def test_ddtree_lossless_on_gpu(greedy):
         assert [r.tokens for r in res] == g
 
 
+def test_int4_experts_convert_to_the_fragment_layout_once_and_compute_the_same():
+    """What prepare() does at load on a GPU whose kernels read the fragment layout, run on the CPU: the packed buffers
+    are replaced (not joined) by the fragment ones, the model's device bytes are unchanged, the torch path's output is
+    bit-identical and the expert weights dequantise to the same values."""
+    cfg = tiny_config(hidden_size=512, moe_intermediate_size=512, n_routed_experts=4, num_experts_per_tok=2,
+                      n_group=1, topk_group=1, vocab_size=64)
+    m = synthetic_model(cfg, layers=2, seed=5, dtype=torch.float32, int4=True)
+    ex = m.layers[1].mlp.experts
+    x = torch.randn(3, 512)
+    ids, w = m.layers[1].mlp.gate(x)
+    before, bytes_before = ex(x, ids, w).detach(), m.device_bytes()
+    w_up = ex.expert_weight("up_proj", 2, torch.float32)
+    ex.to_fragment_layout()
+    names = {n for n, _ in ex.named_buffers()}
+    assert ex.layout == "fragments" and names == {"gate_up_frag", "down_frag"}
+    assert m.device_bytes() == bytes_before
+    assert ex.as_int4_experts().gate_up_frag.data_ptr() == ex.gate_up_frag.data_ptr()
+    assert torch.equal(ex(x, ids, w).detach(), before)
+    assert torch.equal(ex.expert_weight("up_proj", 2, torch.float32), w_up)
+    with pytest.raises(ValueError, match="converted at load"):
+        ex.int4_slot("down_proj", "packed", 0)
+    with pytest.raises(ValueError, match="only packed INT4 experts"):
+        ex.to_fragment_layout()
+
+
 def test_int4_experts_share_the_moe_kernel_layout():
     """The engine's INT4 storage is a zero-copy workbench.moe.Int4Experts; the moe reference agrees."""
     moe = pytest.importorskip("workbench.moe")

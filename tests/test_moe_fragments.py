@@ -15,8 +15,8 @@ from workbench.moe.packing import (FRAG_STAGE, FRAG_WORDS, Int4Experts, fragment
 
 
 def with_fragments(ex: Int4Experts) -> Int4Experts:
-    """The same experts, built with the fragment layout (on the CPU it is not made by default)."""
-    return Int4Experts(*ex.packed(), with_fragments=True)
+    """The same experts, held in the fragment layout (on the CPU the packed one is the default)."""
+    return Int4Experts(*ex.packed(), layout="fragments")
 
 
 def tile_major(stage_major: torch.Tensor) -> torch.Tensor:
@@ -93,30 +93,45 @@ def test_kernel_fragment_arithmetic(gate_up):
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
-def test_fragments_made_once_at_construction_and_round_trip_bit_for_bit():
-    """The fragment copy is made when the experts are built, never rebuilt, counted in nbytes; dequantised back it
-    equals the compressed-tensors weights the reference reads, bit for bit, for every expert and both matrices."""
-    ex = with_fragments(random_int4_experts(2, 256, 512, seed=1))
+def test_fragments_made_once_at_construction_replace_the_packed_form_and_round_trip_bit_for_bit():
+    """The fragment layout is made when the experts are built and is the only copy held (the packed tensors are
+    converted as read, not kept; nbytes equals the packed form's); dequantised back it equals the compressed-tensors
+    weights, bit for bit, for every expert and both matrices."""
+    src = random_int4_experts(2, 256, 512, seed=1)
+    ex = with_fragments(src)
     gu, dn = ex.fragments()
     assert gu.shape == (2, 1, 1024 // 16, FRAG_STAGE, FRAG_WORDS) and dn.shape == (2, 2, 256 // 16, FRAG_STAGE, FRAG_WORDS)
-    assert ex.fragments()[0] is gu and ex.layouts == ("packed", "fragments")
-    packed_bytes = sum(t.numel() * t.element_size() for t in ex.packed())
-    assert ex.nbytes == packed_bytes + gu.numel() * 4 + dn.numel() * 4 == 2 * packed_bytes
+    assert ex.fragments()[0] is gu and ex.layout == "fragments"
+    assert ex.gate_up_packed is None and ex.down_scale is None
+    with pytest.raises(ValueError, match="converted when they were read"):
+        ex.packed()
+    packed_bytes = sum(t.numel() * t.element_size() for t in src.packed())
+    assert ex.nbytes == gu.numel() * 4 + dn.numel() * 4 == packed_bytes
+    assert ex.bytes_per_expert() == src.bytes_per_expert()
     for e in range(2):
-        w_gu, w_dn = ex.dequantize(e)
+        w_gu, w_dn = src.dequantize(e)
         assert torch.equal(fragment_dequantize(tile_major(gu[e]), gate_up=True), w_gu)
         assert torch.equal(fragment_dequantize(tile_major(dn[e])), w_dn)
+        f_gu, f_dn = ex.dequantize(e)
+        assert torch.equal(f_gu, w_gu) and torch.equal(f_dn, w_dn)
+    view = Int4Experts.from_fragments(gu, dn)
+    assert view.gate_up_frag is gu and (view.num_experts, view.hidden, view.intermediate) == (2, 256, 512)
+    assert view.to("cpu").layout == "fragments"
 
 
-def test_cpu_experts_hold_one_copy_and_say_so():
+def test_cpu_experts_hold_the_packed_layout_and_say_so():
     ex = random_int4_experts(2, 256, 256, seed=1)
-    assert ex.layouts == ("packed",)
+    assert ex.layout == "packed"
     assert ex.nbytes == sum(t.numel() * t.element_size() for t in ex.packed()) == ex.num_experts * ex.bytes_per_expert()
     with pytest.raises(ValueError, match="no fragment layout"):
         ex.fragments()
     with pytest.raises(AttributeError):
-        ex.down_scale = ex.down_scale * 2     # frozen: the layouts cannot drift apart
-    assert with_fragments(ex).to("cpu").layouts == ("packed", "fragments")
+        ex.down_scale = ex.down_scale * 2     # frozen
+    with pytest.raises(ValueError, match="layout must be one of"):
+        Int4Experts(*ex.packed(), layout="tiles")
+    with pytest.raises(ValueError, match="down_frag has shape"):
+        f = with_fragments(ex)
+        Int4Experts.from_fragments(f.gate_up_frag, f.down_frag[:, :, :4])
 
 
 def test_fragment_layout_needs_stage_multiples():
@@ -133,11 +148,12 @@ def test_kernel_stage_addressing(gate_up):
     through the kernel's arithmetic, give W x."""
     copied = sorted([lane + 32 * i for lane in range(32) for i in range(4)] + [128 + lane for lane in range(16)])
     assert copied == list(range(FRAG_STAGE * FRAG_WORDS // 4))
-    ex = with_fragments(random_int4_experts(3, 512, 256, seed=11))
+    src = random_int4_experts(3, 512, 256, seed=11)
+    ex = with_fragments(src)
     gu, dn = ex.fragments()
     stack = gu if gate_up else dn
     rows, k = (512, 512) if gate_up else (512, 256)
-    packed, scale = (ex.gate_up_packed[1], ex.gate_up_scale[1]) if gate_up else (ex.down_packed[1], ex.down_scale[1])
+    packed, scale = (src.gate_up_packed[1], src.gate_up_scale[1]) if gate_up else (src.down_packed[1], src.down_scale[1])
     w = dequantize_int4(packed, scale, group_size=32).double()
     flat = stack.reshape(-1)
     e, tile, tiles, nsup = 1, 5, rows // 16, k // 256

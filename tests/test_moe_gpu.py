@@ -1,8 +1,10 @@
 """GPU parity of every MoE kernel the dispatch reaches against the float32 reference (marker ``gpu``).
 
 Kimi K2.6 shapes (384 experts, H 7168, I 2048, top-8): each small-M kernel over its M range, each four-launch
-variant, uniform and skewed routing; the dispatched path at M where the dispatch changes kernel; invalid ids, graph
-replays, determinism; a forced kernel that cannot run raises a clear error. Tolerances: tests/tolerances.py
+variant on the layout it reads (fragment variants on experts held in the fragment layout, packed variants on the
+same weights held packed), uniform and skewed routing; the dispatched path at M where the dispatch changes kernel;
+the fragment four-launch path equal bit for bit to the small-M pair with the same sums; invalid ids, graph replays,
+determinism; experts held once; a forced kernel that cannot run raises a clear error. Tolerances: tests/tolerances.py
 (``moe_bf16``, in units of the reference output's RMS).
 """
 import pytest
@@ -11,7 +13,7 @@ import torch
 from tolerances import assert_close
 from workbench.bench.moe import kernel_checks, make_routing
 from workbench.dispatch import dispatch_for
-from workbench.moe.fused import (FOUR_LAUNCH, LARGE_VARIANTS, SMALL_KERNELS, fused_moe_int4, moe_plan,
+from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, fused_moe_int4, moe_plan,
                                  variant_name)
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
@@ -24,7 +26,12 @@ TOPK = 8
 
 @pytest.fixture(scope="module")
 def kimi():
-    return random_int4_experts(*KIMI, device="cuda", seed=0)
+    return random_int4_experts(*KIMI, device="cuda", seed=0)   # the layout the dispatch holds: fragments on the H200
+
+
+@pytest.fixture(scope="module")
+def kimi_packed():
+    return random_int4_experts(*KIMI, device="cuda", seed=0, layout="packed")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,8 @@ def parity(experts, m: int, routing: str, seed: int, kernel=None) -> dict:
     ref = moe_reference(x, ids, w, experts)
     scale = ref.pow(2).mean().sqrt()
     assert_close("moe_bf16", out.float() / scale, ref / scale)
-    return moe_plan(m, TOPK, x.device, hidden=experts.hidden, intermediate=experts.intermediate, kernel=kernel)
+    return moe_plan(m, TOPK, x.device, hidden=experts.hidden, intermediate=experts.intermediate, kernel=kernel,
+                    layout=experts.layout)
 
 
 def _small_ranges() -> list[tuple[str, int]]:
@@ -69,9 +77,31 @@ def test_small_kernels_parity_kimi_shape(kimi, kernel, m, routing):
 @pytest.mark.parametrize("routing", ["uniform", "skewed"])
 @pytest.mark.parametrize("m", [1, 33, 300])
 @pytest.mark.parametrize("variant", LARGE_VARIANTS, ids=variant_name)
-def test_four_launch_variants_parity_kimi_shape(kimi, variant, m, routing):
-    plan = parity(kimi, m, routing, seed=m + 1, kernel=variant)
+def test_four_launch_variants_parity_kimi_shape(kimi_packed, variant, m, routing):
+    plan = parity(kimi_packed, m, routing, seed=m + 1, kernel=variant)
     assert plan["launches"][1] == f"moe_gate_up_{variant_name(variant)}"
+
+
+@pytest.mark.parametrize("routing", ["uniform", "skewed"])
+@pytest.mark.parametrize("m", [1, 33, 300])
+@pytest.mark.parametrize("kernel", list(FRAG_VARIANTS))
+def test_fragment_four_launch_variants_parity_kimi_shape(kimi, kernel, m, routing):
+    assert kimi.layout == "fragments"
+    plan = parity(kimi, m, routing, seed=m + 2, kernel=kernel)
+    assert plan["launches"][1] == f"moe_gate_up_{kernel}"
+
+
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_fragment_four_launch_equals_the_small_pair_bit_for_bit(small, m):
+    """frag_nt* run the small-M kernels' arithmetic (whole-K chain per 16-row tile, pairs summed k ascending from 0)
+    over align's items: for the same inputs they equal phased_r2_pdl exactly, whatever the item boundaries."""
+    gen = torch.Generator().manual_seed(40 + m)
+    ids, w = make_routing(m, 16, TOPK, "skewed", gen)
+    x = torch.randn(m, 1024, generator=gen).to(torch.bfloat16).cuda()
+    ids, w = ids.cuda(), w.cuda()
+    want = fused_moe_int4(x, ids, w, small, kernel="phased_r2_pdl")
+    for kern in FRAG_VARIANTS:
+        assert torch.equal(fused_moe_int4(x, ids, w, small, kernel=kern), want), kern
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 16, 17, 511, 512, 1024])
@@ -79,13 +109,16 @@ def test_dispatched_path_parity_kimi_shape(kimi, m):
     """Without ``kernel=`` the path data/dispatch/h200.json names for M runs, and is right."""
     plan = parity(kimi, m, "uniform", seed=100 + m)
     d = dispatch_for(torch.cuda.get_device_name())
-    small = d.moe_small_kernel(m, TOPK)
-    assert plan["kernel"] == (small or f"{FOUR_LAUNCH}:{variant_name(d.moe_large_variant(m))}")
+    if kimi.layout == "fragments":
+        want = d.moe_small_kernel(m, TOPK) or f"{FOUR_LAUNCH}:frag_nt{d.moe_large_frag_nt(m)}"
+    else:
+        want = f"{FOUR_LAUNCH}:{variant_name(d.moe_large_variant(m))}"
+    assert plan["kernel"] == want and plan["layout"] == kimi.layout
     assert not plan["forced"]
 
 
 def test_whole_line_variant_at_other_shapes_runs_its_register_form():
-    ex = random_int4_experts(8, 512, 512, device="cuda", seed=2)
+    ex = random_int4_experts(8, 512, 512, device="cuda", seed=2, layout="packed")
     plan = parity(ex, 40, "skewed", seed=4, kernel=(1, 2, 0, 2, 1))
     assert plan["launches"][1] == "moe_gate_up_nt1_rt2_d2"
 
@@ -93,13 +126,15 @@ def test_whole_line_variant_at_other_shapes_runs_its_register_form():
 def test_every_kernel_small_shape_edge_cases(small):
     """The bench's kernel checks (what --sanitize runs): every kernel at M = 1, 2, 16 / 1, 9, 40, larger M, an
     invalid id in each path (its row NaN, the others finite), a graph replay with fresh routing."""
-    res = kernel_checks(small, torch.Generator().manual_seed(11))
+    packed = random_int4_experts(16, 1024, 1024, device="cuda", seed=7, layout="packed")
+    res = kernel_checks(small, torch.Generator().manual_seed(11), packed=packed)
     bad = [r for r in res if not r["ok"]]
     assert not bad, bad
-    assert {r["path"] for r in res if r["routing"] == "invalid-id"} == {*SMALL_KERNELS, FOUR_LAUNCH}
+    assert {r["path"] for r in res if r["routing"] == "invalid-id"} == {*SMALL_KERNELS, *FRAG_VARIANTS}
+    assert {r["path"] for r in res} >= {f"{FOUR_LAUNCH}:{variant_name(v)}" for v in LARGE_VARIANTS}
 
 
-@pytest.mark.parametrize("kernel", [*SMALL_KERNELS, FOUR_LAUNCH])
+@pytest.mark.parametrize("kernel", [*SMALL_KERNELS, *FRAG_VARIANTS, FOUR_LAUNCH])
 def test_deterministic_and_graph_replay_equals_eager(small, kernel):
     gen = torch.Generator().manual_seed(5)
     ids, w = make_routing(9, 16, TOPK, "skewed", gen)
@@ -129,11 +164,13 @@ def test_forced_kernel_errors_name_the_kernel(small):
         fused_moe_int4(x, (ids + 16).cuda(), w.cuda(), small)
 
 
-def test_experts_on_the_h200_hold_both_layouts_and_count_them(small):
+def test_experts_are_held_once_in_the_layout_their_kernels_read(small):
     d = dispatch_for(torch.cuda.get_device_name())
-    assert small.layouts == (("packed", "fragments") if d.moe_small else ("packed",))
-    packed = sum(t.numel() * t.element_size() for t in small.packed())
-    assert small.nbytes == packed * len(small.layouts)
+    assert small.layout == ("fragments" if d.moe_small else "packed")
+    packed = random_int4_experts(16, 1024, 1024, device="cuda", seed=7, layout="packed")
+    assert small.nbytes == packed.nbytes == sum(t.numel() * t.element_size() for t in small.tensors())
+    for e in (0, 15):
+        assert all(torch.equal(a, b) for a, b in zip(small.dequantize(e), packed.dequantize(e)))
     torch_path = fused_moe_int4(torch.randn(2, 1024, device="cuda").to(torch.bfloat16),
                                 torch.tensor([[0, 1] * 4, [2, 3] * 4], device="cuda"),
                                 torch.full((2, TOPK), 0.125, device="cuda"), small, impl="torch")

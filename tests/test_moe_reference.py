@@ -11,7 +11,7 @@ from workbench.bench.moe import (bytes_moved, dequantize_gpu, distinct_experts, 
 from workbench.dispatch import dispatch_for
 from workbench.kernels import KERNEL_DIR
 from workbench.moe import fused_moe_int4, moe_reference, random_int4_experts
-from workbench.moe.fused import (FOUR_LAUNCH, LARGE_VARIANTS, SMALL_KERNELS, large_variant, max_work_items,
+from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, large_variant, max_work_items,
                                  moe_plan, variant_name)
 
 H200 = dispatch_for("NVIDIA H200")
@@ -124,10 +124,14 @@ def test_every_kernel_in_the_tables_is_compiled_and_nothing_else_is():
     for gu, dn, _ in SMALL_KERNELS.values():
         assert f"MOE_PHASED_KERNELS({gu}, {dn}," in SRC
     assert SRC.count("MOE_PHASED_KERNELS(") - 1 == len(SMALL_KERNELS)
+    for nt in FRAG_VARIANTS.values():
+        assert f"MOE_FRAG_INSTANCE({nt})" in SRC
+    assert SRC.count("MOE_FRAG_INSTANCE(") - 1 == len(FRAG_VARIANTS)
     for path in sorted((DATA_DIR / "dispatch").glob("*.json")):
         raw = json.loads(path.read_text())
         assert {k for _, k in raw["moe_small"]} <= set(SMALL_KERNELS), path.name
         assert {tuple(v) for _, v in raw["moe_large"]} <= set(LARGE_VARIANTS), path.name
+        assert {f"frag_nt{nt}" for _, nt in raw["moe_large_frag"]} <= set(FRAG_VARIANTS), path.name
 
 
 def test_moe_plan_follows_the_dispatch_data():
@@ -135,12 +139,22 @@ def test_moe_plan_follows_the_dispatch_data():
     for m, (max_m, kern) in [(1, H200.moe_small[0]), (2, H200.moe_small[1]), (16, H200.moe_small[-1])]:
         p = plan(m)
         assert p["path"] == "small" and p["kernel"] == kern and p["launches"] == list(SMALL_KERNELS[kern][:2])
+    # on the H200 the experts are held in the fragment layout: beyond the small-M range its four-launch variants run
+    assert plan(1)["layout"] == "fragments"
     p = plan(17)
+    frag = f"frag_nt{H200.moe_large_frag_nt(17)}"
+    assert p["path"] == FOUR_LAUNCH and p["kernel"] == f"{FOUR_LAUNCH}:{frag}" and p["variant"] is None
+    assert p["launches"] == ["moe_align", f"moe_gate_up_{frag}", f"moe_down_{frag}", "moe_combine"]
+    assert plan(1, kernel=FOUR_LAUNCH)["kernel"] == f"four_launch:frag_nt{H200.moe_large_frag_nt(1)}"
+    assert plan(1, kernel=FOUR_LAUNCH)["forced"]
+    assert plan(300, kernel="frag_nt4")["launches"][1] == "moe_gate_up_frag_nt4"
+    # packed experts (the layout elsewhere, or asked for): the packed variants, no small-M kernel
+    p = plan(17, layout="packed")
     assert p["path"] == FOUR_LAUNCH and p["variant"] == H200.moe_large_variant(17)
     assert p["launches"] == ["moe_align", f"moe_gate_up_{variant_name(p['variant'])}",
                              f"moe_down_{variant_name(p['variant'])}", "moe_combine"]
-    assert plan(1, kernel=FOUR_LAUNCH)["variant"] == H200.moe_large_variant(1) and plan(1, kernel=FOUR_LAUNCH)["forced"]
-    assert plan(4, kernel=(4, 2, 2, 0, 0))["kernel"] == "four_launch:nt4_rt2_d2"
+    assert plan(1, layout="packed")["variant"] == H200.moe_large_variant(1)
+    assert plan(4, kernel=(4, 2, 2, 0, 0), layout="packed")["kernel"] == "four_launch:nt4_rt2_d2"
     generic = dispatch_for("a GPU without a table")
     assert generic.generic and moe_plan(1, 8, "cuda", dispatch=generic)["path"] == FOUR_LAUNCH
     cpu = moe_plan(3, 8, "cpu")
@@ -154,7 +168,13 @@ def test_moe_plan_refuses_what_cannot_run():
     with pytest.raises(ValueError, match="at most 128"):
         moe_plan(17, 8, "cuda", kernel="phased_r2_pdl", dispatch=H200)
     with pytest.raises(ValueError, match="four-launch variant must be one of"):
-        moe_plan(1, 8, "cuda", kernel=(1, 1, 4, 0, 0), dispatch=H200)
+        moe_plan(1, 8, "cuda", kernel=(1, 1, 4, 0, 0), dispatch=H200, layout="packed")
+    with pytest.raises(ValueError, match="reads the packed layout; these experts hold the fragment layout"):
+        moe_plan(1, 8, "cuda", kernel=(1, 2, 2, 0, 0), dispatch=H200)
+    with pytest.raises(ValueError, match="reads the fragment layout; these experts hold the packed layout"):
+        moe_plan(1, 8, "cuda", kernel="phased_r2_pdl", dispatch=H200, layout="packed")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        moe_plan(1, 8, "cuda", dispatch=H200, layout="tiles")
     with pytest.raises(ValueError, match="impl='cuda' needs CUDA tensors"):
         moe_plan(1, 8, "cpu", impl="cuda")
     with pytest.raises(ValueError, match="impl must be one of"):

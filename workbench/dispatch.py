@@ -14,7 +14,11 @@ Fields of a dispatch file:
   ``M * topk <= MOE_SMALL_MAX_PAIRS`` (the kernels' own limit, below); beyond
   the last row (or when empty) the four-launch path runs.
 - ``moe_large``: ``[[largest M, [NT, RT, D, S, LINE]], ...]``: the four-launch
-  path's gate/up and down variant by M; the last row covers every larger M.
+  path's gate/up and down variant by M for experts in the packed layout; the
+  last row covers every larger M.
+- ``moe_large_frag``: ``[[largest M, NT], ...]``: the same for experts in the
+  fragment layout (``frag_nt<NT>``), the layout held where ``moe_small`` is not
+  empty (``workbench.moe.packing.default_layout``).
 - ``verify_bf16`` / ``verify_fp32``: the verify-attention form by dtype.
 - ``tree_build``: ``"small_or_heap"`` (the one-warp builder when the tree has at
   most 32 non-root nodes, else the shared-memory heap builder).
@@ -45,6 +49,7 @@ class Dispatch:
     source: str
     moe_small: tuple[tuple[int, str], ...]
     moe_large: tuple[tuple[int, Variant], ...]
+    moe_large_frag: tuple[tuple[int, int], ...]
     verify_bf16: str
     verify_fp32: str
     tree_build: str
@@ -67,6 +72,13 @@ class Dispatch:
                 return var
         return self.moe_large[-1][1]
 
+    def moe_large_frag_nt(self, m: int) -> int:
+        """The fragment four-launch variant's NT (token tiles of 8 per work item) for M tokens."""
+        for max_m, nt in self.moe_large_frag:
+            if m <= max_m:
+                return nt
+        return self.moe_large_frag[-1][1]
+
     def verify_impl(self, dtype) -> str:
         """The verify-attention form for inputs of ``dtype`` (a torch dtype or its name)."""
         return self.verify_bf16 if str(dtype).replace("torch.", "") == "bfloat16" else self.verify_fp32
@@ -77,6 +89,7 @@ class Dispatch:
                 "source": self.source,
                 "moe_small": [list(r) for r in self.moe_small],
                 "moe_large": [[m, list(v)] for m, v in self.moe_large],
+                "moe_large_frag": [list(r) for r in self.moe_large_frag],
                 "verify_bf16": self.verify_bf16, "verify_fp32": self.verify_fp32,
                 "tree_build": self.tree_build}
 
@@ -86,13 +99,14 @@ def _parse(path: Path, device_name: str) -> Dispatch:
     try:
         moe_small = tuple((int(m), str(k)) for m, k in raw["moe_small"])
         moe_large = tuple((int(m), tuple(int(x) for x in v)) for m, v in raw["moe_large"])
-        if not moe_large:
-            raise ValueError("moe_large must have at least one row")
-        for rows in (moe_small, moe_large):
+        moe_large_frag = tuple((int(m), int(nt)) for m, nt in raw["moe_large_frag"])
+        if not moe_large or not moe_large_frag:
+            raise ValueError("moe_large and moe_large_frag must each have at least one row")
+        for rows in (moe_small, moe_large, moe_large_frag):
             if [r[0] for r in rows] != sorted({r[0] for r in rows}):
                 raise ValueError("rows must be in strictly increasing M")
         return Dispatch(gpu=str(raw["gpu"]), source=str(raw["source"]),
-                        moe_small=moe_small, moe_large=moe_large,
+                        moe_small=moe_small, moe_large=moe_large, moe_large_frag=moe_large_frag,
                         verify_bf16=str(raw["verify_bf16"]), verify_fp32=str(raw["verify_fp32"]),
                         tree_build=str(raw["tree_build"]), generic=raw["gpu"] == GENERIC,
                         device_name=device_name)

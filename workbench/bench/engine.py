@@ -45,8 +45,8 @@ def _median(x) -> float:
 
 def default_experts(cfg, layers: int, rows: int, capacity: int, reserve_gb: float = 16.0) -> int:
     """The most routed experts per layer that fit the current GPU beside the dense weights, a KV pool of
-    ``rows x capacity`` tokens and ``reserve_gb`` of work space (counting every layout the fused MoE
-    holds per expert)."""
+    ``rows x capacity`` tokens and ``reserve_gb`` of work space (an expert's bytes in the one layout the
+    engine holds it in on this GPU)."""
     from workbench.engine.loader import build_empty
     from workbench.moe import Int4Experts
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from workbench.bench.measure import capture_graphs, time_cuda_queued, time_cuda_spans, time_in_graph
-from workbench.moe.fused import (FOUR_LAUNCH, LARGE_VARIANTS, SMALL_KERNELS, SMALL_MAX_PAIRS, fused_moe_int4,
+from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, SMALL_MAX_PAIRS, fused_moe_int4,
                                  moe_plan, variant_name)
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
@@ -387,7 +387,7 @@ def check_case(experts: Int4Experts, m: int, routing: str, gen: torch.Generator,
     p = m * topk
     for n in (p * h * 4, p * i * 2, m * h * 2):   # NaN into cached blocks of the sizes the call allocates
         torch.full((max(1, n // 4),), float("nan"), device="cuda")
-    plan = moe_plan(m, topk, x.device, hidden=h, intermediate=i, kernel=kernel)
+    plan = moe_plan(m, topk, x.device, hidden=h, intermediate=i, kernel=kernel, layout=experts.layout)
     out = fused_moe_int4(x, ids, w, experts, validate=False, kernel=kernel).cpu()
     ref = moe_reference(x, ids, w, experts).cpu()
     err = rel_error(out, ref)
@@ -396,18 +396,23 @@ def check_case(experts: Int4Experts, m: int, routing: str, gen: torch.Generator,
             "rel_err": err, "nonfinite": nan, "ok": bool(nan == 0 and err <= REL_TOL)}
 
 
-def kernel_checks(experts: Int4Experts, gen: torch.Generator, topk: int = 8) -> list[dict[str, Any]]:
-    """Every small-M kernel at M = 1, 2, 16 (uniform and skewed), every four-launch variant at M = 1, 9, 40, the
-    dispatched path at larger M, an invalid id (its token's row NaN, the others finite) and a graph replay."""
+def kernel_checks(experts: Int4Experts, gen: torch.Generator, topk: int = 8,
+                  packed: Int4Experts | None = None) -> list[dict[str, Any]]:
+    """On ``experts`` (fragment layout): every small-M kernel at M = 1, 2, 16 (uniform and skewed), every fragment
+    four-launch variant at M = 1, 9, 40 and 300, the dispatched path at larger M; on ``packed`` (the same experts in
+    the packed layout, when given) every packed four-launch variant at M = 1, 9, 40; an invalid id in each path (its
+    token's row NaN, the others finite) and a graph replay."""
     res = []
     for kern, m, routing in itertools.product(SMALL_KERNELS, (1, 2, 16), ROUTINGS):
         res.append(check_case(experts, m, routing, gen, topk, kernel=kern))
-    for var, m in itertools.product(LARGE_VARIANTS, (1, 9, 40)):
-        res.append(check_case(experts, m, "skewed", gen, topk, kernel=var))
+    for kern, m in itertools.product(FRAG_VARIANTS, (1, 9, 40, 300)):
+        res.append(check_case(experts, m, "skewed", gen, topk, kernel=kern))
+    for var, m in itertools.product(LARGE_VARIANTS if packed is not None else (), (1, 9, 40)):
+        res.append(check_case(packed, m, "skewed", gen, topk, kernel=var))
     for m in (17, 33, 256):
         res.append(check_case(experts, m, "uniform", gen, topk))
     e = experts.num_experts
-    for kern in (*SMALL_KERNELS, FOUR_LAUNCH):
+    for kern in (*SMALL_KERNELS, *FRAG_VARIANTS):
         bad = torch.randint(0, e, (5, topk), generator=gen, dtype=torch.int32)
         bad[2, 3] = e + 7
         xb = torch.randn(5, experts.hidden, generator=gen).to(torch.bfloat16).cuda()
@@ -426,7 +431,9 @@ def kernel_checks(experts: Int4Experts, gen: torch.Generator, topk: int = 8) -> 
         s_w.copy_(w)
         g.replay()
         errs.append(rel_error(held["out"].cpu(), moe_reference(x, s_ids, s_w, experts).cpu()))
-    res.append({"m": 4, "routing": "graph-replay", "path": moe_plan(4, topk, x.device)["kernel"],
+    res.append({"m": 4, "routing": "graph-replay", "path": moe_plan(4, topk, x.device, hidden=experts.hidden,
+                                                                     intermediate=experts.intermediate,
+                                                                     layout=experts.layout)["kernel"],
                 "rel_err": max(errs), "ok": all(er <= REL_TOL for er in errs)})
     return res
 
@@ -478,12 +485,68 @@ def _time_peer(fg, fd, x: torch.Tensor, ids_all: torch.Tensor, w_all: torch.Tens
     return pms
 
 
-def time_variants(experts: Int4Experts, gen: torch.Generator, m_values, reps: int) -> dict[str, Any]:
-    """Median ms of each four-launch variant (forced) at each M, uniform routing: the data the dispatch's
+def time_variants(experts: Int4Experts, packed: Int4Experts, gen: torch.Generator, m_values,
+                  reps: int) -> dict[str, Any]:
+    """Median ms of each four-launch variant (forced) at each M, uniform routing: the fragment variants on
+    ``experts``, the packed ones on ``packed`` (the same weights); the data the dispatch's ``moe_large_frag`` and
     ``moe_large`` rows are set from (``results.tuning``)."""
-    return {"ms": {variant_name(v): {str(m): statistics.median(time_ours(experts, m, "uniform", gen, reps, eager_reps=0,
-                                                                         kernel=v)["ms"]) for m in m_values}
-                   for v in LARGE_VARIANTS}}
+    def med(ex: Int4Experts, m: int, kern) -> float:
+        return statistics.median(time_ours(ex, m, "uniform", gen, reps, eager_reps=0, kernel=kern)["ms"])
+
+    ms = {name: {str(m): med(experts, m, name) for m in m_values} for name in FRAG_VARIANTS}
+    ms.update({variant_name(v): {str(m): med(packed, m, v) for m in m_values} for v in LARGE_VARIANTS})
+    return {"ms": ms}
+
+
+def layout_ab(out_dir: str | Path | None, m_values=(17, 33, 66, 132, 264, 528, 1024), experts_values=(384, 64),
+              reps: int = 10, seed: int = 0, name: str = "moe_layout_ab") -> Path:
+    """The four-launch path on the fragment layout (each ``frag_nt<NT>``) against the packed layout (each packed
+    variant) at K2.6 shapes, M tokens beyond the small-M range, for each expert count (uniform routing, fresh per
+    repeat, CUDA-graph replays): whether the experts can be held once, in the fragment layout, without losing speed
+    where the small-M kernels do not run. Checks every variant against the reference first."""
+    from workbench.bench.measure import measure_copy_bandwidth, write_measurement
+
+    gen = torch.Generator().manual_seed(seed)
+    H, I, K = KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
+    rows, checks = [], []
+    copy = measure_copy_bandwidth()
+    for e in experts_values:
+        frag = random_int4_experts(e, H, I, device="cuda", seed=seed, layout="fragments")
+        packed = random_int4_experts(e, H, I, device="cuda", seed=seed, layout="packed")
+        bpe = packed.bytes_per_expert()
+        for kern in FRAG_VARIANTS:
+            checks.append({**check_case(frag, 40, "skewed", gen, K, kernel=kern), "kernel": kern})
+        for var in LARGE_VARIANTS:
+            checks.append({**check_case(packed, 40, "skewed", gen, K, kernel=var), "kernel": variant_name(var)})
+        for m in m_values:
+            row: dict[str, Any] = {"experts": e, "m": m,
+                                   "dispatched_frag": moe_plan(m, K, "cuda", hidden=H, intermediate=I,
+                                                               layout="fragments")["kernel"],
+                                   "dispatched_packed": moe_plan(m, K, "cuda", hidden=H, intermediate=I,
+                                                                 layout="packed")["kernel"]}
+            for label, ex, kern in [*((k, frag, k) for k in FRAG_VARIANTS),
+                                    *((variant_name(v), packed, v) for v in LARGE_VARIANTS)]:
+                t = time_ours(ex, m, "uniform", gen, reps, eager_reps=0, kernel=kern)
+                row[f"{label}_ms"] = statistics.median(t["ms"])
+                row[f"{label}_pct_of_copy"] = pct_of_copy(t["distinct"], t["ms"], bpe, m, copy["gb_per_s"], K, H)
+            frag_best = min(FRAG_VARIANTS, key=lambda k: row[f"{k}_ms"])
+            packed_best = min((variant_name(v) for v in LARGE_VARIANTS), key=lambda k: row[f"{k}_ms"])
+            row.update({"frag_best": frag_best, "packed_best": packed_best,
+                        "frag_best_over_packed_best": row[f"{frag_best}_ms"] / row[f"{packed_best}_ms"]})
+            rows.append(row)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        del frag, packed
+        torch.cuda.empty_cache()
+    from workbench.dispatch import dispatch_for
+
+    params = {"hidden": H, "intermediate": I, "topk": K, "m_values": list(m_values),
+              "experts_values": list(experts_values), "reps": reps, "seed": seed, "routing": "uniform",
+              "dispatch": dispatch_for().record(),
+              "timing": "median of CUDA-event timed CUDA-graph replays of one call, fresh routing per repeat"}
+    return write_measurement(name, parameters=params,
+                             results={"copy_gb_per_s": copy["gb_per_s"], "rows": rows, "checks": checks,
+                                      "all_checks_ok": all(c["ok"] for c in checks)},
+                             samples={"copy": copy}, notes=layout_ab.__doc__.split("\n\n")[0], out_dir=out_dir)
 
 
 def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30, peer_reps: int = 8, seed: int = 0,
@@ -498,15 +561,18 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     E, H, I, K = KIMI["num_experts"], KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
-    experts = random_int4_experts(E, H, I, device="cuda", seed=seed)
+    experts = random_int4_experts(E, H, I, device="cuda", seed=seed)   # the layout the engine holds here
+    packed = (experts if experts.layout == "packed" else
+              random_int4_experts(E, H, I, device="cuda", seed=seed, layout="packed"))   # the same weights, packed
     bpe = experts.bytes_per_expert()
-    checks = kernel_checks(experts, gen, K)
+    checks = kernel_checks(experts, gen, K, packed=packed if packed is not experts else None)
     copy, mm = measure_copy_bandwidth(), measure_bf16_matmul_tflops()
     copy_gbps, tflops_peak = copy["gb_per_s"], mm["tflops"]
     latency = graph_launch_latency() if spans else None
     banks = [experts, random_int4_experts(E, H, I, device="cuda", seed=seed + 101)]   # in-graph: two weight sets
-    peers, peer_errors = _peers(experts, gen, checks) if include_peers else ({}, {})
-    tuning = time_variants(experts, gen, m_values, tune_reps) if tune_reps > 0 else None
+    peers, peer_errors = _peers(packed, gen, checks) if include_peers else ({}, {})
+    tuning = (time_variants(experts, packed, gen, m_values, tune_reps)
+              if tune_reps > 0 and experts.layout == "fragments" else None)
     rows: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
     for routing, m in itertools.product(ROUTINGS, m_values):
@@ -516,7 +582,7 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
         gbps = [b / (tt * 1e-3) / 1e9 for b, tt in zip(byts, ms)]
         med, med_bytes, fl = statistics.median(ms), statistics.median(byts), flops(m, K, H, I)
         floor = max(med_bytes / (copy_gbps * 1e9), fl / (tflops_peak * 1e12)) * 1e3
-        plan = moe_plan(m, K, "cuda", hidden=H, intermediate=I)
+        plan = moe_plan(m, K, "cuda", hidden=H, intermediate=I, layout=experts.layout)
         row = {"routing": routing, "m": m, "path": plan["kernel"], "launches": plan["launches"],
                "distinct_experts_median": statistics.median(distinct), "bytes_median": med_bytes, "ms_median": med,
                "ms_eager_median": statistics.median(t["eager_ms"]) if t["eager_ms"] else None,
@@ -577,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-spans", action="store_true", help="no profiler kernel-span timing of the rows")
     ap.add_argument("--tune-reps", type=int, default=10, help="repeats per four-launch variant and M (0: none)")
+    ap.add_argument("--layout-ab", action="store_true",
+                    help="only the fragment-against-packed four-launch A/B (moe_layout_ab.json)")
     ap.add_argument("--sanitize", action="store_true",
                     help="only the kernel checks at H = I = 1024, 16 experts (for compute-sanitizer)")
     args = ap.parse_args(argv)
@@ -587,9 +655,15 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("the MoE benchmark needs a CUDA GPU; the CPU path is workbench.moe.moe_reference", file=sys.stderr)
         return 2
+    if args.layout_ab:
+        path = layout_ab(args.out)
+        ok = json.loads(Path(path).read_text())["results"]["all_checks_ok"]
+        print(f"wrote {path}; every check ok: {ok}")
+        return 0 if ok else 1
     if args.sanitize:
-        ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=1)
-        res = kernel_checks(ex, torch.Generator().manual_seed(1))
+        ex = random_int4_experts(16, 1024, 1024, device="cuda", seed=1, layout="fragments")
+        res = kernel_checks(ex, torch.Generator().manual_seed(1),
+                            packed=random_int4_experts(16, 1024, 1024, device="cuda", seed=1, layout="packed"))
         for r in res:
             print(r)
         ok = all(r["ok"] for r in res)

@@ -380,22 +380,14 @@ class DeepseekV3(nn.Module):
         return self.logits_f32(h, ops.rms), captured
 
     def device_bytes(self) -> int:
-        """Bytes the model holds on its device: every parameter and buffer storage once, plus any layout the
-        fused MoE keeps beside the engine's INT4 storage (``Int4Experts`` fragments)."""
+        """Bytes the model holds on its device: every parameter and buffer storage once (the routed experts in the
+        one layout they are held in, ``RoutedExperts.layout``)."""
         seen, total = set(), 0
         for t in list(self.parameters()) + list(self.buffers()):
             key = t.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
                 total += t.untyped_storage().nbytes()
-        for layer in self.layers:
-            view = getattr(layer.mlp, "experts", None)
-            view = getattr(view, "_int4_view", None)
-            for name in ("gate_up_frag", "down_frag"):
-                t = getattr(view, name, None)
-                if t is not None and t.untyped_storage().data_ptr() not in seen:
-                    seen.add(t.untyped_storage().data_ptr())
-                    total += t.untyped_storage().nbytes()
         return total
 
     def weight_bytes(self) -> dict[str, int]:

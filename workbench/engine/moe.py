@@ -11,6 +11,11 @@
   ``workbench.moe.Int4Experts``: ``gate_up_packed`` int32 [E, 2I, D // 8]
   (gate rows then up rows), ``gate_up_scale`` bf16 [E, 2I, D // group],
   ``down_packed`` int32 [E, D, I // 8], ``down_scale`` bf16 [E, D, I // group].
+  Checkpoints load into that layout; :meth:`RoutedExperts.prepare` (at load)
+  converts it to the fragment layout (``gate_up_frag`` / ``down_frag``,
+  ``workbench.moe.packing``) where the fused kernels read that one
+  (``workbench.moe.packing.default_layout``), and frees the packed buffers: the
+  experts are held once, in the layout their kernels read (``layout``).
   ``RoutedExperts.impl`` says which path runs: ``"auto"`` (the default:
   ``workbench.moe.fused_moe_int4`` for bf16 INT4 experts on CUDA, the torch
   path otherwise), ``"fused"`` or ``"torch"`` (dequantise each touched expert
@@ -104,12 +109,16 @@ class RoutedExperts(nn.Module):
         else:
             for name, (o, i) in shapes.items():
                 self.register_parameter(name, nn.Parameter(torch.empty(E, o, i, dtype=dtype)))
+        self.layout = "packed" if int4 else "dense"  # "fragments" once prepare() converted them
         self.impl = "auto"  # "auto", "fused" or "torch" (module docstring)
         self.last_path: str | None = None  # which path the last forward took
         self._int4_view = None
 
     def int4_slot(self, proj: str, kind: str, e: int) -> torch.Tensor:
-        """The view of the stacked INT4 storage holding ``proj``'s ``kind`` (packed/scale) of expert e."""
+        """The view of the stacked INT4 storage holding ``proj``'s ``kind`` (packed/scale) of expert e (packed
+        layout: what a checkpoint loads into)."""
+        if self.layout != "packed":
+            raise ValueError(f"these experts hold the {self.layout} layout; the packed storage was converted at load")
         I = self.intermediate
         if proj == "down_proj":
             return getattr(self, f"down_{kind}")[e]
@@ -118,6 +127,8 @@ class RoutedExperts(nn.Module):
 
     def _gate_up(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_gate_up [2I, D], W_down [D, I]) of expert e in ``dtype`` (dequantised for INT4)."""
+        if self.layout == "fragments":
+            return self.as_int4_experts().dequantize(e, dtype)
         if self.int4:
             gu = dequantize_int4(self.gate_up_packed[e], self.gate_up_scale[e], dtype=dtype)
             dn = dequantize_int4(self.down_packed[e], self.down_scale[e], dtype=dtype)
@@ -126,28 +137,66 @@ class RoutedExperts(nn.Module):
 
     def expert_weight(self, name: str, e: int, dtype: torch.dtype) -> torch.Tensor:
         """Weight ``name`` (gate_proj/up_proj/down_proj) of expert ``e`` as ``dtype`` [out, in]."""
+        if self.layout == "fragments":
+            gu, dn = self._gate_up(e, dtype)
+            I = self.intermediate
+            return {"gate_proj": gu[:I], "up_proj": gu[I:], "down_proj": dn}[name]
         if self.int4:
             return dequantize_int4(self.int4_slot(name, "packed", e), self.int4_slot(name, "scale", e), dtype=dtype)
         return getattr(self, name)[e].to(dtype)
 
+    def _storage_names(self) -> tuple[str, ...]:
+        return {"dense": PROJS, "packed": ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale"),
+                "fragments": ("gate_up_frag", "down_frag")}[self.layout]
+
     def weight_bytes_per_expert(self) -> int:
-        names = ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale") if self.int4 else PROJS
-        return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in names)
+        """Bytes of one expert's stored weights (the same in the packed and the fragment layout)."""
+        return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in self._storage_names())
 
     def prepare(self, dtype: torch.dtype) -> None:
-        """Make the fused MoE's view now (at load) when the fused path will run for inputs of ``dtype``
-        (INT4 experts of group 32 on CUDA, bf16), so that the model's device bytes are final."""
-        probe = torch.empty(0, dtype=dtype, device=self.gate_up_packed.device if self.int4 else "cpu")
-        if self.int4 and self.group_size == 32 and self.path(probe) == "fused":
-            self.as_int4_experts()
+        """At load: when the fused path will run for inputs of ``dtype`` (INT4 experts of group 32 on CUDA, bf16),
+        hold the experts in the layout its kernels read (the fragment layout where the dispatch runs small-M kernels:
+        converted now, one expert at a time, and the packed buffers freed) and make the fused MoE's view, so that the
+        model's device bytes are final."""
+        if not self.int4 or self.layout != "packed":
+            return
+        probe = torch.empty(0, dtype=dtype, device=self.gate_up_packed.device)
+        if self.group_size != 32 or self.path(probe) != "fused":
+            return
+        from workbench.moe.packing import default_layout
+
+        if default_layout(probe.device, self.hidden, self.intermediate) == "fragments":
+            self.to_fragment_layout()
+        self.as_int4_experts()
+
+    def to_fragment_layout(self) -> None:
+        """Convert the packed INT4 storage to the fragment layout (``gate_up_frag`` int32 [E, D/256, 2I/16, 4, 144],
+        ``down_frag`` int32 [E, I/256, D/16, 4, 144]), one expert at a time, and free the packed buffers."""
+        from workbench.moe.packing import Int4Experts
+
+        if self.layout != "packed" or self.group_size != 32:
+            raise ValueError(f"only packed INT4 experts of group 32 convert (layout {self.layout!r}, "
+                             f"group {getattr(self, 'group_size', None)})")
+        ex = Int4Experts(self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale,
+                         self.group_size, layout="fragments")
+        for name in ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale"):
+            delattr(self, name)
+        self.register_buffer("gate_up_frag", ex.gate_up_frag)
+        self.register_buffer("down_frag", ex.down_frag)
+        self.layout = "fragments"
+        self._int4_view = None
 
     def as_int4_experts(self):
-        """A zero-copy ``workbench.moe.Int4Experts`` over this storage (INT4 only)."""
+        """A zero-copy ``workbench.moe.Int4Experts`` over this storage (INT4 only), in its layout."""
         from workbench.moe import Int4Experts  # type: ignore
 
-        if self._int4_view is None or self._int4_view.gate_up_packed.data_ptr() != self.gate_up_packed.data_ptr():
-            self._int4_view = Int4Experts(self.gate_up_packed, self.gate_up_scale, self.down_packed,
-                                          self.down_scale, self.group_size)
+        first = getattr(self, self._storage_names()[0])
+        if self._int4_view is None or self._int4_view.tensors()[0].data_ptr() != first.data_ptr():
+            if self.layout == "fragments":
+                self._int4_view = Int4Experts.from_fragments(self.gate_up_frag, self.down_frag)
+            else:
+                self._int4_view = Int4Experts(self.gate_up_packed, self.gate_up_scale, self.down_packed,
+                                              self.down_scale, self.group_size, layout="packed")
         return self._int4_view
 
     def path(self, x: torch.Tensor) -> str:

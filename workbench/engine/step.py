@@ -163,8 +163,9 @@ class DecodeEngine:
             from workbench.moe.fused import moe_plan
 
             c = self.model.config
+            layout = next((l.mlp.experts.layout for l in self.model.layers if l.is_moe), None)
             moe = "fused: " + str(moe_plan(tokens, c.num_experts_per_tok, self.model.device, hidden=c.hidden_size,
-                                           intermediate=c.moe_intermediate_size)["kernel"])
+                                           intermediate=c.moe_intermediate_size, layout=layout)["kernel"])
         tree = "-"
         if method == "ddtree":
             tree = "workbench.ddtree.build_trees (CUDA kernel)" if self.model.device.type == "cuda" else \

@@ -1044,3 +1044,77 @@ __device__ __forceinline__ void phased_down(const uint4* __restrict__ Fdn, const
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_k4, moe_small_phased_dn_r3p_k4, phased_gate_up_k4, 3, 3, true)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r2p, moe_small_phased_dn_r2p, phased_gate_up, 2, 2, true)
 MOE_PHASED_KERNELS(moe_small_phased_gu_r3p_gu2, moe_small_phased_dn_r3p_gu2, phased_gate_up, 2, 3, true)
+
+
+// ---------------------------------------------------------------------------------------------------
+// Four-launch gate/up and down on the fragment layout (experts stored once, in the small-M kernels' layout):
+// moe_align's items (expert, first slot, count <= 8 NT) and moe_combine as for the compressed-tensors variants;
+// gate/up writes h by slot (bf16 [P, I]), down writes Y by pair (f32 [P, H], times the pair's weight).
+// grid: (tiles / MOE_WARPS, max items): warp w of CTA x takes tile MOE_WARPS x + w of item blockIdx.y, its whole K
+// through its ring (frag_gemm; gate/up tiles are 8 gate + the same 8 up rows, down tiles 16 rows of H). The sums
+// run as the small-M kernels' do (whole K in one chain, the pairs of a token added k ascending by moe_combine),
+// so for the same items the output equals the small-M pair "phased_r2_pdl" bit for bit.
+// NT = 1: activations a whole ring stage ahead (XEND); NT > 1: one 64-K step ahead (registers).
+template <int NT, bool GATE_UP>
+__device__ __forceinline__ void frag_items_gemm(const uint4* __restrict__ F, const __nv_bfloat16* __restrict__ X,
+                                                const int* __restrict__ sorted_pair, const int* __restrict__ items,
+                                                const int* __restrict__ num_items, const float* __restrict__ topk_w,
+                                                int topk, int H, int I, __nv_bfloat16* __restrict__ h_out,
+                                                float* __restrict__ y_out, unsigned char* s_ring) {
+    const int item = blockIdx.y;
+    if (item >= num_items[0]) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tiles = GATE_UP ? I / 8 : H / 16, K = GATE_UP ? H : I, nsup = K / (64 * FR_SUB);
+    const int tile = blockIdx.x * MOE_WARPS + warp;
+    if (tile >= tiles) return;   // frag_gemm synchronises only its own warp
+    const int ex = items[3 * item], slot0 = items[3 * item + 1], cnt = items[3 * item + 2];
+    const uint4* wt = F + ((long long)ex * nsup * tiles + tile) * FR_STAGE_U4;   // [E, K/256, tiles, 4, 144]
+    const __nv_bfloat16* xr[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const int col = g + 8 * n, slot = slot0 + (col < cnt ? col : 0);
+        xr[n] = GATE_UP ? X + (long long)(sorted_pair[slot] / topk) * H : X + (long long)slot * I;
+    }
+    float acc[NT][4];
+    constexpr int XD = NT == 1 ? FR_SUB : 1;
+    frag_gemm<NT, false, FR_S, XD, NT == 1>(acc, wt, nsup, (long long)tiles * FR_STAGE_U4, xr, nullptr, 0,
+                                           s_ring + warp * (FR_S * FR_STAGE_U4 * 16));
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        if (GATE_UP) {
+            store_h(h_out, slot0, cnt, 8 * n, I, tile, acc[n]);
+        } else {
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {   // lane (g, t): rows g and g + 8 of the tile, columns 2t and 2t + 1
+                const int col = 8 * n + 2 * t + cc;
+                if (col < cnt) {
+                    const int pair = sorted_pair[slot0 + col];
+                    const float wgt = topk_w[pair];
+                    y_out[(long long)pair * H + 16 * tile + g] = wgt * acc[n][cc];
+                    y_out[(long long)pair * H + 16 * tile + g + 8] = wgt * acc[n][2 + cc];
+                }
+            }
+        }
+    }
+}
+
+#define MOE_FRAG_INSTANCE(NT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128) moe_gate_up_frag_nt##NT(                                    \
+        const uint4* __restrict__ F, const __nv_bfloat16* __restrict__ X, const int* __restrict__ sorted_pair,    \
+        const int* __restrict__ items, const int* __restrict__ num_items, int topk, int H, int I,                 \
+        __nv_bfloat16* __restrict__ h_out) {                                                                      \
+        __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * FR_S * FR_STAGE_U4 * 16];                       \
+        frag_items_gemm<NT, true>(F, X, sorted_pair, items, num_items, nullptr, topk, H, I, h_out, nullptr,       \
+                                  s_ring);                                                                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(128) moe_down_frag_nt##NT(                                       \
+        const uint4* __restrict__ F, const __nv_bfloat16* __restrict__ h, const int* __restrict__ sorted_pair,    \
+        const int* __restrict__ items, const int* __restrict__ num_items, const float* __restrict__ topk_w,       \
+        int topk, int H, int I, float* __restrict__ y_out) {                                                      \
+        __shared__ __align__(16) unsigned char s_ring[MOE_WARPS * FR_S * FR_STAGE_U4 * 16];                       \
+        frag_items_gemm<NT, false>(F, h, sorted_pair, items, num_items, topk_w, topk, H, I, nullptr, y_out,       \
+                                   s_ring);                                                                       \
+    }
+MOE_FRAG_INSTANCE(1)
+MOE_FRAG_INSTANCE(2)
+MOE_FRAG_INSTANCE(4)

@@ -1,16 +1,17 @@
 """Fused INT4 (W4A16) routed-expert MoE: :func:`fused_moe_int4`, and :func:`moe_plan`, what it runs.
 
-Which kernel runs is data: :func:`workbench.dispatch.dispatch_for` (``data/dispatch/<gpu>.json``) names a
-small-M kernel for M tokens of ``topk`` experts each (``moe_small``, while M * topk <= 128) and otherwise the
-four-launch path's variant (``moe_large``). Both live in ``workbench/kernels/moe_int4.cu``:
+Which kernel runs is data and the experts' layout (:attr:`Int4Experts.layout`, one per expert set):
+:func:`workbench.dispatch.dispatch_for` (``data/dispatch/<gpu>.json``) names a small-M kernel for M tokens of
+``topk`` experts each (``moe_small``, while M * topk <= 128) and otherwise the four-launch path's variant, by M:
+``moe_large_frag`` for experts in the fragment layout, ``moe_large`` for packed ones. All live in
+``workbench/kernels/moe_int4.cu``:
 
-- small-M (:data:`SMALL_KERNELS`): two launches, gate/up with SiLU(gate) * up into h, then down with the sum
-  over k, the second under programmatic dependent launch; weights in the fragment layout
-  (:attr:`Int4Experts.gate_up_frag` / ``down_frag``).
-- four launches (:data:`LARGE_VARIANTS`): ``moe_align`` groups the (token, k) pairs by expert on the GPU (no
-  host synchronisation), ``moe_gate_up_<variant>`` (SiLU fused), ``moe_down_<variant>``, ``moe_combine`` (a
-  fixed-order sum over k); weights in the compressed-tensors layout. Each touched expert is streamed once for
-  every chunk of up to 8 NT of its tokens.
+- small-M (:data:`SMALL_KERNELS`, fragment layout only): two launches, gate/up with SiLU(gate) * up into h, then
+  down with the sum over k, the second under programmatic dependent launch.
+- four launches: ``moe_align`` groups the (token, k) pairs by expert on the GPU (no host synchronisation),
+  gate/up (SiLU fused), down, ``moe_combine`` (a fixed-order sum over k). Each touched expert is streamed once for
+  every chunk of up to 8 NT of its tokens. Fragment layout: :data:`FRAG_VARIANTS` (``frag_nt<NT>``, the small-M
+  kernels' inner loop over align's items); packed layout: :data:`LARGE_VARIANTS`.
 
 A test or benchmark that needs a particular kernel passes ``kernel=``; nothing here is mutable. A kernel that
 fails to build or launch raises :class:`MoEKernelError` naming it; the torch reference runs only when asked for
@@ -27,7 +28,7 @@ import torch
 from workbench.dispatch import MOE_SMALL_MAX_PAIRS as SMALL_MAX_PAIRS
 from workbench.dispatch import Dispatch, dispatch_for_device
 from workbench.kernels import KernelUnavailable, gpu_available, launch, launch_dependent, load_module
-from workbench.moe.packing import Int4Experts
+from workbench.moe.packing import LAYOUTS, Int4Experts, default_layout
 from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
 
 FAMILY = "moe_int4"
@@ -50,6 +51,8 @@ Variant = tuple[int, int, int, int, int]
 # warp, D weight steps prefetched in registers (S = 0) or an S-stage ring of whole 128-byte lines (LINE = 1, K a
 # multiple of 1024; otherwise (NT, 2, 2, 0, 0) runs instead, see :func:`large_variant`).
 LARGE_VARIANTS: tuple[Variant, ...] = ((1, 2, 2, 0, 0), (2, 2, 2, 0, 0), (4, 2, 2, 0, 0), (1, 2, 0, 2, 1))
+# Four-launch variants on the fragment layout, by name: NT token tiles of 8 per work item.
+FRAG_VARIANTS = MappingProxyType({"frag_nt1": 1, "frag_nt2": 2, "frag_nt4": 4})
 
 
 class MoEKernelError(RuntimeError):
@@ -74,20 +77,23 @@ def large_variant(var: Variant, hidden: int, intermediate: int) -> Variant:
 
 
 def kernel_names() -> tuple[str, ...]:
-    """Every value ``kernel=`` takes by name (the small-M kernels and ``"four_launch"``)."""
-    return (*SMALL_KERNELS, FOUR_LAUNCH)
+    """Every value ``kernel=`` takes by name (the small-M kernels, the fragment four-launch variants and
+    ``"four_launch"``)."""
+    return (*SMALL_KERNELS, *FRAG_VARIANTS, FOUR_LAUNCH)
 
 
 def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: int = 7168,
              intermediate: int = 2048, kernel: str | Variant | None = None, impl: str = "auto",
-             dispatch: Dispatch | None = None) -> dict[str, Any]:
+             dispatch: Dispatch | None = None, layout: str | None = None) -> dict[str, Any]:
     """What :func:`fused_moe_int4` runs for M tokens of ``topk`` experts on ``device`` (no launch).
 
     Returns ``{"impl": "cuda" | "torch", "path": "small" | "four_launch" | "reference", "kernel": name,
-    "launches": [kernel function names in launch order], "variant": (NT, RT, D, S, LINE) or None,
-    "dispatch": the dispatch table's gpu, "generic": whether it was the generic table, "forced": bool}``.
-    ``kernel`` / ``impl`` as :func:`fused_moe_int4`'s; raises ValueError for a kernel that cannot run there.
-    ``dispatch``: the table to read (default: the device's, :func:`workbench.dispatch.dispatch_for`).
+    "launches": [kernel function names in launch order], "variant": (NT, RT, D, S, LINE) or None, "layout":
+    the experts' layout, "dispatch": the dispatch table's gpu, "generic": whether it was the generic table,
+    "forced": bool}``. ``kernel`` / ``impl`` as :func:`fused_moe_int4`'s; raises ValueError for a kernel that cannot
+    run there or cannot read ``layout`` (the experts' :attr:`Int4Experts.layout`; None: the layout experts of these
+    shapes get on ``device``, :func:`workbench.moe.packing.default_layout`). ``dispatch``: the table to read
+    (default: the device's, :func:`workbench.dispatch.dispatch_for`).
     """
     if m < 0 or topk < 1:
         raise ValueError(f"need M >= 0 and topk >= 1, got M={m}, topk={topk}")
@@ -95,7 +101,11 @@ def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: 
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     device = torch.device(device)
     disp = dispatch if dispatch is not None else dispatch_for_device(device)
-    base = {"dispatch": disp.gpu, "generic": disp.generic, "forced": kernel is not None}
+    if layout is None:
+        layout = default_layout(device, hidden, intermediate, disp)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    base = {"dispatch": disp.gpu, "generic": disp.generic, "forced": kernel is not None, "layout": layout}
     if impl == "torch" or (impl == "auto" and device.type != "cuda"):
         if kernel is not None:
             raise ValueError(f"kernel={kernel!r} names a CUDA kernel; the torch reference takes none")
@@ -103,21 +113,31 @@ def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: 
                 "variant": None}
     if device.type != "cuda":
         raise ValueError(f"impl='cuda' needs CUDA tensors, got device {device}")
-    if kernel is None:
-        small = disp.moe_small_kernel(m, topk)
-        kernel = small if small is not None else disp.moe_large_variant(m)
-    if isinstance(kernel, str) and kernel == FOUR_LAUNCH:
-        kernel = disp.moe_large_variant(m)
+    frag = layout == "fragments"
+    if kernel is None and frag:
+        kernel = disp.moe_small_kernel(m, topk)
+    if kernel is None or (isinstance(kernel, str) and kernel == FOUR_LAUNCH):
+        kernel = f"frag_nt{disp.moe_large_frag_nt(m)}" if frag else disp.moe_large_variant(m)
     if isinstance(kernel, str):
-        if kernel not in SMALL_KERNELS:
+        if kernel not in SMALL_KERNELS and kernel not in FRAG_VARIANTS:
             raise ValueError(f"unknown MoE kernel {kernel!r}; kernel= takes one of {list(kernel_names())} "
                              f"or a four-launch variant in {list(LARGE_VARIANTS)}")
+        if not frag:
+            raise ValueError(f"MoE kernel {kernel!r} reads the fragment layout; these experts hold the {layout} "
+                             "layout (Int4Experts(..., layout='fragments'))")
+        if kernel in FRAG_VARIANTS:
+            return {**base, "impl": "cuda", "path": FOUR_LAUNCH, "kernel": f"{FOUR_LAUNCH}:{kernel}",
+                    "launches": ["moe_align", f"moe_gate_up_{kernel}", f"moe_down_{kernel}", "moe_combine"],
+                    "variant": None}
         if m * topk > SMALL_MAX_PAIRS:
             raise ValueError(f"small-M kernel {kernel!r} takes at most {SMALL_MAX_PAIRS} (token, expert) pairs, "
                              f"got M * topk = {m * topk}")
         gu, dn, _ = SMALL_KERNELS[kernel]
         return {**base, "impl": "cuda", "path": "small", "kernel": kernel, "launches": [gu, dn], "variant": None}
     var = large_variant(kernel, hidden, intermediate)
+    if frag:
+        raise ValueError(f"four-launch variant {tuple(kernel)} reads the packed layout; these experts hold the "
+                         f"fragment layout (their variants: {list(FRAG_VARIANTS)})")
     name = variant_name(var)
     return {**base, "impl": "cuda", "path": FOUR_LAUNCH, "kernel": f"{FOUR_LAUNCH}:{name}",
             "launches": ["moe_align", f"moe_gate_up_{name}", f"moe_down_{name}", "moe_combine"], "variant": var}
@@ -150,8 +170,9 @@ def fused_moe_int4(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
 
     ``impl``: ``"auto"`` (CUDA kernels on CUDA tensors, the reference on CPU tensors), ``"cuda"`` or
     ``"torch"`` (:func:`workbench.moe.reference.moe_reference`, rounded to bf16). ``kernel``: None (the
-    dispatch's choice, :func:`moe_plan`), a small-M kernel name (:data:`SMALL_KERNELS`), ``"four_launch"``
-    (the dispatch's variant for M) or a variant in :data:`LARGE_VARIANTS`.
+    dispatch's choice for the experts' layout, :func:`moe_plan`), a small-M kernel name (:data:`SMALL_KERNELS`)
+    or a fragment four-launch variant (:data:`FRAG_VARIANTS`) for experts in the fragment layout, ``"four_launch"``
+    (the dispatch's variant for M and the layout) or a variant in :data:`LARGE_VARIANTS` for packed experts.
     """
     check_moe_inputs(hidden, topk_ids, topk_weights, experts)
     if hidden.dtype != torch.bfloat16:
@@ -160,7 +181,7 @@ def fused_moe_int4(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         raise ValueError(f"experts are on {experts.device}, hidden on {hidden.device}")
     m, k = topk_ids.shape
     plan = moe_plan(m, k, hidden.device, hidden=experts.hidden, intermediate=experts.intermediate,
-                    kernel=kernel, impl=impl)
+                    kernel=kernel, impl=impl, layout=experts.layout)
     if plan["impl"] == "torch":
         return moe_reference(hidden, topk_ids, topk_weights, experts).to(torch.bfloat16)
     if not gpu_available():
@@ -185,7 +206,7 @@ def fused_moe_int4(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         if plan["path"] == "small":
             _run_small(plan["kernel"], hidden, ids, wts, m, k, experts, out)
         else:
-            _run_four_launch(plan["variant"], hidden, ids, wts, m, k, experts, out)
+            _run_four_launch(plan, hidden, ids, wts, m, k, experts, out)
     except (ValueError, KernelUnavailable):
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
@@ -242,23 +263,35 @@ def _run_small(kernel: str, hidden: torch.Tensor, ids: torch.Tensor, wts: torch.
     launch_dependent(_kernel(dn_name), grid_dn, THREADS, (dn_frag, hbuf, ids, wts, m, k, e, h, i, out))
 
 
-def _run_four_launch(var: Variant, hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, m: int, k: int,
-                     experts: Int4Experts, out: torch.Tensor) -> None:
-    """align, gate/up, down and combine of variant ``var`` on the current stream."""
+def _run_four_launch(plan: dict[str, Any], hidden: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, m: int,
+                     k: int, experts: Int4Experts, out: torch.Tensor) -> None:
+    """align, gate/up, down and combine of the plan's four-launch variant on the current stream: a packed variant
+    (``plan["variant"]``) or a fragment one (``plan["launches"]`` names it; grid: tiles / 4 x items)."""
     h, i, e = experts.hidden, experts.intermediate, experts.num_experts
     dev = hidden.device
-    nt, rt, name = var[0], var[1], variant_name(var)
-    p, chunk = m * k, 8 * var[0]
+    _, gu_name, dn_name, _ = plan["launches"]
+    var = plan["variant"]
+    nt = var[0] if var is not None else FRAG_VARIANTS[plan["kernel"].split(":", 1)[1]]
+    p, chunk = m * k, 8 * nt
     nitems = max_work_items(p, e, chunk)
-    gu_packed, gu_scale, dn_packed, dn_scale = experts.packed()
     sorted_pair = torch.empty(p, dtype=torch.int32, device=dev)
     items = torch.empty(nitems, 3, dtype=torch.int32, device=dev)
     num_items = torch.empty(1, dtype=torch.int32, device=dev)
     hbuf = torch.empty(p, i, dtype=torch.bfloat16, device=dev)
     ybuf = torch.empty(p, h, dtype=torch.float32, device=dev)
     launch(_kernel("moe_align"), (1,), (1024,), (ids, p, e, chunk, sorted_pair, items, num_items, nitems))
-    launch(_kernel(f"moe_gate_up_{name}"), (i // 8 // rt, nitems), (THREADS,),
-           (gu_packed, gu_scale, hidden, sorted_pair, items, num_items, k, h, i, hbuf))
-    launch(_kernel(f"moe_down_{name}"), (h // 16 // rt, nitems), (THREADS,),
-           (dn_packed, dn_scale, hbuf, sorted_pair, items, num_items, wts, k, h, i, ybuf))
+    if var is None:
+        gu_frag, dn_frag = experts.fragments()
+        warps = THREADS // 32   # one 16-row tile per warp
+        launch(_kernel(gu_name), (-(-(i // 8) // warps), nitems), (THREADS,),
+               (gu_frag, hidden, sorted_pair, items, num_items, k, h, i, hbuf))
+        launch(_kernel(dn_name), (-(-(h // 16) // warps), nitems), (THREADS,),
+               (dn_frag, hbuf, sorted_pair, items, num_items, wts, k, h, i, ybuf))
+    else:
+        rt = var[1]
+        gu_packed, gu_scale, dn_packed, dn_scale = experts.packed()
+        launch(_kernel(gu_name), (i // 8 // rt, nitems), (THREADS,),
+               (gu_packed, gu_scale, hidden, sorted_pair, items, num_items, k, h, i, hbuf))
+        launch(_kernel(dn_name), (h // 16 // rt, nitems), (THREADS,),
+               (dn_packed, dn_scale, hbuf, sorted_pair, items, num_items, wts, k, h, i, ybuf))
     launch(_kernel("moe_combine"), ((h // 4 + 255) // 256, m), (256,), (ybuf, ids, k, e, h, out))

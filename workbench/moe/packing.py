@@ -14,18 +14,20 @@ holding eight ``q + 8`` nibbles along the input dimension, bf16 scales
 
 (H = hidden size, 7168 for Kimi K2.6; I = moe_intermediate_size, 2048.)
 
-The small-M kernels (at most 128 (token, expert) pairs per call) read the
-*fragment layout* (:func:`fragment_pack`, stage-major :func:`fragment_stages`):
-per matrix int32 ``[K/256, R/16, 4, 144]``, for each tile of 16 rows and
-64-wide K step a 576-byte block holding the nibbles in mma.m16n8k16
-A-fragment order (word ``4 * lane + kc``) and the tile's bf16 scales of those
-two groups (16 words); the four blocks of one tile and 256-wide K stage are
-one contiguous 2304-byte stretch. :class:`Int4Experts` makes it once, when it
-is built on a GPU whose dispatch runs a small-M kernel
-(:attr:`Int4Experts.layouts`), and counts it in :attr:`Int4Experts.nbytes`:
-the two kernel families read different layouts, so on such a GPU the routed
-experts are held twice (one copy needs a four-launch kernel that reads the
-fragment layout; papers/moe_int4.md, limits).
+The small-M kernels (at most 128 (token, expert) pairs per call) and the
+fragment four-launch variants (any M) read the *fragment layout*
+(:func:`fragment_pack`, stage-major :func:`fragment_stages`): per matrix int32
+``[K/256, R/16, 4, 144]``, for each tile of 16 rows and 64-wide K step a
+576-byte block holding the nibbles in mma.m16n8k16 A-fragment order (word
+``4 * lane + kc``) and the tile's bf16 scales of those two groups (16 words);
+the four blocks of one tile and 256-wide K stage are one contiguous 2304-byte
+stretch. It holds the same bytes as the packed form.
+
+:class:`Int4Experts` holds ONE of the two layouts (:attr:`Int4Experts.layout`):
+the fragment layout where the dispatch runs a small-M kernel
+(:func:`default_layout`; the compressed-tensors tensors are converted as they
+are read and not kept), the packed layout elsewhere. The fused MoE picks its
+kernel family from the layout it is given (:func:`workbench.moe.fused.moe_plan`).
 """
 
 from __future__ import annotations
@@ -40,43 +42,57 @@ from workbench.int4 import PACK, dequantize_int4, quantize_int4
 GROUP_SIZE = 32
 
 
-def _small_kernels_run(device: torch.device) -> bool:
-    """True when ``device`` is a CUDA device whose dispatch (:func:`workbench.dispatch.dispatch_for`) names a small-M
-    kernel, so the fragment layout is read there."""
-    if device.type != "cuda":
-        return False
-    from workbench.dispatch import dispatch_for_device
+LAYOUTS = ("packed", "fragments")
 
-    return bool(dispatch_for_device(device).moe_small)
+
+def default_layout(device: torch.device | str, hidden: int, intermediate: int, dispatch=None) -> str:
+    """The layout experts of these shapes are held in on ``device``: ``"fragments"`` on a CUDA device whose dispatch
+    (``dispatch``, default :func:`workbench.dispatch.dispatch_for_device`) names a small-M kernel, with H and I
+    multiples of 512 (the small-M kernels and the fragment four-launch variants both read it), else ``"packed"``."""
+    device = torch.device(device)
+    if device.type != "cuda" or hidden % 512 or intermediate % 512:
+        return "packed"
+    if dispatch is None:
+        from workbench.dispatch import dispatch_for_device
+
+        dispatch = dispatch_for_device(device)
+    return "fragments" if dispatch.moe_small else "packed"
 
 
 @dataclass(frozen=True, eq=False)
 class Int4Experts:
-    """Stacked INT4 routed experts (layouts in the module docstring), immutable.
+    """Stacked INT4 routed experts, held in ONE layout (module docstring), immutable.
 
-    Built from the compressed-tensors tensors (``Int4Experts(gate_up_packed, gate_up_scale, down_packed,
-    down_scale)``, all on one device). ``with_fragments``: whether to also hold the fragment layout the small-M
-    kernels read; None (the default) holds it where those kernels can run for these experts (a CUDA device whose
-    dispatch names a small-M kernel, H and I multiples of 512); it is made here, once, one expert at a time.
+    ``Int4Experts(gate_up_packed, gate_up_scale, down_packed, down_scale)`` takes the compressed-tensors tensors
+    (all on one device). ``layout``: ``"packed"`` keeps them; ``"fragments"`` converts them, one expert at a time,
+    to the fragment layout (:attr:`gate_up_frag` / :attr:`down_frag`) and keeps only that (the packed fields are then
+    None); None (the default) takes :func:`default_layout`. :meth:`from_fragments` wraps fragment tensors made
+    earlier (the engine's storage) without a copy.
     """
 
-    gate_up_packed: torch.Tensor  # int32 [E, 2I, H/8]
-    gate_up_scale: torch.Tensor   # bf16  [E, 2I, H/32]
-    down_packed: torch.Tensor     # int32 [E, H, I/8]
-    down_scale: torch.Tensor      # bf16  [E, H, I/32]
+    gate_up_packed: torch.Tensor | None  # int32 [E, 2I, H/8]    (layout "packed")
+    gate_up_scale: torch.Tensor | None   # bf16  [E, 2I, H/32]
+    down_packed: torch.Tensor | None     # int32 [E, H, I/8]
+    down_scale: torch.Tensor | None      # bf16  [E, H, I/32]
     group_size: int = GROUP_SIZE
-    with_fragments: bool | None = None
-    gate_up_frag: torch.Tensor | None = field(default=None, init=False, repr=False)  # int32 [E, H/256, 2I/16, 4, 144]
-    down_frag: torch.Tensor | None = field(default=None, init=False, repr=False)     # int32 [E, I/256, H/16, 4, 144]
+    layout: str | None = None
+    gate_up_frag: torch.Tensor | None = field(default=None, repr=False)  # int32 [E, H/256, 2I/16, 4, 144] ("fragments")
+    down_frag: torch.Tensor | None = field(default=None, repr=False)     # int32 [E, I/256, H/16, 4, 144]
 
     def __post_init__(self) -> None:
-        gu, gus, dn, dns = self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
         if self.group_size != GROUP_SIZE:
             raise ValueError(f"only group_size {GROUP_SIZE} is supported, got {self.group_size}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS} or None, got {self.layout!r}")
+        if self.gate_up_frag is not None or self.down_frag is not None:
+            self._init_from_fragments()
+            return
+        gu, gus, dn, dns = self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
         for name, t, dt in (("gate_up_packed", gu, torch.int32), ("down_packed", dn, torch.int32),
                             ("gate_up_scale", gus, torch.bfloat16), ("down_scale", dns, torch.bfloat16)):
-            if t.dim() != 3:
-                raise ValueError(f"{name} must be 3-D [E, out, ...], got shape {tuple(t.shape)}")
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"{name} must be a 3-D tensor [E, out, ...], got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
             if t.dtype != dt:
                 raise ValueError(f"{name} must be {dt}, got {t.dtype}")
         e, two_i, h8 = gu.shape
@@ -94,76 +110,109 @@ class Int4Experts:
         devs = {t.device for t in (gu, gus, dn, dns)}
         if len(devs) != 1:
             raise ValueError(f"expert tensors are on different devices: {devs}")
-        frag = self.with_fragments
-        if frag is None:
-            frag = _small_kernels_run(gu.device) and h % 512 == 0 and i % 512 == 0
-        if frag:
-            _check_frag_dims(2 * i, h, True)
-            if h % (FRAG_STAGE * FRAG_K) or i % (FRAG_STAGE * FRAG_K):
-                raise ValueError(f"the fragment layout needs H and I multiples of {FRAG_STAGE * FRAG_K}, "
-                                 f"got H {h}, I {i}")
-            object.__setattr__(self, "gate_up_frag", torch.stack(
-                [fragment_stages(fragment_pack(gu[x], gus[x], gate_up=True)) for x in range(e)]).contiguous())
-            object.__setattr__(self, "down_frag", torch.stack(
-                [fragment_stages(fragment_pack(dn[x], dns[x])) for x in range(e)]).contiguous())
+        layout = self.layout or default_layout(gu.device, h, i)
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "_dims", (e, h, i))
+        if layout == "packed":
+            return
+        check_fragment_shapes(h, i)
+        object.__setattr__(self, "gate_up_frag", torch.stack(
+            [fragment_stages(fragment_pack(gu[x], gus[x], gate_up=True)) for x in range(e)]).contiguous())
+        object.__setattr__(self, "down_frag", torch.stack(
+            [fragment_stages(fragment_pack(dn[x], dns[x])) for x in range(e)]).contiguous())
+        for name in ("gate_up_packed", "gate_up_scale", "down_packed", "down_scale"):
+            object.__setattr__(self, name, None)   # converted as read, not kept
+
+    def _init_from_fragments(self) -> None:
+        gu, dn = self.gate_up_frag, self.down_frag
+        if any(t is not None for t in (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale)):
+            raise ValueError("give either the packed tensors or the fragments, not both")
+        if self.layout not in (None, "fragments"):
+            raise ValueError(f"fragment tensors make layout 'fragments', got layout={self.layout!r}")
+        for name, t in (("gate_up_frag", gu), ("down_frag", dn)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 5 \
+                    or tuple(t.shape[3:]) != (FRAG_STAGE, FRAG_WORDS):
+                raise ValueError(f"{name} must be int32 [E, K/256, R/16, {FRAG_STAGE}, {FRAG_WORDS}], got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        e, h = gu.shape[0], gu.shape[1] * FRAG_STAGE * FRAG_K
+        i = gu.shape[2] * FRAG_ROWS // 2
+        want = (e, i // (FRAG_STAGE * FRAG_K), h // FRAG_ROWS, FRAG_STAGE, FRAG_WORDS)
+        if tuple(dn.shape) != want:
+            raise ValueError(f"down_frag has shape {tuple(dn.shape)}; with gate_up_frag {tuple(gu.shape)} "
+                             f"it must be {want}")
+        if gu.device != dn.device:
+            raise ValueError(f"expert tensors are on different devices: {gu.device}, {dn.device}")
+        object.__setattr__(self, "layout", "fragments")
+        object.__setattr__(self, "_dims", (e, h, i))
+
+    @classmethod
+    def from_fragments(cls, gate_up_frag: torch.Tensor, down_frag: torch.Tensor) -> "Int4Experts":
+        """Experts over fragment tensors made earlier (no copy): int32 [E, H/256, 2I/16, 4, 144] and
+        [E, I/256, H/16, 4, 144]."""
+        return cls(None, None, None, None, layout="fragments", gate_up_frag=gate_up_frag, down_frag=down_frag)
 
     @property
     def num_experts(self) -> int:
-        return self.gate_up_packed.shape[0]
+        return self._dims[0]
 
     @property
     def hidden(self) -> int:
-        return self.gate_up_packed.shape[2] * PACK
+        return self._dims[1]
 
     @property
     def intermediate(self) -> int:
-        return self.gate_up_packed.shape[1] // 2
+        return self._dims[2]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors held: the four packed ones, or the two fragment ones."""
+        if self.layout == "packed":
+            return self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
+        return self.gate_up_frag, self.down_frag
 
     @property
     def device(self) -> torch.device:
-        return self.gate_up_packed.device
-
-    @property
-    def layouts(self) -> tuple[str, ...]:
-        """The layouts held: ``("packed",)`` or ``("packed", "fragments")``."""
-        return ("packed", "fragments") if self.gate_up_frag is not None else ("packed",)
+        return self.tensors()[0].device
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every expert tensor held, on :attr:`device` (both layouts when both are held)."""
-        ts = [self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale]
-        if self.gate_up_frag is not None:
-            ts += [self.gate_up_frag, self.down_frag]
-        return sum(t.numel() * t.element_size() for t in ts)
+        """Bytes of the expert tensors held, on :attr:`device` (one layout)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def to(self, device: str | torch.device) -> "Int4Experts":
-        """A copy on ``device`` (``with_fragments`` as this one's)."""
-        return Int4Experts(self.gate_up_packed.to(device), self.gate_up_scale.to(device),
-                           self.down_packed.to(device), self.down_scale.to(device), self.group_size,
-                           self.with_fragments)
+        """A copy on ``device`` in the same layout."""
+        if self.layout == "fragments":
+            return Int4Experts.from_fragments(self.gate_up_frag.to(device), self.down_frag.to(device))
+        return Int4Experts(*(t.to(device) for t in self.tensors()), self.group_size, layout="packed")
 
     def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(gate_up_packed, gate_up_scale, down_packed, down_scale): the compressed-tensors layout."""
+        """(gate_up_packed, gate_up_scale, down_packed, down_scale): the compressed-tensors layout. Raises when these
+        experts hold the fragment layout."""
+        if self.layout != "packed":
+            raise ValueError(f"these experts hold the {self.layout} layout (on {self.device}); the compressed-tensors "
+                             "tensors were converted when they were read. Build Int4Experts(..., layout='packed') "
+                             "for the packed four-launch variants")
         return self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale
 
     def fragments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up, down) in the fragment layout, stage-major: int32 [E, H/256, 2I/16, 4, 144] and
         [E, I/256, H/16, 4, 144]; gate_up tiles interleave 8 gate rows and the same 8 up rows
-        (:func:`fragment_pack`, ``gate_up=True``). Raises when these experts were built without it."""
-        if self.gate_up_frag is None:
-            raise ValueError(f"these experts hold no fragment layout (built on {self.device} with with_fragments="
-                             f"{self.with_fragments}); the small-M kernels need Int4Experts(..., with_fragments=True)")
+        (:func:`fragment_pack`, ``gate_up=True``). Raises when these experts hold the packed layout."""
+        if self.layout != "fragments":
+            raise ValueError(f"these experts hold no fragment layout (layout {self.layout!r} on {self.device}); "
+                             "the small-M kernels need Int4Experts(..., layout='fragments')")
         return self.gate_up_frag, self.down_frag
 
     def bytes_per_expert(self) -> int:
-        """Packed weights + scales of one expert (what a kernel must stream for it)."""
-        return sum(t[0].numel() * t.element_size() for t in
-                   (self.gate_up_packed, self.gate_up_scale, self.down_packed, self.down_scale))
+        """Packed weights + scales of one expert (what a kernel must stream for it; equal in both layouts)."""
+        return self.nbytes // self.num_experts
 
     def dequantize(self, e: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert ``e`` as (W_gate_up [2I, H], W_down [H, I]) in ``dtype``."""
+        """Expert ``e`` as (W_gate_up [2I, H], W_down [H, I]) in ``dtype``, from whichever layout is held."""
         if not 0 <= e < self.num_experts:
             raise ValueError(f"expert {e} out of range [0, {self.num_experts})")
+        if self.layout == "fragments":
+            return (fragment_dequantize(fragment_unstage(self.gate_up_frag[e]), gate_up=True, dtype=dtype),
+                    fragment_dequantize(fragment_unstage(self.down_frag[e]), dtype=dtype))
         gu = dequantize_int4(self.gate_up_packed[e], self.gate_up_scale[e], group_size=GROUP_SIZE, dtype=dtype)
         dn = dequantize_int4(self.down_packed[e], self.down_scale[e], group_size=GROUP_SIZE, dtype=dtype)
         return gu, dn
@@ -222,11 +271,11 @@ def quantize_experts(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Ten
 
 
 def random_int4_experts(num_experts: int, hidden: int, intermediate: int, *, device: str | torch.device = "cpu",
-                        scale: float = 0.02, seed: int = 0) -> Int4Experts:
+                        scale: float = 0.02, seed: int = 0, layout: str | None = None) -> Int4Experts:
     """Random packed experts (uniform nibbles, positive random scales); for tests and benchmarks.
 
     Draws the packed words directly (no float weights), so 384 Kimi-sized
-    experts take seconds on a GPU. Scales are ``scale * U(0.5, 1.5)`` in bf16.
+    experts take seconds on a GPU. Scales are ``scale * U(0.5, 1.5)`` in bf16. ``layout`` as :class:`Int4Experts`'s.
     """
     if min(num_experts, hidden, intermediate) < 1 or hidden % GROUP_SIZE or intermediate % GROUP_SIZE:
         raise ValueError(f"need positive sizes with hidden and intermediate multiples of {GROUP_SIZE}, "
@@ -241,7 +290,7 @@ def random_int4_experts(num_experts: int, hidden: int, intermediate: int, *, dev
 
     e, h, i = num_experts, hidden, intermediate
     return Int4Experts(words(e, 2 * i, h // PACK), scales(e, 2 * i, h // GROUP_SIZE),
-                       words(e, h, i // PACK), scales(e, h, i // GROUP_SIZE))
+                       words(e, h, i // PACK), scales(e, h, i // GROUP_SIZE), layout=layout)
 
 
 # ----------------------------------------------------------------------------- fragment layout
@@ -319,6 +368,22 @@ def fragment_stages(frag: torch.Tensor) -> torch.Tensor:
     if ns % FRAG_STAGE:
         raise ValueError(f"stage-major order needs K a multiple of {FRAG_STAGE * FRAG_K}, got K {ns * FRAG_K}")
     return frag.reshape(nt, ns // FRAG_STAGE, FRAG_STAGE, FRAG_WORDS).permute(1, 0, 2, 3).contiguous()
+
+
+def fragment_unstage(frag: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`fragment_stages`: int32 [K/256, R/16, 4, 144] -> [R/16, K/64, 144]."""
+    if frag.dtype != torch.int32 or frag.dim() != 4 or tuple(frag.shape[2:]) != (FRAG_STAGE, FRAG_WORDS):
+        raise ValueError(f"frag must be int32 [K/256, R/16, {FRAG_STAGE}, {FRAG_WORDS}], got {frag.dtype} "
+                         f"{tuple(frag.shape)}")
+    ns, nt = frag.shape[:2]
+    return frag.permute(1, 0, 2, 3).reshape(nt, ns * FRAG_STAGE, FRAG_WORDS)
+
+
+def check_fragment_shapes(hidden: int, intermediate: int) -> None:
+    """Raise unless experts of these shapes can be held in the fragment layout (H and I multiples of 256)."""
+    step = FRAG_STAGE * FRAG_K
+    if hidden % step or intermediate % step:
+        raise ValueError(f"the fragment layout needs H and I multiples of {step}, got H {hidden}, I {intermediate}")
 
 
 def fragment_dequantize(frag: torch.Tensor, *, gate_up: bool = False,
