@@ -386,9 +386,11 @@ def test_workbench_sweep_endpoint(srv, capsys):
     wait_idle(srv)
 
 
-def test_pool_exhausted_while_decoding_ends_one_request_alone(monkeypatch):
-    """Two requests that each fit the 40-slot pool but not together: when it runs dry mid-decode, the engine
-    fails the later row (429, kv_pool_full) and retires it; the other finishes with its exact greedy tokens."""
+def test_slot_reservation_refuses_what_could_run_dry_and_no_decode_fails(monkeypatch):
+    """Two requests that each fit the 40-slot pool but not together (10 prompt + 25 output + 1 per step = 36
+    worst-case slots each): the second is refused at admission with 429 kv_pool_full (the reservation), not failed
+    mid-decode; the first finishes with its exact greedy tokens; nothing ends as an engine error; every slot and
+    every reservation is free after."""
     s = Server(ServeOptions(synthetic="tiny", layers=2, max_requests=2, capacity=64, kv_slots=40,
                             max_tokens_limit=32))
     try:
@@ -399,7 +401,7 @@ def test_pool_exhausted_while_decoding_ends_one_request_alone(monkeypatch):
             return decode()
 
         monkeypatch.setattr(s.scheduler.batch, "decode", slow_decode)
-        prompts = ["0123456789", "abcdefghij"]  # 10 byte-level tokens each, + 25 generated: 35 slots each
+        prompts = ["0123456789", "abcdefghij"]  # 10 byte-level tokens each
 
         def send(p):
             return httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 25}, timeout=60)
@@ -410,12 +412,52 @@ def test_pool_exhausted_while_decoding_ends_one_request_alone(monkeypatch):
         failed = [r for r in rs if r.status_code != 200]
         assert len(ok) == 1 and len(failed) == 1
         e = _err(failed[0], 429)
-        assert e["code"] == "kv_pool_full" and "KV pool full" in e["message"]
+        assert e["code"] == "kv_pool_full" and "36 slots reserved" in e["message"]
         p, r = ok[0]
         assert r.json()["choices"][0]["token_ids"] == s.greedy(s.codec.encode(p), 25)
         h = wait_idle(s)
-        assert h["kv_slots_free"] == 40
+        assert h["kv_slots_free"] == 40 and h["kv_slots_reserved"] == 0
         text = httpx.get(s.url + "/metrics").text
-        assert 'workbench_requests_total{status="error"} 1.0' in text
+        assert 'workbench_requests_total{status="rejected"} 1.0' in text
+        assert 'status="error"' not in text
+        # alone, the refused prompt runs
+        assert send(prompts[1]).status_code == 200
     finally:
         s.close()
+
+
+def test_notebook_03_endpoint_draws_from_the_live_server(srv):
+    """Notebook 03 with ``endpoint``: the client's measurements in the sweep document's shape; tokens per event
+    are the accepted lengths (1 for greedy), the rates positive and the sustained one checked against tokens /
+    gaps; every table and figure of the notebook builds; bad endpoint values name the parameter."""
+    from workbench.sweep import figures
+    from workbench.sweep.engine import check_notebook
+    from workbench.sweep.run import decomposition, notebook_doc
+    from workbench.sweep.tables import tables
+    from workbench.validation import InvalidParameter
+
+    doc = notebook_doc(srv.url, "synthetic-tiny", contexts=[8, 16], concurrency=[1, 2], generate=12, two_point=[2, 6])
+    assert doc["source"] == "endpoint" and doc["failures"] == []
+    assert [r["context"] for r in doc["contexts"]] == [8, 16]
+    for r in doc["contexts"]:
+        assert r["accepted"] == [1.0] * 11 and r["committed"] == 11 and len(r["step_ms"]) == 11
+        assert r["sustained"] > 0 and r["two_point"] > 0 and r["mean_step_ms"] > 0
+        c = r["check_sustained"]
+        assert c["identity"] == pytest.approx(1e3 / c["mean_step_ms"]) and c["measured"] <= c["identity"] * 1.001
+    assert [(r["concurrency"], r["context"]) for r in doc["concurrency"]] == [(1, 8), (2, 8), (1, 16), (2, 16)]
+    assert all(r["aggregate"] > 0 and r["mean_accepted"] == 1.0 for r in doc["concurrency"])
+    parts = tables(doc)
+    assert "not measured" in parts["KV layout"][0]["note"]
+    assert len(decomposition(doc)) == 3
+    for f in (figures.rate_vs_context, figures.step_vs_context, figures.accepted_over_generation,
+              figures.layout_figure, figures.concurrency_figure, figures.phases_figure):
+        f(doc)
+    json.dumps(doc)
+    base = dict(synthetic="tiny", layers=None, contexts=[8], concurrency=[1], generate=12, two_point=[2, 6],
+                methods=["greedy"], block=8, budget=16)
+    check_notebook(**base, endpoint=srv.url, served_model="synthetic-tiny")
+    with pytest.raises(InvalidParameter, match="endpoint='ftp://x' is not allowed"):
+        check_notebook(**base, endpoint="ftp://x", served_model="m")
+    with pytest.raises(InvalidParameter, match="served_model=None is not allowed"):
+        check_notebook(**base, endpoint=srv.url)
+    wait_idle(srv)

@@ -154,3 +154,48 @@ def test_chunked_prefill_ddtree_with_dflash_features(model, want):
     assert [r.out for r in reqs] == [want[2], want[1]]
     w = generate(model, [PROMPTS[2]], NEW[2], config=dc, drafter=d)[0]
     assert [s.accepted_length for s in reqs[0].steps] == [s.accepted_length for s in w.steps]
+
+
+def test_reservation_admits_worst_cases_that_fit_and_refuses_the_rest(model, want):
+    """DDTree: a request reserves prompt + max_new + the tree size; two that fit the pool exactly are admitted and
+    decode to generate()'s tokens with no pool failure; one more slot is refused (KVPoolFull) before anything is
+    taken; finished requests return their reservation."""
+    cfg = DecodeConfig(method="ddtree", block=4, budget=6)
+    d = ScriptedDrafter([want[0], want[1]], model.config.vocab_size, block=4, p_top=0.7, seed=0)
+    e = DecodeEngine(model, max_requests=4, capacity=64, max_generated=32, kv_slots=64)
+    b = Batch(e, cfg, d)
+    T = b.step_tokens
+    assert T == 7
+    w0, w1 = b.worst_case(len(PROMPTS[0]), NEW[0]), b.worst_case(len(PROMPTS[1]), NEW[1])
+    assert (w0, w1) == (5 + 12 + T, 3 + 7 + T)
+    e = DecodeEngine(model, max_requests=4, capacity=64, max_generated=32, kv_slots=w0 + w1)
+    b = Batch(e, cfg, d)
+    r0, r1 = b.add(PROMPTS[0], NEW[0]), b.add(PROMPTS[1], NEW[1])
+    assert b.reserved == w0 + w1 and b.slots_unreserved() == 0
+    used = b.slots_used()
+    with pytest.raises(KVPoolFull, match="reserved"):
+        b.add([40], 1)
+    assert b.slots_used() == used and b.rows_free() == 2
+    with pytest.raises(ValueError, match="whole pool"):
+        b.check(30, 10)  # 30 + 10 + 7 = 47 slots at worst, beyond the whole pool of 41
+    while not (r0.done and r1.done):
+        b.step()
+    assert r0.error is None and r1.error is None
+    assert (r0.out, r1.out) == (want[0], want[1])
+    assert b.reserved == 0 and b.slots_used() == 0
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_head_of_line_itl_is_finite_and_consistent(model, chunk):
+    """The head-of-line measure: every running request gets a token at every boundary; whole-prompt prefill
+    takes one boundary, chunking ceil(P / K); times finite and positive; the engine is left empty."""
+    from workbench.serve.headofline import head_of_line_sweep
+
+    e = DecodeEngine(model, max_requests=4, capacity=64, max_generated=32)
+    (row,) = head_of_line_sweep(e, long_context=24, running=2, running_context=5, chunks=[chunk], warm=2, after=2)
+    assert row["boundaries"] == (1 if chunk is None else 6) and row["tokens_each_boundary"]
+    vals = [row["baseline_itl_ms"], row["max_itl_ms"], row["after_itl_ms"], row["long_ttft_ms"]]
+    assert all(v > 0 and v == v and v < float("inf") for v in vals)
+    assert row["max_itl_ms"] == max(row["admission_itl_ms"]) and row["stall_ms"] >= 0
+    assert row["long_ttft_ms"] >= sum(row["admission_itl_ms"]) * 0.99
+    assert e.cache.num_slots == int(e.cache.top)

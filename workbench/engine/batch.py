@@ -14,6 +14,11 @@ Prefill: by default a prompt is prefilled whole between two steps, so the others
 K tokens per step boundary (each chunk attends to the chunks before it through the KV pool, as a
 :class:`~workbench.engine.model.Segment` with a prefix), so a long prompt delays the others' steps by one K-token
 forward at a time; it joins the step once its last chunk is in.
+
+Slot reservation: a request is admitted only when its worst-case KV slots (:meth:`Batch.worst_case`: prompt +
+max_new_tokens + the step's tokens per row, T = 1 greedy or the tree size) fit beside the worst cases of every
+request already admitted; the pool therefore never runs dry inside a step (the engine's per-row pool-full flag
+stays a guard, not a path). :meth:`Batch.add` raises :class:`KVPoolFull` when the reservation cannot be made.
 """
 from __future__ import annotations
 
@@ -79,6 +84,13 @@ class Batch:
         self._active_host = torch.zeros(engine.rows, dtype=torch.bool)
         engine.active.copy_(self._active_host)
         self._host: dict[int, torch.Tensor] = {}
+        self.reserved = 0  # worst-case slots of the live and pending requests (host count, no device read)
+        self.step_tokens = 1
+        if self.config.method == "ddtree":
+            from workbench.ddtree import tree_size
+
+            c = self.config
+            self.step_tokens = tree_size(c.depth, min(c.budget, engine.model.config.vocab_size), c.budget)
 
     # -- capacity ---------------------------------------------------------------
     @property
@@ -88,6 +100,15 @@ class Batch:
 
     def slots_free(self) -> int:
         return int(self.engine.cache.top)
+
+    def worst_case(self, prompt_len: int, max_new_tokens: int) -> int:
+        """KV slots a request can hold at most: ``prompt_len + max_new_tokens`` committed plus one step's
+        allocation (``step_tokens``: 1 for greedy, the tree size for DDTree) before its accept frees the rest."""
+        return prompt_len + max_new_tokens + self.step_tokens
+
+    def slots_unreserved(self) -> int:
+        """Slots no admitted request may claim: the pool less every admitted request's worst case."""
+        return self.engine.cache.num_slots - self.reserved
 
     def slots_used(self) -> int:
         return self.engine.cache.num_slots - self.slots_free()
@@ -101,7 +122,8 @@ class Batch:
         return bool(self.live or self._pending)
 
     def check(self, prompt_len: int, max_new_tokens: int) -> None:
-        """ValueError when a request of this size can never run on this engine (context or output limit)."""
+        """ValueError when a request of this size can never run on this engine (context or output limit, or a
+        worst case beyond the whole KV pool)."""
         e = self.engine
         if max_new_tokens > e.max_generated:
             raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: at most {e.max_generated} "
@@ -111,12 +133,17 @@ class Batch:
             raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens})"
                              f"{' + block' if self.extra else ''} = {need} tokens, beyond the context limit "
                              f"{e.capacity} per request")
+        worst = self.worst_case(prompt_len, max_new_tokens)
+        if worst > e.cache.num_slots:
+            raise ValueError(f"KV pool too small: the request needs up to {worst} slots (prompt {prompt_len} + "
+                             f"max_new_tokens {max_new_tokens} + {self.step_tokens} per step), the whole pool has "
+                             f"{e.cache.num_slots}")
 
     # -- between steps ---------------------------------------------------------
     def add(self, prompt, max_new_tokens: int) -> Request:
-        """Admit one prompt (token ids): take a row and its prompt's KV slots now (KVPoolFull when the pool
-        cannot hold the prompt, RuntimeError when every row is taken); the prefill runs at the next
-        :meth:`prefill` or :meth:`step`."""
+        """Admit one prompt (token ids): reserve its :meth:`worst_case` slots and take a row and its prompt's KV
+        slots now (KVPoolFull when the reservation does not fit beside the admitted requests', RuntimeError when
+        every row is taken); the prefill runs at the next :meth:`prefill` or :meth:`step`."""
         from workbench.validation import check_int
 
         check_int("max_new_tokens", max_new_tokens, lo=1)
@@ -126,9 +153,17 @@ class Batch:
         row = next((i for i in range(self.engine.rows) if i not in taken), None)
         if row is None:
             raise RuntimeError(f"every one of the engine's {self.engine.rows} rows is taken")
+        worst = self.worst_case(len(prompt), max_new_tokens)
+        if worst > self.slots_unreserved():
+            raise KVPoolFull(f"KV pool full: the request needs up to {worst} slots reserved (prompt {len(prompt)} + "
+                             f"max_new_tokens {max_new_tokens} + {self.step_tokens} per step); {self.reserved} of "
+                             f"{self.engine.cache.num_slots} are reserved by {len(self.live) + len(self._pending)} "
+                             f"admitted requests")
         slots = self.engine.cache.admit(row, len(prompt))  # raises KVPoolFull
         r = Request(next(self._ids), prompt, max_new_tokens, row)
         r._slots = slots  # type: ignore[attr-defined]
+        r._reserved = worst  # type: ignore[attr-defined]
+        self.reserved += worst
         self._pending.append(r)
         return r
 
@@ -137,12 +172,18 @@ class Batch:
         if r in self._pending:
             self._pending.remove(r)
             self.engine.cache.release(r.row)
+            self._unreserve(r)
         elif self.live.get(r.row) is r:
             self._retire(r)
         if r.finish is None:
             r.finish, r.error = finish, error
 
+    def _unreserve(self, r: Request) -> None:
+        self.reserved -= getattr(r, "_reserved", 0)
+        r._reserved = 0  # type: ignore[attr-defined]
+
     def _retire(self, r: Request) -> None:
+        self._unreserve(r)
         del self.live[r.row]
         self.engine.cache.release(r.row)
         self._active_host[r.row] = False

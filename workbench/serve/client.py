@@ -10,6 +10,8 @@ named as SGLang's ``bench_serving`` and vLLM's ``bench serve`` name them:
 - TPOT: ``(e2e - TTFT) / (output tokens - 1)``;
 - output tokens/s: per request ``output tokens / e2e``; aggregate at concurrency C ``sum output tokens / wall``
   from the first send to the last end;
+- tokens per token event (``chunk_tokens``: the ids a chunk carries, or 1): on our server one event is one engine
+  step, so these are the accepted lengths and the ITL gaps the step times, step by step over the generation;
 - accepted length: when the server reports it (``meta_info.spec_accept_length`` with ``spec_verify_ct``: ours and
   SGLang's), the step-weighted mean.
 
@@ -47,6 +49,9 @@ class RequestResult:
     itl_s: list[float] = dataclasses.field(default_factory=list)
     accept_length: float | None = None
     spec_steps: int | None = None
+    chunk_tokens: list[int] = dataclasses.field(default_factory=list)  # tokens of each token event (ids, or 1)
+    sent_s: float | None = None  # time.perf_counter() when the request was sent (arrivals: sent + ttft + itl sums)
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # the ids the chunks carried (servers that send them)
 
     @property
     def tpot_s(self) -> float | None:
@@ -80,6 +85,7 @@ async def measure_request(http, endpoint: str, model: str, prompt: list[int], ma
             "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.perf_counter()
+    r.sent_s = t0
     last = None
     chunks_tokens = 0
 
@@ -116,7 +122,9 @@ async def measure_request(http, endpoint: str, model: str, prompt: list[int], ma
                         else:
                             r.itl_s.append(now - last)
                         last = now
-                        chunks_tokens += len(c.get("token_ids") or []) or 1
+                        r.chunk_tokens.append(len(c.get("token_ids") or []) or 1)
+                        r.token_ids += c.get("token_ids") or []
+                        chunks_tokens += r.chunk_tokens[-1]
             r.ok = r.ttft_s is not None
             if not r.ok:
                 r.error = "no output"
@@ -206,7 +214,9 @@ def sweep(endpoint: str, model: str, contexts: Sequence[int] = (128,), concurren
                 if sustained is not None:
                     s = await measure_request(http, endpoint, model, prompt_ids(c, seed), sustained, timeout, api_key)
                     row["sustained"] = {"max_tokens": sustained, "ok": s.ok, "error": s.error,
-                                        "tokens": s.output_tokens, "decode_s": (s.e2e_s - s.ttft_s) if s.ok else None}
+                                        "tokens": s.output_tokens, "decode_s": (s.e2e_s - s.ttft_s) if s.ok else None,
+                                        "ttft_s": s.ttft_s, "itl_s": s.itl_s, "chunk_tokens": s.chunk_tokens,
+                                        "accept_length": s.accept_length}
                     row["sustained"]["tokens_per_s"] = (
                         sustained_rate(s.output_tokens - 1, s.e2e_s - s.ttft_s)
                         if s.ok and s.output_tokens > 1 and s.e2e_s > s.ttft_s else None)

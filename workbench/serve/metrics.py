@@ -7,7 +7,8 @@ left; error: failed while decoding; rejected: refused before running, 4xx),
 ``workbench_time_to_first_token_seconds`` (arrival to the first token, queueing and prefill included),
 ``workbench_inter_token_latency_seconds`` (time between successive token events of one request: one engine step;
 a DDTree step delivers its accepted tokens together), ``workbench_accepted_length`` (tokens committed per request
-per step, the root counted: 1 for greedy), ``workbench_kv_slots_used`` / ``workbench_kv_slots_free``,
+per step, the root counted: 1 for greedy), ``workbench_kv_slots_used`` / ``workbench_kv_slots_free``, ``workbench_kv_slots_reserved`` (the admitted
+requests' worst cases: prompt + max_tokens + one step's slots; admission needs room below the pool),
 ``workbench_requests_running`` / ``workbench_requests_waiting``.
 """
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Metrics:
                                   buckets=ACCEPT_BUCKETS, registry=r)
         self.kv_used = Gauge("workbench_kv_slots_used", "KV pool slots holding a live request's tokens", registry=r)
         self.kv_free = Gauge("workbench_kv_slots_free", "KV pool slots free", registry=r)
+        self.kv_reserved = Gauge("workbench_kv_slots_reserved", "KV slots reserved by the admitted requests' worst "
+                                 "cases", registry=r)
         self.running = Gauge("workbench_requests_running", "Requests with a row in the engine", registry=r)
         self.waiting = Gauge("workbench_requests_waiting", "Requests waiting for a row", registry=r)
 

@@ -4,9 +4,11 @@ HTTP handlers (on the asyncio loop) :meth:`Scheduler.submit` a :class:`Job` and 
 ``asyncio.Queue``; they :meth:`Scheduler.cancel` it when the client leaves or a stop string ends it. Between two
 steps the thread retires cancelled jobs (their KV slots go back to the pool at once), admits waiting jobs while a
 row is free, runs :meth:`Batch.prefill` (posting the first tokens of prompts now complete) and
-:meth:`Batch.decode` (one batched engine step) and posts each job's new tokens. Admission failures answer the job alone: a prompt that does not fit the free KV slots gets 429, one
-that can never fit (beyond the context or the whole pool) 400; a request that runs out of slots while decoding
-ends with an error event; the others continue.
+:meth:`Batch.decode` (one batched engine step) and posts each job's new tokens. Admission failures answer the job alone: a request whose worst-case KV slots (prompt + max_tokens + one
+step's slots, :meth:`Batch.worst_case`) cannot be reserved beside the admitted requests' gets 429, one that can
+never fit (beyond the context or the whole pool) 400. Because every admitted request's worst case is reserved, no
+request runs out of slots while decoding (should the engine flag it anyway, that request alone ends with an error
+event; the others continue).
 
 Events (tuples) on ``job.events``: ``("admitted",)``, ``("tokens", ids)``, ``("done", finish, error)`` or, before
 admission, ``("rejected", status, message)``.
@@ -112,7 +114,8 @@ class Scheduler:
         m, b = self.metrics, self.batch
         used, free = b.slots_used(), b.slots_free()
         self._stats = {"running": len(b.live), "kv_slots_used": used, "kv_slots_free": free,
-                       "kv_slots": b.engine.cache.num_slots, "rows": b.engine.rows}
+                       "kv_slots_reserved": b.reserved, "kv_slots": b.engine.cache.num_slots, "rows": b.engine.rows}
+        m.kv_reserved.set(b.reserved)
         m.kv_used.set(used)
         m.kv_free.set(free)
         m.running.set(len(b.live))
@@ -131,7 +134,7 @@ class Scheduler:
             req = b.add(job.prompt, job.max_tokens)
         except KVPoolFull as e:
             total = b.engine.cache.num_slots
-            status = 400 if len(job.prompt) > total else 429
+            status = 400 if b.worst_case(len(job.prompt), job.max_tokens) > total else 429
             job.post("rejected", status, f"{e}; " + ("the prompt is larger than the whole KV pool" if status == 400
                                                      else "retry when other requests have finished"))
             return

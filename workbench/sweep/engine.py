@@ -97,8 +97,21 @@ def check_sweep(contexts: Sequence[int], concurrency: Sequence[int], generate: i
 
 
 def check_notebook(synthetic: str, layers: int | None, contexts, concurrency, generate: int, two_point,
-                   methods, block: int, budget: int) -> None:
-    """Notebook 03's input check (notebooks/parameters.yaml ``check``): the same rules as the CLI."""
+                   methods, block: int, budget: int, endpoint: str | None = None,
+                   served_model: str | None = None) -> None:
+    """Notebook 03's input check (notebooks/parameters.yaml ``check``): the same rules as the CLI. With an
+    ``endpoint`` (a live server) the URL and ``served_model`` are checked and the contexts against nothing but
+    >= 1 (the server enforces its own limit and a refusal is counted as a failure); the engine's limits otherwise."""
+    if endpoint is not None:
+        from workbench.sweep.endpoint import check_endpoint
+
+        check_endpoint(endpoint, served_model)
+        generate = check_int("generate", generate, lo=2)
+        check_two_point("two_point", two_point, hi=generate)
+        check_list("contexts", contexts, lambda n, v: check_int(n, v, lo=1), "integers >= 1")
+        check_list("concurrency", concurrency, lambda n, v: check_int(n, v, lo=1, hi=MAX_CONCURRENCY),
+                   f"integers in [1, {MAX_CONCURRENCY}]")
+        return
     cfg = model_config(synthetic, layers)
     check_sweep(contexts, concurrency, generate, two_point, methods, cfg.yarn_limit, block, budget)
 
@@ -125,12 +138,14 @@ def drafter_for(method: str, continuations, vocab: int, block: int, seed: int = 
                            seed=seed)
 
 
-def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=None) -> dict[str, Any]:
+def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=None,
+                synthetic_prefix: bool = False) -> dict[str, Any]:
     """One engine session: {wall_ms (admission to last token), start_ms (admission: prefill and the drafter's
-    setup), ttft_ms (the prefill), decode_ms (the step loop),
+    setup), ttft_ms (the prefill; None with ``synthetic_prefix``: seeded random KV rows, no prefill), decode_ms (the
+    step loop),
     step_ms and accepted per step per request, steps_ms (each step's wall), tokens per request, results}."""
     t0 = time.perf_counter()
-    s = engine.start(prompts, max_new, config, drafter)
+    s = engine.start(prompts, max_new, config, drafter, synthetic_prefix=synthetic_prefix)
     t1 = time.perf_counter()
     steps_ms = []
     while not s.done:
@@ -141,7 +156,7 @@ def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=Non
     if bad:
         raise RuntimeError(f"the engine failed a request: {bad[0]}")
     return {"wall_ms": (t2 - t0) * 1e3, "start_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3,
-            "ttft_ms": res[0].prefill_ms, "steps_ms": steps_ms,
+            "ttft_ms": None if synthetic_prefix else res[0].prefill_ms, "steps_ms": steps_ms,
             "step_ms": [[st.times_ms["total"] for st in r.steps] for r in res],
             "accepted": [[st.accepted_length for st in r.steps] for r in res],
             "tokens": [len(r.tokens) for r in res], "results": res}
@@ -158,26 +173,32 @@ def make_engine(model, contexts: Sequence[int], generate: int, block: int, budge
 
 def measure_point(engine, prompt: list[int], method: str, generate: int, two_point: Sequence[int], block: int,
                   budget: int, continuation: list[int] | None = None, repeats: int = 5, seed: int = 0,
-                  commit: str = "scattered", p_top: float | None = None) -> dict[str, Any]:
+                  commit: str = "scattered", p_top: float | None = None, synthetic_prefix: bool = False,
+                  full: bool = True, profile_steps: int = 0) -> dict[str, Any]:
     """One (context, method) point on ``engine``: the long run's per-step record, TTFT, sustained and
     two-point rates, and both rates checked against mean accepted / mean step time (module docstring).
     ``continuation``: the greedy output of ``prompt`` (needed by the DDTree methods); ``p_top`` overrides
-    the method's scripted acceptance (1.0: every step accepts the whole depth)."""
+    the method's scripted acceptance (1.0: every step accepts the whole depth). ``synthetic_prefix``: the prompt's
+    KV rows are seeded random values (no prefill: TTFT not measured; the two-point walls are then the step loops').
+    ``full``: the long run is ``generate`` tokens; else the two-point's B (the sustained rate then over B tokens,
+    recorded as ``sustained_tokens``). ``profile_steps`` (CUDA): the per-step terms of the captured step
+    (:func:`workbench.sweep.phases.captured_step_terms`) over that many steps of a further run."""
     vocab = engine.model.config.vocab_size
     cfg = decode_config(method, block, budget, commit)
     drafter = drafter_for(method, [continuation or []], vocab, block, seed, p_top)
     if drafter is not None:
         p_top = drafter.p_top[0]
-    run_session(engine, [prompt], two_point[0], cfg, drafter)  # warm-up (first run of the bucket)
-    long = run_session(engine, [prompt], generate, cfg, drafter)
+    syn = synthetic_prefix
+    run_session(engine, [prompt], two_point[0], cfg, drafter, syn)  # warm-up (first run of the bucket)
+    long = run_session(engine, [prompt], generate if full else two_point[1], cfg, drafter, syn)
     acc, ms = long["accepted"][0], long["step_ms"][0]
     committed = sum(acc)
     sustained = sustained_rate(committed, long["decode_ms"] / 1e3)
     walls = {n: [] for n in two_point}
     for _ in range(repeats):  # A and B interleaved, so a slow spell of a shared machine hits both
         for n in two_point:
-            r = run_session(engine, [prompt], n, cfg, drafter)
-            walls[n].append(r["ttft_ms"] + r["decode_ms"])
+            r = run_session(engine, [prompt], n, cfg, drafter, syn)
+            walls[n].append((r["ttft_ms"] or 0.0) + r["decode_ms"])
     walls = {n: min(w) for n, w in walls.items()}
     a, b = two_point
     two = two_point_rate(a, b, walls[a] / 1e3, walls[b] / 1e3)
@@ -189,32 +210,63 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
             "sustained": sustained, "two_point": two, "two_point_tokens": [a, b],
             "two_point_wall_ms": [walls[a], walls[b]],
             "check_sustained": rate_check(sustained, acc, secs), "check_two_point": rate_check(two, acc, secs),
+            "sustained_tokens": long["tokens"][0], "_tokens": long["results"][0].tokens,
+            "prefill": "synthetic" if syn else "real",
+            "terms": _terms(engine, prompt, cfg, drafter, syn, profile_steps) if profile_steps else None,
             "step_ms": ms, "accepted": acc}
+
+
+def _terms(engine, prompt, cfg, drafter, syn: bool, steps: int) -> dict[str, Any] | None:
+    """The captured step's per-step terms at this point (CUDA only; None elsewhere)."""
+    from workbench.sweep.phases import captured_step_terms, draft_ms
+
+    if engine.model.device.type != "cuda":
+        return None
+    s = engine.start([prompt], steps + 3, cfg, drafter, synthetic_prefix=syn)
+    s.step()
+    s.step()  # eager, then capture: the profiled steps are replays
+    d = draft_ms(engine._program(drafter, cfg.block), 1, vocab_k=min(cfg.budget, engine.model.config.vocab_size)) \
+        if drafter is not None else 0.0
+    return captured_step_terms(s, steps, d)
 
 
 def context_sweep(model, contexts: Sequence[int], methods: Sequence[str] = METHODS, generate: int = 64,
                   two_point: Sequence[int] = (8, 40), block: int = 8, budget: int = 16, repeats: int = 5,
-                  seed: int = 0, engine=None, **engine_kw) -> list[dict[str, Any]]:
+                  seed: int = 0, engine=None, synthetic_prefix: bool = False,
+                  sustained_at: Sequence[int] | None = None, profile_steps: int = 0,
+                  **engine_kw) -> list[dict[str, Any]]:
     """:func:`measure_point` for every context and method, on one engine (made here unless given).
-    Returns one row per (context, method)."""
+    ``sustained_at``: the contexts whose long run is ``generate`` tokens (None: all); the others run the
+    two-point's B. The DDTree methods' drafter is scripted on greedy's long-run tokens (greedy runs first; without
+    greedy among the methods, one greedy run gives them). Returns one row per (context, method)."""
     chk = check_sweep(contexts, [1], generate, two_point, methods, model.rotary.max_positions, block,
                       budget, engine.cache.num_slots if engine is not None else None)
+    full_at = set(chk["contexts"] if sustained_at is None else sustained_at)
     engine = engine or make_engine(model, chk["contexts"], generate, block, budget, **engine_kw)
+    order = sorted(chk["methods"], key=lambda m: m != "greedy")
     rows = []
     for c in chk["contexts"]:
         prompt = prompts_for(c, 1, model.config.vocab_size, seed)[0]
+        n = generate if c in full_at else chk["two_point"][1]
         cont = None
-        if any(m != "greedy" for m in chk["methods"]):
-            cont = run_session(engine, [prompt], generate, decode_config("greedy", block, budget))["results"][0].tokens
-        for m in chk["methods"]:
-            rows.append(measure_point(engine, prompt, m, generate, chk["two_point"], block, budget, cont,
-                                      repeats, seed))
+        if "greedy" not in order and order:
+            cont = run_session(engine, [prompt], n, decode_config("greedy", block, budget), None,
+                               synthetic_prefix)["results"][0].tokens
+        at = []
+        for m in order:
+            r = measure_point(engine, prompt, m, generate, chk["two_point"], block, budget, cont, repeats, seed,
+                              synthetic_prefix=synthetic_prefix, full=c in full_at, profile_steps=profile_steps)
+            toks = r.pop("_tokens")
+            if m == "greedy":
+                cont = toks
+            at.append(r)
+        rows += sorted(at, key=lambda r: chk["methods"].index(r["method"]))
     return rows
 
 
 def concurrency_sweep(model, concurrency: Sequence[int], context: int, methods: Sequence[str] = METHODS,
                       generate: int = 64, block: int = 8, budget: int = 16, seed: int = 0,
-                      engine=None, **engine_kw) -> list[dict[str, Any]]:
+                      engine=None, synthetic_prefix: bool = False, **engine_kw) -> list[dict[str, Any]]:
     """C requests of ``context`` tokens decoded together for each C: per-request tokens/s (its committed
     tokens / the sum of its steps' wall times) and aggregate tokens/s (all committed tokens / the session's
     decode wall). One row per (C, method)."""
@@ -226,12 +278,13 @@ def concurrency_sweep(model, concurrency: Sequence[int], context: int, methods: 
     for C in chk["concurrency"]:
         prompts = prompts_for(context, C, model.config.vocab_size, seed)
         greedy_cfg = decode_config("greedy", block, budget)
-        conts = [r.tokens for r in run_session(engine, prompts, generate, greedy_cfg)["results"]]
+        conts = [r.tokens for r in run_session(engine, prompts, generate, greedy_cfg, None,
+                                               synthetic_prefix)["results"]]
         for m in chk["methods"]:
             cfg = decode_config(m, block, budget)
             drafter = drafter_for(m, conts, model.config.vocab_size, block, seed)
-            run_session(engine, prompts, 2, cfg, drafter)  # warm-up of this bucket
-            s = run_session(engine, prompts, generate, cfg, drafter)
+            run_session(engine, prompts, 3, cfg, drafter, synthetic_prefix)  # warm-up (and capture) of this bucket
+            s = run_session(engine, prompts, generate, cfg, drafter, synthetic_prefix)
             per = [sum(a) / (sum(ms) / 1e3) for a, ms in zip(s["accepted"], s["step_ms"])]
             total = sum(sum(a) for a in s["accepted"])
             rows.append({"concurrency": C, "method": m, "p_top": P_TOP.get(m), "context": context,

@@ -69,7 +69,8 @@ def layout_figure(doc: dict[str, Any]):
                         mode="lines+markers", row=1, col=2)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_xaxes(title_text="context (tokens)", type="log", row=1, col=2)
-    fig.update_layout(title="KV layout under churn: contiguous, scattered, compacted, greedy")
+    fig.update_layout(title="KV layout under churn: contiguous, scattered, compacted, greedy"
+                      + ("" if by else " (not measured: engine only)"))
     return fig
 
 
@@ -112,6 +113,6 @@ def phases_figure(doc: dict[str, Any]):
     fig = go.Figure()
     for p in PHASES:
         fig.add_bar(x=x, y=[r[p] for r in rows], name=p)
-    fig.update_layout(title="Step phases (eager reference decode; verify = attention + MoE)", yaxis_title="ms per step",
-                      barmode="stack")
+    fig.update_layout(title="Step phases (eager reference decode; verify = attention + MoE)"
+                      + ("" if rows else " (not measured: engine only)"), yaxis_title="ms per step", barmode="stack")
     return fig

@@ -2,8 +2,9 @@
 check every input against its rope/YaRN limit, run the context sweep, the concurrency sweep and the KV
 layout comparison, and return one JSON-able document. Times ms, rates tokens/s.
 
-Prefill is the engine's one-pass ragged prefill: the CPU defaults keep contexts small; a chunked prefill
-that reaches 128k is engine work left for the H200 session (issue 26).
+Prefill is the engine's one-pass ragged prefill (``prefill="real"``, the CPU defaults' small contexts) or, for the
+H200's contexts to 128k, seeded random KV rows (``prefill="synthetic"``: the decode is measured, TTFT is not; a
+chunked prefill through the engine at 128k does not fit the run's time, see workbench/bench/sweep.py).
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from workbench.sweep.rates import decompose
 ANCHORS = Path(__file__).resolve().parents[2] / "data" / "anchors" / "source_context.json"
 
 
-def build_model(synthetic: str, layers: int | None = None, device: str = "cpu", experts: int | None = None):
-    """The synthetic model of :func:`workbench.sweep.engine.model_config` (seeded weights) on ``device``."""
+def build_model(synthetic: str, layers: int | None = None, device: str = "cpu", experts: int | None = None,
+                kv_tokens: int = 0):
+    """The synthetic model of :func:`workbench.sweep.engine.model_config` (seeded weights) on ``device``; on CUDA
+    with ``experts`` None, the most routed experts per layer that fit beside ``kv_tokens`` KV rows
+    (:func:`workbench.bench.engine.default_experts`)."""
     import torch
 
     from workbench.engine.synthetic import synthetic_model
@@ -29,6 +33,11 @@ def build_model(synthetic: str, layers: int | None = None, device: str = "cpu", 
     check_choice("device", device, ("cpu", "cuda"))
     cfg = es.model_config(synthetic, layers)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if device == "cuda" and experts is None and synthetic != "tiny":
+        from workbench.bench.engine import default_experts
+        from workbench.config import load_config
+
+        experts = default_experts(load_config(synthetic), cfg.num_hidden_layers, 1, max(kv_tokens, 1))
     return synthetic_model(cfg, layers=None, experts=experts, device=device, dtype=dtype)
 
 
@@ -36,36 +45,92 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
           concurrency: Sequence[int] = (1, 2, 4), methods: Sequence[str] = es.METHODS, generate: int = 64,
           two_point: Sequence[int] = (8, 40), block: int = 8, budget: int = 16, repeats: int = 3,
           layouts: Sequence[str] = LAYOUTS, concurrency_context: int | None = None, device: str = "cpu",
-          seed: int = 0, threads: int | None = None, model=None) -> dict[str, Any]:
+          seed: int = 0, threads: int | None = None, model=None, prefill: str = "real",
+          sustained_at: Sequence[int] | None = None, profile_steps: int = 0, concurrency_generate: int | None = None,
+          experts: int | None = None) -> dict[str, Any]:
     """Every part of the diagnosis: {parameters, contexts (rows of measure_point), concurrency (rows), layout
     (rows of layout_comparison at the sweep's contexts), phases (rows of phase_breakdown: the eager reference's
-    ms per phase per step), model}. Inputs are checked before anything runs.
+    ms per phase per step; CPU only), model}. Inputs are checked before anything runs.
     ``threads``: torch's CPU threads for the run (``torch.set_num_threads``, recorded; None leaves torch's
-    setting): on a small shared CPU, 1 keeps OpenMP from spinning against other work (seen: 100x slower steps)."""
+    setting): on a small shared CPU, 1 keeps OpenMP from spinning against other work (seen: 100x slower steps).
+    ``prefill``: ``"real"`` (the engine's one-pass prefill; TTFT measured) or ``"synthetic"`` (seeded random KV rows,
+    no prefill, TTFT not measured: the contexts to 128k on the H200). ``sustained_at``: the contexts whose long run is
+    ``generate`` tokens (None: all; the others run the two-point's B). ``profile_steps`` (CUDA): each point's
+    per-step terms from the captured step's kernel records. ``concurrency_generate``: tokens per request of the
+    concurrency part (default ``generate``)."""
     import torch
 
-    from workbench.validation import check_int
+    from workbench.validation import check_choice, check_int
 
     cfg = es.model_config(synthetic, layers) if model is None else model.config
     chk = es.check_sweep(contexts, concurrency, generate, two_point, methods, cfg.yarn_limit, block, budget,
                          concurrency_context=concurrency_context)
+    check_choice("prefill", prefill, ("real", "synthetic"))
+    cgen = check_int("concurrency_generate", concurrency_generate or generate, lo=2, hi=generate)
+    if sustained_at is not None:
+        from workbench.validation import InvalidParameter
+
+        bad = [c for c in sustained_at if c not in chk["contexts"]]
+        if bad:
+            raise InvalidParameter("sustained_at", list(sustained_at), "a subset of the contexts "
+                                                                       f"{chk['contexts']}")
+    check_int("profile_steps", profile_steps, lo=0)
     if threads is not None:
         torch.set_num_threads(check_int("threads", threads, lo=1))
-    model = model or build_model(synthetic, layers, device)
-    params = {"synthetic": synthetic, "layers": cfg.num_hidden_layers, "contexts": chk["contexts"],
-              "concurrency": chk["concurrency"], "methods": chk["methods"], "generate": generate,
+    syn = prefill == "synthetic"
+    kv_tokens = max(chk["contexts"]) + generate + es.reserve(block, budget) \
+        + 16 * (chk["concurrency_context"] + cgen + es.reserve(block, budget))
+    model = model or build_model(synthetic, layers, device, experts, kv_tokens)
+    params = {"synthetic": synthetic, "layers": cfg.num_hidden_layers, "experts": model.config.n_routed_experts,
+              "contexts": chk["contexts"], "concurrency": chk["concurrency"], "methods": chk["methods"],
+              "generate": generate, "sustained_at": chk["contexts"] if sustained_at is None else list(sustained_at),
               "two_point": chk["two_point"], "block": block, "budget": budget, "repeats": repeats,
-              "concurrency_context": chk["concurrency_context"], "layouts": list(layouts), "device": device,
-              "seed": seed, "threads": torch.get_num_threads(), "p_top": es.P_TOP, "prefill": "one ragged pass (no chunking)"}
+              "concurrency_context": chk["concurrency_context"], "concurrency_generate": cgen,
+              "layouts": list(layouts), "device": device, "seed": seed, "threads": torch.get_num_threads(),
+              "p_top": es.P_TOP, "profile_steps": profile_steps,
+              "prefill": "seeded random KV rows (no prefill; TTFT not measured)" if syn
+              else "one ragged pass (no chunking)"}
     ctx = es.context_sweep(model, chk["contexts"], chk["methods"], generate, chk["two_point"], block, budget,
-                           repeats, seed)
-    conc = es.concurrency_sweep(model, chk["concurrency"], chk["concurrency_context"], chk["methods"], generate,
-                                block, budget, seed)
+                           repeats, seed, synthetic_prefix=syn, sustained_at=sustained_at,
+                           profile_steps=profile_steps)
+    _free(device)
+    conc = es.concurrency_sweep(model, chk["concurrency"], chk["concurrency_context"], chk["methods"], cgen,
+                                block, budget, seed, synthetic_prefix=syn)
+    _free(device)
     lay = layout_comparison(layouts, contexts=chk["contexts"], heads=cfg.num_attention_heads,
-                            kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.qk_rope_head_dim, seed=seed)
-    phases = phase_breakdown(model, chk["contexts"], chk["methods"], generate, block, budget, seed)
+                            kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.qk_rope_head_dim, seed=seed, device=device,
+                            tail=1 if device == "cpu" else budget + 1)
+    phases = phase_breakdown(model, chk["contexts"], chk["methods"], generate, block, budget, seed) \
+        if device == "cpu" else []
     return {"parameters": params, "model": cfg.name, "contexts": ctx, "concurrency": conc, "layout": lay,
             "phases": phases}
+
+
+def _free(device: str) -> None:
+    """Return the last engine's KV pool and graphs to the device (the next part builds its own engine)."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def notebook_doc(endpoint: str | None = None, served_model: str | None = None, synthetic: str = "tiny",
+                 layers: int | None = None, contexts: Sequence[int] = (32, 128, 512), concurrency: Sequence[int] = (1, 2, 4),
+                 methods: Sequence[str] = es.METHODS, generate: int = 64, two_point: Sequence[int] = (8, 40),
+                 block: int = 8, budget: int = 16, repeats: int = 3, device: str = "cpu",
+                 threads: int | None = None) -> dict[str, Any]:
+    """Notebook 03's document: with ``endpoint`` (a URL) the live server's measurements through the serving
+    client (:func:`workbench.sweep.endpoint.endpoint_sweep`: ``generate`` tokens sustained, ``two_point``, the
+    contexts and concurrencies; the engine's parameters unused), else this engine's :func:`sweep`."""
+    if endpoint is not None:
+        from workbench.sweep.endpoint import endpoint_sweep
+
+        return endpoint_sweep(endpoint, served_model, contexts, concurrency, generate, two_point)
+    return sweep(synthetic, layers, contexts, concurrency, methods, generate, two_point, block, budget, repeats,
+                 device=device, threads=threads)
 
 
 def anchors() -> dict[str, Any]:
