@@ -18,8 +18,8 @@ tree's slots to the stack in between kept ones. Layouts:
 runs (a run continues while the next slot is the previous one +- 1) per request and the mean run
 length in tokens. :func:`attention_ms` times one layer's absorbed-MLA attention
 (``latent_attention_torch``, the engine's torch path) over a slot list, so a scattered and a
-contiguous list of the same length compare directly (ms, median of repeats; on the CPU this is the
-gather's cost, on a GPU the question is the verify kernel's, measured by the H200 session).
+contiguous list of the same length compare directly (ms, median of repeats; on the CPU the torch path, the
+gather's cost; on CUDA the engine's verify kernel).
 """
 from __future__ import annotations
 
@@ -145,39 +145,56 @@ def churn(layout: str = "scattered", *, requests: int = 12, rows: int = 4, promp
 
 def attention_ms(slots: Sequence[int], *, heads: int = 8, tail: int = 1, kv_lora_rank: int = 512,
                  rope_dim: int = 64, repeats: int = 20, seed: int = 0, device: str = "cpu") -> float:
-    """Median wall time (ms) of one layer's absorbed-MLA attention (``latent_attention_torch``) of ``tail``
-    new tokens over the pool rows ``slots`` (a pool just large enough to hold them), after one warm-up."""
-    from workbench.engine.model import latent_attention_torch
-
+    """Median time (ms) of one layer's absorbed-MLA attention of ``tail`` new tokens (a chain) over the pool rows
+    ``slots`` (a pool just large enough to hold them), after one warm-up. On the CPU: ``latent_attention_torch``
+    (float32 math over bf16 rows; wall clock). On CUDA: the engine's verify kernel
+    (``workbench.ddtree.verify_attention``, bf16; CUDA events), the kernel a captured step runs per layer."""
     idx = torch.tensor([int(s) for s in slots], dtype=torch.int64, device=device)
     if idx.numel() == 0:
         raise InvalidParameter("slots", list(slots), "at least one slot")
     g = torch.Generator().manual_seed(seed)
     R, W = kv_lora_rank, kv_lora_rank + rope_dim
+    cuda = device != "cpu"
+    dt = torch.bfloat16 if cuda else torch.float32
     pool = torch.randn(int(idx.max()) + 1, W, generator=g).to(device=device, dtype=torch.bfloat16)
-    q_lat = torch.randn(tail, heads, R, generator=g).to(device)
-    q_rope = torch.randn(tail, heads, rope_dim, generator=g).to(device)
-    tail_kv = torch.randn(tail, W, generator=g).to(device)
-    vis = torch.ones(tail, tail, dtype=torch.bool, device=device).tril()
+    q_lat = torch.randn(tail, heads, R, generator=g).to(device=device, dtype=dt)
+    q_rope = torch.randn(tail, heads, rope_dim, generator=g).to(device=device, dtype=dt)
+    tail_kv = torch.randn(tail, W, generator=g).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+    if cuda:
+        from workbench.ddtree import verify_attention
+
+        parents = torch.arange(-1, tail - 1, device=device)
+        run = lambda: verify_attention(q_lat, q_rope, pool, idx, tail_kv, parents, W ** -0.5, check=False)  # noqa: E731
+    else:
+        from workbench.engine.model import latent_attention_torch
+
+        vis = torch.ones(tail, tail, dtype=torch.bool, device=device).tril()
+        run = lambda: latent_attention_torch(q_lat, q_rope, pool, idx, tail_kv, vis, W ** -0.5)  # noqa: E731
     out = []
     for i in range(repeats + 1):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        latent_attention_torch(q_lat, q_rope, pool, idx, tail_kv, vis, W ** -0.5)
-        if device != "cpu":
-            torch.cuda.synchronize()
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            b.synchronize()
+            ms = a.elapsed_time(b)
+        else:
+            t0 = time.perf_counter()
+            run()
+            ms = (time.perf_counter() - t0) * 1e3
         if i:
-            out.append((time.perf_counter() - t0) * 1e3)
+            out.append(ms)
     return statistics.median(out)
 
 
 def layout_comparison(layouts: Sequence[str] = LAYOUTS, *, contexts: Sequence[int] = (256,), heads: int = 8,
                       kv_lora_rank: int = 512, rope_dim: int = 64, repeats: int = 20, seed: int = 0,
-                      **churn_kw) -> list[dict[str, Any]]:
+                      device: str = "cpu", tail: int = 1, **churn_kw) -> list[dict[str, Any]]:
     """Per layout: the churn's fragmentation, and per context the attention time (ms) over a request's slot
     list of that many tokens laid out as that layout lays it out (the churned request's slots, repeated with
-    an offset past the pool when the context is longer than one request)."""
+    an offset past the pool when the context is longer than one request); ``tail`` new tokens (a verify tree's
+    nodes: budget + 1) attend, on ``device`` (:func:`attention_ms`)."""
     rows = []
     for lay in layouts:
         res = churn(lay, seed=seed, **churn_kw)
@@ -193,5 +210,6 @@ def layout_comparison(layouts: Sequence[str] = LAYOUTS, *, contexts: Sequence[in
             rows.append({"layout": lay, "context": c, **res["fragmentation"], "steps": res["steps"],
                          "context_runs": len(runs(sl)),
                          "attention_ms": attention_ms(sl, heads=heads, kv_lora_rank=kv_lora_rank,
-                                                     rope_dim=rope_dim, repeats=repeats, seed=seed)})
+                                                     rope_dim=rope_dim, repeats=repeats, seed=seed, device=device,
+                                                     tail=tail)})
     return rows
