@@ -106,7 +106,7 @@ def test_bench_entry_writes_context_sweep_with_provenance(tmp_path):
                "--generate", "12", "--two-point", "4", "12", "--block", "4", "--budget", "8", "--repeats", "1"])
     doc = json.loads((tmp_path / "context_sweep.json").read_text())
     assert rc == 0 and doc["name"] == "context_sweep" and doc["provenance"]["git_commit"]
-    assert doc["notes"] == "CPU smoke run: not H200 data" and doc["parameters"]["contexts"] == [16]
+    assert doc["notes"] == "CPU dry run: not H200 data" and doc["parameters"]["contexts"] == [16]
     assert len(doc["samples"][0]["step_ms"]) == len(doc["samples"][0]["accepted"]) > 0
     assert main(["--out", str(tmp_path), "--contexts", "0"]) == 2
 

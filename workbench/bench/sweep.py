@@ -1,50 +1,146 @@
-"""The context sweep as a measurement file: ``python -m workbench.bench.sweep --out DIR [options]``.
+"""The context sweep as a measurement file: ``python -m workbench.bench.sweep --out DIR [--h200 | options]``.
 
 Runs :func:`workbench.sweep.run.sweep` and writes ``DIR/context_sweep.json`` (default DIR:
-``data/measurements/<gpu>/``) with provenance (:func:`workbench.bench.measure.write_measurement`):
-parameters, results (contexts, concurrency, layout, decomposition) and, as samples, every step's
-wall time (ms) and accepted length. On the CPU it is a smoke run; its file is not H200 data.
-The H200 run wants ``--device cuda --synthetic kimi-k2.6 --layers 61`` with contexts to 128k, which
-needs the engine's chunked prefill (not written yet: the one-pass prefill limits the contexts).
+``data/measurements/<gpu>/``) with provenance (:func:`workbench.bench.measure.write_measurement`, ``WORKBENCH_COMMIT``
+honoured): parameters, the run plan and its time estimate, results (contexts with each point's per-step terms,
+concurrency, layout, decomposition) and, as samples, every step's wall time (ms) and accepted length. On the CPU it
+is a dry run; its file is not H200 data.
+
+``--h200`` is issue 26's run at full depth (:data:`H200_PLAN`): the engine-step model (synthetic K2.6 shape, 61
+layers, the most routed INT4 experts that fit), contexts 1k-128k with seeded random KV rows (the decode is measured;
+a prefill of 128k tokens through 61 layers does not fit the run's time, so TTFT is not), greedy and DDTree high /
+low, two-point (8, 264) at every context, and the full 1,500-token sustained run only where the source measured
+it (about 5k: context 4096; adding 64k costs about 95 s more, past the ~6 minutes), the other contexts' sustained
+rate over the two-point's 264 tokens; concurrency 1-10 at 1k for 32
+tokens each; KV layout (contiguous, scattered, compacted) with the verify kernel's attention time at every context;
+per-step terms from the captured step's kernel records over 4 steps per point. :func:`plan_seconds` estimates the
+run from ``engine_step.json``'s measured step times (greedy and DDTree at C = 1 and their growth with C), with the
+verify attention's growth with context from the kernel's FLOPs, and the estimate is written beside the result.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from typing import Any
+
+# Issue 26 item 6 on one H200 (~6 minutes, see plan_seconds): which points get the full sustained run, how many
+# repetitions, how long the concurrency runs are.
+H200_PLAN: dict[str, Any] = {
+    "synthetic": "kimi-k2.6", "layers": 61, "device": "cuda", "prefill": "synthetic",
+    "contexts": [1024, 4096, 16384, 65536, 131072], "methods": ["greedy", "ddtree-high", "ddtree-low"],
+    "generate": 1500, "sustained_at": [4096], "two_point": [8, 264], "repeats": 1,
+    "block": 16, "budget": 32, "concurrency": list(range(1, 11)), "concurrency_context": 1024,
+    "concurrency_generate": 32, "profile_steps": 4,
+}
+
+
+def _step_ms(method: str, context: int, C: int, engine_step: dict[str, Any] | None) -> float:
+    """A step's ms for the estimate: engine_step.json's C-row graph step at prefix 4096 (the nearest bucket), plus
+    for DDTree the verify attention's extra FLOPs beyond 4096 keys (33 nodes x 64 heads x 1,088 MACs per key per
+    layer at 400 TFLOP/s); greedy's extra KV read over 4.3 TB/s."""
+    rows = (engine_step or {}).get("results", {}).get("rows", [])
+    want = "greedy" if method == "greedy" else "ddtree"
+    from workbench.engine.step import bucket_for
+
+    B = bucket_for(C)
+    got = [r["wall_ms"] for r in rows if r["method"] == want and r["C"] == B and r["path"] == "graph"]
+    base = min(got) if got else (16.0 if want == "greedy" else 41.0) * (1 + 0.25 * math.log2(B))
+    extra = max(0, context - 4096)
+    if want == "greedy":
+        return base + C * extra * 70272 / 4.3e12 * 1e3
+    return base + C * 33 * 64 * 2 * 1088 * extra * 61 / 400e12 * 1e3
+
+
+def plan_seconds(plan: dict[str, Any], engine_step: dict[str, Any] | None,
+                 accepted: dict[str, float] | None = None) -> dict[str, Any]:
+    """Estimated seconds of each part of ``plan`` (steps x step ms; ``accepted`` tokens per step per method, default
+    greedy 1, DDTree high 8, low 1.7 at block 16), model build and captures as a fixed 40 s."""
+    acc = accepted or {"greedy": 1.0, "ddtree-high": 8.0, "ddtree-low": 1.7}
+    a, b = plan["two_point"]
+    ctx_s = 0.0
+    for c in plan["contexts"]:
+        n = plan["generate"] if c in plan["sustained_at"] else b
+        for m in plan["methods"]:
+            tokens = a + n + plan["repeats"] * (a + b) + (4 + 3) * acc[m]
+            ctx_s += tokens / acc[m] * _step_ms(m, c, 1, engine_step) / 1e3
+    conc_s = 0.0
+    for C in plan["concurrency"]:
+        g = plan["concurrency_generate"]
+        conc_s += (g + 3) * _step_ms("greedy", plan["concurrency_context"], C, engine_step) / 1e3
+        for m in plan["methods"]:
+            conc_s += (g + 3) / acc[m] * _step_ms(m, plan["concurrency_context"], C, engine_step) / 1e3
+    return {"contexts_s": ctx_s, "concurrency_s": conc_s, "fixed_s": 40.0, "total_s": ctx_s + conc_s + 40.0,
+            "basis": "engine_step.json graph step times (nearest bucket, prefix 4096) + verify attention FLOPs / "
+                     "KV bytes beyond 4096 keys; accepted per step " + ", ".join(f"{k} {v}" for k, v in acc.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.bench.measure import write_measurement
+    from workbench.bench.measure import load_measurement, write_measurement
     from workbench.sweep.engine import METHODS
     from workbench.sweep.run import decomposition, sweep
 
     p = argparse.ArgumentParser(prog="python -m workbench.bench.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="output folder (default data/measurements/<gpu>)")
-    p.add_argument("--synthetic", default="tiny")
+    p.add_argument("--h200", action="store_true", help="issue 26's full-depth run (H200_PLAN); the options below "
+                                                       "then change single values of the plan")
+    p.add_argument("--synthetic", default=None, help="default tiny")
     p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--contexts", type=int, nargs="+", default=[32, 128, 512])
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--method", nargs="+", default=list(METHODS))
-    p.add_argument("--generate", type=int, default=64)
-    p.add_argument("--two-point", type=int, nargs=2, default=[8, 40])
-    p.add_argument("--block", type=int, default=8)
-    p.add_argument("--budget", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--experts", type=int, default=None)
+    p.add_argument("--contexts", type=int, nargs="+", default=None, help="default 32 128 512")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, help="default 1 2 4")
+    p.add_argument("--concurrency-context", type=int, default=None)
+    p.add_argument("--concurrency-generate", type=int, default=None)
+    p.add_argument("--method", nargs="+", default=None, help="default " + " ".join(METHODS))
+    p.add_argument("--generate", type=int, default=None, help="default 64")
+    p.add_argument("--sustained-at", type=int, nargs="+", default=None, help="contexts with the full sustained run")
+    p.add_argument("--two-point", type=int, nargs=2, default=None, help="default 8 40")
+    p.add_argument("--block", type=int, default=None, help="default 8")
+    p.add_argument("--budget", type=int, default=None, help="default 16")
+    p.add_argument("--repeats", type=int, default=None, help="default 3")
+    p.add_argument("--prefill", default=None, help="real or synthetic (default real)")
+    p.add_argument("--profile-steps", type=int, default=None, help="CUDA: steps profiled per point (default 0)")
+    p.add_argument("--device", default=None, help="default cpu")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args(argv)
+    plan: dict[str, Any] = dict(H200_PLAN) if a.h200 else {
+        "synthetic": "tiny", "layers": None, "device": "cpu", "prefill": "real", "contexts": [32, 128, 512],
+        "methods": list(METHODS), "generate": 64, "sustained_at": None, "two_point": [8, 40], "repeats": 3,
+        "block": 8, "budget": 16, "concurrency": [1, 2, 4], "concurrency_context": None,
+        "concurrency_generate": None, "profile_steps": 0}
+    for key, val in (("synthetic", a.synthetic), ("layers", a.layers), ("contexts", a.contexts),
+                     ("concurrency", a.concurrency), ("concurrency_context", a.concurrency_context),
+                     ("concurrency_generate", a.concurrency_generate), ("methods", a.method),
+                     ("generate", a.generate), ("sustained_at", a.sustained_at), ("two_point", a.two_point),
+                     ("block", a.block), ("budget", a.budget), ("repeats", a.repeats), ("prefill", a.prefill),
+                     ("profile_steps", a.profile_steps), ("device", a.device)):
+        if val is not None:
+            plan[key] = val
+    if plan["sustained_at"] is not None:
+        plan["sustained_at"] = [c for c in plan["sustained_at"] if c in plan["contexts"]]
+    est = plan_seconds({**plan, "sustained_at": plan["sustained_at"] or plan["contexts"]},
+                       load_measurement("engine_step", "h200")) if plan["device"] == "cuda" else None
+    if est:
+        print(f"estimated run time on one H200: {est['total_s']:.0f} s ({est['basis']})", file=sys.stderr)
     try:
-        doc = sweep(a.synthetic, a.layers, a.contexts, a.concurrency, a.method, a.generate, a.two_point, a.block,
-                    a.budget, a.repeats, device=a.device,
-                    threads=a.threads)
+        doc = sweep(plan["synthetic"], plan["layers"], plan["contexts"], plan["concurrency"], plan["methods"],
+                    plan["generate"], plan["two_point"], plan["block"], plan["budget"], plan["repeats"],
+                    concurrency_context=plan["concurrency_context"], device=plan["device"], threads=a.threads,
+                    prefill=plan["prefill"], sustained_at=plan["sustained_at"], profile_steps=plan["profile_steps"],
+                    concurrency_generate=plan["concurrency_generate"], experts=a.experts)
     except ValueError as e:
         print(f"workbench.bench.sweep: error: {e}", file=sys.stderr)
         return 2
     samples = [{"context": r["context"], "method": r["method"], "step_ms": r["step_ms"], "accepted": r["accepted"]}
                for r in doc["contexts"]]
     results = {"contexts": [{k: v for k, v in r.items() if k not in ("step_ms", "accepted")} for r in doc["contexts"]],
-               "concurrency": doc["concurrency"], "layout": doc["layout"], "decomposition": decomposition(doc)}
-    notes = ("CPU smoke run: not H200 data" if a.device == "cpu" else None)
+               "concurrency": doc["concurrency"], "layout": doc["layout"], "phases": doc["phases"],
+               "decomposition": decomposition(doc), "plan": {"h200": a.h200, **plan}, "estimate": est}
+    notes = ("CPU dry run: not H200 data" if plan["device"] == "cpu" else
+             "Prefill: seeded random KV rows (TTFT not measured). Sustained 1,500 tokens only at the contexts in "
+             "plan.sustained_at (the source's ~5k point); elsewhere the sustained rate is over the two-point's "
+             "B tokens. Per-step terms: CUDA profiler kernel records of the captured step by kernel family; draft "
+             "timed separately; rest = wall - the others (projections, norms, lm_head, glue, host gaps).")
     path = write_measurement("context_sweep", parameters=doc["parameters"], results=results, samples=samples,
                              notes=notes, out_dir=a.out)
     print(path)

@@ -201,7 +201,8 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
             walls[n].append((r["ttft_ms"] or 0.0) + r["decode_ms"])
     walls = {n: min(w) for n, w in walls.items()}
     a, b = two_point
-    two = two_point_rate(a, b, walls[a] / 1e3, walls[b] / 1e3)
+    # t_B <= t_A (a disturbed machine, or A and B too close): no rate, said so in the row (never a clipped one)
+    two = two_point_rate(a, b, walls[a] / 1e3, walls[b] / 1e3) if walls[b] > walls[a] else None
     secs = [m / 1e3 for m in ms]
     return {"context": len(prompt), "method": method, "p_top": p_top, "block": block,
             "budget": budget, "commit": commit, "ttft_ms": long["ttft_ms"], "generated": long["tokens"][0],
@@ -209,7 +210,8 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
             "mean_step_ms": statistics.fmean(ms), "mean_accepted": statistics.fmean(acc),
             "sustained": sustained, "two_point": two, "two_point_tokens": [a, b],
             "two_point_wall_ms": [walls[a], walls[b]],
-            "check_sustained": rate_check(sustained, acc, secs), "check_two_point": rate_check(two, acc, secs),
+            "check_sustained": rate_check(sustained, acc, secs),
+            "check_two_point": rate_check(two, acc, secs) if two is not None else None,
             "sustained_tokens": long["tokens"][0], "_tokens": long["results"][0].tokens,
             "prefill": "synthetic" if syn else "real",
             "terms": _terms(engine, prompt, cfg, drafter, syn, profile_steps) if profile_steps else None,

@@ -14,7 +14,7 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             "step ms": r["mean_step_ms"], "accepted": r["mean_accepted"], "sustained t/s": r["sustained"],
             "two-point t/s": r["two_point"], "accepted/step t/s": r["check_sustained"]["identity"],
             "sustained vs identity": r["check_sustained"]["disagreement"],
-            "two-point vs identity": r["check_two_point"]["disagreement"]} for r in doc["contexts"]]
+            "two-point vs identity": (r["check_two_point"] or {}).get("disagreement")} for r in doc["contexts"]]
     conc = [{"C": r["concurrency"], "method": r["method"], "per-request t/s": r["per_request_mean"],
              "aggregate t/s": r["aggregate"], "step ms": r["mean_step_ms"], "accepted": r["mean_accepted"]}
             for r in doc["concurrency"]]
