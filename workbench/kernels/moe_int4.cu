@@ -1115,6 +1115,7 @@ __device__ __forceinline__ void frag_items_gemm(const uint4* __restrict__ F, con
         frag_items_gemm<NT, false>(F, h, sorted_pair, items, num_items, topk_w, topk, H, I, nullptr, y_out,       \
                                    s_ring);                                                                       \
     }
+// NT = 1 up to M = 1023, NT = 4 beyond (data/dispatch/h200.json; data/measurements/h200/moe_layout_ab.json). NT = 2 was
+// never the fastest at M 17-1024 with 64 or 384 experts (in git at 057e4a8).
 MOE_FRAG_INSTANCE(1)
-MOE_FRAG_INSTANCE(2)
 MOE_FRAG_INSTANCE(4)

@@ -52,7 +52,7 @@ Variant = tuple[int, int, int, int, int]
 # multiple of 1024; otherwise (NT, 2, 2, 0, 0) runs instead, see :func:`large_variant`).
 LARGE_VARIANTS: tuple[Variant, ...] = ((1, 2, 2, 0, 0), (2, 2, 2, 0, 0), (4, 2, 2, 0, 0), (1, 2, 0, 2, 1))
 # Four-launch variants on the fragment layout, by name: NT token tiles of 8 per work item.
-FRAG_VARIANTS = MappingProxyType({"frag_nt1": 1, "frag_nt2": 2, "frag_nt4": 4})
+FRAG_VARIANTS = MappingProxyType({"frag_nt1": 1, "frag_nt4": 4})
 
 
 class MoEKernelError(RuntimeError):
