@@ -18,6 +18,7 @@ _PLUGINS = (
     "workbench.projection.cli",
     "workbench.sweep.cli",
     "workbench.serve.cli",
+    "workbench.parallel.launch",
 )
 
 
