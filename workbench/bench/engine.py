@@ -135,6 +135,8 @@ def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max
                  steps: int, prof: int, run_out: bool = False) -> dict[str, Any]:
     """Warm up, time ``steps`` steps, profile ``prof`` more; returns the raw samples and the tokens."""
     m = engine.model
+    if m.device.type == "cuda":   # the previous sessions' freed blocks back to the driver: at 64 experts x 61 layers the
+        torch.cuda.empty_cache()  # C = 16 DDTree session met OOM with 22 GiB reserved but unallocated (e7019f6)
     s = engine.start(_prompts(C, prefix, m.config.vocab_size), max_new, config, drafter, synthetic_prefix=True)
     for _ in range(warmup):
         s.step()
