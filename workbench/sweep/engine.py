@@ -224,7 +224,8 @@ def _terms(engine, prompt, cfg, drafter, syn: bool, steps: int) -> dict[str, Any
 
     if engine.model.device.type != "cuda":
         return None
-    s = engine.start([prompt], steps + 3, cfg, drafter, synthetic_prefix=syn)
+    # enough tokens that the session outlives the profiled steps whatever they accept (a step commits <= block)
+    s = engine.start([prompt], (steps + 3) * cfg.block, cfg, drafter, synthetic_prefix=syn)
     s.step()
     s.step()  # eager, then capture: the profiled steps are replays
     d = draft_ms(engine._program(drafter, cfg.block), 1, vocab_k=min(cfg.budget, engine.model.config.vocab_size)) \
