@@ -1,0 +1,111 @@
+"""Drafter training (issue 28 item 3): batch construction, one step lowers the loss on a fixed batch,
+checkpoints resume, and the H200 script's dry run writes acceptance.json end to end."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from workbench.acceptance.target import HFTarget, tiny_llama
+from workbench.acceptance.textdata import build_splits, byte_tokenize, save_splits
+from workbench.acceptance.train import (TrainConfig, default_target_layers, drafter_batch, drafter_loss,
+                                        greedy_continuations, load_checkpoint, train)
+from workbench.engine.drafters import DFlashConfig, DFlashDrafter
+
+CFG = DFlashConfig(hidden_size=32, num_layers=1, num_heads=2, head_dim=16, intermediate_size=64, block=4,
+                   target_layers=(0, 1), mask_token_id=0, context_window=8)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return HFTarget(tiny_llama(vocab_size=64, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, seed=2),
+                    capture_layers=(0, 1))
+
+
+def test_default_target_layers():
+    assert default_target_layers(30, 4) == (1, 10, 18, 27)
+    assert default_target_layers(2, 2) == (1,)
+
+
+def test_greedy_continuations_are_the_targets_greedy_tokens(target):
+    prompts = torch.randint(0, 64, (3, 5), generator=torch.Generator().manual_seed(0))
+    seqs = greedy_continuations(target, prompts, 6, batch=2)
+    assert seqs.shape == (3, 11) and torch.equal(seqs[:, :5], prompts)
+    for row in range(3):
+        hf = target.model.generate(prompts[row:row + 1], max_new_tokens=6, do_sample=False)
+        assert torch.equal(seqs[row], hf[0])
+
+
+def test_batch_layout(target):
+    seqs = torch.arange(40).reshape(2, 20) % 64
+    _, feats = target.forward_features(seqs)
+    anchors = torch.tensor([[3, 16], [8, 10]])
+    toks, pos, ctx, cpos, cmask, labels = drafter_batch(seqs, feats, anchors, CFG)
+    assert toks.shape == (4, 4) and ctx.shape == (4, 8, 64) and labels.shape == (4, 3)
+    assert toks[0].tolist() == [3, 0, 0, 0] and labels[0].tolist() == [4, 5, 6]
+    assert pos[1].tolist() == [16, 17, 18, 19]
+    assert cmask[0].tolist() == [False] * 5 + [True] * 3 and cpos[0, 5:].tolist() == [0, 1, 2]
+    torch.testing.assert_close(ctx[3, -1], feats[1, 9])
+    with pytest.raises(ValueError, match="anchors"):
+        drafter_batch(seqs, feats, torch.tensor([[17, 3], [3, 3]]), CFG)
+
+
+def test_one_step_lowers_the_loss_on_a_fixed_batch(target):
+    torch.manual_seed(0)
+    seqs = greedy_continuations(target, torch.randint(0, 64, (4, 6)), 14)
+    _, feats = target.forward_features(seqs)
+    inputs = drafter_batch(seqs, feats, torch.tensor([[6, 9], [7, 12], [6, 16], [10, 11]]), CFG)
+    d = DFlashDrafter.random(CFG, target, seed=0, std=0.02).train()
+    opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
+    before = drafter_loss(d(*inputs[:5]), inputs[5], 7.0)
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        after = drafter_loss(d(*inputs[:5]), inputs[5], 7.0)
+    assert after.item() < before.item() - 1e-3
+
+
+def test_train_time_box_checkpoint_and_resume(target, tmp_path):
+    seqs = greedy_continuations(target, torch.randint(0, 64, (6, 6), generator=torch.Generator().manual_seed(1)), 10)
+    cfg = TrainConfig(max_steps=9, batch=2, anchors=2, prompt_len=6, warmup=2, seed=5)
+    d1, s1 = train(target, CFG, seqs, cfg, checkpoint_dir=tmp_path, progress=False, data_info={"x": 1}, stop_after=6)
+    assert s1["steps"] == 6 and len(s1["loss_curve"]) == 6 and s1["resumed_from"] is None
+    assert {p.name for p in tmp_path.iterdir()} == {"drafter.safetensors", "optimizer.safetensors", "state.json"}
+    d2, s2 = train(target, CFG, seqs, cfg, checkpoint_dir=tmp_path, progress=False)
+    assert s2["steps"] == 9 and s2["resumed_from"] == 6 and s2["loss_curve"][:6] == s1["loss_curve"]
+    # an uninterrupted 9-step run draws the same batches: the same losses
+    d3, s3 = train(target, CFG, seqs, TrainConfig(max_steps=9, batch=2, anchors=2, prompt_len=6, warmup=2, seed=5),
+                   progress=False)
+    got = [c[2] for c in s2["loss_curve"]]
+    want = [c[2] for c in s3["loss_curve"]]
+    assert got == pytest.approx(want, rel=1e-4)
+    loaded, _, st = load_checkpoint(tmp_path, target)
+    assert st["steps"] == 9 and loaded.config == CFG
+
+
+def test_bench_dry_run_writes_acceptance_json(tmp_path):
+    from workbench.acceptance.measure import acceptance_for
+    from workbench.bench.acceptance import main
+
+    docs = [(f"d{i}", "def f(x):\n    return x + %d\n" % i * 6) for i in range(12)]
+    splits = [build_splits(t, byte_tokenize, chunk=24, docs=docs, heldout_fraction=0.25) for t in ("code", "math")]
+    f = save_splits(tmp_path / "s.safetensors", splits, {"tokenizer": "bytes", "vocab_size": 256})
+    rc = main(["--dry-run", "--device", "cpu", "--splits", str(f), "--out", str(tmp_path), "--text-types", "code", "math",
+               "--prompt-tokens", "16", "--gen-tokens", "12", "--gen-batch", "8", "--gen-seconds", "1",
+               "--train-seconds", "2", "--max-steps", "3", "--batch", "4", "--anchors", "2", "--block", "4",
+               "--blocks", "3", "4", "--budgets", "1", "4", "--prompts", "2", "--max-new", "10",
+               "--checkpoint-dir", str(tmp_path / "ck")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "acceptance.json").read_text())
+    assert "DRY RUN" in doc["notes"] and doc["provenance"]["git_commit"]
+    rows = doc["results"]["rows"]
+    assert len(rows) == 2 * 2 * 2
+    for r in rows:
+        assert r["lossless"] == r["prompts"] == 2
+        assert sum(r["histogram"]) == r["rounds"] and len(r["histogram"]) == r["block"]
+        assert 1 <= r["mean_accepted"] <= r["block"]
+    dr = doc["results"]["drafter"]
+    assert dr["steps"] == 3 and dr["final_loss"] > 0 and len(dr["loss_curve"]) == 3
+    assert acceptance_for("math", 4, 4, doc=doc) == next(
+        r["mean_accepted"] for r in rows if (r["text_type"], r["block"], r["budget"]) == ("math", 4, 4))

@@ -1,0 +1,122 @@
+"""Acceptance of a drafter on held-out text: accepted length per text type, block and budget.
+
+:func:`measure` runs greedy decoding and DDTree (:func:`workbench.acceptance.target.ddtree_generate`)
+on the same held-out prompts and returns one row per (text type, block, budget):
+
+- ``mean_accepted``: accepted length per round, root (bonus) included - the DDTree paper's tau;
+- ``tokens_per_forward``: generated tokens per target forward after the prefill (DDTree's rounds
+  against greedy's one per token);
+- ``histogram``: rounds per accepted length 1..block;
+- ``hit_spine[d-1]`` / ``hit_sibling[d-1]``: how often the drafter's rank-0 token at depth d was the
+  target's token there, over rounds that reached depth d along the all-rank-0 spine, or through at
+  least one accepted non-zero-rank sibling (``*_n``: how many rounds each rate counts);
+- ``seconds`` / ``greedy_seconds`` / ``speedup``: wall time of the decode loops (after prefill, CUDA
+  synchronised) and greedy / DDTree;
+- ``lossless``: prompts whose DDTree output equals greedy's, of ``prompts``.
+
+``block`` 8 with a block-16 drafter uses its first 7 drafted positions (``depth``).
+:func:`acceptance_for` reads the committed ``data/measurements/h200/acceptance.json``: the input the
+context sweep and the B300 projection take as "the trained drafter on text type T".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from workbench.acceptance.target import HFTarget, ddtree_generate, greedy_generate
+from workbench.validation import InvalidParameter, check_int, check_list
+
+__all__ = ["summarize", "measure", "acceptance_for", "measured_rows", "ACCEPTANCE_FILE"]
+
+ACCEPTANCE_FILE = "acceptance"
+
+
+def summarize(steps, block: int, depth: int) -> dict:
+    """Per-round records (:class:`workbench.acceptance.target.StepRecord`) -> accepted-length mean,
+    histogram [block] and rank-0 hit counts by depth [depth] along the spine / after a sibling."""
+    acc = np.array([s.accepted for s in steps], dtype=np.int64)
+    hist = np.bincount(acc, minlength=block + 1)[1:block + 1]
+    spine_hit, spine_n = np.zeros(depth, np.int64), np.zeros(depth, np.int64)
+    sib_hit, sib_n = np.zeros(depth, np.int64), np.zeros(depth, np.int64)
+    for s in steps:
+        for d in range(1, min(s.accepted, depth) + 1):  # depths whose true token is known
+            hit = s.top_tokens[d - 1] == s.true_tokens[d - 1]
+            if all(r == 0 for r in s.path_ranks[:d - 1]):
+                spine_n[d - 1] += 1
+                spine_hit[d - 1] += hit
+            else:
+                sib_n[d - 1] += 1
+                sib_hit[d - 1] += hit
+    rate = lambda h, n: [float(a / b) if b else None for a, b in zip(h, n)]  # noqa: E731
+    return {"mean_accepted": float(acc.mean()) if acc.size else None, "rounds": int(acc.size),
+            "histogram": hist.tolist(),
+            "hit_spine": rate(spine_hit, spine_n), "hit_spine_n": spine_n.tolist(),
+            "hit_sibling": rate(sib_hit, sib_n), "hit_sibling_n": sib_n.tolist()}
+
+
+def measure(target: HFTarget, drafter, prompts: dict[str, torch.Tensor], blocks: Sequence[int],
+            budgets: Sequence[int], max_new: int, progress: bool = False) -> dict:
+    """Greedy and DDTree on every prompt (``prompts``: text type -> int64 [M, P]) for every block
+    (<= the drafter's) and budget. Returns {"greedy": {type: {...}}, "rows": [...]} (module docstring)."""
+    from tqdm.auto import tqdm
+
+    check_int("max_new", max_new, lo=2)
+    blocks = check_list("blocks", list(blocks), lambda n, v: check_int(n, v, lo=2, hi=drafter.block),
+                        f"integers in [2, {drafter.block}] (the drafter's block)")
+    budgets = check_list("budgets", list(budgets), lambda n, v: check_int(n, v, lo=1), "integers >= 1")
+    greedy, rows = {}, []
+    jobs = [(t, b, k) for t in prompts for b in blocks for k in budgets]
+    bar = tqdm(total=len(jobs) + len(prompts), desc="acceptance", disable=not progress)
+    for t, P in prompts.items():
+        gens = [greedy_generate(target, p.tolist(), max_new) for p in P]
+        greedy[t] = {"prompts": int(P.shape[0]), "prompt_tokens": int(P.shape[1]), "max_new": max_new,
+                     "seconds": [g.seconds for g in gens], "forwards": sum(g.forwards for g in gens)}
+        bar.update(1)
+        for b in blocks:
+            for k in budgets:
+                runs = [ddtree_generate(target, drafter, p.tolist(), max_new, k, depth=b - 1) for p in P]
+                steps = [s for r in runs for s in r.steps]
+                row = {"text_type": t, "block": b, "budget": k, "prompts": int(P.shape[0])}
+                row.update(summarize(steps, b, b - 1))
+                fw = sum(r.forwards for r in runs)
+                row["tokens_per_forward"] = sum(len(r.tokens) - 1 for r in runs) / fw if fw else None
+                row["seconds"] = [r.seconds for r in runs]
+                row["greedy_seconds"] = greedy[t]["seconds"]
+                row["speedup"] = sum(g.seconds for g in gens) / max(1e-12, sum(r.seconds for r in runs))
+                row["lossless"] = sum(r.tokens == g.tokens for r, g in zip(runs, gens))
+                rows.append(row)
+                bar.update(1)
+                bar.set_postfix(type=t, block=b, budget=k, tau=f"{row['mean_accepted']:.2f}")
+    bar.close()
+    return {"greedy": greedy, "rows": rows}
+
+
+def measured_rows(doc: dict | None = None, gpu: str = "h200") -> list[dict]:
+    """The rows of the committed acceptance measurement (or of ``doc``); [] when there is none."""
+    if doc is None:
+        from workbench.bench.measure import load_measurement
+
+        doc = load_measurement(ACCEPTANCE_FILE, gpu)
+    return [] if doc is None else list(doc["results"]["rows"])
+
+
+def acceptance_for(text_type: str, block: int, budget: int, gpu: str = "h200", doc: dict | None = None) -> float:
+    """Measured mean accepted length (root included) of the trained drafter on ``text_type`` at
+    ``block`` and ``budget`` (from ``data/measurements/<gpu>/acceptance.json``, or ``doc``). A
+    combination that was not measured is an :class:`InvalidParameter` listing what was."""
+    rows = measured_rows(doc, gpu)
+    if not rows:
+        raise FileNotFoundError(f"no acceptance measurement for {gpu} (data/measurements/{gpu}/"
+                                f"{ACCEPTANCE_FILE}.json; python -m workbench.bench.acceptance writes it)")
+    for r in rows:
+        if (r["text_type"], r["block"], r["budget"]) == (text_type, block, budget):
+            return float(r["mean_accepted"])
+    have = sorted({(r["text_type"], r["block"], r["budget"]) for r in rows})
+    types = sorted({h[0] for h in have})
+    if text_type not in types:
+        raise InvalidParameter("text_type", text_type, "one of the measured text types: " + ", ".join(types))
+    raise InvalidParameter("block, budget", (block, budget), f"a measured (block, budget) for {text_type!r}: "
+                           + ", ".join(f"({b}, {k})" for t, b, k in have if t == text_type))
