@@ -109,3 +109,21 @@ def test_bench_dry_run_writes_acceptance_json(tmp_path):
     assert dr["steps"] == 3 and dr["final_loss"] > 0 and len(dr["loss_curve"]) == 3
     assert acceptance_for("math", 4, 4, doc=doc) == next(
         r["mean_accepted"] for r in rows if (r["text_type"], r["block"], r["budget"]) == ("math", 4, 4))
+
+
+def test_acceptance_for_and_reading_on_a_constructed_doc():
+    from workbench.acceptance.figures import reading
+    from workbench.acceptance.measure import acceptance_for
+    from workbench.validation import InvalidParameter
+
+    rows = [{"text_type": "math", "block": 16, "budget": k, "mean_accepted": a}
+            for k, a in ((1, 2.0), (8, 2.4), (32, 2.6), (128, 2.65))]
+    doc = {"results": {"rows": rows}}
+    assert acceptance_for("math", 16, 32, doc=doc) == 2.6
+    with pytest.raises(InvalidParameter, match="text_type"):
+        acceptance_for("prose", 16, 32, doc=doc)
+    with pytest.raises(InvalidParameter, match=r"\(16, 128\)"):
+        acceptance_for("math", 8, 32, doc=doc)
+    text = reading(doc)
+    assert "1.30x the chain at budget 32" in text and "goal (math, budget 32 >= 1.25 x chain): met" in text
+    assert "gains < 5% past budget 32" in text

@@ -1,0 +1,182 @@
+"""Notebook 06's library side: a CPU demo run and the plotly figures over an acceptance document.
+
+:func:`cpu_demo` runs issue 28's pipeline in seconds on a CPU (tiny random Llama, byte tokens, a few
+training steps) and returns a document shaped like ``acceptance.json`` (:func:`load_doc` reads the
+committed one). Figures: :func:`budget_figure` (accepted length against budget per text type and
+block, with the source's and the papers' reference lines), :func:`histogram_figure`,
+:func:`hit_rate_figure`, :func:`loss_figure`; :func:`summary_rows` and :func:`reading` (what the
+curves say, computed from the rows).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from workbench.validation import check_choice, check_int, check_list
+
+__all__ = ["REFERENCES", "cpu_demo", "check_notebook", "load_doc", "measured_or_demo", "summary_rows", "budget_figure",
+           "histogram_figure", "hit_rate_figure", "loss_figure", "reading"]
+
+# (label, accepted length, where it comes from) - reference lines, quoted, not measured here
+REFERENCES = [
+    ("source: reasoning text", 2.9, "seed article, Kimi K2.6 + DFlash on 8 x RTX PRO 6000"),
+    ("source: predictable text (low)", 5.0, "seed article"),
+    ("source: predictable text (high)", 8.0, "seed article"),
+    ("DDTree paper, Qwen3-8B MATH-500, block 16", 10.7, "Ringel & Romano, arXiv 2604.12989"),
+]
+
+
+def check_notebook(text_types, train_steps: int, prompts: int, max_new: int, block: int, blocks, budgets,
+                   seed: int, gpu: str) -> None:
+    """Notebook 06's input check (notebooks/parameters.yaml ``check``)."""
+    from workbench.acceptance.textdata import TEXT_TYPES
+
+    check_list("text_types", text_types, lambda n, v: check_choice(n, v, TEXT_TYPES), "text types: " + ", ".join(TEXT_TYPES))
+    check_int("block", block, lo=2, hi=16)
+    check_list("blocks", blocks, lambda n, v: check_int(n, v, lo=2, hi=block), f"integers in [2, block={block}]")
+    check_list("budgets", budgets, lambda n, v: check_int(n, v, lo=1, hi=512), "integers in [1, 512]")
+    check_int("train_steps", train_steps, lo=1)
+    check_int("prompts", prompts, lo=1)
+    check_int("max_new", max_new, lo=2)
+    check_int("seed", seed, lo=0)
+
+
+def cpu_demo(text_types: Sequence[str] = ("code",), train_steps: int = 20, prompts: int = 2, max_new: int = 24,
+             block: int = 8, blocks: Sequence[int] = (4, 8), budgets: Sequence[int] = (1, 8, 32), seed: int = 0,
+             prompt_tokens: int = 32) -> dict:
+    """The pipeline on a CPU in seconds: byte-tokenised splits of ``text_types`` (their packages must be
+    installed), a tiny random Llama target, a tiny drafter trained ``train_steps`` steps on the target's
+    greedy continuations, greedy and DDTree on held-out prompts. Returns {"results": ..., "notes": ...}."""
+    import torch
+
+    from workbench.acceptance.measure import measure
+    from workbench.acceptance.target import HFTarget, tiny_llama
+    from workbench.acceptance.textdata import build_splits, byte_tokenize
+    from workbench.acceptance.train import TrainConfig, greedy_continuations, train
+    from workbench.engine.drafters import DFlashConfig
+
+    check_notebook(list(text_types), train_steps, prompts, max_new, block, list(blocks), list(budgets), seed, "h200")
+    torch.manual_seed(seed)
+    splits = {t: build_splits(t, byte_tokenize, seed=seed, chunk=prompt_tokens, max_train_tokens=64 * prompt_tokens,
+                              max_heldout_tokens=8 * prompt_tokens) for t in text_types}
+    target = HFTarget(tiny_llama(vocab_size=256, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+                                 seed=seed), capture_layers=(0, 1))
+    seqs = greedy_continuations(target, torch.cat([s.train for s in splits.values()]), 24, batch=64)
+    cfg = DFlashConfig(hidden_size=64, num_layers=1, num_heads=4, head_dim=16, intermediate_size=128, block=block,
+                       target_layers=(0, 1), mask_token_id=0, context_window=prompt_tokens)
+    drafter, state = train(target, cfg, seqs, TrainConfig(max_steps=train_steps, batch=8, anchors=4,
+                                                          prompt_len=prompt_tokens, lr=3e-3, warmup=5, seed=seed),
+                           progress=False)
+    held = {t: s.heldout[:prompts] for t, s in splits.items()}
+    res = measure(target, drafter, held, blocks, budgets, max_new)
+    res["drafter"] = {"steps": state["steps"], "final_loss": state["final_loss"], "loss_curve": state["loss_curve"],
+                      "config": cfg.to_json()}
+    return {"results": res, "notes": "CPU demo: tiny random Llama and drafter on byte tokens, not H200 data"}
+
+
+def load_doc(gpu: str = "h200") -> dict | None:
+    """The committed ``data/measurements/<gpu>/acceptance.json`` or None."""
+    from workbench.acceptance.measure import ACCEPTANCE_FILE
+    from workbench.bench.measure import load_measurement
+
+    return load_measurement(ACCEPTANCE_FILE, gpu)
+
+
+def measured_or_demo(gpu: str, demo: dict) -> dict:
+    """The committed measurement for ``gpu`` when there is one, else ``demo`` (its notes say which)."""
+    return load_doc(gpu) or demo
+
+
+def summary_rows(doc: dict) -> list[dict]:
+    """One row per (text type, block, budget): accepted length, tokens per forward, speedup, lossless."""
+    return [{"text type": r["text_type"], "block": r["block"], "budget": r["budget"],
+             "accepted length": r["mean_accepted"], "tokens / forward": r["tokens_per_forward"],
+             "rounds": r["rounds"], "speedup vs greedy": r["speedup"], "lossless": f"{r['lossless']}/{r['prompts']}"}
+            for r in doc["results"]["rows"]]
+
+
+def budget_figure(doc: dict, title: str = "Accepted length against budget"):
+    """Accepted length (root included) against budget (log axis), a line per text type and block, with
+    :data:`REFERENCES` as dotted horizontal lines."""
+    import plotly.graph_objects as go
+
+    rows = doc["results"]["rows"]
+    fig = go.Figure()
+    for t in dict.fromkeys(r["text_type"] for r in rows):
+        for b in sorted({r["block"] for r in rows if r["text_type"] == t}):
+            pts = sorted((r["budget"], r["mean_accepted"]) for r in rows if r["text_type"] == t and r["block"] == b)
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                     name=f"{t}, block {b}", line=dict(dash="solid" if b == max(r["block"] for r in rows) else "dash")))
+    for label, y, _ in REFERENCES:
+        fig.add_hline(y=y, line=dict(dash="dot", width=1, color="gray"), annotation_text=f"{label}: {y}",
+                      annotation_position="top left", annotation_font_size=10)
+    fig.update_xaxes(type="log", title="budget (tree nodes below the root; 1 = the chain)")
+    fig.update_yaxes(title="mean accepted length per round (root included)", rangemode="tozero")
+    fig.update_layout(title=title, height=520)
+    return fig
+
+
+def histogram_figure(doc: dict, budget: int, block: int | None = None):
+    """Share of rounds per accepted length at ``budget`` (and ``block``, default the largest), per text type."""
+    import plotly.graph_objects as go
+
+    rows = doc["results"]["rows"]
+    block = block or max(r["block"] for r in rows)
+    fig = go.Figure()
+    for r in rows:
+        if r["budget"] == budget and r["block"] == block:
+            n = max(1, sum(r["histogram"]))
+            fig.add_trace(go.Bar(x=list(range(1, block + 1)), y=[h / n for h in r["histogram"]], name=r["text_type"]))
+    fig.update_layout(title=f"Accepted length per round, block {block}, budget {budget}", barmode="group",
+                      xaxis_title="accepted length (root included)", yaxis_title="share of rounds", height=420)
+    return fig
+
+
+def hit_rate_figure(doc: dict, budget: int, block: int | None = None):
+    """Rank-0 hit rate by depth along the spine (solid) and after an accepted sibling (dotted)."""
+    import plotly.graph_objects as go
+
+    rows = doc["results"]["rows"]
+    block = block or max(r["block"] for r in rows)
+    fig = go.Figure()
+    for r in rows:
+        if r["budget"] == budget and r["block"] == block:
+            d = list(range(1, block))
+            fig.add_trace(go.Scatter(x=d, y=r["hit_spine"], mode="lines+markers", name=f"{r['text_type']}: spine"))
+            if any(v is not None for v in r["hit_sibling"]):
+                fig.add_trace(go.Scatter(x=d, y=r["hit_sibling"], mode="lines+markers", line=dict(dash="dot"),
+                                         name=f"{r['text_type']}: after a sibling"))
+    fig.update_layout(title=f"Drafter's rank-0 hit rate by depth, block {block}, budget {budget}", height=420,
+                      xaxis_title="depth", yaxis=dict(title="P(rank 0 = target's token)", range=[0, 1.02]))
+    return fig
+
+
+def loss_figure(doc: dict):
+    """The drafter's training loss against step."""
+    import plotly.graph_objects as go
+
+    curve = doc["results"]["drafter"]["loss_curve"]
+    fig = go.Figure(go.Scatter(x=[c[0] for c in curve], y=[c[2] for c in curve], mode="lines", name="loss"))
+    fig.update_layout(title="Drafter training loss (weighted cross-entropy)", xaxis_title="step",
+                      yaxis_title="loss", height=380)
+    return fig
+
+
+def reading(doc: dict) -> str:
+    """What the curves say, computed from the rows: per text type and the largest block, the chain's and the
+    best tree's accepted length, the tree/chain ratio at budget 32, the budget past which the curve gains
+    less than 5%, and the issue's goal (math, budget 32 >= 1.25 x chain)."""
+    rows = doc["results"]["rows"]
+    block = max(r["block"] for r in rows)
+    lines = []
+    for t in dict.fromkeys(r["text_type"] for r in rows):
+        pts = sorted((r["budget"], r["mean_accepted"]) for r in rows if r["text_type"] == t and r["block"] == block)
+        chain = dict(pts).get(1)
+        best = max(p[1] for p in pts)
+        sat = next((b for (b, a), (_, a2) in zip(pts, pts[1:]) if a2 < 1.05 * a), pts[-1][0])
+        at32 = dict(pts).get(32)
+        ratio = f"{at32 / chain:.2f}x the chain at budget 32" if chain and at32 else "no budget-32 or chain point"
+        lines.append(f"- {t}: chain {chain:.2f}, best {best:.2f}; {ratio}; gains < 5% past budget {sat}"
+                     if chain else f"- {t}: best {best:.2f}; {ratio}")
+        if t == "math" and chain and at32:
+            lines.append(f"  goal (math, budget 32 >= 1.25 x chain): {'met' if at32 >= 1.25 * chain else 'not met'}")
+    return f"Block {block}:\n" + "\n".join(lines)
