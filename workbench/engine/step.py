@@ -376,8 +376,9 @@ class Session:
                 continue
             if synthetic:
                 g = torch.Generator(device=dev).manual_seed(1000 + r.index)
-                rows = torch.randn(cache.num_layers, len(r.prompt), cache.row_width, generator=g, device=dev)
-                cache.pool[:, slots] = (0.5 * rows).to(cache.pool.dtype)
+                for layer in range(cache.num_layers):   # one layer at a time: 128k rows x 61 layers is 17 GiB in fp32
+                    rows = torch.randn(len(r.prompt), cache.row_width, generator=g, device=dev)
+                    cache.pool[layer, slots] = (0.5 * rows).to(cache.pool.dtype)
                 first = r.prompt[-1]
                 self._finish(r, [first])
                 e.last_token[r.index] = first
