@@ -82,15 +82,16 @@ def test_versions_table_reads_every_run_from_git():
     rows = report.version_rows()
     if rows is None:
         pytest.skip(f"git history at {report.HISTORY} not available")
-    assert len(rows) == len(report.VERSIONS) + len(report.MOE_RUNS)
+    assert len(rows) == len(report.VERSIONS) + len(report.MOE_RUNS) + len(report.LATER_VERSIONS)
     assert all(r["measured"] and r["code"] and r["outcome"] for r in rows)
 
 
 def test_dispatch_block_names_every_dispatched_launch():
     rows = plots.dispatch_rows(H200)
     text = report.block_dispatch()
-    assert [r["path"] for r in rows] == ["small-M"] * 3 + ["four_launch"] * 3
-    assert "moe_small_phased_gu_r2p" in text and "moe_gate_up_nt1_rt2_l2" in text and "generic.json" in text
+    assert [r["path"] for r in rows] == ["small-M"] * 3 + ["four_launch"] * 2   # the fragment layout's variants
+    assert "moe_small_phased_gu_r2p" in text and "moe_gate_up_frag_nt1" in text and "generic.json" in text
+    assert [r["path"] for r in plots.dispatch_rows("a GPU without a table")] == ["four_launch"] * 3   # packed
 
 
 def test_load_moe_repeat_only_at_todays_dispatch(monkeypatch):

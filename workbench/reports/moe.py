@@ -9,6 +9,7 @@ history is missing).
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from typing import Any, Callable
@@ -19,7 +20,7 @@ from workbench.bench.moe import flops
 from workbench.dispatch import MOE_SMALL_MAX_PAIRS, dispatch_for
 from workbench.bench.measure import load_measurement
 from workbench.reports import moe_plots as plots
-from workbench.moe.fused import FOUR_LAUNCH, variant_name
+from workbench.moe.fused import FOUR_LAUNCH, moe_plan, variant_name
 from workbench.reports.papers import markdown_table
 
 PAPER = REPO_ROOT / "papers" / "moe_int4.md"
@@ -101,6 +102,17 @@ VERSIONS: tuple[tuple[str, str, str, str, tuple, str, str], ...] = (
 )
 
 
+# Runs after the consolidation, their files still in the tree: (version, change, prediction, file, compare, outcome,
+# code, commit at which the file is read).
+LATER_VERSIONS: tuple[tuple[str, str, str, str, tuple, str, str, str], ...] = (
+    ("35", "experts held once, in the fragment layout; four-launch variants that read it (frag_nt<NT>: the small-M "
+     "kernels' stage loop over moe_align's items)", "frag_nt1 within 10% of nt1_rt2_l2 at M = 17-264",
+     "moe_layout_ab", ("frag_nt1", "nt1_rt2_l2", (17, 33, 66, 132, 264)),
+     "kept: frag_nt1 at M <= 1023, frag_nt4 beyond (frag_nt2 never fastest, removed); the packed copy dropped",
+     "057e4a8", "e7019f6"),
+)
+
+
 def _f(v: Any, spec: str = "") -> str:
     return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
@@ -134,7 +146,7 @@ def block_provenance() -> str:
 def block_dispatch() -> str:
     d = dispatch_for(GPU_NAME)
     g = dispatch_for("a GPU without a table")
-    return (f"`data/dispatch/{d.gpu}.json` (top-{8}, small-M kernels while M x top-k <= {MOE_SMALL_MAX_PAIRS}):\n\n"
+    return (f"`data/dispatch/{d.gpu}.json` (top-{8}, small-M kernels while M x top-k <= {MOE_SMALL_MAX_PAIRS}, the experts in the fragment layout):\n\n"
             + markdown_table([{**r, "kernel": f"`{r['kernel']}`", "launches": ", ".join(f"`{x}`" for x in
                                                                              r["launches"].split(", "))}
                               for r in plots.dispatch_rows(GPU_NAME)]) + f"\nAny other GPU gets `data/dispatch/{g.gpu}.json`: "
@@ -326,7 +338,34 @@ def version_rows() -> list[dict[str, Any]] | None:
         rows.append({"run": run, "change": change, "prediction": pred,
                      "measured": f"`{new}` - `{old}`, points of copy: {_compare(doc, new, old, ms)}; `{name}.json`",
                      "outcome": outcome, "code": code})
+    for run, change, pred, name, (new, old, ms), outcome, code, at in LATER_VERSIONS:
+        doc = papers.committed_json(at, f"{MEASURED}/{name}.json")
+        if doc is None:
+            return None
+        rows.append({"run": run, "change": change, "prediction": pred,
+                     "measured": f"`{new}` - `{old}`, points of copy: {_compare(doc, new, old, ms)}; `{name}.json`",
+                     "outcome": outcome, "code": code})
     return rows
+
+
+def block_layout() -> str:
+    """The fragment four-launch variants against the packed ones (moe_layout_ab.json): ms per call by experts and M."""
+    path = REPO_ROOT / MEASURED / "moe_layout_ab.json"
+    if not path.exists():
+        return "moe_layout_ab.json is not committed.\n"
+    doc = json.loads(path.read_text())
+    rows = [{"experts": r["experts"], "M": r["m"],
+             **{k: f"{r[k + '_ms']:.3f}" for k in ("frag_nt1", "frag_nt4", "nt1_rt2_l2", "nt2_rt2_d2", "nt4_rt2_d2")
+                if k + "_ms" in r},
+             "frag best / packed best": f"{r['frag_best_over_packed_best']:.2f}",
+             "dispatched now": moe_plan(r["m"], doc["parameters"]["topk"], "cuda", dispatch=dispatch_for(GPU_NAME),
+                                        layout="fragments")["kernel"]} for r in doc["results"]["rows"]]
+    p = doc["provenance"]
+    return (f"ms per call (median of CUDA-graph replays, uniform routing, fresh per repeat), K2.6 shapes; "
+            f"`moe_layout_ab.json`, measured at {p.get('git_commit', '?')[:7]} on {p.get('gpu', '?')}"
+            f"; every kernel checked against the reference first: {doc['results']['all_checks_ok']}. The "
+            "`dispatched now` column is today's table for experts in the fragment layout.\n\n"
+            + markdown_table(rows))
 
 
 def block_versions() -> str:
@@ -366,7 +405,7 @@ def block_consolidation_ab() -> str:
 BLOCKS: dict[str, Callable[[], str]] = {
     "provenance": block_provenance, "dispatch": block_dispatch, "floor": block_floor, "summary": block_summary,
     "small": block_small, "call_time": block_call_time, "goals": block_goals, "anchors": block_anchors,
-    "large": block_large, "checks": block_checks, "versions": block_versions,
+    "large": block_large, "checks": block_checks, "versions": block_versions, "layout": block_layout,
     "sweep_vs_dispatch": block_sweep_vs_dispatch, "consolidation_ab": block_consolidation_ab,
 }
 

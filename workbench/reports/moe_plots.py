@@ -96,12 +96,20 @@ def parity_rows(hidden: int, intermediate: int, num_experts: int, topk: int, m_v
 
 def dispatch_rows(device_name: str = "NVIDIA H200", hidden: int = 7168, intermediate: int = 2048
                   ) -> list[dict[str, Any]]:
-    """The MoE dispatch of ``device_name`` (data/dispatch) as rows: M range, path, kernel, its launches."""
+    """The MoE dispatch of ``device_name`` (data/dispatch) as rows: M range, path, kernel, its launches, for the
+    experts' layout there (fragments where a small-M kernel runs: ``moe_large_frag`` beyond; else ``moe_large``)."""
     d = dispatch_for(device_name)
     rows, lo = [], 1
     for max_m, name in d.moe_small:
         rows.append({"M": f"{lo}-{max_m}", "path": "small-M", "kernel": name, "launches": ", ".join(SMALL_KERNELS[name][:2])})
         lo = max_m + 1
+    if d.moe_small:
+        for max_m, nt in d.moe_large_frag:
+            name = f"frag_nt{nt}"
+            rows.append({"M": f"{lo}-{max_m}" if max_m < 1 << 20 else f">= {lo}", "path": FOUR_LAUNCH,
+                         "kernel": name, "launches": f"moe_align, moe_gate_up_{name}, moe_down_{name}, moe_combine"})
+            lo = max_m + 1
+        return rows
     for max_m, var in d.moe_large:
         name = variant_name(large_variant(var, hidden, intermediate))
         rows.append({"M": f"{lo}-{max_m}" if max_m < 1 << 20 else f">= {lo}", "path": FOUR_LAUNCH,
