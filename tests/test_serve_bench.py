@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 
 def test_serving_bench_dry_run(tmp_path):
     from workbench.bench.serve import main
@@ -29,3 +31,16 @@ def test_serving_bench_dry_run(tmp_path):
     assert [h["boundaries"] for h in res["head_of_line"]] == [1, 3] and all(h["tokens_each_boundary"]
                                                                             for h in res["head_of_line"])
     assert "server/greedy/C1/0" in doc["samples"]
+
+
+def test_numbered_codec_keeps_a_synthetic_models_whole_vocabulary():
+    """The serving bench's codec: ids past the byte codec's 256 (the K2.6 shape has 163,840) round-trip through
+    text, so prompts and outputs of the model's whole vocabulary pass the API's id check."""
+    from workbench.serve.tokenizer import TextCodec
+
+    c = TextCodec.numbered(1000)
+    assert c.vocab_size == 1000
+    ids = [0, 255, 256, 999]
+    assert c.encode(c.decode(ids)) == ids
+    with pytest.raises(ValueError, match="vocab_size"):
+        TextCodec.numbered(0)

@@ -105,7 +105,7 @@ class _ByRequest:
 class Server:
     """The app over ``batch`` on a free loopback port, uvicorn in a thread of this process."""
 
-    def __init__(self, batch, name: str):
+    def __init__(self, batch, name: str, codec=None):
         import socket
 
         import uvicorn
@@ -119,7 +119,9 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(self.scheduler, TextCodec.bytes(), name)
+        # the model's whole vocabulary behind the server (the byte codec's 256 ids would refuse most prompt ids)
+        codec = codec or TextCodec.numbered(batch.engine.model.config.vocab_size)
+        app = create_app(self.scheduler, codec, name)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

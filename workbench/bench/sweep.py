@@ -78,7 +78,7 @@ def plan_seconds(plan: dict[str, Any], engine_step: dict[str, Any] | None,
 def main(argv: list[str] | None = None) -> int:
     from workbench.bench.measure import load_measurement, write_measurement
     from workbench.sweep.engine import METHODS
-    from workbench.sweep.run import decomposition, sweep
+    from workbench.sweep.run import PARTS, decomposition, merge, sweep
 
     p = argparse.ArgumentParser(prog="python -m workbench.bench.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="output folder (default data/measurements/<gpu>)")
@@ -101,8 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", default=None, help="real or synthetic (default real)")
     p.add_argument("--profile-steps", type=int, default=None, help="CUDA: steps profiled per point (default 0)")
     p.add_argument("--device", default=None, help="default cpu")
+    p.add_argument("--part", nargs="+", default=None, choices=PARTS,
+                   help="run only these parts (default all); write NAME.json with --name and merge the parts' files "
+                        "with --merge")
+    p.add_argument("--name", default="context_sweep", help="measurement name (default context_sweep)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="FILE",
+                   help="merge part files (runs of one plan) into context_sweep.json; runs nothing")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args(argv)
+    if a.merge:
+        return _merge_files(a.merge, a.out)
     plan: dict[str, Any] = dict(H200_PLAN) if a.h200 else {
         "synthetic": "tiny", "layers": None, "device": "cpu", "prefill": "real", "contexts": [32, 128, 512],
         "methods": list(METHODS), "generate": 64, "sustained_at": None, "two_point": [8, 40], "repeats": 3,
@@ -127,22 +135,77 @@ def main(argv: list[str] | None = None) -> int:
                     plan["generate"], plan["two_point"], plan["block"], plan["budget"], plan["repeats"],
                     concurrency_context=plan["concurrency_context"], device=plan["device"], threads=a.threads,
                     prefill=plan["prefill"], sustained_at=plan["sustained_at"], profile_steps=plan["profile_steps"],
-                    concurrency_generate=plan["concurrency_generate"], experts=a.experts)
+                    concurrency_generate=plan["concurrency_generate"], experts=a.experts,
+                    parts=a.part or PARTS)
     except ValueError as e:
         print(f"workbench.bench.sweep: error: {e}", file=sys.stderr)
         return 2
-    samples = [{"context": r["context"], "method": r["method"], "step_ms": r["step_ms"], "accepted": r["accepted"]}
-               for r in doc["contexts"]]
-    results = {"contexts": [{k: v for k, v in r.items() if k not in ("step_ms", "accepted")} for r in doc["contexts"]],
-               "concurrency": doc["concurrency"], "layout": doc["layout"], "phases": doc["phases"],
-               "decomposition": decomposition(doc), "plan": {"h200": a.h200, **plan}, "estimate": est}
     notes = ("CPU dry run: not H200 data" if plan["device"] == "cpu" else
              "Prefill: seeded random KV rows (TTFT not measured). Sustained 1,500 tokens only at the contexts in "
              "plan.sustained_at (the source's ~5k point); elsewhere the sustained rate is over the two-point's "
              "B tokens. Per-step terms: CUDA profiler kernel records of the captured step by kernel family; draft "
              "timed separately; rest = wall - the others (projections, norms, lm_head, glue, host gaps).")
-    path = write_measurement("context_sweep", parameters=doc["parameters"], results=results, samples=samples,
-                             notes=notes, out_dir=a.out)
+    path = write_measurement(a.name, parameters=doc["parameters"], samples=_samples(doc), notes=notes,
+                             results=_results(doc, {"h200": a.h200, **plan}, est), out_dir=a.out)
+    print(path)
+    return 0
+
+
+def _samples(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"context": r["context"], "method": r["method"], "step_ms": r["step_ms"], "accepted": r["accepted"]}
+            for r in doc["contexts"]]
+
+
+def _results(doc: dict[str, Any], plan: dict[str, Any] | list, est: Any) -> dict[str, Any]:
+    from workbench.sweep.run import decomposition
+
+    return {"contexts": [{k: v for k, v in r.items() if k not in ("step_ms", "accepted")} for r in doc["contexts"]],
+            "concurrency": doc["concurrency"], "layout": doc["layout"], "phases": doc["phases"],
+            "decomposition": decomposition(doc), "plan": plan, "estimate": est}
+
+
+def _merged_estimate(prov: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The parts' plan estimates summed (each part estimated its own plan before it ran); None when none had one."""
+    ests = [p["estimate"] for p in prov if p.get("estimate")]
+    if not ests:
+        return None
+    return {"total_s": sum(e["total_s"] for e in ests), "basis": ests[0]["basis"] + f" (sum over {len(ests)} parts)",
+            "parts": ests}
+
+
+def _merge_files(files: list[str], out: str | None) -> int:
+    """context_sweep.json from part files written by ``--part ... --name ...`` (runs of one plan): their documents
+    rebuilt (each context row with its step samples), merged (:func:`workbench.sweep.run.merge`), written with the
+    first file's provenance fields kept as ``merged_from`` (each part's commit, date and GPU)."""
+    import json
+    from pathlib import Path
+
+    from workbench.bench.measure import write_measurement
+    from workbench.sweep.run import merge
+
+    docs, prov, first_prov = [], [], None
+    for f in files:
+        raw = json.loads(Path(f).read_text())
+        first_prov = first_prov or raw.get("provenance")
+        steps = {(s["context"], s["method"]): s for s in raw["samples"]}
+        res = raw["results"]
+        docs.append({"parameters": raw["parameters"], "model": raw["parameters"].get("synthetic"),
+                     "contexts": [{**r, **{k: steps[(r["context"], r["method"])][k] for k in ("step_ms", "accepted")}}
+                                  for r in res["contexts"]],
+                     "concurrency": res["concurrency"], "layout": res["layout"], "phases": res["phases"]})
+        prov.append({"file": Path(f).name, **{k: raw.get("provenance", {}).get(k) for k in
+                                              ("git_commit", "date_utc", "gpu", "driver")}, "plan": res.get("plan"),
+                     "estimate": res.get("estimate")})
+    try:
+        doc = merge(docs)
+    except ValueError as e:
+        print(f"workbench.bench.sweep: error: {e}", file=sys.stderr)
+        return 2
+    notes = json.loads(Path(files[0]).read_text()).get("notes", "")
+    path = write_measurement("context_sweep", parameters={**doc["parameters"], "merged_from": prov},
+                             results=_results(doc, [p["plan"] for p in prov], _merged_estimate(prov)),
+                             samples=_samples(doc), notes=notes + " Merged from part runs (parameters.merged_from).",
+                             out_dir=out, extra={"provenance": first_prov} if first_prov else None)
     print(path)
     return 0
 

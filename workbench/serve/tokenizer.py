@@ -85,6 +85,19 @@ class TextCodec:
     def bytes(cls) -> "TextCodec":
         return cls(byte_tokenizer())
 
+    @classmethod
+    def numbered(cls, vocab_size: int) -> "TextCodec":
+        """A word-level tokenizer of ``vocab_size`` ids whose token i is the text ``<i>`` (space-separated): a
+        synthetic model keeps its full vocabulary behind the server (its lm_head, the step's largest dense read),
+        and ids round-trip through text."""
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        return cls(tok, source=f"numbered ({vocab_size} ids)")
+
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)

@@ -9,6 +9,8 @@ chunked prefill through the engine at 128k does not fit the run's time, see work
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,6 +20,7 @@ from workbench.sweep.phases import phase_breakdown
 from workbench.sweep.rates import decompose
 
 ANCHORS = Path(__file__).resolve().parents[2] / "data" / "anchors" / "source_context.json"
+PARTS = ("contexts", "concurrency", "layout")   # what one sweep runs; a run may take a subset (merged later)
 
 
 def build_model(synthetic: str, layers: int | None = None, device: str = "cpu", experts: int | None = None,
@@ -47,7 +50,7 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
           layouts: Sequence[str] = LAYOUTS, concurrency_context: int | None = None, device: str = "cpu",
           seed: int = 0, threads: int | None = None, model=None, prefill: str = "real",
           sustained_at: Sequence[int] | None = None, profile_steps: int = 0, concurrency_generate: int | None = None,
-          experts: int | None = None) -> dict[str, Any]:
+          experts: int | None = None, parts: Sequence[str] = PARTS) -> dict[str, Any]:
     """Every part of the diagnosis: {parameters, contexts (rows of measure_point), concurrency (rows), layout
     (rows of layout_comparison at the sweep's contexts), phases (rows of phase_breakdown: the eager reference's
     ms per phase per step; CPU only), model}. Inputs are checked before anything runs.
@@ -57,10 +60,14 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
     no prefill, TTFT not measured: the contexts to 128k on the H200). ``sustained_at``: the contexts whose long run is
     ``generate`` tokens (None: all; the others run the two-point's B). ``profile_steps`` (CUDA): each point's
     per-step terms from the captured step's kernel records. ``concurrency_generate``: tokens per request of the
-    concurrency part (default ``generate``)."""
+    concurrency part (default ``generate``). ``parts``: the parts run (:data:`PARTS`; the others are empty lists,
+    ``parameters.parts`` says which ran), so that a long run can be split over several processes and merged
+    (:func:`merge`). Each part's wall seconds go to ``parameters.part_seconds`` and to stderr as it ends."""
     import torch
 
-    from workbench.validation import check_choice, check_int
+    from workbench.validation import check_choice, check_int, check_list
+
+    parts = check_list("parts", list(parts), lambda name, v: check_choice(name, v, PARTS), f"parts among {PARTS}")
 
     cfg = es.model_config(synthetic, layers) if model is None else model.config
     chk = es.check_sweep(contexts, concurrency, generate, two_point, methods, cfg.yarn_limit, block, budget,
@@ -89,21 +96,68 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
               "layouts": list(layouts), "device": device, "seed": seed, "threads": torch.get_num_threads(),
               "p_top": es.P_TOP, "profile_steps": profile_steps,
               "prefill": "seeded random KV rows (no prefill; TTFT not measured)" if syn
-              else "one ragged pass (no chunking)"}
-    ctx = es.context_sweep(model, chk["contexts"], chk["methods"], generate, chk["two_point"], block, budget,
-                           repeats, seed, synthetic_prefix=syn, sustained_at=sustained_at,
-                           profile_steps=profile_steps)
-    _free(device)
-    conc = es.concurrency_sweep(model, chk["concurrency"], chk["concurrency_context"], chk["methods"], cgen,
-                                block, budget, seed, synthetic_prefix=syn)
-    _free(device)
-    lay = layout_comparison(layouts, contexts=chk["contexts"], heads=cfg.num_attention_heads,
-                            kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.qk_rope_head_dim, seed=seed, device=device,
-                            tail=1 if device == "cpu" else budget + 1)
+              else "one ragged pass (no chunking)", "parts": list(parts), "part_seconds": {}}
+
+    def timed(part: str, run):
+        if part not in parts:
+            return []
+        t0 = time.perf_counter()
+        out = run()
+        _free(device)
+        params["part_seconds"][part] = time.perf_counter() - t0
+        print(f"sweep part {part}: {params['part_seconds'][part]:.1f} s", file=sys.stderr, flush=True)
+        return out
+
+    ctx = timed("contexts", lambda: es.context_sweep(
+        model, chk["contexts"], chk["methods"], generate, chk["two_point"], block, budget, repeats, seed,
+        synthetic_prefix=syn, sustained_at=sustained_at, profile_steps=profile_steps))
+    conc = timed("concurrency", lambda: es.concurrency_sweep(
+        model, chk["concurrency"], chk["concurrency_context"], chk["methods"], cgen, block, budget, seed,
+        synthetic_prefix=syn))
+    lay = timed("layout", lambda: layout_comparison(
+        layouts, contexts=chk["contexts"], heads=cfg.num_attention_heads, kv_lora_rank=cfg.kv_lora_rank,
+        rope_dim=cfg.qk_rope_head_dim, seed=seed, device=device, tail=1 if device == "cpu" else budget + 1))
     phases = phase_breakdown(model, chk["contexts"], chk["methods"], generate, block, budget, seed) \
-        if device == "cpu" else []
+        if device == "cpu" and "contexts" in parts else []
     return {"parameters": params, "model": cfg.name, "contexts": ctx, "concurrency": conc, "layout": lay,
             "phases": phases}
+
+
+def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep document from runs of parts of one plan (:func:`sweep` with ``parts``): the context rows of every
+    run in context order, the concurrency and layout rows of the runs that took those parts (each part from exactly
+    one run), the parameters of the first run with the union of contexts and parts and every run's part seconds.
+    Raises when the runs disagree on the model or the sweep's settings, or a part or (context, method) repeats."""
+    from workbench.validation import InvalidParameter
+
+    if not docs:
+        raise InvalidParameter("docs", [], "at least one sweep document")
+    same = ("synthetic", "layers", "experts", "methods", "generate", "two_point", "block", "budget", "repeats",
+            "device", "prefill", "p_top", "profile_steps")
+    first = docs[0]["parameters"]
+    for d in docs[1:]:
+        diff = [k for k in same if d["parameters"].get(k) != first.get(k)]
+        if diff:
+            raise InvalidParameter("docs", [k for k in diff], "runs of one plan (same model and settings); "
+                                                              f"these differ: {diff}")
+    seen_parts: dict[str, int] = {}
+    for i, d in enumerate(docs):
+        for p in d["parameters"].get("parts", PARTS):
+            if p != "contexts" and p in seen_parts:
+                raise InvalidParameter("docs", p, f"each of the concurrency and layout parts from one run (runs "
+                                                  f"{seen_parts[p]} and {i} both took {p!r})")
+            seen_parts.setdefault(p, i)
+    keys = [(r["context"], r["method"]) for d in docs for r in d["contexts"]]
+    if len(keys) != len(set(keys)):
+        raise InvalidParameter("docs", sorted({k for k in keys if keys.count(k) > 1}), "each (context, method) once")
+    rows = sorted((r for d in docs for r in d["contexts"]), key=lambda r: (r["context"], r["method"]))
+    params = {**first, "contexts": sorted({c for d in docs for c in d["parameters"]["contexts"]}),
+              "sustained_at": sorted({c for d in docs for c in d["parameters"]["sustained_at"]}),
+              "parts": sorted(seen_parts), "part_seconds": [d["parameters"].get("part_seconds", {}) for d in docs],
+              "merged_runs": len(docs)}
+    return {"parameters": params, "model": docs[0]["model"], "contexts": rows,
+            "concurrency": [r for d in docs for r in d["concurrency"]],
+            "layout": [r for d in docs for r in d["layout"]], "phases": [r for d in docs for r in d["phases"]]}
 
 
 def _free(device: str) -> None:

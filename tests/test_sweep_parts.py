@@ -1,0 +1,55 @@
+"""A long sweep split over processes: ``python -m workbench.bench.sweep --part ... --name ...`` per part, then
+``--merge`` into one context_sweep.json that the paper's generator reads (CPU, tiny model)."""
+import json
+
+import pytest
+
+from workbench.bench import sweep as bench_sweep
+from workbench.sweep.run import merge
+from workbench.validation import InvalidParameter
+
+TINY = ["--synthetic", "tiny", "--generate", "12", "--two-point", "4", "8", "--repeats", "1", "--block", "4",
+        "--budget", "4", "--concurrency", "1", "2", "--threads", "1"]
+
+
+def _run(tmp_path, *args) -> dict:
+    assert bench_sweep.main([*TINY, "--out", str(tmp_path), *args]) == 0
+    return json.loads((tmp_path / f"{args[args.index('--name') + 1]}.json").read_text())
+
+
+def test_parts_merge_into_one_sweep_the_report_reads(tmp_path):
+    a = _run(tmp_path, "--part", "contexts", "--contexts", "16", "--name", "part_a")
+    b = _run(tmp_path, "--part", "contexts", "concurrency", "layout", "--contexts", "48", "--name", "part_b")
+    assert a["parameters"]["parts"] == ["contexts"] and a["results"]["concurrency"] == []
+    assert set(a["parameters"]["part_seconds"]) == {"contexts"} and a["parameters"]["part_seconds"]["contexts"] > 0
+    assert b["results"]["layout"] and b["results"]["concurrency"]
+    assert bench_sweep.main(["--merge", str(tmp_path / "part_a.json"), str(tmp_path / "part_b.json"),
+                             "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "context_sweep.json").read_text())
+    assert [r["context"] for r in doc["results"]["contexts"]] == sorted([r["context"] for r in doc["results"]["contexts"]])
+    assert {r["context"] for r in doc["results"]["contexts"]} == {16, 48}
+    assert doc["parameters"]["contexts"] == [16, 48] and doc["parameters"]["merged_runs"] == 2
+    assert len(doc["samples"]) == len(doc["results"]["contexts"])
+    assert doc["results"]["concurrency"] == b["results"]["concurrency"]
+    assert doc["provenance"] == a["provenance"]   # the parts' machine, not the merging one
+    assert [m["file"] for m in doc["parameters"]["merged_from"]] == ["part_a.json", "part_b.json"]
+    from workbench.reports import context
+
+    text = context.render(context.PAPER.read_text(), doc)   # every generated block of the paper from the merged file
+    assert "context 48" in text or "48" in text
+
+
+def test_merge_refuses_runs_of_different_plans_and_repeats():
+    base = {"parameters": {"synthetic": "tiny", "layers": 3, "contexts": [16], "parts": ["contexts"],
+                           "sustained_at": [16]}, "model": "tiny",
+            "contexts": [{"context": 16, "method": "greedy"}], "concurrency": [], "layout": [], "phases": []}
+    other = {**base, "parameters": {**base["parameters"], "layers": 4}}
+    with pytest.raises(InvalidParameter, match="layers"):
+        merge([base, other])
+    with pytest.raises(InvalidParameter, match="each \\(context, method\\) once"):
+        merge([base, base])
+    lay = {**base, "contexts": [], "parameters": {**base["parameters"], "parts": ["layout"]}}
+    with pytest.raises(InvalidParameter, match="both took 'layout'"):
+        merge([lay, lay])
+    with pytest.raises(InvalidParameter, match="at least one"):
+        merge([])
