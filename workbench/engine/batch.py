@@ -32,7 +32,6 @@ import torch
 from workbench.decode import DecodeConfig
 from workbench.engine.generate import StepRecord, check_prompts
 from workbench.engine.kv_cache import KVPoolFull
-from workbench.engine.model import Segment
 from workbench.engine.step import DecodeEngine, bucket_for, take_tokens
 
 
@@ -201,39 +200,30 @@ class Batch:
         one that is then already done is retired)."""
         if not self._pending:
             return {}
-        e, m = self.engine, self.engine.model
-        dev = m.device
+        e, dev = self.engine, self.engine.model.device
         t0 = time.perf_counter()
         spans = []
         for r in self._pending:
             d = getattr(r, "_prefilled", 0)
             spans.append((d, min(len(r.prompt), d + (self.prefill_chunk or len(r.prompt)))))
-        segs = [Segment(r._slots[:d], r._slots[d:end]) for r, (d, end) in zip(self._pending, spans)]
-        toks = torch.cat([torch.tensor(r.prompt[d:end], dtype=torch.int64)
-                          for r, (d, end) in zip(self._pending, spans)]).to(dev)
-        pos = torch.cat([torch.arange(d, end) for d, end in spans]).to(dev)
-        with torch.no_grad():
-            logits, cap = m.forward_batch(toks, pos, segs, e.cache, self.layers)
-        allf = torch.cat([cap[l] for l in self.layers], -1) if self.layers else None
+        firsts, feats = e.prefill_pieces([(r._slots[:d], r._slots[d:end], r.prompt[d:end], d)
+                                          for r, (d, end) in zip(self._pending, spans)], self.layers)
         ms = (time.perf_counter() - t0) * 1e3
-        out, off, still = {}, 0, []
-        for r, (d, end) in zip(self._pending, spans):
-            n = end - d
+        out, still = {}, []
+        for r, (d, end), t, f in zip(self._pending, spans, firsts, feats):
             r.prefill_ms += ms
             r._prefilled = end  # type: ignore[attr-defined]
-            if allf is not None:
-                r._feats = getattr(r, "_feats", []) + [allf[off:off + n]]  # type: ignore[attr-defined]
-            off += n
+            if f is not None:
+                r._feats = getattr(r, "_feats", []) + [f]  # type: ignore[attr-defined]
             if end < len(r.prompt):
                 still.append(r)
                 continue
-            t = int(logits[off - 1].argmax(-1))
             out[r] = self._emit(r, [t])
             e.last_token[r.row] = t
             e.num_generated[r.row] = 1
             if self.program is not None:
-                f = torch.cat(r._feats) if allf is not None else None
-                p = torch.arange(len(r.prompt), device=dev) if allf is not None else None
+                f = torch.cat(r._feats) if self.layers else None
+                p = torch.arange(len(r.prompt), device=dev) if self.layers else None
                 self.program.admit(r.row, r.id, upto=r.max_new_tokens, features=f, positions=p)
                 r._feats = []
             self.live[r.row] = r

@@ -272,6 +272,26 @@ class DecodeEngine:
         nan = torch.full((C, 2), float("nan"), dtype=torch.float64, device=new.device)
         return torch.cat([new.double(), a[:, None].double(), (act & ~ok)[:, None].double(), nan], 1)
 
+    def prefill_pieces(self, pieces, layers=()) -> tuple[list[int], list[torch.Tensor | None]]:
+        """One ragged prefill forward over ``pieces``, each ``(done_slots int64 [d], new_slots int64 [n], tokens
+        (n ints), first position d)``: the new tokens attend to the done rows and to each other, their KV rows are
+        written to ``new_slots``. Returns each piece's greedy next token (float32 argmax at its last row; one
+        device-to-host copy for all) and its captured features of ``layers`` ([n, len(layers) x D], None without
+        layers). Used by :class:`Session` (whole prompts) and the continuous batch (prompt chunks)."""
+        m, dev = self.model, self.model.device
+        segs = [Segment(done, new) for done, new, _, _ in pieces]
+        toks = torch.cat([torch.tensor(t, dtype=torch.int64) for _, _, t, _ in pieces]).to(dev)
+        pos = torch.cat([torch.arange(d, d + len(t)) for _, _, t, d in pieces]).to(dev)
+        with torch.no_grad():
+            logits, cap = m.forward_batch(toks, pos, segs, self.cache, layers)
+        lens = [len(t) for _, _, t, _ in pieces]
+        ends = torch.tensor(np.cumsum(lens) - 1, device=dev)
+        first = logits[ends].argmax(-1).tolist()
+        allf = torch.cat([cap[l] for l in layers], -1) if layers else None
+        offs = np.concatenate([[0], np.cumsum(lens)])
+        feats = [allf[offs[i]:offs[i + 1]] if allf is not None else None for i in range(len(pieces))]
+        return first, feats
+
     def step_to_host(self, b: _Bucket, config: DecodeConfig, host: torch.Tensor | None
                      ) -> tuple[torch.Tensor, float, bool]:
         """:meth:`run_step`, then its output rows in ONE device-to-host copy into ``host`` (float64 [C, width],
@@ -367,7 +387,7 @@ class Session:
         e, m = self.engine, self.engine.model
         cache, dev = e.cache, m.device
         t0 = time.perf_counter()
-        segs, toks, pos, live = [], [], [], []
+        pieces, live = [], []
         for r in self.reqs:
             try:
                 slots = cache.admit(r.index, len(r.prompt))
@@ -384,24 +404,17 @@ class Session:
                 e.last_token[r.index] = first
                 e.num_generated[r.index] = 1
                 continue
-            segs.append(Segment(slots[:0], slots))
-            toks.append(torch.tensor(r.prompt, dtype=torch.int64))
-            pos.append(torch.arange(len(r.prompt)))
+            pieces.append((slots[:0], slots, r.prompt, 0))
             live.append(r)
         feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if live:
-            logits, cap = m.forward_batch(torch.cat(toks).to(dev), torch.cat(pos).to(dev), segs, cache, layers)
-            ends = torch.tensor(np.cumsum([len(r.prompt) for r in live]) - 1, device=dev)
-            first = logits[ends].argmax(-1)
-            allf = torch.cat([cap[l] for l in layers], -1) if layers else None
-            off = 0
-            for r, t in zip(live, first.tolist()):
+            first, fs = e.prefill_pieces(pieces, layers)
+            for r, t, f in zip(live, first, fs):
                 self._finish(r, [t])
                 e.last_token[r.index] = t
                 e.num_generated[r.index] = 1
-                if allf is not None:
-                    feats[r.index] = (allf[off:off + len(r.prompt)], torch.arange(len(r.prompt), device=dev))
-                off += len(r.prompt)
+                if f is not None:
+                    feats[r.index] = (f, torch.arange(len(r.prompt), device=dev))
         ms = (time.perf_counter() - t0) * 1e3
         for r in self.reqs:
             r.prefill_ms = ms
