@@ -1,4 +1,7 @@
-"""The engine sweep, the KV churn and the sweep's input checks on the CPU with the tiny model."""
+"""The engine sweep, the KV churn and the sweep's input checks on the CPU with the tiny model; the
+trained:<type> methods on a fixture acceptance.json."""
+import json
+
 import pytest
 import torch
 
@@ -120,3 +123,85 @@ def test_phase_breakdown_sums_to_the_step(model):
     for r in rows:
         assert r["total"] == pytest.approx(sum(r[p] for p in PHASES), rel=1e-9) and r["verify"] > 0
     assert rows[0]["tree_build"] == 0.0 and rows[1]["tree_build"] > 0 and rows[1]["mean_accepted"] > 1
+
+
+# ---------------------------------------------------------------- trained:<type> (issue 28 item 6), fixture file
+
+COMMIT = "0123abc"
+
+
+def acceptance_json(tmp_path, rows=(("math", 4, 8, 2.5), ("math", 8, 4, 3.0), ("code", 4, 8, 4.0))):
+    """A small acceptance.json (text type, block, budget, mean accepted length) with a provenance commit."""
+    f = tmp_path / "acceptance.json"
+    f.write_text(json.dumps({"provenance": {"git_commit": COMMIT}, "notes": "fixture", "results": {"rows": [
+        {"text_type": t, "block": b, "budget": k, "mean_accepted": a} for t, b, k, a in rows]}}))
+    return f
+
+
+def test_trained_method_is_a_scripted_drafter_calibrated_to_the_measured_mean(tmp_path):
+    from workbench.engine.drafters import ScriptedDrafter
+
+    f, vocab = acceptance_json(tmp_path), tiny_config().vocab_size
+    for block, budget in ((4, 8), (8, 4)):  # budget >= depth, and a budget that cuts the chain short
+        src = sweep.acceptance_source("trained:math", block, budget, vocab, acceptance_file=f)
+        assert src["source"] == "trained" and src["git_commit"] == COMMIT and 0 < src["p_top"] < 1
+        assert (src["text_type"], src["block"], src["budget"]) == ("math", block, budget)
+        d = ScriptedDrafter([], vocab, block=block, p_top=src["p_top"])
+        assert d.expected_accepted_length(budget) == pytest.approx(src["mean_accepted"], abs=1e-9)
+        assert src["expected_accepted"] == pytest.approx(src["mean_accepted"], abs=1e-9)
+    assert sweep.acceptance_source("trained:code", 4, 8, vocab, acceptance_file=f)["p_top"] == 1.0  # = block
+    assert sweep.calibrated_p_top(1.0, 4, 8, vocab) == 0.0
+    with pytest.raises(InvalidParameter, match=r"in \[1, 4\]"):
+        sweep.calibrated_p_top(4.5, 4, 8, vocab)
+    assert sweep.acceptance_source("ddtree-low", 4, 8, vocab) == {"source": "scripted",
+                                                                  "p_top": sweep.P_TOP["ddtree-low"]}
+    assert sweep.acceptance_source("greedy", 4, 8, vocab) is None
+
+
+def test_trained_methods_run_in_both_sweeps_and_record_their_source(model, tmp_path):
+    f = acceptance_json(tmp_path)
+    rows = sweep.context_sweep(model, [16], ["greedy", "trained:code", "trained:math"], generate=21,
+                               two_point=(5, 21), block=4, budget=8, repeats=1, acceptance_file=f)
+    greedy, code, math = rows
+    assert greedy["acceptance"] is None and greedy["p_top"] is None
+    assert set(code["accepted"]) == {4} and code["p_top"] == 1.0  # measured = block: the whole depth every step
+    for r, t in ((code, "code"), (math, "math")):
+        a = r["acceptance"]
+        assert (a["source"], a["text_type"], a["git_commit"], a["file"]) == ("trained", t, COMMIT, str(f))
+        assert r["p_top"] == a["p_top"] and 1 <= r["mean_accepted"] <= 4
+    conc = sweep.concurrency_sweep(model, [2], 16, ["trained:math"], generate=12, block=4, budget=8,
+                                   acceptance_file=f)
+    assert conc[0]["p_top"] == conc[0]["acceptance"]["p_top"] == math["p_top"]
+
+
+def test_trained_methods_unknown_unmeasured_or_without_file_are_clear_errors(tmp_path):
+    args = dict(contexts=[64], concurrency=[1], generate=64, two_point=[8, 40], rope_limit=1024, block=8,
+                budget=16, acceptance_file=acceptance_json(tmp_path))
+    with pytest.raises(InvalidParameter, match="greedy, ddtree-high, ddtree-low, trained:prose, trained:code, "
+                                               "trained:math") as e:
+        sweep.check_sweep(methods=["greedy", "trained:poetry"], **args)
+    assert e.value.name == "methods"
+    with pytest.raises(InvalidParameter, match=r"methods='trained:math'.*\(4, 8\), \(8, 4\)") as e:
+        sweep.check_sweep(methods=["trained:math"], **args)
+    with pytest.raises(InvalidParameter, match="one of the measured text types: code, math"):
+        sweep.check_sweep(methods=["trained:prose"], **args)
+    with pytest.raises(FileNotFoundError, match="none.json"):
+        sweep.check_sweep(methods=["trained:math"], **{**args, "acceptance_file": tmp_path / "none.json"})
+    with pytest.raises(InvalidParameter) as e:
+        sweep.drafter_for("trained:math", [[1, 2]], 64, 4)
+    assert e.value.name == "budget" and "calibrated" in e.value.allowed
+
+
+def test_cli_sweep_takes_a_trained_method(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+    from workbench.projection import trained
+
+    f = acceptance_json(tmp_path)
+    monkeypatch.setattr(trained, "default_file", lambda: f)  # in place of data/measurements/h200/acceptance.json
+    argv = ["sweep", "--engine", "--contexts", "16", "--concurrency", "1", "--method", "trained:math",
+            "--generate", "12", "--two-point", "4", "12", "--block", "4", "--repeats", "1"]
+    assert main(argv + ["--budget", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["acceptance"]["git_commit"] for r in doc["contexts"] + doc["concurrency"]] == [COMMIT, COMMIT]
+    assert main(argv + ["--budget", "16"]) == 2
+    assert "methods='trained:math' is not allowed" in capsys.readouterr().err

@@ -20,6 +20,7 @@ context sweep and the B300 projection take as "the trained drafter on text type 
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -94,23 +95,30 @@ def measure(target: HFTarget, drafter, prompts: dict[str, torch.Tensor], blocks:
     return {"greedy": greedy, "rows": rows}
 
 
-def measured_rows(doc: dict | None = None, gpu: str = "h200") -> list[dict]:
-    """The rows of the committed acceptance measurement (or of ``doc``); [] when there is none."""
-    if doc is None:
+def measured_rows(doc: dict | None = None, gpu: str = "h200", path: str | Path | None = None) -> list[dict]:
+    """The rows of the committed acceptance measurement (or of ``doc``, or of the file at ``path``, read in
+    place of ``data/measurements/<gpu>/acceptance.json``); [] when there is none."""
+    if doc is None and path is not None:
+        p = Path(path)
+        doc = json.loads(p.read_text()) if p.exists() else None
+    elif doc is None:
         from workbench.bench.measure import load_measurement
 
         doc = load_measurement(ACCEPTANCE_FILE, gpu)
     return [] if doc is None else list(doc["results"]["rows"])
 
 
-def acceptance_for(text_type: str, block: int, budget: int, gpu: str = "h200", doc: dict | None = None) -> float:
+def acceptance_for(text_type: str, block: int, budget: int, gpu: str = "h200", doc: dict | None = None,
+                   path: str | Path | None = None) -> float:
     """Measured mean accepted length (root included) of the trained drafter on ``text_type`` at
-    ``block`` and ``budget`` (from ``data/measurements/<gpu>/acceptance.json``, or ``doc``). A
-    combination that was not measured is an :class:`InvalidParameter` listing what was."""
-    rows = measured_rows(doc, gpu)
+    ``block`` and ``budget`` (from ``data/measurements/<gpu>/acceptance.json``, or ``doc``, or the file at
+    ``path``). A combination that was not measured is an :class:`InvalidParameter` listing what was; no
+    measurement at all is a FileNotFoundError naming the file."""
+    rows = measured_rows(doc, gpu, path)
     if not rows:
-        raise FileNotFoundError(f"no acceptance measurement for {gpu} (data/measurements/{gpu}/"
-                                f"{ACCEPTANCE_FILE}.json; python -m workbench.bench.acceptance writes it)")
+        where = path if path is not None else f"data/measurements/{gpu}/{ACCEPTANCE_FILE}.json"
+        raise FileNotFoundError(f"no acceptance measurement for {gpu} ({where}; python -m "
+                                f"workbench.bench.acceptance writes it)")
     for r in rows:
         if (r["text_type"], r["block"], r["budget"]) == (text_type, block, budget):
             return float(r["mean_accepted"])

@@ -1,7 +1,11 @@
 """``workbench project``: tokens/s on another GPU from the calibrated step-cost model.
 
-    workbench project --gpu b300 --block 16 --budget 32 --accept 12 16
-                      [--overhead measured|source-anchor|MS] [--calibration FILE...] [--json]
+    workbench project --gpu b300 --block 16 --budget 32 --accept 12 16 [trained:math ...]
+                      [--overhead measured|source-anchor|MS] [--calibration FILE...] [--acceptance-file FILE] [--json]
+
+``--accept`` takes numbers and ``trained:<type>`` (prose, code, math): the trained drafter's mean accepted
+length measured on that text type at this block and budget (data/measurements/h200/acceptance.json, or
+``--acceptance-file``; :mod:`workbench.projection.trained`). Not measured there: exit 2 with what was.
 
 ``--overhead``: ``source-anchor`` (default) calibrates the host overhead on the source's B300
 anchor; ``measured`` takes it from this workbench's H200 engine step (wall - floor of the C=1
@@ -35,7 +39,12 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=parse_text, required=True,
                    help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
     p.add_argument("--accept", type=parse_text, nargs="+", required=True,
-                   help="accepted length(s) per step, root included (1 <= a <= block)")
+                   help="accepted length(s) per step, root included (1 <= a <= block), or trained:<type> "
+                        "(prose, code, math): the trained drafter's measured accepted length at this block and "
+                        "budget")
+    p.add_argument("--acceptance-file", default=None, metavar="FILE",
+                   help="acceptance measurement read for trained:<type> in place of "
+                        "data/measurements/h200/acceptance.json")
     p.add_argument("--overhead", type=parse_text, default=None, metavar="measured|source-anchor|MS",
                    help="the host overhead term: 'source-anchor' (default: calibrated on the source's B300 anchor), "
                         "'measured' (the H200 engine step's cost beyond its floor, data/measurements/h200/"
@@ -74,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                       overhead_cut_ms=args.overhead_cut_ms, context=args.context, tp=args.tp,
                       tree_builder=args.tree_builder,
                       bandwidth_bytes_per_s=bandwidth,
-                      calibration=args.calibration, use_measurements=not args.anchors_only)
+                      calibration=args.calibration, use_measurements=not args.anchors_only,
+                      acceptance_file=args.acceptance_file)
     except (KeyError, TypeError) as e:  # a malformed calibration file
         raise ValueError(f"could not read the calibration: {type(e).__name__}: {e}") from None
     if args.json:

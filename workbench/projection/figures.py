@@ -47,8 +47,8 @@ def calibration_table(calib: Calibration) -> go.Figure:
 
 
 def projection_table(res: Projection) -> go.Figure:
-    rows = [{"accepted": f"{r['accept']:g}", "low tok/s": f"{r['low']:.0f}", "central tok/s": f"{r['central']:.0f}",
-             "high tok/s": f"{r['high']:.0f}"} for r in res.tokens_per_s]
+    rows = [{"accepted": res.accept_label(i), "low tok/s": f"{r['low']:.0f}", "central tok/s": f"{r['central']:.0f}",
+             "high tok/s": f"{r['high']:.0f}"} for i, r in enumerate(res.tokens_per_s)]
     st = res.step_ms
     rows.append({"accepted": "step ms", "low tok/s": f"{st['low']:.2f}", "central tok/s": f"{st['central']:.2f}",
                  "high tok/s": f"{st['high']:.2f}"})

@@ -21,6 +21,11 @@ source's "12.5 ms -> 8 ms" read as a 4.5 ms cut).
 DDTree step costs beyond its floor on the H200, its host gaps carried over unchanged and its
 kernels-below-floor part scaled with the projected step's floor; MoE, dense and attention are then
 taken at their floors, since the measured overhead already holds the kernels' time beyond them.
+
+``accept`` takes numbers (an acceptance assumed or scripted) and ``"trained:<type>"`` entries
+(:mod:`workbench.projection.trained`): the trained drafter's mean accepted length measured on that
+text type at the projection's block and budget (data/measurements/h200/acceptance.json), recorded
+with its provenance in :attr:`Projection.accept_sources`.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ from workbench.projection.model import (
     load_gpu, step_terms, tokens_per_s,
 )
 from workbench.projection import overhead as measured_overhead
-from workbench.validation import InvalidParameter, check_float, check_int, check_list
+from workbench.projection import trained
+from workbench.validation import InvalidParameter, check_choice, check_float, check_int, check_list
 
 ANCHOR_GPU = "b300"
 SOURCE_ANCHOR, MEASURED = "source-anchor", "measured"
@@ -122,6 +128,12 @@ class Projection:
     anchor_overhead_ms: dict[str, float]            # calibrated host overhead at each corner
     bandwidth_bytes_per_s: float
     measured_overhead: dict[str, Any] | None = None  # overhead='measured': the H200 step and its transfer
+    accept_sources: tuple[Any, ...] = ()            # per accept: trained.TrainedAcceptance, or None (a number given)
+
+    def accept_label(self, i: int) -> str:
+        """Accepted length ``i`` as shown: the number, and ``trained:<type>`` where it was measured."""
+        src = self.accept_sources[i] if i < len(self.accept_sources) else None
+        return f"{self.accept[i]:g}" if src is None else f"{self.accept[i]:.3g} ({src.spec})"
 
     @property
     def overhead_kind(self) -> str:
@@ -144,7 +156,9 @@ class Projection:
             "inputs": {"block": self.shape.block, "budget": self.shape.budget, "verify_tokens": self.shape.m,
                        "context": self.shape.context, "tp": self.shape.tp,
                        "tree_builder": self.shape.tree_builder, "accept": list(self.accept),
-                       "overhead": self.overhead_mode, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s},
+                       "overhead": self.overhead_mode, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+                       "accept_sources": [{"source": "given"} if s is None else s.to_dict()
+                                          for s in self.accept_sources]},
             "tokens_per_s": self.tokens_per_s,
             "step_ms": self.step_ms,
             "breakdown_ms": self.breakdown,
@@ -171,6 +185,9 @@ class Projection:
                  "", f"{'accepted':>9} {'low':>9} {'central':>9} {'high':>9}   tokens/s"]
         for r in self.tokens_per_s:
             lines.append(f"{r['accept']:>9g} {r['low']:>9.0f} {r['central']:>9.0f} {r['high']:>9.0f}")
+        for a, src in zip(self.accept, self.accept_sources):
+            if src is not None:
+                lines.append(f"accepted {a:g} = {src.label()}")
         lines += ["", f"{'term':<12} {'low':>8} {'central':>8} {'high':>8}   ms per step "
                   "(low/high = the slow/fast corners)"]
         for name in TERM_NAMES:
@@ -224,13 +241,18 @@ def check_overhead(overhead: Any, overhead_ms: Any = None, overhead_cut_ms: Any 
 
 def check_inputs(gpu: Any, block: Any, budget: Any, accept: Any, overhead_ms: Any = None,
                  context: Any = StepShape.context, tp: Any = StepShape.tp, tree_builder: Any = StepShape.tree_builder,
-                 overhead_cut_ms: Any = None, bandwidth_bytes_per_s: Any = None, overhead: Any = None
-                 ) -> tuple[GpuSpec, StepShape, tuple[float, ...]]:
+                 overhead_cut_ms: Any = None, bandwidth_bytes_per_s: Any = None, overhead: Any = None,
+                 accept_trained: Any = None, acceptance_file: Any = None
+                 ) -> tuple[GpuSpec, StepShape, tuple[float, ...], tuple[Any, ...]]:
     """The rules :func:`project` applies to its inputs: the GPU, the step's shape (:class:`StepShape`:
     block and budget within the tree builder's limits, tp dividing the heads, context within YaRN),
-    the accepted lengths (1 .. min(block, budget + 1); a single number is a one-element list) and
-    the overheads (>= 0 ms, one or the other; ``overhead``: :func:`check_overhead`). Returns the GPU,
-    the shape and the accepted lengths.
+    the accepted lengths (1 .. min(block, budget + 1), or ``trained:<type>``: the trained drafter's
+    measured value at this block and budget, :mod:`workbench.projection.trained`; a single entry is a
+    one-element list; ``accept_trained``: more ``trained:<type>`` entries, appended - notebook 04's
+    parameter, its ``accept`` being numbers; ``acceptance_file``: read in place of
+    data/measurements/h200/acceptance.json) and the overheads (>= 0 ms, one or the other;
+    ``overhead``: :func:`check_overhead`). Returns the GPU, the shape, the accepted lengths (float) and
+    per accepted length its :class:`~workbench.projection.trained.TrainedAcceptance` or None.
     ``workbench run`` checks notebook 04's parameters with it before the notebook runs."""
     target = load_gpu(gpu)
     if bandwidth_bytes_per_s is not None:
@@ -238,9 +260,14 @@ def check_inputs(gpu: Any, block: Any, budget: Any, accept: Any, overhead_ms: An
                                                    lo_open=True))
     shape = StepShape(block=block, budget=budget, context=context, tp=tp, tree_builder=tree_builder)
     hi = min(shape.block, shape.m)
-    acc = check_list("accept", accept, lambda n, v: check_float(n, v, lo=1, hi=hi),
-                     f"numbers in [1, {hi}] (the accepted length counts the root; at most block = {shape.block} "
-                     f"and the tree's budget + 1 = {shape.m} nodes)")
+    items = check_list("accept", accept, lambda n, v: trained.check_accept_item(n, v, hi),
+                       trained.accept_allowed(hi, f"the accepted length counts the root; at most block = "
+                                                  f"{shape.block} and the tree's budget + 1 = {shape.m} nodes"))
+    if accept_trained is not None:
+        choices = trained.trained_choices()
+        items += check_list("accept_trained", accept_trained, lambda n, v: check_choice(n, v, choices),
+                            "entries among " + ", ".join(choices))
+    acc, sources = trained.resolve("accept", items, shape.block, shape.budget, hi, acceptance_file)
     if overhead_ms is not None:
         check_float("overhead_ms", overhead_ms, lo=0)
     if overhead_cut_ms is not None:
@@ -249,19 +276,23 @@ def check_inputs(gpu: Any, block: Any, budget: Any, accept: Any, overhead_ms: An
             raise InvalidParameter("overhead_cut_ms", overhead_cut_ms,
                                    "None when overhead_ms is given (fix the overhead or cut the calibrated one)")
     check_overhead(overhead, overhead_ms, overhead_cut_ms)
-    return target, shape, tuple(acc)
+    return target, shape, acc, sources
 
 
 def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT.budget,
-            accept: Sequence[float] | float = (12, 16), *,
+            accept: Sequence[float | str] | float | str = (12, 16), *,
             overhead_ms: float | None = None, overhead_cut_ms: float | None = None, context: int = StepShape.context,
             tp: int = StepShape.tp, tree_builder: str = StepShape.tree_builder,
             bandwidth_bytes_per_s: float | None = None,
             calibration: Calibration | Iterable[Any] | None = None, use_measurements: bool = True,
-            anchor_budget: int | None = None, overhead: str | float | None = None) -> Projection:
+            anchor_budget: int | None = None, overhead: str | float | None = None,
+            accept_trained: Sequence[str] | str | None = None, acceptance_file: str | None = None) -> Projection:
     """Project tokens/s at concurrency 1 on ``gpu`` (an id of data/hardware.json).
 
-    ``accept``: one or more accepted lengths per step (root included; 1 <= a <= block).
+    ``accept``: one or more accepted lengths per step (root included; 1 <= a <= block), each a number or
+    ``"trained:<type>"``: the trained drafter's mean accepted length measured on that text type at this block
+    and budget (:mod:`workbench.projection.trained`; ``accept_trained``: more such entries, appended;
+    ``acceptance_file``: read in place of data/measurements/h200/acceptance.json).
     ``overhead``: ``"source-anchor"`` (the default: calibrated on the B300 anchor), ``"measured"``
     (from the H200 engine step, :mod:`workbench.projection.overhead`; needs its file in the
     calibration) or a number of ms (fixed).
@@ -275,8 +306,9 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
     Raises :class:`~workbench.validation.InvalidParameter` (a ValueError) on an input outside
     :func:`check_inputs`'s rules.
     """
-    target, shape, acc = check_inputs(gpu, block, budget, accept, overhead_ms, context, tp, tree_builder,
-                                      overhead_cut_ms, bandwidth_bytes_per_s, overhead)
+    target, shape, acc, sources = check_inputs(gpu, block, budget, accept, overhead_ms, context, tp, tree_builder,
+                                               overhead_cut_ms, bandwidth_bytes_per_s, overhead, accept_trained,
+                                               acceptance_file)
     choice = check_overhead(overhead, overhead_ms, overhead_cut_ms)
     if isinstance(choice, float):
         overhead_ms = choice
@@ -361,4 +393,5 @@ def project(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT
     return Projection(gpu=target.id, gpu_name=target.name, shape=shape, accept=acc, overhead_mode=mode,
                       tokens_per_s=rows, breakdown=breakdown, sensitivity=sens, ranges=ranges,
                       calibration=calib, anchor_overhead_ms={"low": slow_oh, "central": base_oh, "high": fast_oh},
-                      bandwidth_bytes_per_s=target.bandwidth_bytes_per_s, measured_overhead=mo)
+                      bandwidth_bytes_per_s=target.bandwidth_bytes_per_s, measured_overhead=mo,
+                      accept_sources=sources)

@@ -1,6 +1,7 @@
 """``workbench sweep``: the throughput diagnosis on the engine (issue 26).
 
-    workbench sweep --engine --synthetic tiny --contexts 32 128 512 --concurrency 1 2 4 [--json]
+    workbench sweep --engine --synthetic tiny --contexts 32 128 512 --concurrency 1 2 4
+                    [--method greedy ddtree-high ddtree-low trained:math] [--json]
     workbench sweep --endpoint URL --model NAME --contexts 128 1024 --concurrency 1 4 [--two-point 8 264]
                     [--sustained 1500] [--max-tokens N] [--timeout S] [--api-key KEY] [--json]
 
@@ -19,7 +20,7 @@ import sys
 
 
 def register(sub) -> None:
-    from workbench.sweep.engine import METHODS
+    from workbench.sweep.engine import METHODS, method_choices
 
     p = sub.add_parser("sweep", help="decode rates over context, method, KV layout and concurrency (issue 26)")
     target = p.add_mutually_exclusive_group(required=True)
@@ -34,7 +35,11 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=None, help="layers of the synthetic model (default: all)")
     p.add_argument("--contexts", type=int, nargs="+", default=[32, 128, 512], help="prompt lengths (tokens)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4], help="requests decoded together")
-    p.add_argument("--method", nargs="+", default=list(METHODS), help="one or more of " + ", ".join(METHODS))
+    p.add_argument("--method", nargs="+", default=list(METHODS),
+                   help="one or more of " + ", ".join(method_choices()) + " (default: " + " ".join(METHODS)
+                        + "; trained:<type>: DDTree with a scripted drafter calibrated to the trained drafter's "
+                          "accepted length measured on that text type at --block and --budget, "
+                          "data/measurements/h200/acceptance.json)")
     p.add_argument("--generate", type=int, default=64, help="tokens of the long (sustained) generation")
     p.add_argument("--two-point", type=int, nargs=2, default=None, metavar=("A", "B"),
                    help="max tokens of the two requests of the two-point rate")

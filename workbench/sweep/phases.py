@@ -30,7 +30,7 @@ def phase_breakdown(model, contexts: Sequence[int], methods: Sequence[str] = ("d
         prompt = es.prompts_for(c, 1, vocab, seed)
         cont = eager(model, prompt, generate)[0].tokens if any(m != "greedy" for m in methods) else None
         for m in methods:
-            drafter = es.drafter_for(m, [cont], vocab, block, seed)
+            drafter = es.drafter_for(m, [cont], vocab, block, seed, budget=budget)
             res = eager(model, prompt, generate, config=es.decode_config(m, block, budget), drafter=drafter)[0]
             steps = res.steps[1:] if len(res.steps) > 1 else res.steps
             row = {"context": c, "method": m, "steps": len(steps),

@@ -1,0 +1,152 @@
+"""The trained drafter's measured acceptance as an input, beside the scripted knob (issue 28 item 6).
+
+Wherever an acceptance is given - an accepted length in the projection (``accept``), a method of the
+context sweep (``methods``) - ``"trained:<type>"`` means "the DFlash-style drafter trained for issue 28,
+on held-out text of type ``<type>``" (:func:`trained_choices`: ``trained:prose``, ``trained:code``,
+``trained:math``). It resolves through :func:`workbench.acceptance.measure.acceptance_for` at the
+caller's block and budget, from the H200 measurement ``data/measurements/h200/acceptance.json`` (or a
+file given in its place), into a :class:`TrainedAcceptance`: the measured mean accepted length (root
+included) with the file's provenance, which the caller records beside its result.
+
+Errors (workbench.validation): a spelling outside :func:`trained_choices` is an
+:class:`~workbench.validation.InvalidParameter` listing them; a (type, block, budget) the file did not
+measure is one listing what it did measure; no file is a FileNotFoundError naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from workbench import REPO_ROOT
+from workbench.validation import InvalidParameter, check_choice
+
+PREFIX = "trained:"
+ACCEPTANCE_GPU = "h200"   # where the acceptance was measured (a drafter's acceptance does not depend on the GPU)
+
+
+def trained_choices() -> tuple[str, ...]:
+    """The allowed spellings, one per text type of :data:`workbench.acceptance.textdata.TEXT_TYPES`."""
+    from workbench.acceptance.textdata import TEXT_TYPES
+
+    return tuple(PREFIX + t for t in TEXT_TYPES)
+
+
+def is_trained(value: Any) -> bool:
+    """Whether ``value`` asks for the trained drafter (a string starting ``trained:``; checked later)."""
+    return isinstance(value, str) and value.startswith(PREFIX)
+
+
+def check_trained(name: str, value: Any) -> str:
+    """``value`` one of :func:`trained_choices`; returns its text type (``"trained:math"`` -> ``"math"``)."""
+    return check_choice(name, value, trained_choices())[len(PREFIX):]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedAcceptance:
+    """The trained drafter's measured mean accepted length (root included) on ``text_type`` at ``block`` and
+    ``budget``, with where it comes from: ``file`` (repository-relative where it lies in the repository), the
+    ``git_commit`` and ``date_utc`` of the measurement's provenance, the target model and the drafter's
+    training steps and final loss, and whether the file is a dry run (tiny random model, not H200 data)."""
+
+    text_type: str
+    block: int
+    budget: int
+    mean_accepted: float
+    file: str
+    git_commit: str | None
+    date_utc: str | None
+    target: str | None
+    drafter_steps: int | None
+    final_loss: float | None
+    dry_run: bool
+
+    @property
+    def spec(self) -> str:
+        return PREFIX + self.text_type
+
+    def label(self) -> str:
+        """One line for a table or a note."""
+        dry = ", DRY RUN file" if self.dry_run else ""
+        return (f"trained drafter on {self.text_type} text, block {self.block}, budget {self.budget}: measured "
+                f"{self.mean_accepted:.3f} ({self.file} at {self.git_commit}{dry})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": "trained", **dataclasses.asdict(self)}
+
+
+def default_file() -> Path:
+    """The committed acceptance measurement: data/measurements/h200/acceptance.json."""
+    from workbench import MEASUREMENTS_DIR
+    from workbench.acceptance.measure import ACCEPTANCE_FILE
+
+    return MEASUREMENTS_DIR / ACCEPTANCE_GPU / f"{ACCEPTANCE_FILE}.json"
+
+
+def _load(path: str | Path | None) -> tuple[dict | None, Path]:
+    """The measurement document at ``path`` (default :func:`default_file`) or None where there is none."""
+    p = default_file() if path is None else Path(path)
+    return (json.loads(p.read_text()) if p.exists() else None), p
+
+
+def trained_acceptance(spec: str, block: int, budget: int, path: str | Path | None = None,
+                       name: str = "accept") -> TrainedAcceptance:
+    """``spec`` (``"trained:<type>"``, checked as parameter ``name``) resolved at ``block`` and ``budget``
+    through :func:`~workbench.acceptance.measure.acceptance_for`, from the committed H200 measurement or the
+    file at ``path``. Raises InvalidParameter (spelling; combination not measured) or FileNotFoundError."""
+    from workbench.acceptance.measure import acceptance_for
+
+    text_type = check_trained(name, spec)
+    doc, file = _load(path)
+    try:
+        shown = str(file.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        shown = str(file)
+    try:
+        value = acceptance_for(text_type, block, budget, ACCEPTANCE_GPU, doc=doc, path=file)
+    except InvalidParameter as e:  # named as the caller's parameter, with the file it was looked up in
+        raise InvalidParameter(name, spec, f"a combination measured in {shown}: {e}") from None
+    prov = doc.get("provenance") or {}
+    res = doc.get("results") or {}
+    drafter = res.get("drafter") or {}
+    return TrainedAcceptance(text_type=text_type, block=block, budget=budget, mean_accepted=value, file=shown,
+                             git_commit=prov.get("git_commit"), date_utc=prov.get("date_utc"),
+                             target=(res.get("target") or {}).get("name"), drafter_steps=drafter.get("steps"),
+                             final_loss=drafter.get("final_loss"), dry_run="DRY RUN" in (doc.get("notes") or ""))
+
+
+def check_accept_item(name: str, value: Any, hi: float) -> float | str:
+    """One acceptance entry before resolution: a number in [1, ``hi``] (returned as float) or a
+    ``trained:<type>`` of :func:`trained_choices` (returned as is)."""
+    if is_trained(value):
+        check_trained(name, value)
+        return value
+    from workbench.validation import check_float
+
+    return check_float(name, value, lo=1, hi=hi)
+
+
+def accept_allowed(hi: float, why: str) -> str:
+    """What an acceptance list allows, in words (the InvalidParameter message)."""
+    return (f"numbers in [1, {hi:g}] ({why}), or the trained drafter's measured acceptance at this block and "
+            f"budget: one of {', '.join(trained_choices())}")
+
+
+def resolve(name: str, items: list[float | str], block: int, budget: int, hi: float,
+            path: str | Path | None = None) -> tuple[tuple[float, ...], tuple[TrainedAcceptance | None, ...]]:
+    """Checked acceptance entries (:func:`check_accept_item`) -> the accepted lengths and, per entry, its
+    :class:`TrainedAcceptance` (None for a number given). A measured value above ``hi`` (a file measured
+    under other rules) is an InvalidParameter, never clipped."""
+    values, sources = [], []
+    for v in items:
+        if is_trained(v):
+            t = trained_acceptance(v, block, budget, path, name)
+            if not 1 <= t.mean_accepted <= hi:
+                raise InvalidParameter(name, v, f"a measured accepted length in [1, {hi:g}]; {t.label()}")
+            values.append(t.mean_accepted)
+            sources.append(t)
+        else:
+            values.append(float(v))
+            sources.append(None)
+    return tuple(values), tuple(sources)
