@@ -85,6 +85,16 @@ def results_rows() -> list[dict[str, Any]]:
         for g in edoc["results"].get("goals", []):
             rows.append({"area": area, "goal": f"{ENGINE_GOALS.get(g['goal'], g['goal'])} (>= {g['target']:g})",
                          "measured": f"{g['measured']:.1f}", "met": bool(g["met"]), "file": "engine_step.json"})
+    sdoc = load_measurement("serving")
+    if sdoc:
+        par = sdoc["parameters"]
+        area = (f"Serving (K2.6 shape, {par['layers']} layers, {par['experts']} experts, prompt {par['prompt']}, "
+                f"{par['max_tokens']} tokens)")
+        for g in sdoc["results"].get("goals", []):
+            sign = "within" if g["unit"] == "ms" else "aggregate within"
+            rows.append({"area": area, "goal": f"{g['goal']} ({sign} {100 * g['target']:g}%)",
+                         "measured": f"{g['server']:.2f} vs {g['engine']:.2f} {g['unit']} ({100 * g['relative']:+.1f}%)",
+                         "met": bool(g["met"]), "file": "serving.json"})
     return rows
 
 
