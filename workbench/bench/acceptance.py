@@ -18,6 +18,14 @@ on held-out prompts per text type, blocks 8 and 16, budgets 1, 8, 32, 128, 512
 
 ``--dry-run``: the same pipeline with a tiny random Llama and a tiny drafter on a small slice (CPU,
 seconds); its file says it is not H200 data.
+
+On the workbench's device tool (one call carries at most 64 MiB; ``.whl_drafter/`` holds the gguf wheel, and the
+device image has transformers) the GGUF crosses in two consecutive calls while the machine stays warm: call 1
+carries ``.whl_drafter``, ``.gguf/smollm2.part0`` and ``.acceptance``, copies the part to ``/tmp/ddtree_gguf/`` and
+runs ``--dry-run`` (a check of the stack, about 2 minutes); call 2 carries ``.whl_drafter``, ``.gguf/smollm2.part1``
+and ``.acceptance``, concatenates ``/tmp/ddtree_gguf/smollm2.part0`` and the second part into
+``/tmp/ddtree_gguf/SmolLM2-135M-Instruct.Q4_1.gguf`` and runs the line above with that ``--gguf`` (this module
+checks the whole file's sha256 before loading it).
 """
 from __future__ import annotations
 
