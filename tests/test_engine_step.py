@@ -10,6 +10,7 @@ from workbench.decode import DecodeConfig
 from workbench.engine import (DecodeEngine, DeviceKVCache, KVPoolFull, ScriptedDrafter, generate, synthetic_model,
                               tiny_config)
 from workbench.engine.step import bucket_for
+from workbench.validation import InvalidParameter
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18], [40]]
 NEW = 20
@@ -75,6 +76,32 @@ def test_dflash_context_window_on_the_device(model, engine, greedy, commit):
     for g, w, gr in zip(got, want, greedy):
         assert g.tokens == w.tokens == gr[:16]
         assert [s.accepted_length for s in g.steps] == [s.accepted_length for s in w.steps]
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_chunked_prefill_equals_one_pass(model, engine, greedy, chunk):
+    """Session prefill in chunks (rounds of one chunk of every unfinished prompt, each attending to the rows
+    before it): the same greedy tokens, and with DFlash (target features captured chunk by chunk) the same drafts
+    and acceptance as the one-pass prefill."""
+    from workbench.engine import DFlashConfig, DFlashDrafter
+
+    def run(config=None, drafter=None, n=NEW, prefill_chunk=None):
+        s = engine.start(PROMPTS[:3], n, config, drafter, prefill_chunk=prefill_chunk)
+        while not s.done:
+            s.step()
+        return s.results()
+
+    assert [r.tokens for r in run(prefill_chunk=chunk)] == greedy[:3]
+    cfg = DFlashConfig(hidden_size=model.config.hidden_size, num_layers=2, num_heads=2, head_dim=16,
+                       intermediate_size=64, block=6, target_layers=(0, 2), mask_token_id=95, context_window=8)
+    d = DFlashDrafter.random(cfg, model, seed=3)
+    dc = DecodeConfig(method="ddtree", block=6, budget=10)
+    one, chunked = run(dc, d, 16), run(dc, d, 16, prefill_chunk=chunk)
+    for a, b in zip(one, chunked):
+        assert a.tokens == b.tokens
+        assert [s.accepted_length for s in a.steps] == [s.accepted_length for s in b.steps]
+    with pytest.raises(InvalidParameter, match="prefill_chunk"):
+        engine.start(PROMPTS[:1], 4, prefill_chunk=0)
 
 
 def test_scripted_device_program_equals_host_draft(model, greedy):

@@ -53,3 +53,20 @@ def test_merge_refuses_runs_of_different_plans_and_repeats():
         merge([lay, lay])
     with pytest.raises(InvalidParameter, match="at least one"):
         merge([])
+
+
+def test_real_prefill_up_to_a_context_beside_synthetic_rows(tmp_path):
+    """--prefill synthetic --real-prefill-upto N --prefill-chunk K: contexts up to N are prefilled by the engine in
+    K-token forwards (TTFT recorded), longer ones get seeded random KV rows (no TTFT); the estimate counts the
+    prefills."""
+    doc = _run(tmp_path, "--part", "contexts", "--contexts", "16", "48", "--prefill", "synthetic",
+               "--real-prefill-upto", "16", "--prefill-chunk", "4", "--method", "greedy", "--name", "mixed")
+    rows = {r["context"]: r for r in doc["results"]["contexts"]}
+    assert rows[16]["prefill"].startswith("real (4") and rows[16]["ttft_ms"] > 0
+    assert rows[48]["prefill"] == "synthetic" and rows[48]["ttft_ms"] is None
+    assert doc["parameters"]["real_prefill_upto"] == 16 and doc["parameters"]["prefill_chunk"] == 4
+    from workbench.bench.sweep import H200_PLAN, plan_seconds
+
+    with_real = plan_seconds({**H200_PLAN, "sustained_at": [4096]}, None)["total_s"]
+    without = plan_seconds({**H200_PLAN, "sustained_at": [4096], "real_prefill_upto": None}, None)["total_s"]
+    assert with_real > without

@@ -7,8 +7,9 @@ concurrency, layout, decomposition) and, as samples, every step's wall time (ms)
 is a dry run; its file is not H200 data.
 
 ``--h200`` is issue 26's run at full depth (:data:`H200_PLAN`): the engine-step model (synthetic K2.6 shape, 61
-layers, the most routed INT4 experts that fit), contexts 1k-128k with seeded random KV rows (the decode is measured;
-a prefill of 128k tokens through 61 layers does not fit the run's time, so TTFT is not), greedy and DDTree high /
+layers, the most routed INT4 experts that fit), contexts 1k-128k, prefilled by the engine up to 4k (1,024 tokens per
+forward; TTFT recorded, and the two-point walls include it as the source's did) and beyond with seeded random KV rows
+(a prefill of 128k tokens through 61 layers does not fit the run's time), greedy and DDTree high /
 low, two-point (8, 264) at every context, and the full 1,500-token sustained run only where the source measured
 it (about 5k: context 4096; adding 64k costs about 95 s more, past the ~6 minutes), the other contexts' sustained
 rate over the two-point's 264 tokens; concurrency 1-10 at 1k for 32
@@ -27,12 +28,18 @@ from typing import Any
 # Issue 26 item 6 on one H200 (~6 minutes, see plan_seconds): which points get the full sustained run, how many
 # repetitions, how long the concurrency runs are.
 H200_PLAN: dict[str, Any] = {
-    "synthetic": "kimi-k2.6", "layers": 61, "device": "cuda", "prefill": "synthetic",
+    "synthetic": "kimi-k2.6", "layers": 61, "device": "cuda", "prefill": "synthetic", "real_prefill_upto": 4096,
+    "prefill_chunk": 1024,
     "contexts": [1024, 4096, 16384, 65536, 131072], "methods": ["greedy", "ddtree-high", "ddtree-low"],
     "generate": 1500, "sustained_at": [4096], "two_point": [8, 264], "repeats": 1,
     "block": 16, "budget": 32, "concurrency": list(range(1, 11)), "concurrency_context": 1024,
     "concurrency_generate": 32, "profile_steps": 4,
 }
+
+
+# The engine's chunked prefill on the H200 (serving.json at 7705309: TTFT 2.2 s for 4,096 tokens in 1,024-token
+# forwards at 61 layers): an estimate's constant, not a result.
+PREFILL_MS_PER_TOKEN = 0.55
 
 
 def _step_ms(method: str, context: int, C: int, engine_step: dict[str, Any] | None) -> float:
@@ -61,11 +68,14 @@ def plan_seconds(plan: dict[str, Any], engine_step: dict[str, Any] | None,
     acc = accepted or {"greedy": 1.0, "ddtree-high": 8.0, "ddtree-low": 1.7}
     a, b = plan["two_point"]
     ctx_s = 0.0
+    upto = plan.get("real_prefill_upto") or 0
     for c in plan["contexts"]:
         n = plan["generate"] if c in plan["sustained_at"] else b
         for m in plan["methods"]:
             tokens = a + n + plan["repeats"] * (a + b) + (4 + 3) * acc[m]
             ctx_s += tokens / acc[m] * _step_ms(m, c, 1, engine_step) / 1e3
+            if c <= upto:   # prefills: warm-up, long run, the two-point's A and B per repeat, the profiled session
+                ctx_s += (3 + 2 * plan["repeats"]) * c * PREFILL_MS_PER_TOKEN / 1e3
     conc_s = 0.0
     for C in plan["concurrency"]:
         g = plan["concurrency_generate"]
@@ -80,7 +90,7 @@ def plan_seconds(plan: dict[str, Any], engine_step: dict[str, Any] | None,
 def main(argv: list[str] | None = None) -> int:
     from workbench.bench.measure import load_measurement, write_measurement
     from workbench.sweep.engine import METHODS
-    from workbench.sweep.run import PARTS, decomposition, merge, sweep
+    from workbench.sweep.run import PARTS, sweep
 
     p = argparse.ArgumentParser(prog="python -m workbench.bench.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="output folder (default data/measurements/<gpu>)")
@@ -102,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="default 3")
     p.add_argument("--prefill", default=None, help="real or synthetic (default real)")
     p.add_argument("--profile-steps", type=int, default=None, help="CUDA: steps profiled per point (default 0)")
+    p.add_argument("--real-prefill-upto", type=int, default=None,
+                   help="with --prefill synthetic: the engine prefills the contexts up to this length (TTFT there)")
+    p.add_argument("--prefill-chunk", type=int, default=None, help="tokens per prefill forward (default one pass)")
     p.add_argument("--device", default=None, help="default cpu")
     p.add_argument("--part", nargs="+", default=None, choices=PARTS,
                    help="run only these parts (default all); write NAME.json with --name and merge the parts' files "
@@ -117,13 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         "synthetic": "tiny", "layers": None, "device": "cpu", "prefill": "real", "contexts": [32, 128, 512],
         "methods": list(METHODS), "generate": 64, "sustained_at": None, "two_point": [8, 40], "repeats": 3,
         "block": 8, "budget": 16, "concurrency": [1, 2, 4], "concurrency_context": None,
-        "concurrency_generate": None, "profile_steps": 0}
+        "concurrency_generate": None, "profile_steps": 0, "real_prefill_upto": None, "prefill_chunk": None}
     for key, val in (("synthetic", a.synthetic), ("layers", a.layers), ("contexts", a.contexts),
                      ("concurrency", a.concurrency), ("concurrency_context", a.concurrency_context),
                      ("concurrency_generate", a.concurrency_generate), ("methods", a.method),
                      ("generate", a.generate), ("sustained_at", a.sustained_at), ("two_point", a.two_point),
                      ("block", a.block), ("budget", a.budget), ("repeats", a.repeats), ("prefill", a.prefill),
-                     ("profile_steps", a.profile_steps), ("device", a.device)):
+                     ("profile_steps", a.profile_steps), ("device", a.device),
+                     ("real_prefill_upto", a.real_prefill_upto), ("prefill_chunk", a.prefill_chunk)):
         if val is not None:
             plan[key] = val
     if plan["sustained_at"] is not None:
@@ -138,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                     concurrency_context=plan["concurrency_context"], device=plan["device"], threads=a.threads,
                     prefill=plan["prefill"], sustained_at=plan["sustained_at"], profile_steps=plan["profile_steps"],
                     concurrency_generate=plan["concurrency_generate"], experts=a.experts,
-                    parts=a.part or PARTS)
+                    parts=a.part or PARTS, real_prefill_upto=plan["real_prefill_upto"],
+                    prefill_chunk=plan["prefill_chunk"])
     except ValueError as e:
         print(f"workbench.bench.sweep: error: {e}", file=sys.stderr)
         return 2

@@ -184,14 +184,17 @@ class DecodeEngine:
         return s.results()
 
     def start(self, prompts, max_new_tokens: int, config: DecodeConfig | None = None, drafter=None,
-              eos_token_id: int | None = None, synthetic_prefix: bool = False) -> "Session":
+              eos_token_id: int | None = None, synthetic_prefix: bool = False,
+              prefill_chunk: int | None = None) -> "Session":
         """Admit the prompts (prefill) and return a :class:`Session` to step.
 
         ``synthetic_prefix`` (benchmarks): fill each prompt's KV rows with seeded random values
-        instead of running the prefill, and continue from the prompt's last token.
+        instead of running the prefill, and continue from the prompt's last token. ``prefill_chunk``: prefill
+        in forwards of at most that many tokens per prompt (each chunk attends to the rows before it), so long
+        prompts need activations of one chunk only; None: one ragged forward over the whole prompts.
         """
         return Session(self, prompts, max_new_tokens, config or DecodeConfig(method="greedy"), drafter,
-                       eos_token_id, synthetic_prefix)
+                       eos_token_id, synthetic_prefix, prefill_chunk)
 
     def _program(self, drafter, block: int):
         if not hasattr(drafter, "device_program"):
@@ -333,9 +336,10 @@ class Session:
     """One :meth:`DecodeEngine.start` call: the live requests, stepped by :meth:`step`."""
 
     def __init__(self, engine: DecodeEngine, prompts, max_new_tokens: int, config: DecodeConfig, drafter,
-                 eos_token_id: int | None, synthetic_prefix: bool):
+                 eos_token_id: int | None, synthetic_prefix: bool, prefill_chunk: int | None = None):
         from workbench.validation import check_int
 
+        self.prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, lo=1)
         m = engine.model
         self.engine, self.config, self.eos = engine, config, eos_token_id
         check_int("max_new_tokens", max_new_tokens, lo=1, hi=engine.max_generated)
@@ -382,8 +386,9 @@ class Session:
         self.engine.cache.release(r.index)
 
     def _prefill(self, synthetic: bool, layers=()) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Admit and prefill every prompt in one ragged forward; returns each request's features of ``layers``
-        ([P, len(layers) x D]) and positions [P] (none for a synthetic prefix)."""
+        """Admit and prefill every prompt in one ragged forward (or, with ``prefill_chunk``, in rounds of one chunk
+        of every unfinished prompt); returns each request's features of ``layers`` ([P, len(layers) x D]) and
+        positions [P] (none for a synthetic prefix)."""
         e, m = self.engine, self.engine.model
         cache, dev = e.cache, m.device
         t0 = time.perf_counter()
@@ -407,14 +412,21 @@ class Session:
             pieces.append((slots[:0], slots, r.prompt, 0))
             live.append(r)
         feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if live:
-            first, fs = e.prefill_pieces(pieces, layers)
-            for r, t, f in zip(live, first, fs):
-                self._finish(r, [t])
-                e.last_token[r.index] = t
-                e.num_generated[r.index] = 1
+        chunk = self.prefill_chunk or max((len(r.prompt) for r in live), default=1)
+        parts: dict[int, list[torch.Tensor]] = {r.index: [] for r in live}
+        for d in range(0, max((len(r.prompt) for r in live), default=0), chunk):
+            now = [(r, slots) for r, (_, slots, _, _) in zip(live, pieces) if d < len(r.prompt)]
+            first, fs = e.prefill_pieces([(slots[:d], slots[d:d + chunk], r.prompt[d:d + chunk], d)
+                                          for r, slots in now], layers)
+            for (r, _), t, f in zip(now, first, fs):
                 if f is not None:
-                    feats[r.index] = (f, torch.arange(len(r.prompt), device=dev))
+                    parts[r.index].append(f)
+                if d + chunk >= len(r.prompt):   # the prompt's last chunk: its next token is the first generated
+                    self._finish(r, [t])
+                    e.last_token[r.index] = t
+                    e.num_generated[r.index] = 1
+                    if layers:
+                        feats[r.index] = (torch.cat(parts[r.index]), torch.arange(len(r.prompt), device=dev))
         ms = (time.perf_counter() - t0) * 1e3
         for r in self.reqs:
             r.prefill_ms = ms

@@ -213,13 +213,15 @@ def drafter_for(method: str, continuations, vocab: int, block: int, seed: int = 
 
 
 def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=None,
-                synthetic_prefix: bool = False) -> dict[str, Any]:
+                synthetic_prefix: bool = False, prefill_chunk: int | None = None) -> dict[str, Any]:
     """One engine session: {wall_ms (admission to last token), start_ms (admission: prefill and the drafter's
     setup), ttft_ms (the prefill; None with ``synthetic_prefix``: seeded random KV rows, no prefill), decode_ms (the
     step loop),
-    step_ms and accepted per step per request, steps_ms (each step's wall), tokens per request, results}."""
+    step_ms and accepted per step per request, steps_ms (each step's wall), tokens per request, results}.
+    ``prefill_chunk``: the real prefill in forwards of that many tokens per prompt (None: one pass)."""
     t0 = time.perf_counter()
-    s = engine.start(prompts, max_new, config, drafter, synthetic_prefix=synthetic_prefix)
+    s = engine.start(prompts, max_new, config, drafter, synthetic_prefix=synthetic_prefix,
+                     prefill_chunk=None if synthetic_prefix else prefill_chunk)
     t1 = time.perf_counter()
     steps_ms = []
     while not s.done:
@@ -249,14 +251,15 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
                   budget: int, continuation: list[int] | None = None, repeats: int = 5, seed: int = 0,
                   commit: str = "scattered", p_top: float | None = None, synthetic_prefix: bool = False,
                   full: bool = True, profile_steps: int = 0, trained: Any = None,
-                  acceptance_file=None) -> dict[str, Any]:
+                  acceptance_file=None, prefill_chunk: int | None = None) -> dict[str, Any]:
     """One (context, method) point on ``engine``: the long run's per-step record, TTFT, sustained and
     two-point rates, and both rates checked against mean accepted / mean step time (module docstring).
     ``continuation``: the greedy output of ``prompt`` (needed by the DDTree methods); ``p_top`` overrides
     the method's scripted acceptance (1.0: every step accepts the whole depth); ``trained`` / ``acceptance_file``: a
     ``trained:<type>`` method's measurement (:func:`acceptance_source`; recorded as the row's ``acceptance``).
     ``synthetic_prefix``: the prompt's
-    KV rows are seeded random values (no prefill: TTFT not measured; the two-point walls are then the step loops').
+    KV rows are seeded random values (no prefill: TTFT not measured; the two-point walls are then the step loops');
+    else the engine's prefill, in ``prefill_chunk``-token forwards (None: one pass).
     ``full``: the long run is ``generate`` tokens; else the two-point's B (the sustained rate then over B tokens,
     recorded as ``sustained_tokens``). ``profile_steps`` (CUDA): the per-step terms of the captured step
     (:func:`workbench.sweep.phases.captured_step_terms`) over that many steps of a further run."""
@@ -267,15 +270,15 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
     if drafter is not None:
         p_top = drafter.p_top[0]
     syn = synthetic_prefix
-    run_session(engine, [prompt], two_point[0], cfg, drafter, syn)  # warm-up (first run of the bucket)
-    long = run_session(engine, [prompt], generate if full else two_point[1], cfg, drafter, syn)
+    run_session(engine, [prompt], two_point[0], cfg, drafter, syn, prefill_chunk)  # warm-up (first run of the bucket)
+    long = run_session(engine, [prompt], generate if full else two_point[1], cfg, drafter, syn, prefill_chunk)
     acc, ms = long["accepted"][0], long["step_ms"][0]
     committed = sum(acc)
     sustained = sustained_rate(committed, long["decode_ms"] / 1e3)
     walls = {n: [] for n in two_point}
     for _ in range(repeats):  # A and B interleaved, so a slow spell of a shared machine hits both
         for n in two_point:
-            r = run_session(engine, [prompt], n, cfg, drafter, syn)
+            r = run_session(engine, [prompt], n, cfg, drafter, syn, prefill_chunk)
             walls[n].append((r["ttft_ms"] or 0.0) + r["decode_ms"])
     walls = {n: min(w) for n, w in walls.items()}
     a, b = two_point
@@ -291,19 +294,21 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
             "check_sustained": rate_check(sustained, acc, secs),
             "check_two_point": rate_check(two, acc, secs) if two is not None else None,
             "sustained_tokens": long["tokens"][0], "_tokens": long["results"][0].tokens,
-            "prefill": "synthetic" if syn else "real",
-            "terms": _terms(engine, prompt, cfg, drafter, syn, profile_steps) if profile_steps else None,
+            "prefill": "synthetic" if syn else f"real ({prefill_chunk or 'one pass'} tokens per forward)",
+            "terms": _terms(engine, prompt, cfg, drafter, syn, profile_steps, prefill_chunk) if profile_steps else None,
             "step_ms": ms, "accepted": acc}
 
 
-def _terms(engine, prompt, cfg, drafter, syn: bool, steps: int) -> dict[str, Any] | None:
+def _terms(engine, prompt, cfg, drafter, syn: bool, steps: int, prefill_chunk: int | None = None
+           ) -> dict[str, Any] | None:
     """The captured step's per-step terms at this point (CUDA only; None elsewhere)."""
     from workbench.sweep.phases import captured_step_terms, draft_ms
 
     if engine.model.device.type != "cuda":
         return None
     # enough tokens that the session outlives the profiled steps whatever they accept (a step commits <= block)
-    s = engine.start([prompt], (steps + 3) * cfg.block, cfg, drafter, synthetic_prefix=syn)
+    s = engine.start([prompt], (steps + 3) * cfg.block, cfg, drafter, synthetic_prefix=syn,
+                     prefill_chunk=None if syn else prefill_chunk)
     s.step()
     s.step()  # eager, then capture: the profiled steps are replays
     d = draft_ms(engine._program(drafter, cfg.block), 1, vocab_k=min(cfg.budget, engine.model.config.vocab_size)) \
@@ -315,10 +320,12 @@ def context_sweep(model, contexts: Sequence[int], methods: Sequence[str] = METHO
                   two_point: Sequence[int] = (8, 40), block: int = 8, budget: int = 16, repeats: int = 5,
                   seed: int = 0, engine=None, synthetic_prefix: bool = False,
                   sustained_at: Sequence[int] | None = None, profile_steps: int = 0, acceptance_file=None,
+                  real_prefill_upto: int | None = None, prefill_chunk: int | None = None,
                   **engine_kw) -> list[dict[str, Any]]:
     """:func:`measure_point` for every context and method, on one engine (made here unless given).
     ``acceptance_file``: the acceptance measurement the ``trained:<type>`` methods read (default the committed
-    H200 one).
+    H200 one). ``real_prefill_upto``: with ``synthetic_prefix``, the contexts up to this length are prefilled by
+    the engine all the same (TTFT recorded there), in ``prefill_chunk``-token forwards.
     ``sustained_at``: the contexts whose long run is ``generate`` tokens (None: all); the others run the
     two-point's B. The DDTree methods' drafter is scripted on greedy's long-run tokens (greedy runs first; without
     greedy among the methods, one greedy run gives them). Returns one row per (context, method)."""
@@ -331,14 +338,16 @@ def context_sweep(model, contexts: Sequence[int], methods: Sequence[str] = METHO
     for c in chk["contexts"]:
         prompt = prompts_for(c, 1, model.config.vocab_size, seed)[0]
         n = generate if c in full_at else chk["two_point"][1]
+        syn = synthetic_prefix and not (real_prefill_upto is not None and c <= real_prefill_upto)
         cont = None
         if "greedy" not in order and order:
             cont = run_session(engine, [prompt], n, decode_config("greedy", block, budget), None,
-                               synthetic_prefix)["results"][0].tokens
+                               syn, prefill_chunk)["results"][0].tokens
         at = []
         for m in order:
             r = measure_point(engine, prompt, m, generate, chk["two_point"], block, budget, cont, repeats, seed,
-                              synthetic_prefix=synthetic_prefix, full=c in full_at, profile_steps=profile_steps,
+                              synthetic_prefix=syn, full=c in full_at, profile_steps=profile_steps,
+                              prefill_chunk=prefill_chunk,
                               trained=chk["trained"].get(m))
             toks = r.pop("_tokens")
             if m == "greedy":

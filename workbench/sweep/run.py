@@ -50,7 +50,8 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
           layouts: Sequence[str] = LAYOUTS, concurrency_context: int | None = None, device: str = "cpu",
           seed: int = 0, threads: int | None = None, model=None, prefill: str = "real",
           sustained_at: Sequence[int] | None = None, profile_steps: int = 0, concurrency_generate: int | None = None,
-          experts: int | None = None, parts: Sequence[str] = PARTS) -> dict[str, Any]:
+          experts: int | None = None, parts: Sequence[str] = PARTS, real_prefill_upto: int | None = None,
+          prefill_chunk: int | None = None) -> dict[str, Any]:
     """Every part of the diagnosis: {parameters, contexts (rows of measure_point), concurrency (rows), layout
     (rows of layout_comparison at the sweep's contexts), phases (rows of phase_breakdown: the eager reference's
     ms per phase per step; CPU only), model}. Inputs are checked before anything runs.
@@ -60,7 +61,9 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
     no prefill, TTFT not measured: the contexts to 128k on the H200). ``sustained_at``: the contexts whose long run is
     ``generate`` tokens (None: all; the others run the two-point's B). ``profile_steps`` (CUDA): each point's
     per-step terms from the captured step's kernel records. ``concurrency_generate``: tokens per request of the
-    concurrency part (default ``generate``). ``parts``: the parts run (:data:`PARTS`; the others are empty lists,
+    concurrency part (default ``generate``). ``real_prefill_upto`` (with ``prefill="synthetic"``): the contexts up to
+    this length are prefilled by the engine all the same (TTFT measured there), in ``prefill_chunk``-token forwards
+    (None: one pass). ``parts``: the parts run (:data:`PARTS`; the others are empty lists,
     ``parameters.parts`` says which ran), so that a long run can be split over several processes and merged
     (:func:`merge`). Each part's wall seconds go to ``parameters.part_seconds`` and to stderr as it ends."""
     import torch
@@ -82,6 +85,10 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
             raise InvalidParameter("sustained_at", list(sustained_at), "a subset of the contexts "
                                                                        f"{chk['contexts']}")
     check_int("profile_steps", profile_steps, lo=0)
+    if real_prefill_upto is not None:
+        check_int("real_prefill_upto", real_prefill_upto, lo=1)
+    if prefill_chunk is not None:
+        check_int("prefill_chunk", prefill_chunk, lo=1)
     if threads is not None:
         torch.set_num_threads(check_int("threads", threads, lo=1))
     syn = prefill == "synthetic"
@@ -95,8 +102,11 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
               "concurrency_context": chk["concurrency_context"], "concurrency_generate": cgen,
               "layouts": list(layouts), "device": device, "seed": seed, "threads": torch.get_num_threads(),
               "p_top": es.P_TOP, "profile_steps": profile_steps,
-              "prefill": "seeded random KV rows (no prefill; TTFT not measured)" if syn
-              else "one ragged pass (no chunking)", "parts": list(parts), "part_seconds": {}}
+              "prefill": ("seeded random KV rows (no prefill; TTFT not measured)" if syn else "the engine's prefill")
+              + (f"; the engine's prefill up to {real_prefill_upto} tokens" if syn and real_prefill_upto else "")
+              + (f", {prefill_chunk} tokens per forward" if prefill_chunk else ", one pass"),
+              "real_prefill_upto": real_prefill_upto, "prefill_chunk": prefill_chunk,
+              "parts": list(parts), "part_seconds": {}}
 
     def timed(part: str, run):
         if part not in parts:
@@ -110,7 +120,8 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
 
     ctx = timed("contexts", lambda: es.context_sweep(
         model, chk["contexts"], chk["methods"], generate, chk["two_point"], block, budget, repeats, seed,
-        synthetic_prefix=syn, sustained_at=sustained_at, profile_steps=profile_steps))
+        synthetic_prefix=syn, sustained_at=sustained_at, profile_steps=profile_steps,
+        real_prefill_upto=real_prefill_upto, prefill_chunk=prefill_chunk))
     conc = timed("concurrency", lambda: es.concurrency_sweep(
         model, chk["concurrency"], chk["concurrency_context"], chk["methods"], cgen, block, budget, seed,
         synthetic_prefix=syn))
