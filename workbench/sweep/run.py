@@ -101,7 +101,7 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
               "two_point": chk["two_point"], "block": block, "budget": budget, "repeats": repeats,
               "concurrency_context": chk["concurrency_context"], "concurrency_generate": cgen,
               "layouts": list(layouts), "device": device, "seed": seed, "threads": torch.get_num_threads(),
-              "p_top": es.P_TOP, "profile_steps": profile_steps,
+              "p_top": dict(es.P_TOP), "profile_steps": profile_steps,
               "prefill": ("seeded random KV rows (no prefill; TTFT not measured)" if syn else "the engine's prefill")
               + (f"; the engine's prefill up to {real_prefill_upto} tokens" if syn and real_prefill_upto else "")
               + (f", {prefill_chunk} tokens per forward" if prefill_chunk else ", one pass"),
