@@ -93,3 +93,10 @@ def test_copy_timing_probe_times_the_copy_three_ways():
     assert got["bytes_moved"] == 2 * (64 << 20)
     for key in ("one", "queued", "span"):
         assert len(got[f"{key}_ms"]) == 6 and got[f"{key}_gb_per_s"] > 0
+
+
+def test_busy_time_is_the_union_of_the_records_intervals():
+    assert measure.busy_us([]) == 0.0
+    assert measure.busy_us([(10, 20), (0, 5)]) == 15.0                # disjoint, any order
+    assert measure.busy_us([(0, 10), (5, 15), (12, 13)]) == 15.0       # overlaps and containment count once
+    assert measure.busy_us([(0, 10), (10, 20)]) == 20.0                # touching

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from workbench.bench.measure import busy_us
 from workbench.decode import DecodeConfig
 from workbench.engine import DecodeEngine, ScriptedDrafter, synthetic_model, tiny_config
 
@@ -111,12 +112,7 @@ def profile_steps(step, n: int) -> dict[str, Any]:
             step()
         torch.cuda.synchronize()
     ev = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in ev)
-    busy, end = 0.0, -1.0
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
+    busy = busy_us((e.time_range.start, e.time_range.end) for e in ev)
     kernels = [e for e in ev if not e.name.startswith(("Memcpy", "Memset"))]
     by: dict[str, list[float]] = {}
     for e in kernels:

@@ -138,6 +138,17 @@ def time_cuda_queued(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20,
     return time_cuda(fn, warmup=warmup, reps=reps, setup=setup, sleep_cycles=sleep_cycles)
 
 
+def busy_us(spans: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of ``spans`` ((start, end) intervals, any order, in us): the time at least one ran
+    (a step's GPU-busy time from its kernel, copy and memset records)."""
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted((float(a), float(b)) for a, b in spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
 def kernel_spans_ms(kernels: Iterable[tuple[float, float]], calls: int) -> list[float]:
     """Per-call device spans from kernel records: ``kernels`` are (start_us, end_us) intervals of ``calls`` calls
     that ran one after another (a synchronisation between calls), each call the same number of kernels; sorted by

@@ -66,6 +66,8 @@ def captured_step_terms(session, steps: int, draft_ms: float = 0.0) -> dict[str,
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    from workbench.bench.measure import busy_us
+
     walls = []
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -83,12 +85,7 @@ def captured_step_terms(session, steps: int, draft_ms: float = 0.0) -> dict[str,
         if not e.name.startswith(("Memcpy", "Memset")):
             k = classify(e.name)
             fam[k] = fam.get(k, 0.0) + (e.time_range.end - e.time_range.start) / 1e3 / n
-    spans = sorted((e.time_range.start, e.time_range.end) for e in ev)
-    busy, end = 0.0, -1.0
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
+    busy = busy_us((e.time_range.start, e.time_range.end) for e in ev)
     wall = statistics.fmean(walls)
     out = {"wall_ms": wall, "gpu_busy_ms": busy / 1e3 / n, "draft": draft_ms, "steps": n}
     for f, _ in KERNEL_FAMILIES:
