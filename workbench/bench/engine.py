@@ -28,7 +28,7 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -136,22 +136,31 @@ def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max
     s = engine.start(_prompts(C, prefix, m.config.vocab_size), max_new, config, drafter, synthetic_prefix=True)
     for _ in range(warmup):
         s.step()
-    wall, distinct, kv, acc, graph = [], [], [], [], []
-    for _ in range(steps):
-        kv_rows = int(engine.cache.lengths[:C].sum())
-        info = s.step()
-        wall.append(info["ms"])
-        graph.append(info["graph"])
-        kv.append(kv_rows)
-        distinct.append(_distinct(m))
-        L1 = info["rows"].shape[1] - 4
-        acc.append([int(x) for x in info["rows"][:C, L1]])
+    rec = timed_steps(engine, s, C, steps, {"distinct_experts": lambda: _distinct(m)})
     prof_rec = profile_steps(s.step, prof) if (prof and m.device.type == "cuda") else None
     while run_out and not s.done:
         s.step()
-    return {"wall_ms": wall, "distinct_experts": distinct, "kv_rows": kv, "accepted": acc, "graph": graph,
-            "profile": prof_rec, "tokens": [r.tokens for r in s.results()], "T": s.bucket.T, "top2": s.top2,
-            "paths": engine.paths(config.method, all(graph), C * s.bucket.T)}
+    return {**rec, "profile": prof_rec, "tokens": [r.tokens for r in s.results()], "T": s.bucket.T, "top2": s.top2,
+            "paths": engine.paths(config.method, all(rec["graph"]), C * s.bucket.T)}
+
+
+def timed_steps(engine, session, C: int, steps: int,
+                per_step: dict[str, Callable[[], Any]]) -> dict[str, list]:
+    """``steps`` steps of ``session`` (C requests): per step its wall ms (``wall_ms``), whether it replayed a graph
+    (``graph``), the KV rows its requests held before it (``kv_rows``), the accepted lengths of its C rows
+    (``accepted``) and, under each key of ``per_step``, what its function returns after the step."""
+    out: dict[str, list] = {"wall_ms": [], "graph": [], "kv_rows": [], "accepted": [], **{k: [] for k in per_step}}
+    for _ in range(steps):
+        kv_rows = int(engine.cache.lengths[:C].sum())
+        info = session.step()
+        out["wall_ms"].append(info["ms"])
+        out["graph"].append(info["graph"])
+        out["kv_rows"].append(kv_rows)
+        L1 = info["rows"].shape[1] - 4
+        out["accepted"].append([int(x) for x in info["rows"][:C, L1]])
+        for k, f in per_step.items():
+            out[k].append(f())
+    return out
 
 
 def summarise(model, raw: dict[str, Any], C: int, gbps: float | None, tflops: float | None) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def time_tp_session(engine, group, C: int, prefix: int, config: DecodeConfig, dr
     """Warm up (the first step eager, recording the step's collectives; the second captures), time ``steps``
     steps; per step the wall ms, KV rows, accepted counts and per layer the busiest rank's distinct experts and
     pairs. Returns the raw samples (``workbench.bench.engine.summarise``'s fields), the tokens and the trace."""
-    from workbench.bench.engine import _prompts
+    from workbench.bench.engine import _prompts, timed_steps
 
     m = engine.model
     s = engine.start(_prompts(C, prefix, m.config.vocab_size), max_new, config, drafter, synthetic_prefix=True)
@@ -136,23 +136,14 @@ def time_tp_session(engine, group, C: int, prefix: int, config: DecodeConfig, dr
     trace, group.trace = group.trace, None
     for _ in range(max(0, warmup - 1)):
         s.step()
-    wall, distinct, pairs, kv, acc, graph = [], [], [], [], [], []
-    for _ in range(steps):
-        kv_rows = int(engine.cache.lengths[:C].sum())
-        info = s.step()
-        wall.append(info["ms"])
-        graph.append(info["graph"])
-        kv.append(kv_rows)
-        distinct.append([max(r) for r in rank_distinct(m, group)])
-        pairs.append([max(r) for r in rank_pairs(m, group)])
-        L1 = info["rows"].shape[1] - 4
-        acc.append([int(x) for x in info["rows"][:C, L1]])
+    rec = timed_steps(engine, s, C, steps, {
+        "distinct_experts": lambda: [max(r) for r in rank_distinct(m, group)],
+        "busiest_rank_pairs": lambda: [max(r) for r in rank_pairs(m, group)]})
     while run_out and not s.done:
         s.step()
-    return {"wall_ms": wall, "distinct_experts": distinct, "busiest_rank_pairs": pairs, "kv_rows": kv,
-            "accepted": acc, "graph": graph, "profile": None, "tokens": [r.tokens for r in s.results()],
+    return {**rec, "profile": None, "tokens": [r.tokens for r in s.results()],
             "T": s.bucket.T, "trace": [[n, list(sh), str(dt)] for n, sh, dt in trace], "_trace": trace,
-            "paths": engine.paths(config.method, all(graph), C * s.bucket.T)}
+            "paths": engine.paths(config.method, all(rec["graph"]), C * s.bucket.T)}
 
 
 def flops_per_gpu(model, raw: dict[str, Any], C: int) -> float:
