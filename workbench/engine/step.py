@@ -392,7 +392,7 @@ class Session:
         e, m = self.engine, self.engine.model
         cache, dev = e.cache, m.device
         t0 = time.perf_counter()
-        pieces, live = [], []
+        live = []   # (request, its slots) of the prompts the engine prefills
         for r in self.reqs:
             try:
                 slots = cache.admit(r.index, len(r.prompt))
@@ -409,13 +409,13 @@ class Session:
                 e.last_token[r.index] = first
                 e.num_generated[r.index] = 1
                 continue
-            pieces.append((slots[:0], slots, r.prompt, 0))
-            live.append(r)
+            live.append((r, slots))
         feats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        chunk = self.prefill_chunk or max((len(r.prompt) for r in live), default=1)
-        parts: dict[int, list[torch.Tensor]] = {r.index: [] for r in live}
-        for d in range(0, max((len(r.prompt) for r in live), default=0), chunk):
-            now = [(r, slots) for r, (_, slots, _, _) in zip(live, pieces) if d < len(r.prompt)]
+        longest = max((len(r.prompt) for r, _ in live), default=0)
+        chunk = self.prefill_chunk or max(longest, 1)
+        parts: dict[int, list[torch.Tensor]] = {r.index: [] for r, _ in live}
+        for d in range(0, longest, chunk):
+            now = [(r, slots) for r, slots in live if d < len(r.prompt)]
             first, fs = e.prefill_pieces([(slots[:d], slots[d:d + chunk], r.prompt[d:d + chunk], d)
                                           for r, slots in now], layers)
             for (r, _), t, f in zip(now, first, fs):

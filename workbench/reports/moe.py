@@ -318,8 +318,8 @@ def _compare(doc: dict[str, Any], new: str, old: str, ms: tuple[int, ...] | None
 
 
 def version_rows() -> list[dict[str, Any]] | None:
-    """:data:`VERSIONS` with the measured column read from each run's file at :data:`HISTORY`; runs 1-3 from the
-    earlier moe_bandwidth.json files; None where git history lacks them."""
+    """:data:`VERSIONS` with the measured column read from each run's file at :data:`HISTORY` (:data:`LATER_VERSIONS`
+    at their own commit); runs 1-3 from the earlier moe_bandwidth.json files; None where git history lacks them."""
     rows = []
     for commit, run in MOE_RUNS:
         doc = papers.committed_json(commit, f"{MEASURED}/moe_bandwidth.json")
@@ -331,14 +331,8 @@ def version_rows() -> list[dict[str, Any]] | None:
                      "measured": f"% of copy, uniform M = 1 / 16: {at[('uniform', 1)]['pct_of_copy']:.1f} / "
                                  f"{at[('uniform', 16)]['pct_of_copy']:.1f}",
                      "outcome": "kept (the four-launch path)", "code": doc["provenance"]["git_commit"][:7]})
-    for run, change, pred, name, (new, old, ms), outcome, code in VERSIONS:
-        doc = papers.committed_json(HISTORY, f"{MEASURED}/{name}.json")
-        if doc is None:
-            return None
-        rows.append({"run": run, "change": change, "prediction": pred,
-                     "measured": f"`{new}` - `{old}`, points of copy: {_compare(doc, new, old, ms)}; `{name}.json`",
-                     "outcome": outcome, "code": code})
-    for run, change, pred, name, (new, old, ms), outcome, code, at in LATER_VERSIONS:
+    for run, change, pred, name, (new, old, ms), outcome, code, at in (*((*v, HISTORY) for v in VERSIONS),
+                                                                         *LATER_VERSIONS):
         doc = papers.committed_json(at, f"{MEASURED}/{name}.json")
         if doc is None:
             return None
