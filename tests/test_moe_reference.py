@@ -148,6 +148,7 @@ def test_moe_plan_follows_the_dispatch_data():
     assert plan(1, kernel=FOUR_LAUNCH)["kernel"] == f"four_launch:frag_nt{H200.moe_large_frag_nt(1)}"
     assert plan(1, kernel=FOUR_LAUNCH)["forced"]
     assert plan(300, kernel="frag_nt4")["launches"][1] == "moe_gate_up_frag_nt4"
+    assert plan(300, kernel="frag_nt4")["nt"] == 4 and p["nt"] == H200.moe_large_frag_nt(17)   # work items of 8 NT
     # packed experts (the layout elsewhere, or asked for): the packed variants, no small-M kernel
     p = plan(17, layout="packed")
     assert p["path"] == FOUR_LAUNCH and p["variant"] == H200.moe_large_variant(17)
@@ -155,6 +156,7 @@ def test_moe_plan_follows_the_dispatch_data():
                              f"moe_down_{variant_name(p['variant'])}", "moe_combine"]
     assert plan(1, layout="packed")["variant"] == H200.moe_large_variant(1)
     assert plan(4, kernel=(4, 2, 2, 0, 0), layout="packed")["kernel"] == "four_launch:nt4_rt2_d2"
+    assert plan(4, kernel=(4, 2, 2, 0, 0), layout="packed")["nt"] == 4
     generic = dispatch_for("a GPU without a table")
     assert generic.generic and moe_plan(1, 8, "cuda", dispatch=generic)["path"] == FOUR_LAUNCH
     cpu = moe_plan(3, 8, "cpu")

@@ -88,7 +88,8 @@ def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: 
     """What :func:`fused_moe_int4` runs for M tokens of ``topk`` experts on ``device`` (no launch).
 
     Returns ``{"impl": "cuda" | "torch", "path": "small" | "four_launch" | "reference", "kernel": name,
-    "launches": [kernel function names in launch order], "variant": (NT, RT, D, S, LINE) or None, "layout":
+    "launches": [kernel function names in launch order], "variant": (NT, RT, D, S, LINE) or None, "nt": a four-launch
+    path's token tiles of 8 per work item (absent elsewhere), "layout":
     the experts' layout, "dispatch": the dispatch table's gpu, "generic": whether it was the generic table,
     "forced": bool}``. ``kernel`` / ``impl`` as :func:`fused_moe_int4`'s; raises ValueError for a kernel that cannot
     run there or cannot read ``layout`` (the experts' :attr:`Int4Experts.layout`; None: the layout experts of these
@@ -128,7 +129,7 @@ def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: 
         if kernel in FRAG_VARIANTS:
             return {**base, "impl": "cuda", "path": FOUR_LAUNCH, "kernel": f"{FOUR_LAUNCH}:{kernel}",
                     "launches": ["moe_align", f"moe_gate_up_{kernel}", f"moe_down_{kernel}", "moe_combine"],
-                    "variant": None}
+                    "variant": None, "nt": FRAG_VARIANTS[kernel]}
         if m * topk > SMALL_MAX_PAIRS:
             raise ValueError(f"small-M kernel {kernel!r} takes at most {SMALL_MAX_PAIRS} (token, expert) pairs, "
                              f"got M * topk = {m * topk}")
@@ -140,7 +141,8 @@ def moe_plan(m: int, topk: int, device: torch.device | str = "cuda", *, hidden: 
                          f"fragment layout (their variants: {list(FRAG_VARIANTS)})")
     name = variant_name(var)
     return {**base, "impl": "cuda", "path": FOUR_LAUNCH, "kernel": f"{FOUR_LAUNCH}:{name}",
-            "launches": ["moe_align", f"moe_gate_up_{name}", f"moe_down_{name}", "moe_combine"], "variant": var}
+            "launches": ["moe_align", f"moe_gate_up_{name}", f"moe_down_{name}", "moe_combine"], "variant": var,
+            "nt": var[0]}
 
 
 def gpu_supported(experts: Int4Experts) -> str | None:
@@ -271,8 +273,7 @@ def _run_four_launch(plan: dict[str, Any], hidden: torch.Tensor, ids: torch.Tens
     dev = hidden.device
     _, gu_name, dn_name, _ = plan["launches"]
     var = plan["variant"]
-    nt = var[0] if var is not None else FRAG_VARIANTS[plan["kernel"].split(":", 1)[1]]
-    p, chunk = m * k, 8 * nt
+    p, chunk = m * k, 8 * plan["nt"]
     nitems = max_work_items(p, e, chunk)
     sorted_pair = torch.empty(p, dtype=torch.int32, device=dev)
     items = torch.empty(nitems, 3, dtype=torch.int32, device=dev)
