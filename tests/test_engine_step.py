@@ -324,3 +324,15 @@ def test_synthetic_int4_experts_have_mean_zero_and_route_apart():
     e.generate([[t] * 5 for t in (3, 70, 140, 210, 280, 350, 420, 490)], 2)
     last = m.layers[-1].mlp.last_expert_ids
     assert len(set(last.reshape(-1).tolist())) >= 16  # 8 tokens x 4 experts of 32: not one shared set
+
+
+def test_verify_chunk_keys_split_the_capacity_over_the_multiprocessors():
+    from workbench.engine.kv_device import verify_chunk_keys
+
+    # DDTree at C = 1 (33 nodes x 64 heads = 33 row blocks): 132 // 33 = 4 chunks of capacity / 4 keys
+    assert verify_chunk_keys(132_677, 33, 64, 1, 132) == -(-(132_677 + 33) // 4 // 64) * 64
+    # greedy at C = 1 (one row block): one chunk per multiprocessor
+    assert verify_chunk_keys(132_677, 1, 64, 1, 132) == -(-(132_677 + 1) // 132 // 64) * 64
+    # more requests than the machine has room for: one chunk per request, the whole capacity
+    assert verify_chunk_keys(4096, 33, 64, 8, 132) == -(-(4096 + 33) // 64) * 64
+    assert verify_chunk_keys(10, 1, 8, 1, 132) == 64

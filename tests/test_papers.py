@@ -5,7 +5,8 @@ import pytest
 
 from workbench.reports import papers
 
-REPORTS = ["workbench.reports.ddtree", "workbench.reports.moe", "workbench.reports.projection"]
+REPORTS = ["workbench.reports.ddtree", "workbench.reports.moe", "workbench.reports.projection",
+           "workbench.reports.context"]
 
 
 def test_render_check_and_main(tmp_path):

@@ -29,7 +29,8 @@ def test_blocks_read_the_file(dry, tmp_path):
     assert context.main(kw + ["--check"]) == 1
     assert context.main(kw) == 0 and context.main(kw + ["--check"]) == 0  # figures byte-identical on regeneration
     text = paper.read_text()
-    assert "Not measured yet" not in text and "<!-- LEAD:" in text
+    assert "Not measured yet" not in text
+    assert "No `engine_step.json` of this model shape" in text   # the tiny CPU model has no H200 floor rows
     assert sorted(p.name for p in figs.iterdir()) == sorted(f"{n}.html" for n, _, _ in context.FIGURE_SPECS)
     rows = doc["results"]["contexts"]
     n_in = sum(r["check_sustained"]["within"] for r in rows)
@@ -42,6 +43,21 @@ def test_blocks_read_the_file(dry, tmp_path):
     assert "Fragmentation's cost at 64" in text and "mean run from" in text
     assert "2.9 tokens per step / 0.144 s = 20.1 tokens/s" in text
     assert "no per-step terms in this file" in text  # a CPU file has none
+    assert context.verify_rows(doc) == []
+
+
+def test_verify_rows_follow_the_engine_capacity_split():
+    """The committed H200 file: each DDTree point's longest thread block is min(context + nodes, capacity / 4)."""
+    doc = context.load()
+    if doc is None:
+        pytest.skip("no committed context_sweep.json")
+    rows = context.verify_rows(doc)
+    assert [r["context"] for r in rows] == doc["parameters"]["contexts"]
+    for r in rows:
+        assert r["longest block (keys)"] == min(r["context"] + doc["parameters"]["budget"] + 1,
+                                                r["keys per thread block"])
+    floors = context.floor_rows(doc)
+    assert len(floors) == len(doc["results"]["contexts"])
 
 
 def test_dominant_names_the_largest_term(dry):

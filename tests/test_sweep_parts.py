@@ -70,3 +70,14 @@ def test_real_prefill_up_to_a_context_beside_synthetic_rows(tmp_path):
     with_real = plan_seconds({**H200_PLAN, "sustained_at": [4096]}, None)["total_s"]
     without = plan_seconds({**H200_PLAN, "sustained_at": [4096], "real_prefill_upto": None}, None)["total_s"]
     assert with_real > without
+
+
+def test_plan_estimate_counts_only_the_parts_run():
+    from workbench.bench.sweep import H200_PLAN, plan_seconds
+
+    whole = plan_seconds({**H200_PLAN, "contexts": [65536, 131072], "sustained_at": []}, None)
+    ctx = plan_seconds({**H200_PLAN, "contexts": [65536, 131072], "sustained_at": []}, None, parts=("contexts",))
+    assert ctx["concurrency_s"] == 0 and ctx["contexts_s"] == whole["contexts_s"] > 0
+    # an empty sustained_at means no long run (not "all contexts"): the long run costs more
+    every = plan_seconds({**H200_PLAN, "contexts": [65536, 131072], "sustained_at": None}, None, parts=("contexts",))
+    assert every["contexts_s"] > ctx["contexts_s"]

@@ -62,22 +62,24 @@ def _step_ms(method: str, context: int, C: int, engine_step: dict[str, Any] | No
 
 
 def plan_seconds(plan: dict[str, Any], engine_step: dict[str, Any] | None,
-                 accepted: dict[str, float] | None = None) -> dict[str, Any]:
-    """Estimated seconds of each part of ``plan`` (steps x step ms; ``accepted`` tokens per step per method, default
-    greedy 1, DDTree high 8, low 1.7 at block 16), model build and captures as a fixed 40 s."""
+                 accepted: dict[str, float] | None = None, parts=("contexts", "concurrency")) -> dict[str, Any]:
+    """Estimated seconds of the ``parts`` of ``plan`` that it estimates (contexts, concurrency; steps x step ms;
+    ``accepted`` tokens per step per method, default greedy 1, DDTree high 8, low 1.7 at block 16), model build and
+    captures as a fixed 40 s. ``plan["sustained_at"]``: the contexts with the long run (None: all)."""
     acc = accepted or {"greedy": 1.0, "ddtree-high": 8.0, "ddtree-low": 1.7}
     a, b = plan["two_point"]
     ctx_s = 0.0
     upto = plan.get("real_prefill_upto") or 0
-    for c in plan["contexts"]:
-        n = plan["generate"] if c in plan["sustained_at"] else b
+    long_at = plan["contexts"] if plan.get("sustained_at") is None else plan["sustained_at"]
+    for c in plan["contexts"] if "contexts" in parts else ():
+        n = plan["generate"] if c in long_at else b
         for m in plan["methods"]:
             tokens = a + n + plan["repeats"] * (a + b) + (4 + 3) * acc[m]
             ctx_s += tokens / acc[m] * _step_ms(m, c, 1, engine_step) / 1e3
             if c <= upto:   # prefills: warm-up, long run, the two-point's A and B per repeat, the profiled session
                 ctx_s += (3 + 2 * plan["repeats"]) * c * PREFILL_MS_PER_TOKEN / 1e3
     conc_s = 0.0
-    for C in plan["concurrency"]:
+    for C in plan["concurrency"] if "concurrency" in parts else ():
         g = plan["concurrency_generate"]
         conc_s += (g + 3) * _step_ms("greedy", plan["concurrency_context"], C, engine_step) / 1e3
         for m in plan["methods"]:
@@ -142,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             plan[key] = val
     if plan["sustained_at"] is not None:
         plan["sustained_at"] = [c for c in plan["sustained_at"] if c in plan["contexts"]]
-    est = plan_seconds({**plan, "sustained_at": plan["sustained_at"] or plan["contexts"]},
-                       load_measurement("engine_step", "h200")) if plan["device"] == "cuda" else None
+    est = plan_seconds(plan, load_measurement("engine_step", "h200"), parts=a.part or PARTS) \
+        if plan["device"] == "cuda" else None
     if est:
         print(f"estimated run time on one H200: {est['total_s']:.0f} s ({est['basis']})", file=sys.stderr)
     try:

@@ -154,6 +154,17 @@ class DeviceKVCache:
         return a
 
 
+def verify_chunk_keys(capacity: int, T: int, heads: int, C: int, sms: int) -> int:
+    """Keys per thread block of the captured step's verify kernel: a request's ``capacity`` (slots, not its live
+    length: the graph's grid is fixed at capture) split so that the C requests' (64-row blocks x key chunks) fill
+    the ``sms`` multiprocessors once. At C = 1, T = 33 nodes, 64 heads on 132 multiprocessors that is 4 chunks of
+    capacity / 4 keys: a prefix shorter than the capacity runs on fewer thread blocks, each up to capacity / 4 keys
+    long (``papers/context_diagnosis.md``)."""
+    row_blocks = -(-T * heads // 64)
+    per_request = max(1, sms // (C * row_blocks))
+    return max(64, -(-(capacity + T) // per_request // 64) * 64)
+
+
 class StepAttention:
     """Absorbed-MLA attention of one step over a :class:`DeviceKVCache`: C requests of T new tokens.
 
@@ -198,13 +209,9 @@ class StepAttention:
             self._vis = [tree_visibility(par[b:b + 1])[0].to(c.device) for b in range(C)]
 
     def chunk_len(self, heads: int) -> int:
-        """Keys per thread block of the verify kernel: a request's capacity split so that the C requests'
-        (64-row blocks x key chunks) fill the multiprocessors once (the kernel's own plan gives a batch of
-        few requests one chunk each: at C = 2, T = 33, 64 heads that is 66 blocks on 132 multiprocessors)."""
+        """Keys per thread block of the verify kernel in this step (:func:`verify_chunk_keys`)."""
         sms = torch.cuda.get_device_properties(self.cache.device).multi_processor_count
-        row_blocks = -(-self.T * heads // 64)
-        per_request = max(1, sms // (self.C * row_blocks))
-        return max(64, -(-(self.cache.capacity + self.T) // per_request // 64) * 64)
+        return verify_chunk_keys(self.cache.capacity, self.T, heads, self.C, sms)
 
     def __call__(self, q_lat, q_rope, kv_layer, tail, scale: float):
         C, T = self.C, self.T

@@ -66,7 +66,13 @@ def block_provenance(doc) -> str:
              f"tokens at {par['sustained_at']}, elsewhere over the two-point's B tokens; concurrency "
              f"{par['concurrency']} at context {par['concurrency_context']} for {par.get('concurrency_generate')} "
              "tokens each."]
-    if est:
+    secs = par.get("part_seconds") or {}
+    runs = secs if isinstance(secs, list) else [secs]
+    if any(runs):
+        said = "; ".join(", ".join(f"{k} {v:.0f} s" for k, v in r.items()) for r in runs if r)
+        lines.append(f"- Measured run time: {sum(sum(r.values()) for r in runs):.0f} s in {len(runs)} process"
+                     f"{'es' if len(runs) > 1 else ''} ({said}), model build and captures not counted.")
+    if est and not par.get("merged_from"):   # a merged file's part estimates are in parameters.merged_from
         lines.append(f"- Plan estimate before the run: {est['total_s']:.0f} s ({est['basis']}).")
     if doc.get("notes"):
         lines.append(f"- Notes of the file: {doc['notes']}")
@@ -77,7 +83,8 @@ def rate_rows(doc) -> list[dict[str, Any]]:
     out = []
     for r in doc["results"]["contexts"]:
         cs, ct = r["check_sustained"], r.get("check_two_point") or {}
-        out.append({"context": r["context"], "method": r["method"], "step ms": _f(r["mean_step_ms"], 2),
+        out.append({"context": r["context"], "method": r["method"], "TTFT ms": _f(r.get("ttft_ms"), 0),
+                    "step ms": _f(r["mean_step_ms"], 2),
                     "accepted": _f(r["mean_accepted"], 2), "sustained t/s (tokens)":
                         f"{_f(r['sustained'])} ({r.get('sustained_tokens', r['generated'])})",
                     "two-point t/s": _f(r["two_point"]), "accepted/step t/s": _f(cs["identity"]),
@@ -126,6 +133,122 @@ def block_dominant(doc) -> str:
         parts.append(f"At {label} (context {c}) the largest term of a step is, per method: {said}.\n\n"
                      + markdown_table(rows))
     return "\n".join(parts)
+
+
+def floor_rows(doc, engine_step=None) -> list[dict[str, Any]]:
+    """Per (context, method) of the sweep: the step's floor, from ``engine_step.json``'s C = 1 graph rows (same
+    model shape; its measured copy bandwidth and bf16 matmul rate): the weight bytes it read outside the routed
+    experts, the routed experts of this run's expert count (greedy: top-k per layer; DDTree: the distinct experts of
+    the tree's nodes, the uniform-routing expectation scaled by the engine run's measured distinct / expected), the
+    KV rows at this context, and the verify attention's FLOPs at this context; floor = max(bytes / bandwidth,
+    FLOPs / matmul rate)."""
+    from workbench.bench.measure import load_measurement
+    from workbench.sweep.engine import model_config
+
+    es = engine_step if engine_step is not None else load_measurement("engine_step", "h200")
+    par = doc["parameters"]
+    if not es or (es["parameters"].get("model"), es["parameters"].get("layers")) != (par["synthetic"], par["layers"]):
+        return []
+    res = es["results"]
+    bw, mm = res["copy_bandwidth_gbps"] * 1e9, res["bf16_matmul_tflops"] * 1e12
+    cfg = model_config(par["synthetic"], par["layers"])
+    E, k, L = par["experts"], cfg.num_experts_per_tok, par["layers"]
+    E0 = res["experts"]
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(L))
+    kv_el = 2
+    out = []
+    for r in doc["results"]["contexts"]:
+        want = "greedy" if r["method"] == "greedy" else "ddtree"
+        base = next((x for x in res["rows"] if x["C"] == 1 and x["method"] == want and x["path"] == "graph"
+                     and x.get("fuse", "eager") == "eager"), None)
+        if base is None:
+            continue
+        b = base["bytes_by_part"]
+        T = base["tokens_per_request_step"]
+        per_expert = b["routed_experts"] / (base["distinct_experts_median"] * moe_layers)
+        if T == 1:
+            distinct = k
+        else:
+            seen = base["distinct_experts_median"] / (E0 * (1 - (1 - k / E0) ** T))
+            distinct = min(E, E * (1 - (1 - k / E) ** T) * seen)
+        c = r["context"]
+        weights = sum(b[p] for p in ("attention", "dense_mlp", "router", "shared_experts", "lm_head"))
+        kv = c * cfg.kv_row_width * L * kv_el
+        attn_per_key = 2 * cfg.num_attention_heads * (cfg.kv_row_width + cfg.kv_lora_rank) * L * T
+        flops = base["flops"] - attn_per_key * es["parameters"]["prefix"] + attn_per_key * c
+        nbytes = weights + distinct * per_expert * moe_layers + kv
+        floor = max(nbytes / bw, flops / mm) * 1e3
+        out.append({"context": c, "method": r["method"], "weights GB": _f(weights / 1e9, 2),
+                    "routed experts GB": _f(distinct * per_expert * moe_layers / 1e9, 2),
+                    "KV GB": _f(kv / 1e9, 2), "bytes ms": _f(nbytes / bw * 1e3, 2),
+                    "FLOPs ms": _f(flops / mm * 1e3, 2), "floor ms": _f(floor, 2),
+                    "step ms": _f(r["mean_step_ms"], 2), "share of floor": f"{100 * floor / r['mean_step_ms']:.0f}%"})
+    return out
+
+
+def block_floors(doc) -> str:
+    if doc is None:
+        return MISSING
+    rows = floor_rows(doc)
+    if not rows:
+        return ("No `engine_step.json` of this model shape (model and layers) for the floor's terms: the floors come "
+                "from the engine benchmark's H200 rows.\n")
+    return (markdown_table(rows) + "\nBandwidth and matmul rate: `engine_step.json`'s measured copy bandwidth and "
+            "bf16 matmul rate on this H200; the routed experts and FLOPs are modelled as this function's docstring "
+            "says (`workbench.reports.context.floor_rows`).\n")
+
+
+def part_contexts(doc, context: int) -> list[int]:
+    """The contexts of the run (one process) that measured ``context``: one engine, sized by its longest."""
+    for m in doc["parameters"].get("merged_from") or []:
+        ctxs = (m.get("plan") or {}).get("contexts") or []
+        if context in ctxs:
+            return ctxs
+    return doc["parameters"]["contexts"]
+
+
+def verify_rows(doc) -> list[dict[str, Any]]:
+    """Per DDTree context (C = 1): the captured step's verify attention (kernel records, ms per step) against its
+    FLOP floor (nodes x heads x keys x (576 + 512) multiply-adds per layer at the GPU's dense bf16 rate) and the
+    keys each thread block streams (:func:`workbench.engine.kv_device.verify_chunk_keys`: the engine's capacity,
+    not the live prefix, is split into chunks)."""
+    from workbench.engine.kv_device import verify_chunk_keys
+    from workbench.hardware import get_gpu
+    from workbench.sweep.engine import model_config, reserve
+
+    par, pv = doc["parameters"], doc["provenance"]
+    cfg = model_config(par["synthetic"], par["layers"])
+    H, R, Dr = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    T = par["budget"] + 1
+    sms = int(pv.get("gpu_sm_count") or 132)
+    peak = get_gpu("h200").dense_bf16_flops
+    out = []
+    for r in doc["results"]["contexts"]:
+        t = r.get("terms")
+        if not t or r["method"] != "ddtree-high":
+            continue
+        c = r["context"]
+        cap = max(part_contexts(doc, c)) + par["generate"] + reserve(par["block"], par["budget"])
+        keys = verify_chunk_keys(cap, T, H, 1, sms)
+        rb = -(-T * H // 64)
+        live = -(-(c + T) // keys)
+        floor_ms = 2 * T * H * c * (R + Dr + R) * par["layers"] / peak * 1e3
+        out.append({"context": c, "engine capacity": cap, "keys per thread block": keys,
+                    "thread blocks with keys": f"{rb * live} of {rb * (sms // rb)}",
+                    "longest block (keys)": min(c + T, keys), "verify ms": _f(t["verify_attention"], 2),
+                    "FLOP floor ms": _f(floor_ms, 2), "share of floor": f"{100 * floor_ms / t['verify_attention']:.0f}%",
+                    "ms per 1k keys of the longest block": _f(t["verify_attention"] / min(c + T, keys) * 1e3, 2)})
+    return out
+
+
+def block_verify(doc) -> str:
+    if doc is None:
+        return MISSING
+    rows = verify_rows(doc)
+    if not rows:
+        return "No per-step terms in this file (CUDA profiler records of the captured step).\n"
+    return (markdown_table(rows) + f"\nFLOP floor at the H200's datasheet dense bf16 rate "
+            f"({doc['parameters']['budget'] + 1} nodes; both methods' verify terms are in the terms table above).\n")
 
 
 def overstatement_rows(doc) -> list[dict[str, Any]]:
@@ -189,7 +312,20 @@ def block_fragmentation(doc) -> str:
                  f"{layers} layers) for scattered against contiguous slots; compaction changes the scattered time by "
                  f"{-buys * 1e3:+.1f} us per layer and the mean run from {lay['scattered']['mean_run_length']:.2f} to "
                  f"{lay['compacted']['mean_run_length']:.2f} tokens.\n")
-    return text
+    text += "\nEach layout's attention time against contiguous slots at every context of the run:\n\n"
+    return text + markdown_table(layout_spread_rows(doc))
+
+
+def layout_spread_rows(doc) -> list[dict[str, Any]]:
+    """Per context: each layout's attention time relative to contiguous slots (one row per context)."""
+    rows = doc["results"]["layout"]
+    out = []
+    for c in sorted({r["context"] for r in rows}):
+        at = {r["layout"]: r["attention_ms"] for r in rows if r["context"] == c}
+        base = at.get("contiguous")
+        out.append({"context": c, "contiguous ms": _f(base, 4),
+                    **{lay: _pct(ms / base - 1) if base else "-" for lay, ms in at.items() if lay != "contiguous"}})
+    return out
 
 
 def block_source(doc) -> str:
@@ -285,8 +421,8 @@ def figure_files(doc) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- the paper
 
-BLOCK_FUNCS = {"provenance": block_provenance, "rates": block_rates, "dominant": block_dominant,
-               "two-point": block_two_point, "fragmentation": block_fragmentation, "source-arithmetic": block_source,
+BLOCK_FUNCS = {"provenance": block_provenance, "floors": block_floors, "rates": block_rates, "dominant": block_dominant,
+               "verify": block_verify, "two-point": block_two_point, "fragmentation": block_fragmentation, "source-arithmetic": block_source,
                "concurrency": block_concurrency, "figures": block_figures}
 
 
