@@ -81,3 +81,19 @@ def test_plan_estimate_counts_only_the_parts_run():
     # an empty sustained_at means no long run (not "all contexts"): the long run costs more
     every = plan_seconds({**H200_PLAN, "contexts": [65536, 131072], "sustained_at": None}, None, parts=("contexts",))
     assert every["contexts_s"] > ctx["contexts_s"]
+
+
+def test_notebook_shows_a_committed_measurement(tmp_path):
+    """Notebook 03's ``measurement``: a context_sweep.json shown in the sweep's shape, its samples put back; a
+    path that is not one is a clear error."""
+    from workbench.sweep.run import decomposition, notebook_doc
+    from workbench.sweep.tables import tables
+    from workbench.validation import InvalidParameter
+
+    doc = _run(tmp_path, "--part", "contexts", "--contexts", "16", "--method", "greedy", "--name", "one")
+    shown = notebook_doc(measurement=str(tmp_path / "one.json"))
+    assert [r["context"] for r in shown["contexts"]] == [16]
+    assert shown["contexts"][0]["step_ms"] == doc["samples"][0]["step_ms"]
+    assert tables(shown)["contexts"] and decomposition(shown)
+    with pytest.raises(InvalidParameter, match="measurement"):
+        notebook_doc(measurement=str(tmp_path / "absent.json"))

@@ -367,16 +367,6 @@ def block_figures(doc) -> str:
 
 # ----------------------------------------------------------------------------- figures
 
-def _as_sweep_doc(doc) -> dict[str, Any]:
-    """The measurement file in the shape workbench.sweep.figures reads (rows with their per-step samples)."""
-    ctx = []
-    for r in doc["results"]["contexts"]:
-        s = _samples(doc, r["context"], r["method"]) or {"step_ms": [], "accepted": []}
-        ctx.append({**r, "step_ms": s["step_ms"], "accepted": s["accepted"]})
-    return {"contexts": ctx, "concurrency": doc["results"]["concurrency"], "layout": doc["results"]["layout"],
-            "phases": doc["results"].get("phases", [])}
-
-
 def _terms_figure(doc):
     import plotly.graph_objects as go
 
@@ -390,12 +380,18 @@ def _terms_figure(doc):
     return fig
 
 
+def sweep_doc(doc) -> dict[str, Any]:
+    from workbench.sweep.run import from_measurement
+
+    return from_measurement(doc)
+
+
 def _sweep_figure(name: str, **kw) -> Callable:
     """A figure of :mod:`workbench.sweep.figures` over the file's rows (``kw``: doc -> keyword arguments)."""
     def make(doc):
         from workbench.sweep import figures
 
-        return getattr(figures, name)(_as_sweep_doc(doc), **{k: f(doc) for k, f in kw.items()})
+        return getattr(figures, name)(sweep_doc(doc), **{k: f(doc) for k, f in kw.items()})
     return make
 
 

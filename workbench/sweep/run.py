@@ -182,14 +182,40 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def from_measurement(doc: dict[str, Any]) -> dict[str, Any]:
+    """A context_sweep measurement file (``python -m workbench.bench.sweep``) in :func:`sweep`'s shape: its
+    parameters, and its context rows with their per-step samples (step_ms, accepted) put back."""
+    ctx = []
+    for r in doc["results"]["contexts"]:
+        s = next((s for s in doc.get("samples") or [] if s["context"] == r["context"] and s["method"] == r["method"]),
+                 {"step_ms": [], "accepted": []})
+        ctx.append({**r, "step_ms": s["step_ms"], "accepted": s["accepted"]})
+    return {"parameters": doc["parameters"], "model": doc["parameters"].get("synthetic"), "contexts": ctx,
+            "concurrency": doc["results"]["concurrency"], "layout": doc["results"]["layout"],
+            "phases": doc["results"].get("phases", []), "provenance": doc.get("provenance")}
+
+
 def notebook_doc(endpoint: str | None = None, served_model: str | None = None, synthetic: str = "tiny",
                  layers: int | None = None, contexts: Sequence[int] = (32, 128, 512), concurrency: Sequence[int] = (1, 2, 4),
                  methods: Sequence[str] = es.METHODS, generate: int = 64, two_point: Sequence[int] = (8, 40),
                  block: int = 8, budget: int = 16, repeats: int = 3, device: str = "cpu",
-                 threads: int | None = None) -> dict[str, Any]:
-    """Notebook 03's document: with ``endpoint`` (a URL) the live server's measurements through the serving
+                 threads: int | None = None, measurement: str | None = None) -> dict[str, Any]:
+    """Notebook 03's document: with ``measurement`` (the path of a committed ``context_sweep.json``) that run,
+    shown without running anything; with ``endpoint`` (a URL) the live server's measurements through the serving
     client (:func:`workbench.sweep.endpoint.endpoint_sweep`: ``generate`` tokens sustained, ``two_point``, the
     contexts and concurrencies; the engine's parameters unused), else this engine's :func:`sweep`."""
+    if measurement is not None:
+        from workbench.validation import InvalidParameter
+
+        path = Path(measurement)
+        if not path.is_file():
+            raise InvalidParameter("measurement", measurement, "the path of a context_sweep.json measurement file "
+                                                               "(e.g. data/measurements/h200/context_sweep.json)")
+        doc = json.loads(path.read_text())
+        if doc.get("name") != "context_sweep" and "contexts" not in doc.get("results", {}):
+            raise InvalidParameter("measurement", measurement, "a context_sweep measurement file (it has no "
+                                                               "results.contexts)")
+        return from_measurement(doc)
     if endpoint is not None:
         from workbench.sweep.endpoint import endpoint_sweep
 
