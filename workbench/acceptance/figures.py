@@ -14,7 +14,7 @@ from typing import Sequence
 from workbench.validation import check_choice, check_int, check_list
 
 __all__ = ["REFERENCES", "cpu_demo", "check_notebook", "load_doc", "measured_or_demo", "summary_rows", "budget_figure",
-           "histogram_figure", "hit_rate_figure", "loss_figure", "reading"]
+           "histogram_figure", "hit_rate_figure", "loss_figure", "reading", "training_data"]
 
 # (label, accepted length, where it comes from) - reference lines, quoted, not measured here
 REFERENCES = (
@@ -161,22 +161,104 @@ def loss_figure(doc: dict):
     return fig
 
 
+def training_data(doc: dict) -> tuple[dict | None, str]:
+    """The description of the data that trained the document's drafter (sequences, generation seconds, ...) and,
+    when it is not known, why: a file whose drafter record keeps training segments
+    (:func:`workbench.acceptance.train.training_segments`) says it; an older one whose run resumed a checkpoint
+    and trained no step recorded its own regenerated data instead, so the training data is unknown there."""
+    dr = doc["results"].get("drafter") or {}
+    if "segments" in dr:
+        return (dr.get("data") or None), ("" if dr.get("data") else "no training segment recorded")
+    if dr.get("resumed_from") is not None and dr.get("resumed_from") == dr.get("steps"):
+        return None, (f"not recorded in this file: its run resumed a checkpoint at step {dr['steps']} and trained "
+                      "no step, so its data block describes that run's regenerated data, not the training data")
+    return (dr.get("data") or None), ("" if dr.get("data") else "not recorded")
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+
+
 def reading(doc: dict) -> str:
-    """What the curves say, computed from the rows: per text type and the largest block, the chain's and the
-    best tree's accepted length, the tree/chain ratio at budget 32, the budget past which the curve gains
-    less than 5%, and the issue's goal (math, budget 32 >= 1.25 x chain)."""
-    rows = doc["results"]["rows"]
+    """What the curves say, computed from the document: per text type at the largest block, the chain's and the
+    best tree's accepted length, the tree/chain ratio at budget 32 and where the curve stops gaining 5% per
+    budget step; the issue's goal (math, budget 32 >= 1.25 x chain) and the sample it rests on; the absolute level
+    against :data:`REFERENCES`; the drafter's training loss and data, and the over-fitting reading where a
+    near-zero training loss meets a held-out acceptance below every reference; the wall-clock speedups' spread
+    and how much of it is noise (the same accepted rounds at two blocks timed twice); the points a time box
+    skipped; the file's ``provenance_note`` when it has one."""
+    res = doc["results"]
+    rows = res["rows"]
     block = max(r["block"] for r in rows)
-    lines = []
+    greedy = res.get("greedy") or {}
+    new_tokens = sorted({g.get("max_new") for g in greedy.values()} - {None})
+    prompts = sorted({r["prompts"] for r in rows})
+    sample = (f"{'/'.join(map(str, prompts))} held-out prompt(s)"
+              + (f" x {'/'.join(map(str, new_tokens))} new tokens" if new_tokens else "") + " per text type")
+    lines = [f"Block {block}, accepted length per round (root included), on {sample}:"]
     for t in dict.fromkeys(r["text_type"] for r in rows):
         pts = sorted((r["budget"], r["mean_accepted"]) for r in rows if r["text_type"] == t and r["block"] == block)
-        chain = dict(pts).get(1)
-        best = max(p[1] for p in pts)
-        sat = next((b for (b, a), (_, a2) in zip(pts, pts[1:]) if a2 < 1.05 * a), pts[-1][0])
-        at32 = dict(pts).get(32)
+        by = dict(pts)
+        chain, at32 = by.get(1), by.get(32)
+        best_k, best = max(pts, key=lambda p: p[1])
+        sat = next((b for (b, a), (_, a2) in zip(pts, pts[1:]) if a2 < 1.05 * a), None)
         ratio = f"{at32 / chain:.2f}x the chain at budget 32" if chain and at32 else "no budget-32 or chain point"
-        lines.append(f"- {t}: chain {chain:.2f}, best {best:.2f}; {ratio}; gains < 5% past budget {sat}"
-                     if chain else f"- {t}: best {best:.2f}; {ratio}")
+        climb = (f"gains < 5% past budget {sat}" if sat is not None else
+                 f"still gaining >= 5% per budget step at {pts[-1][0]} (no saturation in the range measured)")
+        lines.append(f"- {t}: chain {chain:.2f}, best {best:.2f} at budget {best_k}; {ratio}; {climb}"
+                     if chain else f"- {t}: best {best:.2f} at budget {best_k}; {ratio}; {climb}")
         if t == "math" and chain and at32:
-            lines.append(f"  goal (math, budget 32 >= 1.25 x chain): {'met' if at32 >= 1.25 * chain else 'not met'}")
-    return f"Block {block}:\n" + "\n".join(lines)
+            r32 = next(r for r in rows if (r["text_type"], r["block"], r["budget"]) == ("math", block, 32))
+            lines.append(f"  goal (math, budget 32 >= 1.25 x chain): {'met' if at32 >= 1.25 * chain else 'not met'} "
+                         f"({at32 / chain:.2f}x), on {r32['prompts']} prompt(s) and {r32['rounds']} rounds at "
+                         "budget 32 - a small sample")
+    top = max(rows, key=lambda r: (r["mean_accepted"], r["block"]))
+    longest = max((i + 1 for r in rows for i, h in enumerate(r["histogram"]) if h), default=0)
+    refs = sorted(REFERENCES, key=lambda x: x[1])
+    below = [f"{label} {y:g}" for label, y, _ in refs if top["mean_accepted"] < y]
+    lines.append(f"Absolute level: the best point is {top['mean_accepted']:.2f} ({top['text_type']}, block "
+                 f"{top['block']}, budget {top['budget']}); the longest accepted run was {longest} token(s)"
+                 + (f"; below every reference line ({'; '.join(below)})" if len(below) == len(refs) else
+                    f"; below {'; '.join(below)}" if below else "; at or above every reference line") + ".")
+    dr = res.get("drafter") or {}
+    curve = dr.get("loss_curve") or []
+    if dr.get("final_loss") is not None and curve:
+        data, why = training_data(doc)
+        batch = (dr.get("train_config") or {}).get("batch")
+        draws = f" x {batch} sequences" if batch else ""
+        if data and data.get("sequences"):
+            seen = f"on {data['sequences']} sequences"
+            if data.get("generation_seconds") is not None:
+                seen += f" from {data['generation_seconds']:.0f} s of generation"
+            if batch:
+                seen += f" (about {dr['steps'] * batch / data['sequences']:.0f} passes over them)"
+        else:
+            seen = f"training data {why}" if why else "training data not recorded"
+        lines.append(f"Training: final loss {dr['final_loss']:.3f} (first logged {curve[0][2]:.2f}) after "
+                     f"{dr['steps']} steps{draws}; {seen}.")
+        if dr["final_loss"] < 0.1 * curve[0][2] and len(below) == len(refs):
+            lines.append("  A training loss this close to zero beside a held-out acceptance this low reads as "
+                         "over-fitting of a small self-distillation set: the likely cause of the low acceptance "
+                         "(no held-out loss was recorded to confirm it).")
+    speed = [r["speedup"] for r in rows if r.get("speedup") is not None]
+    if speed:
+        pairs = {}
+        for r in rows:  # the same rounds measured at two blocks: their speedup gap is timing noise
+            h = list(r["histogram"])
+            while h and not h[-1]:
+                h.pop()
+            pairs.setdefault((r["text_type"], r["budget"], r["rounds"], tuple(h)), []).append(r["speedup"])
+        gaps = [max(v) - min(v) for v in pairs.values() if len(v) > 1]
+        tpf = [r["tokens_per_forward"] for r in rows if r.get("tokens_per_forward") is not None]
+        lines.append(f"Wall clock: speedup over greedy {_span(speed)} across points, on {sample}"
+                     + (f"; the same accepted rounds timed at two blocks differ by up to {max(gaps):.2f} in "
+                        "speedup: timing noise of that size" if gaps else "")
+                     + (f"; tokens per target forward ({_span(tpf)}) is the steadier measure" if tpf else "") + ".")
+    skipped = res.get("skipped") or []
+    if skipped:
+        lines.append(f"Not measured: {len(skipped)} point(s) skipped by the measurement's time box ("
+                     + ", ".join(f"{k['text_type']} {k['block']}/{k['budget']}" for k in skipped) + ").")
+    if doc.get("provenance_note"):
+        lines.append("Provenance: " + doc["provenance_note"])
+    return "\n".join(lines)

