@@ -95,7 +95,55 @@ def results_rows() -> list[dict[str, Any]]:
             rows.append({"area": area, "goal": f"{g['goal']} ({sign} {100 * g['target']:g}%)",
                          "measured": f"{g['server']:.2f} vs {g['engine']:.2f} {g['unit']} ({100 * g['relative']:+.1f}%)",
                          "met": bool(g["met"]), "file": "serving.json"})
+    rows += sweep_rows() + acceptance_rows()
     return rows
+
+
+def sweep_rows() -> list[dict[str, Any]]:
+    """Issue 26's goals from context_sweep.json: rates within 5% of accepted / step; fragmentation's cost at 64k."""
+    doc = load_measurement("context_sweep")
+    if not doc or doc["provenance"].get("gpu") is None:
+        return []
+    par, res = doc["parameters"], doc["results"]
+    area = f"Context sweep (K2.6 shape, {par['layers']} layers, {par['experts']} experts, {min(par['contexts'])}-" \
+           f"{max(par['contexts'])} tokens)"
+    checks = [r["check_sustained"] for r in res["contexts"]]
+    worst = max(checks, key=lambda c: abs(c["disagreement"]))
+    two = [r["check_two_point"] for r in res["contexts"] if r.get("check_two_point")]
+    two_worst = max(two, key=lambda c: abs(c["disagreement"])) if two else None
+    rows = [{"area": area, "goal": "sustained tokens/s = mean accepted / mean step time within 5%, every point",
+             "measured": f"{sum(c['within'] for c in checks)}/{len(checks)} points, worst "
+                         f"{100 * worst['disagreement']:+.1f}%" + (
+                             f" (the two-point rate: {sum(c['within'] for c in two)}/{len(two)}, worst "
+                             f"{100 * two_worst['disagreement']:+.1f}%)" if two else ""),
+             "met": all(c["within"] for c in checks), "file": "context_sweep.json"}]
+    lay = {r["layout"]: r["attention_ms"] for r in res["layout"] if r["context"] == 65536}
+    if "contiguous" in lay and "scattered" in lay:
+        rel = {k: v / lay["contiguous"] - 1 for k, v in lay.items() if k != "contiguous"}
+        rows.append({"area": area, "goal": "fragmentation's cost at 64k, one layer's verify attention (measured)",
+                     "measured": ", ".join(f"{k} {100 * v:+.1f}%" for k, v in rel.items()) + " vs contiguous",
+                     "met": None, "file": "context_sweep.json"})
+    return rows
+
+
+def acceptance_rows() -> list[dict[str, Any]]:
+    """Issue 28's goal from acceptance.json: on held-out math, the tree at budget 32 over its chain (budget 1)."""
+    doc = load_measurement("acceptance")
+    if not doc or doc["provenance"].get("gpu") is None:
+        return []
+    rows = doc["results"]["rows"]
+    area = f"Trained drafter ({doc['results']['target']['name']})"
+    out = []
+    for block in sorted({r["block"] for r in rows}):
+        at = {r["budget"]: r for r in rows if r["text_type"] == "math" and r["block"] == block}
+        if 1 in at and 32 in at:
+            ratio = at[32]["mean_accepted"] / at[1]["mean_accepted"]
+            out.append({"area": area, "goal": f"math, block {block}: accepted length at budget 32 over the chain "
+                                              "(>= 1.25x)",
+                        "measured": f"{ratio:.2f}x ({at[32]['mean_accepted']:.2f} vs {at[1]['mean_accepted']:.2f}, "
+                                    f"{at[32]['prompts']} prompts)",
+                        "met": ratio >= 1.25, "file": "acceptance.json"})
+    return out
 
 
 ENGINE_GOALS = {   # goal keys of bench/engine.py -> what the README says
