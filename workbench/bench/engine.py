@@ -83,6 +83,13 @@ def floor_bytes(model, distinct: list[int], tokens: int, kv_rows: int) -> dict[s
     return parts
 
 
+def attention_flops(config, layers: int, tokens_per_request: int, kv_rows: int) -> float:
+    """FLOPs of absorbed-MLA attention: scores over the latent + rope row and outputs over the latent, per head,
+    for ``kv_rows`` visible rows each seen by ``tokens_per_request`` tokens, over ``layers`` layers."""
+    c = config
+    return 2 * c.num_attention_heads * (c.kv_row_width + c.kv_lora_rank) * layers * tokens_per_request * kv_rows
+
+
 def floor_flops(model, distinct_tokens: int, tokens_per_request: int, kv_rows: int) -> float:
     """Matrix FLOPs a step must do at least: every weight once per token (routed: top-k experts per token),
     and the attention scores and outputs over the visible latent rows (kv_rows committed rows, summed over the
@@ -92,8 +99,8 @@ def floor_flops(model, distinct_tokens: int, tokens_per_request: int, kv_rows: i
     dense_params = (wb["attention"] + wb["dense_mlp"] + wb["shared_experts"] + wb["lm_head"]) / el
     moe_layers = sum(l.is_moe for l in model.layers)
     routed = c.num_experts_per_tok * 3 * c.hidden_size * c.moe_intermediate_size * moe_layers
-    attn = 2 * c.num_attention_heads * (c.kv_row_width + c.kv_lora_rank) * len(model.layers) * tokens_per_request
-    return 2 * (dense_params + routed) * distinct_tokens + attn * kv_rows
+    return 2 * (dense_params + routed) * distinct_tokens + attention_flops(c, len(model.layers), tokens_per_request,
+                                                                           kv_rows)
 
 
 def _distinct(model) -> list[int]:

@@ -154,14 +154,18 @@ class DeviceKVCache:
         return a
 
 
+def verify_row_blocks(T: int, heads: int) -> int:
+    """64-row blocks of one request's (nodes x heads) query rows in the verify kernel."""
+    return -(-T * heads // 64)
+
+
 def verify_chunk_keys(capacity: int, T: int, heads: int, C: int, sms: int) -> int:
     """Keys per thread block of the captured step's verify kernel: a request's ``capacity`` (slots, not its live
     length: the graph's grid is fixed at capture) split so that the C requests' (64-row blocks x key chunks) fill
     the ``sms`` multiprocessors once. At C = 1, T = 33 nodes, 64 heads on 132 multiprocessors that is 4 chunks of
     capacity / 4 keys: a prefix shorter than the capacity runs on fewer thread blocks, each up to capacity / 4 keys
     long (``papers/context_diagnosis.md``)."""
-    row_blocks = -(-T * heads // 64)
-    per_request = max(1, sms // (C * row_blocks))
+    per_request = max(1, sms // (C * verify_row_blocks(T, heads)))
     return max(64, -(-(capacity + T) // per_request // 64) * 64)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from workbench import REPO_ROOT
 from workbench.reports import papers
 from workbench.reports.papers import markdown_table
+from workbench.sweep.run import from_measurement, samples_of
 
 PAPER = REPO_ROOT / "papers" / "context_diagnosis.md"
 DATA = REPO_ROOT / "data" / "measurements" / "h200" / "context_sweep.json"
@@ -43,10 +44,6 @@ def _pct(v) -> str:
 
 def nearest(values, target: int) -> int:
     return min(values, key=lambda v: (abs(v - target), v))
-
-
-def _samples(doc, context, method) -> dict[str, Any] | None:
-    return next((s for s in doc.get("samples", []) if s["context"] == context and s["method"] == method), None)
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -142,6 +139,7 @@ def floor_rows(doc, engine_step=None) -> list[dict[str, Any]]:
     the tree's nodes, the uniform-routing expectation scaled by the engine run's measured distinct / expected), the
     KV rows at this context, and the verify attention's FLOPs at this context; floor = max(bytes / bandwidth,
     FLOPs / matmul rate)."""
+    from workbench.bench.engine import attention_flops
     from workbench.bench.measure import load_measurement
     from workbench.sweep.engine import model_config
 
@@ -155,7 +153,6 @@ def floor_rows(doc, engine_step=None) -> list[dict[str, Any]]:
     E, k, L = par["experts"], cfg.num_experts_per_tok, par["layers"]
     E0 = res["experts"]
     moe_layers = sum(cfg.is_moe_layer(i) for i in range(L))
-    kv_el = 2
     out = []
     for r in doc["results"]["contexts"]:
         want = "greedy" if r["method"] == "greedy" else "ddtree"
@@ -173,9 +170,8 @@ def floor_rows(doc, engine_step=None) -> list[dict[str, Any]]:
             distinct = min(E, E * (1 - (1 - k / E) ** T) * seen)
         c = r["context"]
         weights = sum(b[p] for p in ("attention", "dense_mlp", "router", "shared_experts", "lm_head"))
-        kv = c * cfg.kv_row_width * L * kv_el
-        attn_per_key = 2 * cfg.num_attention_heads * (cfg.kv_row_width + cfg.kv_lora_rank) * L * T
-        flops = base["flops"] - attn_per_key * es["parameters"]["prefix"] + attn_per_key * c
+        kv = c * cfg.kv_bytes_per_token("bf16")
+        flops = base["flops"] + attention_flops(cfg, L, T, c - es["parameters"]["prefix"])
         nbytes = weights + distinct * per_expert * moe_layers + kv
         floor = max(nbytes / bw, flops / mm) * 1e3
         out.append({"context": c, "method": r["method"], "weights GB": _f(weights / 1e9, 2),
@@ -212,13 +208,14 @@ def verify_rows(doc) -> list[dict[str, Any]]:
     FLOP floor (nodes x heads x keys x (576 + 512) multiply-adds per layer at the GPU's dense bf16 rate) and the
     keys each thread block streams (:func:`workbench.engine.kv_device.verify_chunk_keys`: the engine's capacity,
     not the live prefix, is split into chunks)."""
-    from workbench.engine.kv_device import verify_chunk_keys
+    from workbench.bench.engine import attention_flops
+    from workbench.engine.kv_device import verify_chunk_keys, verify_row_blocks
     from workbench.hardware import get_gpu
     from workbench.sweep.engine import model_config, reserve
 
     par, pv = doc["parameters"], doc["provenance"]
     cfg = model_config(par["synthetic"], par["layers"])
-    H, R, Dr = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    H = cfg.num_attention_heads
     T = par["budget"] + 1
     sms = int(pv.get("gpu_sm_count") or 132)
     peak = get_gpu("h200").dense_bf16_flops
@@ -230,9 +227,9 @@ def verify_rows(doc) -> list[dict[str, Any]]:
         c = r["context"]
         cap = max(part_contexts(doc, c)) + par["generate"] + reserve(par["block"], par["budget"])
         keys = verify_chunk_keys(cap, T, H, 1, sms)
-        rb = -(-T * H // 64)
+        rb = verify_row_blocks(T, H)
         live = -(-(c + T) // keys)
-        floor_ms = 2 * T * H * c * (R + Dr + R) * par["layers"] / peak * 1e3
+        floor_ms = attention_flops(cfg, par["layers"], T, c) / peak * 1e3
         out.append({"context": c, "engine capacity": cap, "keys per thread block": keys,
                     "thread blocks with keys": f"{rb * live} of {rb * (sms // rb)}",
                     "longest block (keys)": min(c + T, keys), "verify ms": _f(t["verify_attention"], 2),
@@ -259,7 +256,7 @@ def overstatement_rows(doc) -> list[dict[str, Any]]:
     for r in doc["results"]["contexts"]:
         if r["context"] not in par["sustained_at"] or r["two_point"] is None:
             continue
-        s = _samples(doc, r["context"], r["method"])
+        s = samples_of(doc, r["context"], r["method"])
         row = {"context": r["context"], "method": r["method"], "two-point t/s": _f(r["two_point"]),
                "sustained t/s": _f(r["sustained"]), "overstatement": _pct(r["two_point"] / r["sustained"] - 1)}
         if s and s["accepted"]:
@@ -380,18 +377,12 @@ def _terms_figure(doc):
     return fig
 
 
-def sweep_doc(doc) -> dict[str, Any]:
-    from workbench.sweep.run import from_measurement
-
-    return from_measurement(doc)
-
-
 def _sweep_figure(name: str, **kw) -> Callable:
     """A figure of :mod:`workbench.sweep.figures` over the file's rows (``kw``: doc -> keyword arguments)."""
     def make(doc):
         from workbench.sweep import figures
 
-        return getattr(figures, name)(sweep_doc(doc), **{k: f(doc) for k, f in kw.items()})
+        return getattr(figures, name)(from_measurement(doc), **{k: f(doc) for k, f in kw.items()})
     return make
 
 

@@ -127,22 +127,21 @@ def sweep_rows() -> list[dict[str, Any]]:
 
 
 def acceptance_rows() -> list[dict[str, Any]]:
-    """Issue 28's goal from acceptance.json: on held-out math, the tree at budget 32 over its chain (budget 1)."""
+    """Issue 28's goal from acceptance.json (:func:`workbench.acceptance.figures.goal`), per measured block."""
+    from workbench.acceptance.figures import GOAL, goal
+
     doc = load_measurement("acceptance")
     if not doc or doc["provenance"].get("gpu") is None:
         return []
-    rows = doc["results"]["rows"]
     area = f"Trained drafter ({doc['results']['target']['name']})"
     out = []
-    for block in sorted({r["block"] for r in rows}):
-        at = {r["budget"]: r for r in rows if r["text_type"] == "math" and r["block"] == block}
-        if 1 in at and 32 in at:
-            ratio = at[32]["mean_accepted"] / at[1]["mean_accepted"]
-            out.append({"area": area, "goal": f"math, block {block}: accepted length at budget 32 over the chain "
-                                              "(>= 1.25x)",
-                        "measured": f"{ratio:.2f}x ({at[32]['mean_accepted']:.2f} vs {at[1]['mean_accepted']:.2f}, "
-                                    f"{at[32]['prompts']} prompts)",
-                        "met": ratio >= 1.25, "file": "acceptance.json"})
+    for block in sorted({r["block"] for r in doc["results"]["rows"]}):
+        g = goal(doc, block)
+        if g:
+            out.append({"area": area, "goal": f"{GOAL['text_type']}, block {block}: accepted length at budget "
+                                              f"{GOAL['budget']} over the chain (>= {GOAL['over_chain']}x)",
+                        "measured": f"{g['ratio']:.2f}x ({g['tree']:.2f} vs {g['chain']:.2f}, {g['prompts']} prompts)",
+                        "met": g["met"], "file": "acceptance.json"})
     return out
 
 

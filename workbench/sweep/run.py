@@ -182,13 +182,17 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def samples_of(doc: dict[str, Any], context: int, method: str) -> dict[str, Any] | None:
+    """A context_sweep measurement file's per-step samples (step_ms, accepted) of one (context, method)."""
+    return next((s for s in doc.get("samples") or [] if s["context"] == context and s["method"] == method), None)
+
+
 def from_measurement(doc: dict[str, Any]) -> dict[str, Any]:
     """A context_sweep measurement file (``python -m workbench.bench.sweep``) in :func:`sweep`'s shape: its
     parameters, and its context rows with their per-step samples (step_ms, accepted) put back."""
     ctx = []
     for r in doc["results"]["contexts"]:
-        s = next((s for s in doc.get("samples") or [] if s["context"] == r["context"] and s["method"] == r["method"]),
-                 {"step_ms": [], "accepted": []})
+        s = samples_of(doc, r["context"], r["method"]) or {"step_ms": [], "accepted": []}
         ctx.append({**r, "step_ms": s["step_ms"], "accepted": s["accepted"]})
     return {"parameters": doc["parameters"], "model": doc["parameters"].get("synthetic"), "contexts": ctx,
             "concurrency": doc["results"]["concurrency"], "layout": doc["results"]["layout"],
