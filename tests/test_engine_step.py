@@ -9,7 +9,7 @@ import torch
 from workbench.decode import DecodeConfig
 from workbench.engine import (DecodeEngine, DeviceKVCache, KVPoolFull, ScriptedDrafter, generate, synthetic_model,
                               tiny_config)
-from workbench.engine.step import bucket_for
+from workbench.decode import bucket_for
 from workbench.validation import InvalidParameter
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18], [40]]
@@ -263,12 +263,13 @@ def test_no_host_sync_inside_a_replay(gpu_model):
         s = e.start(GPU_PROMPTS[:2], 32, cfg, d if cfg.method == "ddtree" else None)
         s.step()
         s.step()  # eager, then captured and replayed
-        assert s.bucket.graph is not None
+        bucket = e.bucket(bucket_for(2), cfg, s.batch.program)
+        assert bucket.graph is not None
         torch.cuda.synchronize()
         prev = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out, replayed = e.run_step(s.bucket, cfg)
+            out, replayed = e.run(bucket)
             host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             host.copy_(out, non_blocking=True)
         finally:
@@ -327,7 +328,7 @@ def test_synthetic_int4_experts_have_mean_zero_and_route_apart():
 
 
 def test_verify_chunk_keys_split_the_capacity_over_the_multiprocessors():
-    from workbench.engine.kv_device import verify_chunk_keys
+    from workbench.engine.attention import verify_chunk_keys
 
     # DDTree at C = 1 (33 nodes x 64 heads = 33 row blocks): 132 // 33 = 4 chunks of capacity / 4 keys
     assert verify_chunk_keys(132_677, 33, 64, 1, 132) == -(-(132_677 + 33) // 4 // 64) * 64

@@ -37,8 +37,8 @@ def _run(batch, schedule, steps_limit=200):
             break
     for i, r in reqs.items():
         assert r.error is None and r.finish == "length"
-        assert streamed[i] == r.out  # the per-step events add up to the output
-        got[i] = r.out
+        assert streamed[i] == r.tokens  # the per-step events add up to the output
+        got[i] = r.tokens
     return got, reqs
 
 
@@ -76,7 +76,7 @@ def test_ddtree_tokens_independent_of_admission(model, want):
         if len(reqs) == 4 and all(r.done for r in reqs.values()):
             break
     for i, r in reqs.items():
-        assert r.error is None and r.out == want[i]
+        assert r.error is None and r.tokens == want[i]
     assert max(r.mean_accepted_length for r in reqs.values()) > 1.5  # the tree accepted drafted tokens
     assert b.slots_used() == 0
 
@@ -94,7 +94,7 @@ def test_cancel_frees_slots_and_leaves_others_unchanged(model, want):
     assert drop.finish == "cancelled" and b.slots_used() == used - len(PROMPTS[0]) - 2
     while not keep.done:
         b.step()
-    assert keep.out == want[2] and b.slots_used() == 0
+    assert keep.tokens == want[2] and b.slots_used() == 0
 
 
 def test_pool_full_and_context_limit_refused_without_harm(model, want):
@@ -110,7 +110,7 @@ def test_pool_full_and_context_limit_refused_without_harm(model, want):
         b.add(PROMPTS[3], 2)
     while not (a.done and other.done):
         b.step()
-    assert a.out == want[2] and other.out == want[1] and b.slots_used() == 0
+    assert a.tokens == want[2] and other.tokens == want[1] and b.slots_used() == 0
 
 
 @pytest.mark.parametrize("chunk", [1, 4])
@@ -132,7 +132,7 @@ def test_chunked_prefill_equals_generate_and_lets_others_step(model, want, chunk
     assert len(first.steps) == steps_before + joins - 1  # the live request stepped meanwhile
     while not (first.done and long.done):
         b.step()
-    assert first.out == want[0] and long.out == want[2] and b.slots_used() == 0
+    assert first.tokens == want[0] and long.tokens == want[2] and b.slots_used() == 0
     with pytest.raises(ValueError, match="prefill_chunk"):
         Batch(e, prefill_chunk=0)
 
@@ -151,7 +151,7 @@ def test_chunked_prefill_ddtree_with_dflash_features(model, want):
     reqs = [b.add(PROMPTS[i], NEW[i]) for i in (2, 1)]
     while not all(r.done for r in reqs):
         b.step()
-    assert [r.out for r in reqs] == [want[2], want[1]]
+    assert [r.tokens for r in reqs] == [want[2], want[1]]
     w = generate(model, [PROMPTS[2]], NEW[2], config=dc, drafter=d)[0]
     assert [s.accepted_length for s in reqs[0].steps] == [s.accepted_length for s in w.steps]
 
@@ -181,7 +181,7 @@ def test_reservation_admits_worst_cases_that_fit_and_refuses_the_rest(model, wan
     while not (r0.done and r1.done):
         b.step()
     assert r0.error is None and r1.error is None
-    assert (r0.out, r1.out) == (want[0], want[1])
+    assert (r0.tokens, r1.tokens) == (want[0], want[1])
     assert b.reserved == 0 and b.slots_used() == 0
 
 

@@ -58,7 +58,12 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+
+from workbench.ddtree import build_tree, topk_logprobs
+from workbench.decode import DEFAULT
 
 
 @dataclasses.dataclass
@@ -99,7 +104,7 @@ class ScriptedDrafter:
 
     target_layers: tuple[int, ...] = ()
 
-    def __init__(self, continuations: Sequence[Sequence[int]], vocab_size: int, block: int = 16,
+    def __init__(self, continuations: Sequence[Sequence[int]], vocab_size: int, block: int = DEFAULT.block,
                  p_top: float | Sequence[float] = 0.9, miss_rank: int | None = None, gap: float = 4.0,
                  spread: int = 64, seed: int = 0, device: str | torch.device | None = None):
         if block < 2:
@@ -183,8 +188,6 @@ class ScriptedDrafter:
 
     def expected_accepted_length(self, budget: int) -> float:
         """Exact E[accepted length] (root counted) for a tree of ``budget`` with this rank profile."""
-        from workbench.ddtree import build_tree, topk_logprobs
-
         L = self.block - 1
         k = min(budget, self.vocab_size)
         prof = torch.cat([self.profile, self.floor[: self.vocab_size - self.spread].sort(descending=True)[0]])
@@ -254,7 +257,7 @@ class DFlashConfig:
     num_heads: int = 4
     head_dim: int = 32
     intermediate_size: int = 256
-    block: int = 16
+    block: int = DEFAULT.block
     target_layers: tuple[int, ...] = (0,)
     mask_token_id: int = 0
     rms_norm_eps: float = 1e-6
@@ -397,8 +400,6 @@ class DFlashDrafter(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write the drafter's own weights (not the shared embedding/head) to one safetensors file."""
-        from safetensors.torch import save_file
-
         path = Path(path)
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path),
                   metadata={"dflash_config": self.config.to_json()})
@@ -409,8 +410,6 @@ class DFlashDrafter(nn.Module):
         """Load from a safetensors file written by :meth:`save` (config in its metadata), or a directory
         holding ``config.json`` (a DFlashConfig) and ``model.safetensors``. Missing, extra or misshapen
         tensors are errors that name the tensor."""
-        from safetensors import safe_open
-
         path = Path(path)
         if path.is_dir():
             cfg = DFlashConfig.from_json((path / "config.json").read_text())

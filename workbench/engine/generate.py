@@ -20,51 +20,29 @@ references of :mod:`workbench.ddtree` for top-k, tree build and accept, and
 its GPU kernels where they exist (verify attention inside the model).
 A full KV pool ends only the request that asked for slots (its result gets
 ``error``); the others continue. ``StepRecord.paths`` says what ran (attention,
-MoE, tree build). The captured, batched step is :mod:`workbench.engine.step`;
-this module is its eager reference.
+MoE, tree build). The captured, batched step is :mod:`workbench.engine.runner`,
+driven by the request loop :mod:`workbench.engine.batch`; this module is its
+eager reference (over the host-side :class:`~workbench.engine.kv_cache.PagedKVCache`),
+which the tests compare the engine against.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
+import types
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from workbench.ddtree import accept_greedy, accept_greedy_batched, build_tree, build_trees, topk_logprobs
 from workbench.decode import DecodeConfig
-from workbench.engine.kv_cache import KVPoolFull, PagedKVCache
+from workbench.engine.drafters import DraftInput
+from workbench.engine.kv_cache import PagedKVCache
+from workbench.engine.kv_device import KVPoolFull
 from workbench.engine.model import Segment
+from workbench.engine.request import Request, StepRecord, check_prompts
 
 PHASES = ("draft", "tree_build", "verify", "accept", "commit")
-
-
-@dataclasses.dataclass
-class StepRecord:
-    """One request's share of one step: tokens committed (root counted), verify width, requests in
-    the step, times in ms, and what ran (``paths``: attention, moe, tree_build, step)."""
-
-    step: int
-    accepted_length: int
-    tree_size: int
-    batch: int
-    times_ms: dict[str, float]
-    paths: dict[str, str] | None = None
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    """One request: its prompt, the generated tokens, per-step records, and an error if it failed."""
-
-    prompt: list[int]
-    tokens: list[int]
-    steps: list[StepRecord]
-    prefill_ms: float = 0.0
-    error: str | None = None
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return float(np.mean([s.accepted_length for s in self.steps])) if self.steps else float("nan")
 
 
 class _Timer:
@@ -97,48 +75,6 @@ class _Timer:
         return out
 
 
-@dataclasses.dataclass(eq=False)
-class _Req:
-    index: int
-    prompt: list[int]
-    out: list[int]
-    steps: list[StepRecord]
-    feats: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    feat_pos: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    prefill_ms: float = 0.0
-    error: str | None = None
-    done: bool = False
-
-
-def check_prompts(prompts, vocab: int) -> list[list[int]]:
-    """Token-id lists from a list of sequences (lists or integer tensors) or an integer tensor [T] / [B, T].
-    Float, bool or out-of-range ids raise ``ValueError`` naming the prompt (nothing is truncated)."""
-    if isinstance(prompts, torch.Tensor):
-        if prompts.dtype.is_floating_point or prompts.dtype.is_complex or prompts.dtype == torch.bool:
-            raise ValueError(f"prompts must hold integer token ids, got a {prompts.dtype} tensor")
-        prompts = [prompts.tolist()] if prompts.dim() == 1 else prompts.tolist()
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty; give at least one prompt")
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, torch.Tensor):
-            if p.dtype.is_floating_point or p.dtype.is_complex or p.dtype == torch.bool:
-                raise ValueError(f"prompt {i} must hold integer token ids, got a {p.dtype} tensor")
-            p = p.tolist()
-        bad = [x for x in p if isinstance(x, bool) or not isinstance(x, (int, np.integer))]
-        if bad:
-            raise ValueError(f"prompt {i} must hold integer token ids, got {bad[:3]!r} "
-                             f"({type(bad[0]).__name__}); nothing is rounded or truncated")
-        p = [int(x) for x in p]
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-        bad = [x for x in p if not 0 <= x < vocab]
-        if bad:
-            raise ValueError(f"prompt {i} holds token ids outside [0, {vocab}): {bad[:5]}")
-        out.append(p)
-    return out
-
-
 def _features(captured: dict[int, torch.Tensor], layers: Sequence[int]) -> torch.Tensor | None:
     if not layers:
         return None
@@ -159,8 +95,8 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
              block: int | None = None, budget: int | None = None, *, config: DecodeConfig | None = None,
              cache: PagedKVCache | None = None, kv_slots: int | None = None, commit: str | None = None,
              eos_token_id: int | None = None, keep_cache: bool = False,
-             tree_impl: str | None = None) -> list[GenerationResult]:
-    """Generate up to ``max_new_tokens`` per prompt; returns one :class:`GenerationResult` per prompt.
+             tree_impl: str | None = None) -> list[Request]:
+    """Generate up to ``max_new_tokens`` per prompt; returns one :class:`~workbench.engine.request.Request` per prompt.
 
     prompts: a list of token-id sequences (lists or int tensors) or an int tensor [T] / [B, T].
     config: a :class:`workbench.decode.DecodeConfig` (default greedy; the keyword arguments
@@ -185,44 +121,37 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
     prompts = check_prompts(prompts, cfg.vocab_size)
     dev = model.device
     tree_impl = _resolve_tree_impl(tree_impl, dev, block, budget) if method == "ddtree" else "reference"
-    width = (budget + 1) if method == "ddtree" else 1
     if cache is None:
-        need = sum(len(p) + max_new_tokens + width + 1 for p in prompts)
+        need = sum(dc.worst_case_slots(len(p), max_new_tokens, cfg.vocab_size) + 1 for p in prompts)
         cache = PagedKVCache.for_model(model, kv_slots or need)
-    longest = max(len(p) for p in prompts) + max_new_tokens + (block if method == "ddtree" else 0)
+    longest = max(len(p) for p in prompts) + max_new_tokens + dc.extra_positions
     if longest > model.rotary.max_positions:
         raise ValueError(f"prompt + max_new_tokens reaches position {longest}, beyond the context limit "
                          f"{model.rotary.max_positions}")
     layers = tuple(getattr(drafter, "target_layers", ()) or ()) if method == "ddtree" else ()
-    reqs = [_Req(i, p, [], []) for i, p in enumerate(prompts)]
+    reqs = [Request(i, p, max_new_tokens, row=i) for i, p in enumerate(prompts)]
+    ctx: dict[int, tuple[list, list]] = {r.id: ([], []) for r in reqs}  # the drafter's context: features, positions
     timer = _Timer(dev)
 
-    def fail(r: _Req, err: Exception) -> None:
-        r.error, r.done = f"{type(err).__name__}: {err}", True
-        if r.index in cache.requests():
-            cache.release(r.index)
+    def fail(r: Request, err: Exception) -> None:
+        r.fail(f"{type(err).__name__}: {err}")
+        if r.id in cache.requests():
+            cache.release(r.id)
 
-    def finish(r: _Req, new: list[int]) -> None:
-        for t in new:
-            if len(r.out) >= max_new_tokens:
-                break
-            r.out.append(int(t))
-            if eos_token_id is not None and int(t) == eos_token_id:
-                break
-        if len(r.out) >= max_new_tokens or (eos_token_id is not None and r.out and r.out[-1] == eos_token_id):
-            r.done = True
+    def finish(r: Request, new: list[int]) -> None:
+        r.emit(new, eos_token_id)
 
     # ---- prefill: every prompt in one ragged forward -------------------------
     timer.start()
     segs, toks, pos, live = [], [], [], []
     for r in reqs:
-        cache.add_request(r.index)
+        cache.add_request(r.id)
         try:
-            s = cache.allocate(r.index, len(r.prompt))
+            s = cache.allocate(r.id, len(r.prompt))
         except KVPoolFull as e:
             fail(r, e)
             continue
-        segs.append(Segment(cache.slots(r.index), s))
+        segs.append(Segment(cache.slots(r.id), s))
         toks.append(torch.tensor(r.prompt, dtype=torch.int64))
         pos.append(torch.arange(len(r.prompt)))
         live.append(r)
@@ -233,10 +162,10 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
         feats = _features(cap, layers)
         off = 0
         for r, s, t in zip(live, segs, first):
-            cache.append(r.index, s.tail_slots)
+            cache.append(r.id, s.tail_slots)
             if feats is not None:
-                r.feats.append(feats[off:off + len(r.prompt)])
-                r.feat_pos.append(torch.arange(len(r.prompt), device=dev))
+                ctx[r.id][0].append(feats[off:off + len(r.prompt)])
+                ctx[r.id][1].append(torch.arange(len(r.prompt), device=dev))
             off += len(r.prompt)
             finish(r, [t])
     timer.mark("verify")
@@ -256,7 +185,7 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
             for r, (tok, rec) in records.items():
                 finish(r, [tok])
         else:
-            records = _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers,
+            records = _ddtree_step(model, cache, active, ctx, timer, fail, drafter, block, budget, commit, layers,
                                    tree_impl)
             for r, (new, rec) in records.items():
                 finish(r, new)
@@ -268,9 +197,9 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
         step += 1
     if not keep_cache:
         for r in reqs:
-            if r.index in cache.requests():
-                cache.release(r.index)
-    return [GenerationResult(r.prompt, r.out, r.steps, r.prefill_ms, r.error) for r in reqs]
+            if r.id in cache.requests():
+                cache.release(r.id)
+    return reqs
 
 
 def _paths(model, method: str, tree_impl: str) -> dict[str, str]:
@@ -296,7 +225,7 @@ def _allocate(cache, active, n_of, fail):
     got = []
     for r in active:
         try:
-            got.append((r, cache.allocate(r.index, n_of(r))))
+            got.append((r, cache.allocate(r.id, n_of(r))))
         except KVPoolFull as e:
             fail(r, e)
     return got
@@ -308,34 +237,30 @@ def _greedy_step(model, cache, active, timer, fail):
     got = _allocate(cache, active, lambda r: 1, fail)
     if not got:
         return {}
-    segs = [Segment(cache.slots(r.index), s) for r, s in got]
-    toks = torch.tensor([r.out[-1] for r, _ in got], device=dev)
-    pos = torch.tensor([cache.length(r.index) for r, _ in got], device=dev)
+    segs = [Segment(cache.slots(r.id), s) for r, s in got]
+    toks = torch.tensor([r.tokens[-1] for r, _ in got], device=dev)
+    pos = torch.tensor([cache.length(r.id) for r, _ in got], device=dev)
     logits, _ = model.forward_batch(toks, pos, segs, cache)
     timer.mark("verify")
     nxt = logits.argmax(-1).tolist()
     timer.mark("accept")
     for r, s in got:
-        cache.append(r.index, s)
+        cache.append(r.id, s)
     timer.mark("commit")
     return {r: (t, StepRecord(0, 1, 1, 0, {})) for (r, _), t in zip(got, nxt)}
 
 
-def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, commit, layers, tree_impl):
-    from workbench.ddtree import accept_greedy, build_tree, topk_logprobs
-
+def _ddtree_step(model, cache, active, ctx, timer, fail, drafter, block, budget, commit, layers, tree_impl):
     dev = model.device
     L = block - 1
     V = model.config.vocab_size
     inp_feats = None
     if layers:
-        inp_feats = [torch.cat(r.feats) for r in active]
-        inp_pos = [torch.cat(r.feat_pos) for r in active]
-    from workbench.engine.drafters import DraftInput
-
-    inp = DraftInput(bonus=torch.tensor([r.out[-1] for r in active], device=dev),
-                     positions=torch.tensor([cache.length(r.index) for r in active], device=dev),
-                     request_index=[r.index for r in active], num_generated=[len(r.out) for r in active],
+        inp_feats = [torch.cat(ctx[r.id][0]) for r in active]
+        inp_pos = [torch.cat(ctx[r.id][1]) for r in active]
+    inp = DraftInput(bonus=torch.tensor([r.tokens[-1] for r in active], device=dev),
+                     positions=torch.tensor([cache.length(r.id) for r in active], device=dev),
+                     request_index=[r.id for r in active], num_generated=[len(r.tokens) for r in active],
                      context_features=inp_feats, context_positions=inp_pos if layers else None)
     logits = drafter.draft(inp)
     if logits.dim() != 3 or logits.shape[0] != len(active) or logits.shape[2] != V:
@@ -349,18 +274,18 @@ def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, comm
     lp, ids = topk_logprobs(logits.float(), k)
     if tree_impl == "batched":
         lp, ids = torch.as_tensor(lp, device=dev), torch.as_tensor(ids, device=dev)
-        return _ddtree_batched_tail(model, cache, active, timer, fail, lp, ids, budget, commit, layers)
+        return _ddtree_batched_tail(model, cache, active, ctx, timer, fail, lp, ids, budget, commit, layers)
     lp, ids = _np(lp), _np(ids)
-    trees = {r.index: build_tree(lp[b], ids[b], budget, root_token=r.out[-1]) for b, r in enumerate(active)}
+    trees = {r.id: build_tree(lp[b], ids[b], budget, root_token=r.tokens[-1]) for b, r in enumerate(active)}
     timer.mark("tree_build")
-    got = _allocate(cache, active, lambda r: trees[r.index].n, fail)
+    got = _allocate(cache, active, lambda r: trees[r.id].n, fail)
     if not got:
         return {}
     segs, toks, pos = [], [], []
     for r, s in got:
-        tr = trees[r.index]
-        start = cache.length(r.index)
-        segs.append(Segment(cache.slots(r.index), s, torch.as_tensor(tr.parents, device=dev)))
+        tr = trees[r.id]
+        start = cache.length(r.id)
+        segs.append(Segment(cache.slots(r.id), s, torch.as_tensor(tr.parents, device=dev)))
         toks.append(torch.as_tensor(tr.tokens))
         pos.append(torch.as_tensor(tr.depths) + start)
     logits, cap = model.forward_batch(torch.cat(toks).to(dev), torch.cat(pos).to(dev), segs, cache, layers)
@@ -368,19 +293,19 @@ def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, comm
     am = logits.argmax(-1).cpu().numpy()
     accs, off = [], 0
     for r, s in got:
-        n = trees[r.index].n
-        accs.append(accept_greedy(trees[r.index], am[off:off + n]))
+        n = trees[r.id].n
+        accs.append(accept_greedy(trees[r.id], am[off:off + n]))
         off += n
     timer.mark("accept")
     feats = _features(cap, layers)
     out, off = {}, 0
     for (r, s), acc, p in zip(got, accs, pos):
-        tr = trees[r.index]
-        cache.commit(r.index, s, acc.nodes, mode=commit)
+        tr = trees[r.id]
+        cache.commit(r.id, s, acc.nodes, mode=commit)
         if feats is not None:
             nodes = torch.as_tensor(acc.nodes, device=dev)
-            r.feats.append(feats[off:off + tr.n][nodes])
-            r.feat_pos.append(p.to(dev)[nodes])
+            ctx[r.id][0].append(feats[off:off + tr.n][nodes])
+            ctx[r.id][1].append(p.to(dev)[nodes])
         off += tr.n
         new = [int(t) for t in tr.tokens[acc.nodes[1:]]] + [int(acc.bonus)]
         out[r] = (new, StepRecord(0, int(acc.length), int(tr.n), 0, {}))
@@ -388,26 +313,22 @@ def _ddtree_step(model, cache, active, timer, fail, drafter, block, budget, comm
     return out
 
 
-def _ddtree_batched_tail(model, cache, active, timer, fail, lp, ids, budget, commit, layers):
+def _ddtree_batched_tail(model, cache, active, ctx, timer, fail, lp, ids, budget, commit, layers):
     """Tree build and accept with workbench.ddtree's batched API: its CUDA kernels on the GPU (one host
     copy, at accept), its CPU path otherwise."""
-    import types
-
-    from workbench.ddtree import accept_greedy_batched, build_trees
-
     dev = model.device
-    roots = torch.tensor([r.out[-1] for r in active], dtype=torch.int64, device=dev)
+    roots = torch.tensor([r.tokens[-1] for r in active], dtype=torch.int64, device=dev)
     gt = build_trees(lp.float().contiguous(), ids.to(torch.int64).contiguous(), budget, root_tokens=roots)
     timer.mark("tree_build")
     n = gt.n
-    row = {r.index: b for b, r in enumerate(active)}
+    row = {r.id: b for b, r in enumerate(active)}
     got = _allocate(cache, active, lambda r: n, fail)
     if not got:
         return {}
-    rows = torch.tensor([row[r.index] for r, _ in got], device=dev)
+    rows = torch.tensor([row[r.id] for r, _ in got], device=dev)
     tokens, parents, depths = gt.tokens[rows], gt.parents[rows], gt.depths[rows]
-    starts = torch.tensor([cache.length(r.index) for r, _ in got], device=dev)
-    segs = [Segment(cache.slots(r.index), s, parents[j]) for j, (r, s) in enumerate(got)]
+    starts = torch.tensor([cache.length(r.id) for r, _ in got], device=dev)
+    segs = [Segment(cache.slots(r.id), s, parents[j]) for j, (r, s) in enumerate(got)]
     pos = depths + starts[:, None]
     logits, cap = model.forward_batch(tokens.reshape(-1), pos.reshape(-1), segs, cache, layers)
     timer.mark("verify")
@@ -421,11 +342,11 @@ def _ddtree_batched_tail(model, cache, active, timer, fail, lp, ids, budget, com
     for j, (r, s) in enumerate(got):
         a = lengths[j]
         nd = nodes[j, :a]
-        cache.commit(r.index, s, nd.to(dev), mode=commit)
+        cache.commit(r.id, s, nd.to(dev), mode=commit)
         if feats is not None:
             ndd = nd.to(dev)
-            r.feats.append(feats[j * n:(j + 1) * n][ndd])
-            r.feat_pos.append(pos[j][ndd])
+            ctx[r.id][0].append(feats[j * n:(j + 1) * n][ndd])
+            ctx[r.id][1].append(pos[j][ndd])
         new = tok_host[j, nd[1:]].tolist() + [int(bonus[j])]
         out[r] = (new, StepRecord(0, int(a), int(n), 0, {}))
     timer.mark("commit")

@@ -1,4 +1,9 @@
-"""Paged latent KV cache with page_size 1.
+"""The eager reference's paged latent KV cache (page_size 1, slot tables on the host).
+
+The engine's own cache is :class:`~workbench.engine.kv_device.DeviceKVCache` (the same pool layout with the slot
+table, lengths and free stack on the device, so a captured step can allocate and commit); this one is what
+:func:`workbench.engine.generate.generate`, the reference the engine is tested against, and the prefill's
+:meth:`~workbench.engine.model.DeepseekV3.forward_batch` write through.
 
 The pool holds ``[layers, num_slots, kv_lora_rank + qk_rope_head_dim]`` values
 (576 per layer per token for DeepSeek-V3 / K2.x). A slot is one token of one
@@ -21,11 +26,8 @@ from __future__ import annotations
 import torch
 
 from workbench.decode import COMMIT_MODES
+from workbench.engine.kv_device import KVPoolFull
 
-
-
-class KVPoolFull(RuntimeError):
-    """The KV pool has fewer free slots than a request asked for."""
 
 
 class PagedKVCache:

@@ -1,4 +1,4 @@
-"""The device-side KV pool of the captured step: slot table, lengths and free slots live on the device.
+"""The engine's KV cache: the latent pool, with slot table, lengths and free slots on the device.
 
 :class:`DeviceKVCache` holds (page_size 1, one slot = one token in every layer):
 
@@ -29,7 +29,12 @@ from __future__ import annotations
 
 import torch
 
-from workbench.engine.kv_cache import KVPoolFull
+from workbench.ddtree import commit_scattered
+
+
+
+class KVPoolFull(RuntimeError):
+    """The KV pool has fewer free slots than a request asked for."""
 
 
 class DeviceKVCache:
@@ -132,8 +137,6 @@ class DeviceKVCache:
         """Commit a verified tree: slots int64 [C, n] (node i's slot), ``accepted`` a
         ``workbench.ddtree.GpuAccepted`` (nodes [C, n] root first, -1 padded; lengths [C]).
         Returns the committed count int64 [C] (0 where not ok)."""
-        from workbench.ddtree import commit_scattered
-
         C, n = slots.shape
         a = accepted.lengths * ok.long()
         if mode == "scattered":
@@ -152,88 +155,3 @@ class DeviceKVCache:
         else:
             raise ValueError(f"commit={mode!r} is not allowed: one of 'scattered', 'compacted'")
         return a
-
-
-def verify_row_blocks(T: int, heads: int) -> int:
-    """64-row blocks of one request's (nodes x heads) query rows in the verify kernel."""
-    return -(-T * heads // 64)
-
-
-def verify_chunk_keys(capacity: int, T: int, heads: int, C: int, sms: int) -> int:
-    """Keys per thread block of the captured step's verify kernel: a request's ``capacity`` (slots, not its live
-    length: the graph's grid is fixed at capture) split so that the C requests' (64-row blocks x key chunks) fill
-    the ``sms`` multiprocessors once. At C = 1, T = 33 nodes, 64 heads on 132 multiprocessors that is 4 chunks of
-    capacity / 4 keys: a prefix shorter than the capacity runs on fewer thread blocks, each up to capacity / 4 keys
-    long (``papers/context_diagnosis.md``)."""
-    per_request = max(1, sms // (C * verify_row_blocks(T, heads)))
-    return max(64, -(-(capacity + T) // per_request // 64) * 64)
-
-
-class StepAttention:
-    """Absorbed-MLA attention of one step over a :class:`DeviceKVCache`: C requests of T new tokens.
-
-    :meth:`prepare` (once per step, before the forward) lays the first C rows' committed slots end
-    to end (``prefix`` int64 [C x capacity], ``offsets`` int64 [C + 1], device ops only) and takes
-    the tree's ``parents`` int64 [C, T] (None: T = 1, decode). Calling it per layer with
-    q_lat [N, H, R], q_rope [N, H, Dr], kv_layer [slots, R + Dr], tail rows [N, R + Dr] (N = C x T)
-    returns (the latent output [N, H, R] (kernel: the input dtype; torch: float32), the path that ran):
-
-    - ``"kernel"``: one ``workbench.ddtree.verify_attention_batched`` call over every request's
-      nodes (CUDA, latent 512 + rope 64; no host synchronisation: captured in graphs);
-    - ``"torch"``: request by request through ``latent_attention_torch`` with the lengths read on
-      the host (the CPU path, and the eager reference on CUDA; not capturable).
-    """
-
-    def __init__(self, cache: DeviceKVCache, C: int, T: int, impl: str):
-        if impl not in ("kernel", "torch"):
-            raise ValueError(f"impl={impl!r} is not allowed: 'kernel' or 'torch'")
-        self.cache, self.C, self.T, self.impl = cache, C, T, impl
-        dev = cache.device
-        self.prefix = torch.zeros(C * cache.capacity + 1, dtype=torch.int64, device=dev)
-        self.offsets = torch.zeros(C + 1, dtype=torch.int64, device=dev)
-        self.parents: torch.Tensor | None = None
-        self._vis: list[torch.Tensor] | None = None
-        self._lens: list[int] | None = None
-
-    def prepare(self, parents: torch.Tensor | None) -> None:
-        c, C = self.cache, self.C
-        self.parents = parents if parents is not None else torch.full((C, 1), -1, dtype=torch.int64,
-                                                                       device=c.device)
-        if self.impl == "kernel":
-            lens = c.lengths[:C]
-            self.offsets[1:] = torch.cumsum(lens, 0)
-            valid = c._cols < lens[:, None]
-            pos = torch.where(valid, self.offsets[:C, None] + c._cols, C * c.capacity)
-            self.prefix.scatter_(0, pos.reshape(-1), c.table[:C].reshape(-1))
-        else:
-            from workbench.ddtree import tree_visibility
-
-            self._lens = c.lengths[:C].tolist()
-            par = self.parents.cpu()
-            self._vis = [tree_visibility(par[b:b + 1])[0].to(c.device) for b in range(C)]
-
-    def chunk_len(self, heads: int) -> int:
-        """Keys per thread block of the verify kernel in this step (:func:`verify_chunk_keys`)."""
-        sms = torch.cuda.get_device_properties(self.cache.device).multi_processor_count
-        return verify_chunk_keys(self.cache.capacity, self.T, heads, self.C, sms)
-
-    def __call__(self, q_lat, q_rope, kv_layer, tail, scale: float):
-        C, T = self.C, self.T
-        N, H, R = q_lat.shape
-        if self.impl == "kernel":
-            from workbench.ddtree import verify_attention_batched
-
-            dt = kv_layer.dtype
-            o, _ = verify_attention_batched(q_lat.to(dt).view(C, T, H, R), q_rope.to(dt).view(C, T, H, -1),
-                                            kv_layer, self.prefix[:C * self.cache.capacity], self.offsets,
-                                            tail.view(C, T, -1), self.parents, scale, check=False,
-                                            chunk_len=self.chunk_len(H))
-            return o.view(N, H, R), "workbench.ddtree.verify_attention_batched"
-        from workbench.engine.model import latent_attention_torch
-
-        outs = []
-        for b in range(C):
-            sl = slice(b * T, (b + 1) * T)
-            pre = self.cache.table[b, :self._lens[b]]
-            outs.append(latent_attention_torch(q_lat[sl], q_rope[sl], kv_layer, pre, tail[sl], self._vis[b], scale))
-        return torch.cat(outs, 0), "torch (request by request)"

@@ -30,6 +30,8 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from workbench.config import ModelConfig, config_from_dict
 from workbench.engine.model import DeepseekV3
@@ -108,8 +110,6 @@ def load_model(path: str | Path, device: str | torch.device | None = None,
     (float32) and INT4 experts (int32 packed + bf16 scales, dequantised per use); default the
     checkpoint's ``dtype``/``torch_dtype`` (bf16 when absent).
     """
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"checkpoint path {path} is not a directory")
@@ -243,9 +243,6 @@ def quantize_experts_int4(src: str | Path, dst: str | Path, group_size: int = 32
     bf16 [out, in/group], ``weight_shape`` int32 [2]), symmetric, ``group_size``; other tensors
     unchanged. config.json gains the matching ``quantization_config``. Returns ``dst``.
     """
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     src, dst = Path(src), Path(dst)
     config, _ = _read_config(src)
     raw = json.loads((src / "config.json").read_text())

@@ -16,8 +16,9 @@ One module, :class:`DeepseekV3`, with two forward paths:
   decode, the draft tree's visibility for verify).
 
 - ``model.forward_step(...)``: the same absorbed forward for the captured
-  decode step (:mod:`workbench.engine.step`): ``C`` requests of ``T`` tokens
-  each, attention through a :class:`StepAttention` (one batched
+  decode step (:mod:`workbench.engine.runner`): ``C`` requests of ``T`` tokens
+  each, attention through the :class:`~workbench.engine.attention.StepAttention`
+  the model makes for the step (:meth:`DeepseekV3.step_attention`: one batched
   verify-attention call per layer), no host synchronisation.
 
 ``MLAttention.impl`` picks the absorbed attention: ``"auto"`` (the
@@ -37,8 +38,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.ddtree import verify_attention
+from workbench.engine.attention import StepAttention, latent_attention_torch
 from workbench.engine.moe import MLP, MoE
 from workbench.engine.rope import RotaryEmbedding, apply_rope
+from workbench.engine.step_ops import step_ops
 
 
 class RMSNorm(nn.Module):
@@ -94,28 +98,6 @@ class Segment:
                 vis[i, :i] = vis[p, :i]
             vis[i, i] = True
         return vis.to(dev)
-
-
-def latent_attention_torch(q_lat: torch.Tensor, q_rope: torch.Tensor, kv_layer: torch.Tensor,
-                           prefix_slots: torch.Tensor, tail_kv: torch.Tensor, visibility: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """Absorbed MLA attention, torch reference path.
-
-    q_lat [T, H, R], q_rope [T, H, Dr], kv_layer [S, R + Dr] (the pool of one layer),
-    prefix_slots int64 [P], tail_kv [T, R + Dr], visibility bool [T, T].
-    Returns the latent output [T, H, R] in float32.
-    """
-    R = q_lat.shape[-1]
-    keys = torch.cat([kv_layer[prefix_slots], tail_kv.to(kv_layer.dtype)], 0).float()  # [P+T, R+Dr]
-    s = torch.einsum("thr,sr->ths", q_lat.float(), keys[:, :R])
-    s = s + torch.einsum("thd,sd->ths", q_rope.float(), keys[:, R:])
-    s = s * scale
-    P = prefix_slots.shape[0]
-    mask = torch.cat([torch.ones(visibility.shape[0], P, dtype=torch.bool, device=visibility.device),
-                      visibility], 1)
-    s = s.masked_fill(~mask[:, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    return torch.einsum("ths,sr->thr", p, keys[:, :R])
 
 
 ATTENTION_IMPLS = ("auto", "kernel", "torch")
@@ -199,9 +181,7 @@ class MLAttention(nn.Module):
         kv_layer[tail_slots] = rows.to(kv_layer.dtype)
         w_uk, w_uv = self._wkv()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
-        kernel = None
-        if self.attention_path(x) == "kernel":
-            from workbench.ddtree import verify_attention as kernel
+        kernel = verify_attention if self.attention_path(x) == "kernel" else None
         self.last_path = "workbench.ddtree.verify_attention" if kernel is not None else "torch"
         outs = []
         start = 0
@@ -330,19 +310,27 @@ class DeepseekV3(nn.Module):
             return torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out_dtype=torch.float32).view(*x.shape[:-1], -1)
         return F.linear(x.float(), w.float())
 
+    def attention_path(self) -> str:
+        """``"kernel"`` or ``"torch"``: the absorbed attention this model's layers run on its device."""
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        return self.layers[0].self_attn.attention_path(probe)
+
+    def step_attention(self, cache, C: int, T: int) -> StepAttention:
+        """The attention of one captured step over ``cache`` (a :class:`~workbench.engine.kv_device.DeviceKVCache`)
+        for C requests of T tokens, on the path the layers chose (:meth:`attention_path`)."""
+        return StepAttention(cache, C, T, self.attention_path())
+
     @torch.no_grad()
     def forward_step(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tail_slots: torch.Tensor,
                      pool: torch.Tensor, attention, ops=None, capture_layers: Sequence[int] = ()
                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """The engine step's forward (:mod:`workbench.engine.step`): tokens int64 [N], cos/sin float32
+        """The engine step's forward (:mod:`workbench.engine.runner`): tokens int64 [N], cos/sin float32
         [N, qk_rope_head_dim // 2], tail_slots int64 [N] (where each token's latent row goes: a padding or
         failed row's is the pool's spare row), pool [layers, slots, row_width]; ``attention`` a
-        :class:`workbench.engine.kv_device.StepAttention`; ``ops`` the torch work between the kernels
+        :class:`workbench.engine.attention.StepAttention` (:meth:`step_attention`); ``ops`` the torch work between the kernels
         (:func:`workbench.engine.step_ops.step_ops`, eager by default). Token ids are trusted (a range check
         would synchronise). Returns float32 logits [N, vocab] and the output hidden state [N, D] of each layer in
         ``capture_layers``. No host synchronisation on the kernel paths."""
-        from workbench.engine.step_ops import step_ops
-
         ops = ops or step_ops("eager")
         h = self.embed_tokens(tokens)
         captured: dict[int, torch.Tensor] = {}

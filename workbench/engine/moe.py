@@ -32,6 +32,8 @@ from torch import nn
 
 from workbench.config import ModelConfig
 from workbench.int4 import dequantize_int4
+from workbench.moe.fused import fused_moe_int4, gpu_supported
+from workbench.moe.packing import Int4Experts, default_layout
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
 IMPLS = ("auto", "fused", "torch")
@@ -163,8 +165,6 @@ class RoutedExperts(nn.Module):
         probe = torch.empty(0, dtype=dtype, device=self.gate_up_packed.device)
         if self.group_size != 32 or self.path(probe) != "fused":
             return
-        from workbench.moe.packing import default_layout
-
         if default_layout(probe.device, self.hidden, self.intermediate) == "fragments":
             self.to_fragment_layout()
         self.as_int4_experts()
@@ -172,8 +172,6 @@ class RoutedExperts(nn.Module):
     def to_fragment_layout(self) -> None:
         """Convert the packed INT4 storage to the fragment layout (``gate_up_frag`` int32 [E, D/256, 2I/16, 4, 144],
         ``down_frag`` int32 [E, I/256, D/16, 4, 144]), one expert at a time, and free the packed buffers."""
-        from workbench.moe.packing import Int4Experts
-
         if self.layout != "packed" or self.group_size != 32:
             raise ValueError(f"only packed INT4 experts of group 32 convert (layout {self.layout!r}, "
                              f"group {getattr(self, 'group_size', None)})")
@@ -188,8 +186,6 @@ class RoutedExperts(nn.Module):
 
     def as_int4_experts(self):
         """A zero-copy ``workbench.moe.Int4Experts`` over this storage (INT4 only), in its layout."""
-        from workbench.moe import Int4Experts  # type: ignore
-
         first = getattr(self, self._storage_names()[0])
         if self._int4_view is None or self._int4_view.tensors()[0].data_ptr() != first.data_ptr():
             if self.layout == "fragments":
@@ -212,9 +208,6 @@ class RoutedExperts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, D], ids int64 [N, k], weights float32 [N, k] -> [N, D] in x.dtype."""
         if self.path(x) == "fused":
-            from workbench.moe import fused_moe_int4
-            from workbench.moe.fused import gpu_supported
-
             exp = self.as_int4_experts()
             why = gpu_supported(exp)
             if why is not None:
