@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.decode import grid_node_count, tree_size
 from workbench.validation import check_array_values, check_int
 
 __all__ = ["DraftTree", "Accepted", "topk_logprobs", "build_tree", "accept_greedy",
@@ -31,7 +32,7 @@ def _to_numpy(x: Any, what: str) -> np.ndarray:
         x = x.detach().cpu().numpy()
     try:
         return np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic input
+    except (TypeError, ValueError) as exc:  # pragma: no cover - not array-like (or ragged)
         raise TypeError(f"{what} must be array-like, got {type(x).__name__}") from exc
 
 
@@ -157,24 +158,6 @@ class DraftTree:
             out.append(int(self.ranks[i]))
             i = int(self.parents[i])
         return tuple(reversed(out))
-
-
-def grid_node_count(L: int, K: int, cap: int | None = None) -> int:
-    """Number of non-root nodes an L x K grid allows (sum_d K^d), capped at ``cap``."""
-    total, level = 0, 1
-    for _ in range(L):
-        level *= K
-        total += level
-        if cap is not None and total >= cap:
-            return cap
-    return total if cap is None else min(total, cap)
-
-
-def tree_size(L: int, K: int, budget: int) -> int:
-    """``n`` = 1 + min(budget, nodes the L x min(budget, K) grid allows)."""
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1, got {budget}")
-    return 1 + grid_node_count(L, min(budget, K), cap=budget)
 
 
 def _check_tree_inputs(lp: np.ndarray, ids: np.ndarray, budget: Any, batched: bool) -> None:
