@@ -3,7 +3,8 @@ import json
 import pytest
 
 from workbench import display
-from workbench.bench import measure
+from workbench import measure
+from workbench.bench import clocks
 
 
 def test_write_and_load_measurement_roundtrip(tmp_path, monkeypatch):
@@ -32,10 +33,11 @@ def test_tables():
 
 @pytest.mark.gpu
 def test_clock_phases_sample_clocks_while_a_graph_runs():
-    """measure.clock_phases: every phase replayed, per-call times positive, nvidia-smi samples inside each phase."""
+    """clocks.clock_phases: every phase replayed, per-call times positive, nvidia-smi samples inside each phase."""
     import torch
 
-    from workbench.bench.measure import capture_graphs, clock_phases
+    from workbench.bench.clocks import clock_phases
+    from workbench.measure import capture_graphs
 
     x = torch.zeros(1 << 20, device="cuda")
     [g] = capture_graphs([lambda: [x.add_(1.0) for _ in range(8)]])
@@ -46,7 +48,7 @@ def test_clock_phases_sample_clocks_while_a_graph_runs():
 
 
 def test_smi_sampler_parses_a_fake_nvidia_smi(tmp_path, monkeypatch):
-    """measure.smi_sampler on a stand-in nvidia-smi (a script printing CSV lines as the real one does): samples
+    """clocks.smi_sampler on a stand-in nvidia-smi (a script printing CSV lines as the real one does): samples
     parsed with nvidia-smi's own timestamps, the reason mask as hex, and no sample when the tool prints nothing."""
     import time
 
@@ -61,12 +63,12 @@ def test_smi_sampler_parses_a_fake_nvidia_smi(tmp_path, monkeypatch):
     exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     t0 = time.time()
-    with measure.smi_sampler(20) as smi:
+    with clocks.smi_sampler(20) as smi:
         time.sleep(0.4)
     assert len(smi) >= 3
     s = smi[-1]
     assert (s["sm_mhz"], s["power_w"], s["temp_c"]) == (1560.0, 690.5, 55.0)
-    assert measure.clock_event_reason_names(s["reasons"]) == ["sw_power_cap"]
+    assert clocks.clock_event_reason_names(s["reasons"]) == ["sw_power_cap"]
     assert t0 - 1 <= s["t"] <= time.time() + 1
 
 

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from workbench.bench.measure import provenance
+from workbench.measure import provenance
 from workbench.dispatch import DISPATCH_DIR, Dispatch, dispatch_for
 
 

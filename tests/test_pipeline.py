@@ -186,7 +186,7 @@ def test_shipped_notebooks_refuse_what_the_cli_refuses():
 
 def test_run_json_records_commit_and_versions(nbdir, tmp_path):
     rec = pipeline.run_notebooks(["01"], [], out_dir=tmp_path / "o", notebook_dir=nbdir, progress=False)
-    from workbench.bench.measure import git_commit
+    from workbench.measure import git_commit
 
     expected = git_commit()  # WORKBENCH_COMMIT where set (a copy without .git), else git rev-parse HEAD (+ -dirty)
     if expected is None:

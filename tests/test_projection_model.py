@@ -318,7 +318,8 @@ def test_engine_step_comparison(tmp_path):
 def test_small_m_comparison_replaces_the_points_it_measured(tmp_path):
     """A bench small-M comparison file beside moe_bandwidth: at its M values the dispatched path's uniform % of
     copy replaces the sweep's point; other M keep the sweep; alone it is not used (a note says so)."""
-    from workbench.reports.moe_plots import FOUR_LAUNCH, dispatched_label
+    from workbench.moe.dispatched import dispatched_label
+    from workbench.moe.fused import FOUR_LAUNCH
 
     gpu = "NVIDIA H200"
     rows = [{"routing": r, "m": m, "pct_of_copy": 60.0, "ms_median": 1.0, "bytes_moved": 1e9, "timing": "cuda_graph"}

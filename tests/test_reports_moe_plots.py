@@ -1,6 +1,7 @@
 """The notebook-02 and paper tables built from the committed MoE measurements."""
 import pytest
 
+from workbench.moe import dispatched
 from workbench.reports import moe_plots as plots
 from workbench.reports import moe as report
 
@@ -16,20 +17,20 @@ def small():
 
 
 def test_small_path_rows_follow_the_dispatch_table(small):
-    rows = plots.small_path_rows(small)
+    rows = dispatched.small_path_rows(small)
     assert len(rows) == len(small["results"]["rows"]) > 0
     k = small["parameters"]["topk"]
     for r in rows:
-        label = plots.dispatched_label(r["M"], k, H200)
+        label = dispatched.dispatched_label(r["M"], k, H200)
         assert r["dispatched"].startswith(label)
         assert r["dispatched % copy"] == r[f"{label} % copy"] is not None
-        timed = {p: r[f"{p} % copy"] for p in plots.one_launch_paths(small) + ["four_launch"]}
+        timed = {p: r[f"{p} % copy"] for p in dispatched.one_launch_paths(small) + ["four_launch"]}
         assert r["fastest"] == max(timed, key=timed.get)
 
 
 def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_path(small):
     pct, row = plots.dispatched_worst_pct(small)
-    rows = plots.small_path_rows(small)
+    rows = dispatched.small_path_rows(small)
     assert pct == min(r["dispatched % copy"] for r in rows) == row["dispatched % copy"]
     # This file times every dispatched kernel in one process. The dispatch sees M, not the routing, so the check is per
     # M: averaged over the two routings the dispatched path is within 1.5 points of copy bandwidth of each row's
@@ -44,10 +45,10 @@ def test_dispatched_worst_is_the_minimum_and_table_never_picks_a_clearly_slower_
 
 
 def test_dispatched_label_follows_the_dispatch_data():
-    assert [plots.dispatched_label(m, 8, H200) for m in (1, 2, 4, 9, 16, 17)] == [
+    assert [dispatched.dispatched_label(m, 8, H200) for m in (1, 2, 4, 9, 16, 17)] == [
         "phased_r2_pdl", "phased_r3_pdl_k4", "phased_r3_pdl_gu2", "phased_r3_pdl_gu2", "phased_r3_pdl_gu2",
         "four_launch"]                                           # 17 x 8 > 128 pairs
-    assert plots.dispatched_label(1, 8, "a GPU without a table") == "four_launch"   # generic.json
+    assert dispatched.dispatched_label(1, 8, "a GPU without a table") == "four_launch"   # generic.json
 
 
 def test_dispatched_path_missing_from_the_file_is_an_error(small):

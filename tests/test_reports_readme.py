@@ -13,7 +13,7 @@ def test_rows_cover_every_area():
 
 def test_serving_goals_reach_the_results_table():
     """Each goal of the committed serving run is a row (server against engine, the relative gap, met or not)."""
-    from workbench.bench.measure import load_measurement
+    from workbench.measure import load_measurement
     from workbench.reports.readme import results_rows
 
     doc = load_measurement("serving")

@@ -314,7 +314,7 @@ def test_api_key_and_ddtree(tmp_path):
 
 
 def test_measuring_client_reports_finite_consistent_numbers(srv):
-    from workbench.serve.client import sweep
+    from workbench.client import sweep
 
     res = sweep(srv.url, "synthetic-tiny", contexts=[16, 24], concurrency=[1, 4], max_tokens=8, two_point=[4, 12],
                 sustained=12, timeout=30)
@@ -342,7 +342,7 @@ def test_measuring_client_reports_finite_consistent_numbers(srv):
 
 
 def test_measuring_client_counts_failures_and_timeouts(srv, slow):
-    from workbench.serve.client import sweep
+    from workbench.client import sweep
 
     bad = sweep(srv.url, "no-such-model", contexts=[8], concurrency=[3], max_tokens=4, timeout=30)
     a = bad["points"][0]["aggregate"]
@@ -357,7 +357,7 @@ def test_measuring_client_counts_failures_and_timeouts(srv, slow):
 
 
 def test_measuring_client_command_line(srv, capsys):
-    from workbench.serve.client import main
+    from workbench.client import main
 
     assert main(["--endpoint", srv.url, "--model", "synthetic-tiny", "--contexts", "8", "--concurrency", "1", "2",
                  "--max-tokens", "5", "--sustained", "6", "--json"]) == 0

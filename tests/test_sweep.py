@@ -116,7 +116,7 @@ def test_bench_entry_writes_context_sweep_with_provenance(tmp_path):
 
 def test_phase_breakdown_sums_to_the_step(model):
     from workbench.engine.generate import PHASES
-    from workbench.sweep.phases import phase_breakdown
+    from workbench.sweep.eager_phases import phase_breakdown
 
     rows = phase_breakdown(model, [16], ["greedy", "ddtree-high"], generate=12, block=4, budget=8)
     assert [r["method"] for r in rows] == ["greedy", "ddtree-high"]

@@ -1,7 +1,7 @@
-"""The rate arithmetic of workbench.sweep.rates: exact on constructed timelines."""
+"""The rate arithmetic of workbench.rates: exact on constructed timelines."""
 import pytest
 
-from workbench.sweep import rates
+from workbench import rates
 from workbench.validation import InvalidParameter
 
 

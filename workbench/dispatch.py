@@ -30,6 +30,8 @@ import functools
 import json
 from pathlib import Path
 
+import torch
+
 from workbench import DATA_DIR
 
 DISPATCH_DIR = DATA_DIR / "dispatch"
@@ -141,8 +143,6 @@ def dispatch_for(device_name: str | None = None) -> Dispatch:
 def dispatch_for_device(device=None) -> Dispatch:
     """The dispatch for a torch device, its string or a CUDA index: a CUDA device's by its name (index None:
     the current device), the generic table for any other device; None: :func:`dispatch_for`'s default."""
-    import torch
-
     if device is None:
         return dispatch_for()
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import plotly.graph_objects as go
+
 
 def _fmt(v: Any) -> str:
     if isinstance(v, bool) or v is None:
@@ -16,8 +18,6 @@ def _fmt(v: Any) -> str:
 
 def table(rows: Sequence[dict[str, Any]], title: str | None = None, columns: Sequence[str] | None = None):
     """A plotly Table figure from a list of dict rows (same keys)."""
-    import plotly.graph_objects as go
-
     if not rows:
         raise ValueError("table() needs at least one row")
     cols = list(columns or rows[0].keys())

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from typing import Any
 
+from workbench.kernels import gpu_available
+
 
 def has_cuda() -> bool:
     try:
@@ -34,9 +36,9 @@ def describe() -> dict[str, Any]:
         info["cupy"] = cupy.__version__
         try:
             info["cupy_cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
-        except Exception as e:
+        except RuntimeError as e:   # CuPy's CUDARuntimeError: no driver or device
             info["cupy_cuda_runtime"] = f"unavailable ({type(e).__name__})"
-    except Exception:
+    except ImportError:   # CuPy (optional) not installed, or its CUDA libraries missing
         info["cupy"] = None
     nvcc = shutil.which("nvcc")
     if nvcc:
@@ -44,7 +46,6 @@ def describe() -> dict[str, Any]:
         info["nvcc"] = out.stdout.strip().splitlines()[-1] if out.returncode == 0 else "broken"
     else:
         info["nvcc"] = None
-    from workbench.kernels import gpu_available
 
     info["gpu_kernels"] = gpu_available()
     info["pipeline_runs_on"] = ("GPU (profile 'gpu': GPU sizes from notebooks/profiles.yaml)" if has_cuda()

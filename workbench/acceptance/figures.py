@@ -77,7 +77,7 @@ def cpu_demo(text_types: Sequence[str] = ("code",), train_steps: int = 20, promp
 def load_doc(gpu: str = "h200") -> dict | None:
     """The committed ``data/measurements/<gpu>/acceptance.json`` or None."""
     from workbench.acceptance.measure import ACCEPTANCE_FILE
-    from workbench.bench.measure import load_measurement
+    from workbench.measure import load_measurement
 
     return load_measurement(ACCEPTANCE_FILE, gpu)
 

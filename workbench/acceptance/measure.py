@@ -159,7 +159,7 @@ def measured_rows(doc: dict | None = None, gpu: str = "h200", path: str | Path |
         p = Path(path)
         doc = json.loads(p.read_text()) if p.exists() else None
     elif doc is None:
-        from workbench.bench.measure import load_measurement
+        from workbench.measure import load_measurement
 
         doc = load_measurement(ACCEPTANCE_FILE, gpu)
     return [] if doc is None else list(doc["results"]["rows"])

@@ -23,13 +23,18 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
+from workbench.bench.verify_peers import PEERS
+from workbench.ddtree.compose import capture_round, check_no_host_sync, ddtree_round, make_toy_problem
 from workbench.ddtree.reference import accept_greedy, build_tree, topk_logprobs
 from workbench.ddtree.tree_gpu import (SMALL_MAX_NODES, accept_greedy_batched, build_trees, commit_compact,
                                        commit_scattered, dispatched_build_method, tree_visibility)
 from workbench.ddtree.verify import (D_KV, D_LATENT, dispatched_impl, random_verify_inputs, verify_attention,
-                                     verify_attention_reference)
-from workbench.bench.verify_peers import PEERS
+                                     verify_attention_batched, verify_attention_reference)
+from workbench.kernels import cuda_errors, require_gpu
+from workbench.measure import (capture_graphs, measure_bf16_matmul_tflops, measure_copy_bandwidth, median, time_cpu,
+                               time_cuda, time_in_graph, write_measurement)
 from workbench.sanitizer import read_logs, stated_count, summary_lines
 
 __all__ = ["random_grid", "check_tree_kernels", "timing_rows", "benchmark_tree_kernels", "benchmark_round", "verify_floor",
@@ -71,8 +76,6 @@ def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 
     applicable builder against :func:`build_tree`, then visibility, accept and both commits against the
     references. Integer outputs and the float32 scores must match bit for bit. ``device="cpu"``: the
     wrappers' CPU path (``build_trees[auto]`` only)."""
-    import torch
-
     rng = np.random.default_rng(seed)
     dev = torch.device(device)
     rows = []
@@ -131,10 +134,6 @@ def timing_rows(device: str = "cuda", batch: int = 8, L: int = 7, budget: int = 
     """A quick look in this process (not a measurement file): tree build and accept against the CPU
     references, verify attention against its peers; medians of CUDA events (GPU) or wall time (CPU) around
     one Python call, launch included. Rows ``{op, impl, shapes, median_ms, x CPU reference, status}``."""
-    import torch
-
-    from workbench.bench.measure import time_cpu, time_cuda
-
     dev = torch.device(device)
     clock = (lambda f, r=20: _median(time_cuda(f, warmup=3, reps=r))) if dev.type == "cuda" else \
         (lambda f, r=5: _median(time_cpu(f, warmup=1, reps=r)))
@@ -165,17 +164,13 @@ def timing_rows(device: str = "cuda", batch: int = 8, L: int = 7, budget: int = 
             continue
         try:
             rows.append(dict(op="verify", impl=name, shapes=shape, median_ms=clock(lambda fn=fn: fn(**inp)), status="ok"))
-        except Exception as e:  # noqa: BLE001 - a peer that cannot run these shapes is shown as such
+        except (*cuda_errors(), ValueError, NotImplementedError) as e:  # a peer that cannot run these shapes
             rows.append(dict(op="verify", impl=name, shapes=shape, status=f"{type(e).__name__}: {str(e)[:80]}"))
     return rows
 
 
 def _graph_time_ms(fn, inner: int = 20, reps: int = 30) -> list[float]:
     """Per-call device time: ``inner`` calls captured in one CUDA graph, replayed."""
-    import torch
-
-    from workbench.bench.measure import time_cuda
-
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -195,10 +190,6 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
     """Build / accept / commit / visibility / top-k timed on the GPU (graph replay and eager call), the
     CPU references in the same run. Build keys: ``build_B{batch}_L{L}_budget{b}`` is the dispatched
     builder, ``..._{method}`` the other one. Returns ``{"results", "samples"}``."""
-    import torch
-
-    from workbench.bench.measure import time_cpu, time_cuda
-
     rng = np.random.default_rng(seed)
     res: dict[str, Any] = {}
     samples: dict[str, Any] = {}
@@ -273,11 +264,6 @@ def benchmark_round(batch: int = 64, L: int = 15, budget: int = 32, prefix: int 
                     vocab: int = 4096) -> dict[str, Any]:
     """The composed round (:mod:`workbench.ddtree.compose`) with the torch and the kernel verify: no host
     sync (sync debug mode "error"), CUDA-graph outputs equal to eager ones, eager and graph times."""
-    import torch
-
-    from workbench.ddtree.compose import capture_round, check_no_host_sync, ddtree_round, make_toy_problem
-    from workbench.bench.measure import time_cuda
-
     prob = make_toy_problem(batch=batch, L=L, budget=budget, prefix=prefix, heads=heads, vocab=vocab,
                             dtype="bfloat16", device="cuda")
     out: dict[str, Any] = {"batch": batch, "L": L, "budget": budget, "prefix": prefix, "heads": heads, "vocab": vocab}
@@ -317,8 +303,6 @@ def verify_floor(nodes: int, heads: int, prefix: int, elem_bytes: int, copy_gbps
 def check_verify(inp: dict[str, Any], impl: str = "auto", label: str = "") -> dict[str, Any]:
     """One verify call on ``inp`` (:func:`random_verify_inputs`, one request) against the float64 reference:
     ``{kernel, shapes, max_abs_err, max_rel_err (by norm), lse_max_abs_err, tolerance, pass}``."""
-    import torch
-
     dt = str(inp["q_latent"].dtype).replace("torch.", "")
     o, l = verify_attention(**inp, impl=impl)
     ro, rl = verify_attention_reference(**inp)
@@ -335,8 +319,6 @@ def check_verify(inp: dict[str, Any], impl: str = "auto", label: str = "") -> di
 
 def _time_rotating(fns: Sequence[Any], reps: int, warmup: int) -> list[float]:
     """CUDA-event samples (ms) of one CUDA-graph replay per call, the calls rotating over ``fns``."""
-    from workbench.bench.measure import capture_graphs, time_cuda
-
     graphs = capture_graphs(fns)
     cur = {"i": 0}
     return time_cuda(lambda: graphs[cur["i"]].replay(), warmup=warmup, reps=reps,
@@ -353,10 +335,6 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
     dispatch is ``wgmma``) and the peers (naive torch, SDPA dense mask, FlexAttention: recorded as unsupported
     with the reason where it fails). Floor: :func:`verify_floor` with the copy bandwidth and bf16 matmul rate
     measured in this process. Returns the results dict (raw samples under ``samples``)."""
-    import torch
-
-    from workbench.bench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, median, time_cuda, time_in_graph
-
     dt = torch.bfloat16
     impl = dispatched_impl(dt)
     variants = {"mma": "mma"} if impl == "wgmma" else {}
@@ -402,7 +380,7 @@ def benchmark_verify(heads: Sequence[int] = (8, 64), nodes: int = 33,
                         s[f"{name}_batched"] = pb = time_in_graph(pfns, peer_reps)[0]
                         peer_res[name] = {"status": "ok", "median_ms": median(ps), "mode": "cuda_graph",
                                           "batched_ms": median(pb)}
-                except Exception as e:  # noqa: BLE001 - a peer that cannot run these shapes is recorded as such
+                except (*cuda_errors(), ValueError, NotImplementedError) as e:  # a peer that cannot run these shapes
                     torch.cuda.synchronize()
                     reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
                     if name == "flex_attention":
@@ -442,10 +420,6 @@ def sanitize_driver() -> None:
     """Every kept kernel once at small sizes (run under compute-sanitizer): both builders, visibility,
     accept, both commits; verify with each kernel (single request with and without the prepare launch,
     batched) and float32."""
-    import torch
-
-    from workbench.ddtree.verify import verify_attention_batched
-
     rng = np.random.default_rng(1)
     for B, L, K, budget, q in ((3, 7, 8, 20, 4), (2, 32, 1024, 1024, 8), (5, 15, 32, 32, None), (3, 32, 16, 3, None)):
         lp, ids = random_grid(rng, B, L, K, q)
@@ -489,8 +463,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sanitize", action="store_true", help="run the compute-sanitizer driver and exit")
     ap.add_argument("--sanitizer-logs", default=None, help="folder with memcheck.log / racecheck.log to record")
     args = ap.parse_args(argv)
-    from workbench.kernels import require_gpu
-    from workbench.bench.measure import write_measurement
 
     require_gpu("python -m workbench.bench.ddtree")
     if args.sanitize:

@@ -28,7 +28,7 @@ status=0
 gpu_tests=$(grep -l "mark.gpu" tests/test_*.py)
 python3 -m pytest -q -m gpu -p no:cacheprovider $gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-gpu_dir=$(python3 -c "from workbench.bench.measure import gpu_slug; print(gpu_slug())" 2>/dev/null || echo h200)
+gpu_dir=$(python3 -c "from workbench.measure import gpu_slug; print(gpu_slug())" 2>/dev/null || echo h200)
 for area in "$@"; do
   case "$area" in
     moe|ddtree|engine) ;;

@@ -31,10 +31,18 @@ import time
 from typing import Any, Callable
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
-from workbench.bench.measure import busy_us
+from workbench.config import load_config
 from workbench.decode import DecodeConfig
 from workbench.engine import DecodeEngine, ScriptedDrafter, synthetic_model, tiny_config
+from workbench.engine.generate import _Timer, _ddtree_step, _greedy_step, _resolve_tree_impl
+from workbench.engine.kv_cache import PagedKVCache
+from workbench.engine.request import Request
+from workbench.measure import busy_us, measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
+from workbench.sweep.run import default_experts
+from workbench.validation import check_float, check_int
 
 GOALS = {"greedy_pct_of_floor_c1": 70.0, "ddtree_pct_of_floor_c1": 60.0, "graph_over_eager_tokens_per_s_c1": 10.0,
          "greedy_c8_over_c1_tokens_per_s": 4.0}
@@ -42,32 +50,6 @@ GOALS = {"greedy_pct_of_floor_c1": 70.0, "ddtree_pct_of_floor_c1": 60.0, "graph_
 
 def _median(x) -> float:
     return float(statistics.median(x)) if len(x) else float("nan")
-
-
-def default_experts(cfg, layers: int, rows: int, capacity: int, reserve_gb: float = 16.0) -> int:
-    """The most routed experts per layer that fit the current GPU beside the dense weights, a KV pool of
-    ``rows x capacity`` tokens and ``reserve_gb`` of work space (an expert's bytes in the one layout the
-    engine holds it in on this GPU)."""
-    from workbench.engine.loader import build_empty
-    from workbench.moe import Int4Experts
-
-    c = cfg.replace(num_hidden_layers=layers, n_routed_experts=cfg.num_experts_per_tok)
-    meta = build_empty(c, torch.bfloat16, "meta", True)
-    wb = meta.weight_bytes()
-    dense = sum(v for k, v in wb.items() if k != "routed_per_expert")
-    D, I = cfg.hidden_size, cfg.moe_intermediate_size
-    one = Int4Experts(torch.zeros(1, 2 * I, D // 8, dtype=torch.int32, device="cuda"),
-                      torch.ones(1, 2 * I, D // 32, dtype=torch.bfloat16, device="cuda"),
-                      torch.zeros(1, D, I // 8, dtype=torch.int32, device="cuda"),
-                      torch.ones(1, D, I // 32, dtype=torch.bfloat16, device="cuda"))
-    per_expert = one.nbytes
-    del one
-    torch.cuda.empty_cache()
-    moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
-    kv = rows * capacity * c.kv_row_width * layers * 2
-    free = torch.cuda.mem_get_info()[0]
-    e = int((free - dense - kv - reserve_gb * 2**30) // (moe_layers * per_expert))
-    return max(cfg.num_experts_per_tok, min(cfg.n_routed_experts, e - e % 8))
 
 
 def floor_bytes(model, distinct: list[int], tokens: int, kv_rows: int) -> dict[str, int]:
@@ -110,9 +92,6 @@ def _distinct(model) -> list[int]:
 def profile_steps(step, n: int) -> dict[str, Any]:
     """Kernel launches and GPU-busy ms per step over ``n`` calls of ``step`` (CUDA profiler records;
     busy = the union of kernel, copy and memset intervals)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
@@ -139,7 +118,7 @@ def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max
     """Warm up, time ``steps`` steps, profile ``prof`` more; returns the raw samples and the tokens."""
     m = engine.model
     if m.device.type == "cuda":   # the previous sessions' freed blocks back to the driver: at 64 experts x 61 layers the
-        torch.cuda.empty_cache()  # C = 16 DDTree session met OOM with 22 GiB reserved but unallocated (e7019f6)
+        torch.cuda.empty_cache()  # a C = 16 DDTree session met OOM with 22 GiB reserved but unallocated
     s = engine.start(_prompts(C, prefix, m.config.vocab_size), max_new, config, drafter, synthetic_prefix=True)
     for _ in range(warmup):
         s.step()
@@ -200,9 +179,6 @@ def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont:
     """The eager reference at C = 1: :func:`workbench.engine.generate`'s step functions over a
     ``PagedKVCache`` holding ``prefix`` seeded random rows; ``cont`` the request's greedy tokens (the first
     is the token the decode starts from)."""
-    from workbench.engine.generate import _ddtree_step, _greedy_step, _Req, _resolve_tree_impl, _Timer
-    from workbench.engine.kv_cache import PagedKVCache
-
     dev = model.device
     cache = PagedKVCache.for_model(model, prefix + (steps + prof + 4) * (config.budget + 2))
     cache.add_request(0)
@@ -246,8 +222,6 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
         budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
         tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",),
         baseline_concurrency: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
-    from workbench.bench.measure import measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
-
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     t0 = time.perf_counter()
     gd = DecodeConfig(method="greedy", block=block, budget=budget)
@@ -261,8 +235,6 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
         model = synthetic_model(cfg, layers=None, experts=experts, seed=0, device=dev,
                                 dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32, int4=True)
     else:
-        from workbench.config import load_config
-
         cfg = load_config("kimi-k2.6")
         if experts is None:
             experts = default_experts(cfg, layers, max(concurrency), capacity)
@@ -430,8 +402,6 @@ def print_table(rows: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.validation import check_float, check_int
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for engine_step.json (default: do not write)")
     ap.add_argument("--layers", type=int, default=None, help="default 61 (--tiny: the tiny config's 3)")

@@ -32,18 +32,29 @@ gloo in seconds (a test of the same code; no floors; launch it with ``--nproc 2`
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from workbench import MEASUREMENTS_DIR
+from workbench.bench.engine import _median, _prompts, summarise, timed_steps
+from workbench.config import load_config
 from workbench.decode import DecodeConfig
+from workbench.engine import DecodeEngine, ScriptedDrafter, tiny_config
+from workbench.measure import (capture_graphs, gpu_slug, measure_bf16_matmul_tflops, measure_copy_bandwidth, time_cpu,
+                               time_cuda, write_measurement)
+from workbench.parallel.groups import env_record, init_from_env, shutdown
+from workbench.parallel.model import build_empty_tp, synthetic_tp_model
+from workbench.validation import check_float, check_int
 
-SOURCE_TOKENS_PER_S_C1 = 138.7     # the source's service, K2.6 at TP 8 on 8 x RTX PRO 6000, C = 1 (issue 29)
-CALIBRATION_ACCEPTED = 4.4         # the source's B300 calibration point (issue 29)
-GOALS = {"ddtree_tokens_per_s_c1": 280.0, "pct_of_floor": 60.0}  # issue 29: >= 2 x 138.7, "(>= 280 tokens/s)"
+SOURCE_TOKENS_PER_S_C1 = 138.7     # the source's service, K2.6 at TP 8 on 8 x RTX PRO 6000, C = 1
+CALIBRATION_ACCEPTED = 4.4         # the source's B300 calibration point
+GOALS = {"ddtree_tokens_per_s_c1": 280.0, "pct_of_floor": 60.0}  # >= 2 x the source's 138.7, "(>= 280 tokens/s)"
 
 
 def default_experts(cfg, group, layers: int, rows: int, capacity: int, reserve_gb: float = 16.0) -> int:
@@ -51,10 +62,6 @@ def default_experts(cfg, group, layers: int, rows: int, capacity: int, reserve_g
     storage (one layout: an expert's bytes are the same in the packed and the fragment layout) fits each GPU beside
     this rank's other weights, a KV pool of ``rows x capacity`` tokens (replicated) and ``reserve_gb`` of work space;
     the smallest over the ranks."""
-    import math
-
-    from workbench.parallel.model import build_empty_tp
-
     tp, k = group.size, cfg.num_experts_per_tok
     step = tp * cfg.n_group // math.gcd(tp, cfg.n_group)
     c = cfg.replace(num_hidden_layers=layers, n_routed_experts=max(step, -(-k // step) * step))
@@ -93,10 +100,6 @@ def rank_pairs(model, group) -> list[list[int]]:
 def collective_ms(group, trace: list, reps: int) -> list[float]:
     """Samples (ms) of the collectives ``trace`` recorded for one step, run alone on buffers of the same shapes:
     on CUDA captured in one graph and replayed (CUDA events), on the CPU eagerly (host clock)."""
-    import torch.distributed as dist
-
-    from workbench.bench.measure import capture_graphs, time_cpu, time_cuda
-
     def one(name: str, shape, dtype):
         t = torch.zeros(shape, dtype=dtype, device=group.device)
         if name == "all_gather":
@@ -127,8 +130,6 @@ def time_tp_session(engine, group, C: int, prefix: int, config: DecodeConfig, dr
     """Warm up (the first step eager, recording the step's collectives; the second captures), time ``steps``
     steps; per step the wall ms, KV rows, accepted counts and per layer the busiest rank's distinct experts and
     pairs. Returns the raw samples (``workbench.bench.engine.summarise``'s fields), the tokens and the trace."""
-    from workbench.bench.engine import _prompts, timed_steps
-
     m = engine.model
     s = engine.start(_prompts(C, prefix, m.config.vocab_size), max_new, config, drafter, synthetic_prefix=True)
     group.trace = []
@@ -165,8 +166,6 @@ def summarise_tp(model, raw: dict[str, Any], C: int, gbps: float | None, tflops:
     """:func:`workbench.bench.engine.summarise` (tokens/s, accepted, the per-GPU bytes floor: this rank's weights
     and the busiest rank's experts) with the per-GPU FLOPs floor and the all-reduce time added:
     ``pct_of_floor`` = (max(bytes floor, FLOPs floor) + all-reduce ms) / wall."""
-    from workbench.bench.engine import _median, summarise
-
     out = summarise(model, raw, C, gbps, None)
     flops = flops_per_gpu(model, raw, C)
     flops_ms = flops / (tflops * 1e12) * 1e3 if tflops else None
@@ -180,7 +179,7 @@ def summarise_tp(model, raw: dict[str, Any], C: int, gbps: float | None, tflops:
 
 
 def goal_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 29's goals with the measured values: DDTree tokens/s at C = 1 at the p_top whose expected accepted
+    """The 8-GPU goals (:data:`GOALS`) with the measured values: DDTree tokens/s at C = 1 at the p_top whose expected accepted
     length is nearest the calibration point, and every graph row's percent of (floor + all-reduce)."""
     out = []
     dd1 = [r for r in rows if r["method"] == "ddtree" and r["C"] == 1]
@@ -224,13 +223,6 @@ def run(out: str | None, group, layers: int = 61, experts: int | None = None, pr
         ) -> dict[str, Any]:
     """The benchmark on this rank (module docstring); rank 0 writes ``engine_tp{N}.json`` into ``out`` (None:
     ``data/measurements/<gpu>x<N>``; ``""``: nowhere) after every configuration. Returns the results."""
-    from workbench import MEASUREMENTS_DIR
-    from workbench.bench.engine import _median
-    from workbench.bench.measure import gpu_slug, measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
-    from workbench.engine import DecodeEngine, ScriptedDrafter, tiny_config
-    from workbench.parallel.groups import env_record
-    from workbench.parallel.model import synthetic_tp_model
-
     t0 = time.perf_counter()
     dev, tp = group.device, group.size
     gd = DecodeConfig(method="greedy", block=block, budget=budget)
@@ -246,8 +238,6 @@ def run(out: str | None, group, layers: int = 61, experts: int | None = None, pr
         cfg = tiny_config(n_group=1, topk_group=1)
         model = synthetic_tp_model(cfg, group, experts=experts, device=dev, dtype=torch.float32, int4=True)
     else:
-        from workbench.config import load_config
-
         cfg = load_config("kimi-k2.6")
         if experts is None:
             experts = default_experts(cfg, group, layers, max(concurrency), capacity)
@@ -335,9 +325,6 @@ def run(out: str | None, group, layers: int = 61, experts: int | None = None, pr
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.parallel.groups import init_from_env, shutdown
-    from workbench.validation import check_float, check_int
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for engine_tp{N}.json (default data/measurements/<gpu>x<N>)")
     ap.add_argument("--layers", type=int, default=61)

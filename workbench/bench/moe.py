@@ -5,7 +5,7 @@ Checks every kernel the dispatch reaches against the float32 reference, then tim
 two routings, beside: the copy bandwidth and bf16 matmul rate measured in the same run (the floors), the four-launch
 path at M <= 16 (where a small-M kernel is dispatched), and torch peers (bf16 experts through cuBLAS per expert,
 torch's int4 weight-only kernel per expert, dequantise-then-matmul). Writes ``DIR/moe_bandwidth.json`` with
-provenance (:func:`workbench.bench.measure.write_measurement`); ``--sanitize`` runs only the checks at a small shape (for
+provenance (:func:`workbench.measure.write_measurement`); ``--sanitize`` runs only the checks at a small shape (for
 ``compute-sanitizer``).
 
 Routing: ``uniform`` draws each token's k experts as the top-k of i.i.d. uniform scores; ``skewed`` draws them
@@ -30,9 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.bench.measure import capture_graphs, time_cuda_queued, time_cuda_spans, time_in_graph
-from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, SMALL_MAX_PAIRS, fused_moe_int4,
-                                 moe_plan, variant_name)
+from workbench.dispatch import dispatch_for
+from workbench.kernels import cuda_errors
+from workbench.measure import (capture_graphs, graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
+                               time_cuda_queued, time_cuda_spans, time_in_graph, write_measurement)
+from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, SMALL_MAX_PAIRS,
+                                 fused_moe_int4, moe_plan, variant_name)
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -247,10 +250,10 @@ def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, 
         if spans:
             try:
                 (span_ms, span_kernels), span_idx = rotated(time_cuda_spans, g.replay)
-            except Exception as exc:  # noqa: BLE001 - the profiler's failure is recorded, the other timings stand
+            except (RuntimeError, ValueError) as exc:  # the profiler's failure is recorded, the other timings stand
                 span_error = repr(exc)[:300]
         del g
-    except Exception as exc:  # noqa: BLE001
+    except cuda_errors() as exc:   # capture or replay failed: recorded, the eager times stand
         graph_err = repr(exc)[:300]
     eager = []
     n_eager = eager_reps if ms else max(eager_reps, reps)
@@ -449,7 +452,7 @@ def _peers(experts: Int4Experts, gen: torch.Generator, checks: list[dict[str, An
         gu_bf16 = torch.stack([dequantize_gpu(experts.gate_up_packed[e], experts.gate_up_scale[e]) for e in range(E)])
         dn_bf16 = torch.stack([dequantize_gpu(experts.down_packed[e], experts.down_scale[e]) for e in range(E)])
         peers["bf16_cublas"] = (lambda e, x: x @ gu_bf16[e].T, lambda e, h: h @ dn_bf16[e].T)
-    except Exception as err:  # noqa: BLE001 - a peer that cannot run is recorded, the others stand
+    except RuntimeError as err:  # a peer that cannot run (out of memory, ...) is recorded, the others stand
         errors["bf16_cublas"] = repr(err)
     try:
         tg = [to_tinygemm(experts.gate_up_packed[e], experts.gate_up_scale[e]) for e in range(E)]
@@ -457,7 +460,7 @@ def _peers(experts: Int4Experts, gen: torch.Generator, checks: list[dict[str, An
         peers["torch_int4pack"] = (lambda e, x: torch._weight_int4pack_mm(x, tg[e][0], 32, tg[e][1]),
                                    lambda e, h: torch._weight_int4pack_mm(h.to(torch.bfloat16), td[e][0], 32,
                                                                           td[e][1]))
-    except Exception as err:  # noqa: BLE001
+    except (RuntimeError, AttributeError, NotImplementedError) as err:   # this torch lacks the int4pack ops
         errors["torch_int4pack"] = repr(err)
     peers["dequant_matmul"] = (
         lambda e, x: x @ dequantize_gpu(experts.gate_up_packed[e], experts.gate_up_scale[e]).T,
@@ -504,8 +507,6 @@ def layout_ab(out_dir: str | Path | None, m_values=(17, 33, 66, 132, 264, 528, 1
     variant) at K2.6 shapes, M tokens beyond the small-M range, for each expert count (uniform routing, fresh per
     repeat, CUDA-graph replays): whether the experts can be held once, in the fragment layout, without losing speed
     where the small-M kernels do not run. Checks every variant against the reference first."""
-    from workbench.bench.measure import measure_copy_bandwidth, write_measurement
-
     gen = torch.Generator().manual_seed(seed)
     H, I, K = KIMI["hidden"], KIMI["intermediate"], KIMI["topk"]
     rows, checks = [], []
@@ -537,7 +538,6 @@ def layout_ab(out_dir: str | Path | None, m_values=(17, 33, 66, 132, 264, 528, 1
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         del frag, packed
         torch.cuda.empty_cache()
-    from workbench.dispatch import dispatch_for
 
     params = {"hidden": H, "intermediate": I, "topk": K, "m_values": list(m_values),
               "experts_values": list(experts_values), "reps": reps, "seed": seed, "routing": "uniform",
@@ -554,9 +554,6 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
                   tune_reps: int = 10) -> Path:
     """Checks, ceilings, the four-launch variants' timings (``tune_reps`` > 0), then the sweep over ``m_values`` x
     routings; returns the path of ``name``.json."""
-    from workbench.bench.measure import (graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
-                                   write_measurement)
-
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -612,7 +609,6 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
         pm = plateau_m([r["m"] for r in rr], [r["ms_median"] for r in rr])
         for r in rr:
             r["plateau_m"] = pm
-    from workbench.dispatch import dispatch_for
 
     params = {"num_experts": E, "hidden": H, "intermediate": I, "topk": K, "group_size": 32,
               "m_values": list(m_values), "routings": list(ROUTINGS), "skew_alpha": SKEW_ALPHA, "reps": reps,

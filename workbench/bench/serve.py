@@ -1,4 +1,4 @@
-"""Serving benchmark (issue 27's H200 goals): ``python -m workbench.bench.serve --out DIR [--tiny]``.
+"""Serving benchmark (its H200 goals: :data:`GOALS`): ``python -m workbench.bench.serve --out DIR [--tiny]``.
 
 One process builds the engine-step issue's model (:mod:`workbench.bench.engine`: synthetic K2.6 shape, 61 layers,
 the most routed INT4 experts that fit; ``--tiny``: the tiny config on the CPU, a dry run of the same code), and per
@@ -8,7 +8,7 @@ method (greedy; DDTree with a ``ScriptedDrafter`` of ``--p-top``):
    prefix (no prefill), wall ms per step (median) and tokens per step, at each C of ``--concurrency``;
 2. the server on the same engine: :func:`workbench.serve.app.create_app` over a scheduler with that method,
    uvicorn on a free loopback port in a thread of this process; the measuring client
-   (:func:`workbench.serve.client.measure_request`) streams ``--prompt``-token prompts (really prefilled, in
+   (:func:`workbench.client.measure_request`) streams ``--prompt``-token prompts (really prefilled, in
    ``--prefill-chunk`` chunks) for ``--max-tokens`` tokens: at C = 1 the median inter-token latency against the
    engine's C = 1 step (goal: within 10%); at C = 8 (the largest C) the aggregate output tokens/s while all C
    requests decode (token events inside the window from the last first token to the first last token) against
@@ -25,30 +25,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import statistics
 import sys
 import threading
 import time
 from typing import Any
 
+import httpx
 import torch
+import uvicorn
 
+from workbench.bench.engine import time_session
+from workbench.client import measure_request
+from workbench.config import load_config
 from workbench.decode import DecodeConfig
+from workbench.engine import DecodeEngine, ScriptedDrafter, synthetic_model, tiny_config
+from workbench.engine.batch import Batch
+from workbench.measure import prompts_for, write_measurement
+from workbench.serve.app import create_app
+from workbench.serve.headofline import head_of_line_sweep
+from workbench.serve.scheduler import Scheduler
+from workbench.serve.tokenizer import TextCodec
+from workbench.sweep.run import default_experts
+from workbench.validation import InvalidParameter, check_float, check_int
 
-GOALS = {"itl_c1_within": 0.10, "aggregate_c8_within": 0.15}  # issue 27: relative distance from the engine's step
+GOALS = {"itl_c1_within": 0.10, "aggregate_c8_within": 0.15}  # relative distance from the engine's step
 
 
 def build(tiny: bool, layers: int, experts: int | None, rows: int, kv_slots: int, device: str):
     """The benchmark model (bench.engine's recipe) on ``device``."""
-    from workbench.bench.engine import default_experts
-    from workbench.engine import synthetic_model, tiny_config
-
     dev = torch.device(device)
     if tiny:
         cfg = tiny_config(n_group=1, topk_group=1)
         return synthetic_model(cfg, layers=None, experts=experts, seed=0, device=dev,
                                dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32, int4=True)
-    from workbench.config import load_config
 
     cfg = load_config("kimi-k2.6")
     if experts is None:
@@ -58,8 +69,6 @@ def build(tiny: bool, layers: int, experts: int | None, rows: int, kv_slots: int
 
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     """``n`` seeded prompts of ``length`` tokens, each ending in a different token (so the rows differ)."""
-    from workbench.sweep.engine import prompts_for
-
     out = prompts_for(length, n, vocab, seed=7)
     for i, p in enumerate(out):
         p[-1] = (7 * i + 3) % vocab
@@ -70,8 +79,6 @@ def engine_step(engine, C: int, prompt: int, config: DecodeConfig, drafter, step
                 max_new: int) -> dict[str, Any]:
     """The engine's own step at C rows over a ``prompt``-token synthetic prefix: median wall ms, tokens per step
     (all rows) and per row, and each row's tokens (the first is the prompt's last token)."""
-    from workbench.bench.engine import time_session
-
     raw = time_session(engine, C, prompt, config, drafter, max_new, warmup, steps, 0, run_out=drafter is None)
     wall = statistics.median(raw["wall_ms"])
     per_step = statistics.fmean(sum(a) for a in raw["accepted"])
@@ -106,14 +113,6 @@ class Server:
     """The app over ``batch`` on a free loopback port, uvicorn in a thread of this process."""
 
     def __init__(self, batch, name: str, codec=None):
-        import socket
-
-        import uvicorn
-
-        from workbench.serve.app import create_app
-        from workbench.serve.scheduler import Scheduler
-        from workbench.serve.tokenizer import TextCodec
-
         self.scheduler = Scheduler(batch)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -138,10 +137,6 @@ class Server:
 
 def client_round(url: str, name: str, batch_prompts: list[list[int]], max_tokens: int, timeout: float):
     """Send every prompt at once (streamed) and return the measuring client's results."""
-    import httpx
-
-    from workbench.serve.client import measure_request
-
     async def main():
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout),
                                      limits=httpx.Limits(max_connections=len(batch_prompts) + 4)) as http:
@@ -189,12 +184,6 @@ def run(out: str | None, tiny: bool = False, layers: int = 61, experts: int | No
         budget: int = 32, prefill_chunk: int | None = 1024, steps: int = 20, warmup: int = 3, repeats: int = 3,
         hol_context: int = 8192, hol_running: int = 4, hol_chunks: tuple[int | None, ...] = (None, 1024),
         device: str = "auto", fuse: str = "eager", timeout: float = 300.0) -> dict[str, Any]:
-    from workbench.bench.measure import write_measurement
-    from workbench.engine import DecodeEngine, ScriptedDrafter
-    from workbench.engine.batch import Batch
-    from workbench.serve.headofline import head_of_line_sweep
-    from workbench.validation import check_int
-
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     for n, v in (("prompt", prompt), ("max_tokens", max_tokens), ("steps", steps), ("repeats", repeats),
                  ("hol_context", hol_context), ("hol_running", hol_running)):
@@ -300,7 +289,7 @@ def run(out: str | None, tiny: bool = False, layers: int = 61, experts: int | No
 
 
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 27's goals per method: the server's C = 1 median ITL against the engine's C = 1 step (relative
+    """The serving goals (:data:`GOALS`) per method: the server's C = 1 median ITL against the engine's C = 1 step (relative
     distance <= 10%), and the steady aggregate tokens/s at the largest C against the engine's C-row step (<= 15%)."""
     out = []
     for method in ("greedy", "ddtree"):
@@ -349,8 +338,6 @@ def print_table(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.validation import InvalidParameter, check_float
-
     ap = argparse.ArgumentParser(prog="python -m workbench.bench.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for serving.json (default: do not write)")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU: a dry run of the same code")

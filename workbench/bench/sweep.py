@@ -1,12 +1,12 @@
 """The context sweep as a measurement file: ``python -m workbench.bench.sweep --out DIR [--h200 | options]``.
 
 Runs :func:`workbench.sweep.run.sweep` and writes ``DIR/context_sweep.json`` (default DIR:
-``data/measurements/<gpu>/``) with provenance (:func:`workbench.bench.measure.write_measurement`, ``WORKBENCH_COMMIT``
+``data/measurements/<gpu>/``) with provenance (:func:`workbench.measure.write_measurement`, ``WORKBENCH_COMMIT``
 honoured): parameters, the run plan and its time estimate, results (contexts with each point's per-step terms,
 concurrency, layout, decomposition) and, as samples, every step's wall time (ms) and accepted length. On the CPU it
 is a dry run; its file is not H200 data.
 
-``--h200`` is issue 26's run at full depth (:data:`H200_PLAN`): the engine-step model (synthetic K2.6 shape, 61
+``--h200`` is the context diagnosis's run at full depth (:data:`H200_PLAN`): the engine-step model (synthetic K2.6 shape, 61
 layers, the most routed INT4 experts that fit), contexts 1k-128k, prefilled by the engine up to 4k (1,024 tokens per
 forward; TTFT recorded, and the two-point walls include it as the source's did) and beyond with seeded random KV rows
 (a prefill of 128k tokens through 61 layers does not fit the run's time), greedy and DDTree high /
@@ -21,11 +21,18 @@ verify attention's growth with context from the kernel's FLOPs, and the estimate
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
-# Issue 26 item 6 on one H200 (~6 minutes, see plan_seconds): which points get the full sustained run, how many
+from workbench.decode import bucket_for
+from workbench.measure import load_measurement, write_measurement
+from workbench.sweep.engine import METHODS
+from workbench.sweep.run import PARTS, decomposition, merge, sweep
+
+# The context diagnosis on one H200 (~6 minutes, see plan_seconds): which points get the full sustained run, how many
 # repetitions, how long the concurrency runs are.
 H200_PLAN: dict[str, Any] = {
     "synthetic": "kimi-k2.6", "layers": 61, "device": "cuda", "prefill": "synthetic", "real_prefill_upto": 4096,
@@ -37,7 +44,7 @@ H200_PLAN: dict[str, Any] = {
 }
 
 
-# The engine's chunked prefill on the H200 (serving.json at 7705309: TTFT 2.2 s for 4,096 tokens in 1,024-token
+# The engine's chunked prefill on the H200 (the committed serving.json: TTFT 2.2 s for 4,096 tokens in 1,024-token
 # forwards at 61 layers): an estimate's constant, not a result.
 PREFILL_MS_PER_TOKEN = 0.55
 
@@ -48,7 +55,6 @@ def _step_ms(method: str, context: int, C: int, engine_step: dict[str, Any] | No
     layer at 400 TFLOP/s); greedy's extra KV read over 4.3 TB/s."""
     rows = (engine_step or {}).get("results", {}).get("rows", [])
     want = "greedy" if method == "greedy" else "ddtree"
-    from workbench.engine.step import bucket_for
 
     B = bucket_for(C)
     # the sweep's engine runs the default step ops (fuse "eager"): the compiled rows are ~15% faster and under-estimate
@@ -90,13 +96,9 @@ def plan_seconds(plan: dict[str, Any], engine_step: dict[str, Any] | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.bench.measure import load_measurement, write_measurement
-    from workbench.sweep.engine import METHODS
-    from workbench.sweep.run import PARTS, sweep
-
     p = argparse.ArgumentParser(prog="python -m workbench.bench.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="output folder (default data/measurements/<gpu>)")
-    p.add_argument("--h200", action="store_true", help="issue 26's full-depth run (H200_PLAN); the options below "
+    p.add_argument("--h200", action="store_true", help="the context diagnosis's full-depth run (H200_PLAN); the options below "
                                                        "then change single values of the plan")
     p.add_argument("--synthetic", default=None, help="default tiny")
     p.add_argument("--layers", type=int, default=None)
@@ -176,8 +178,6 @@ def _samples(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _results(doc: dict[str, Any], plan: dict[str, Any] | list, est: Any) -> dict[str, Any]:
-    from workbench.sweep.run import decomposition
-
     return {"contexts": [{k: v for k, v in r.items() if k not in ("step_ms", "accepted")} for r in doc["contexts"]],
             "concurrency": doc["concurrency"], "layout": doc["layout"], "phases": doc["phases"],
             "decomposition": decomposition(doc), "plan": plan, "estimate": est}
@@ -196,12 +196,6 @@ def _merge_files(files: list[str], out: str | None) -> int:
     """context_sweep.json from part files written by ``--part ... --name ...`` (runs of one plan): their documents
     rebuilt (each context row with its step samples), merged (:func:`workbench.sweep.run.merge`), written with the
     first file's provenance fields kept as ``merged_from`` (each part's commit, date and GPU)."""
-    import json
-    from pathlib import Path
-
-    from workbench.bench.measure import write_measurement
-    from workbench.sweep.run import merge
-
     docs, prov, first_prov = [], [], None
     for f in files:
         raw = json.loads(Path(f).read_text())

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
 from workbench.ddtree.verify import D_KV, D_LATENT, _torch_verify, _visibility_torch
 
 __all__ = ["PEERS", "verify_attention_naive", "verify_attention_sdpa", "verify_attention_flex"]
@@ -27,8 +31,6 @@ def verify_attention_naive(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, pa
 
 
 def _dense_mask(parents, P: int):
-    import torch
-
     T = parents.shape[0]
     vis = _visibility_torch(parents)
     return torch.cat([torch.ones(T, P, dtype=torch.bool, device=parents.device), vis], 1)  # [T, P+T]
@@ -41,9 +43,6 @@ def verify_attention_sdpa(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, par
     heads), values = the c_kv part. Returns ``(out [T, H, 512], None)`` (SDPA
     gives no log-sum-exp).
     """
-    import torch
-    import torch.nn.functional as F
-
     T, H = q_latent.shape[:2]
     P = prefix_slots.shape[0]
     keys = torch.cat([kv_cache.index_select(0, prefix_slots.long()), tail_kv], 0)
@@ -65,9 +64,6 @@ def verify_attention_flex(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, par
     are outside what its kernels accept in some torch versions) propagate as the
     original exception; the benchmark records them as unsupported.
     """
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
     if "fn" not in _FLEX_CACHE:
         _FLEX_CACHE["fn"] = torch.compile(flex_attention, dynamic=False)
     T, H = q_latent.shape[:2]

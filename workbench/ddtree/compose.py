@@ -24,10 +24,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from workbench.ddtree.reference import topk_logprobs, tree_size
+from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batched, build_trees, commit_scattered,
+                                       tree_visibility)
 from workbench.ddtree.verify import verify_attention_batched
-from workbench.ddtree.tree_gpu import (GpuAccepted, GpuTrees, accept_greedy_batched,
-                                       build_trees, commit_scattered, tree_visibility)
 
 __all__ = ["ToyProblem", "RoundResult", "make_toy_problem", "verify_attention_torch",
            "ddtree_round", "check_no_host_sync", "capture_round"]
@@ -82,8 +84,6 @@ def make_toy_problem(batch: int = 4, L: int = 7, budget: int = 16, prefix: int =
     """Random inputs for a round: ``batch`` requests of ``prefix`` cached tokens
     each (scattered slots in a shared paged cache), drafts over ``L``
     positions with ``K = min(budget, vocab)``."""
-    import torch
-
     if batch < 1 or L < 1 or budget < 1 or prefix < 0 or heads < 1 or vocab < 2:
         raise ValueError(f"need batch, L, budget, heads >= 1, prefix >= 0, vocab >= 2; got "
                          f"batch={batch}, L={L}, budget={budget}, prefix={prefix}, "
@@ -130,8 +130,6 @@ def verify_attention_torch(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, vi
     the tail rows its visibility row allows. Returns ``out`` float32
     ``[B, T, H, 512]`` and ``lse`` float32 ``[B, T, H]``. No host sync.
     """
-    import torch
-
     B, T, H, _ = q_latent.shape
     q = torch.cat([q_latent, q_rope], dim=-1).float()                  # [B, T, H, 576]
     keys = torch.cat([kv_cache[prefix_slots], tail_kv], dim=1).float()  # [B, P+T, 576]
@@ -152,8 +150,6 @@ def ddtree_round(prob: ToyProblem, verify: str = "auto") -> RoundResult:
     Runs on torch's current stream; on CUDA tensors nothing synchronises with
     the host. ``verify``: "auto", "torch" or "kernel" (see the module doc).
     """
-    import torch
-
     if verify not in ("auto", "torch", "kernel"):
         raise ValueError(f"verify must be 'auto', 'torch' or 'kernel', got {verify!r}")
     on_gpu = prob.drafter_logits.is_cuda
@@ -190,8 +186,6 @@ def check_no_host_sync(prob: ToyProblem, verify: str = "auto") -> RoundResult:
     """Run :func:`ddtree_round` with ``torch.cuda.set_sync_debug_mode("error")``:
     any host synchronisation raises. Needs CUDA tensors; kernels must be
     compiled already (compiling is host work), so call the round once first."""
-    import torch
-
     if not prob.drafter_logits.is_cuda:
         raise ValueError("check_no_host_sync needs a problem on a CUDA device")
     prev = torch.cuda.get_sync_debug_mode()
@@ -208,8 +202,6 @@ def capture_round(prob: ToyProblem, verify: str = "auto", warmup: int = 2):
     fixed batch). Returns ``(graph, result)``: ``graph.replay()`` recomputes
     ``result``'s tensors in place from the current contents of ``prob``'s
     tensors."""
-    import torch
-
     if not prob.drafter_logits.is_cuda:
         raise ValueError("capture_round needs a problem on a CUDA device")
     s = torch.cuda.Stream()

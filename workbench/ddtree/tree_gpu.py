@@ -25,9 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
-from workbench.decode import MAX_BUDGET, MAX_L
 from workbench.ddtree import reference as ref
+from workbench.decode import MAX_BUDGET, MAX_L
+from workbench.dispatch import dispatch_for_device
+from workbench.kernels import cuda_errors, get_kernel, launch, require_gpu
 from workbench.validation import check_array_values, check_choice
 
 __all__ = ["MAX_BUDGET", "MAX_L", "BUILD_METHODS", "SMALL_MAX_NODES", "TREE_BUILD_RULES", "GpuTrees",
@@ -42,8 +45,6 @@ _SMEM_OPTIN = 227 * 1024  # sm_90 dynamic shared memory per block after opt-in
 
 
 def _torch():
-    import torch
-
     return torch
 
 
@@ -110,10 +111,6 @@ def build_smem_bytes(L: int, K: int, n: int, method: str = "heap") -> int:
 def dispatched_build_method(n_nonroot: int, device: Any = None) -> str:
     """The builder ``method="auto"`` runs for trees of ``n_nonroot`` non-root nodes on ``device``
     (a CUDA device; None: the current one): the ``tree_build`` rule of the GPU's dispatch table."""
-    import torch
-
-    from workbench.dispatch import dispatch_for_device
-
     rule = dispatch_for_device(device if device is not None else torch.cuda.current_device()).tree_build
     if rule not in TREE_BUILD_RULES:
         raise ValueError(f"dispatch tree_build={rule!r} is not a known rule; known: {sorted(TREE_BUILD_RULES)}")
@@ -126,25 +123,21 @@ def _kernel(name: str, opt_in: bool = False):
     """The ``ddtree_tree`` family's kernel ``name``, built once per process; ``opt_in``: dynamic
     shared memory allowed up to the opt-in limit (launches above 48 KB). Raises ``RuntimeError``
     naming the kernel when it does not build."""
-    from workbench.kernels import get_kernel
-
     try:
         k = get_kernel(_FAMILY, name)
         if opt_in:
             k.max_dynamic_shared_size_bytes = _SMEM_OPTIN
-    except Exception as e:
+    except cuda_errors() as e:
         raise RuntimeError(f"kernel {name} ({_FAMILY}.cu) failed to build: {type(e).__name__}: {e}") from e
     return k
 
 
 def _launch(name: str, grid, block, args, shared_mem: int = 0) -> None:
     """Launch kernel ``name`` on torch's current stream; a failed launch raises naming the kernel."""
-    from workbench.kernels import launch
-
     k = _kernel(name, shared_mem > 48 * 1024)
     try:
         launch(k, grid, block, args, shared_mem=shared_mem)
-    except Exception as e:
+    except cuda_errors() as e:
         raise RuntimeError(f"kernel {name} ({_FAMILY}.cu) failed to launch: {type(e).__name__}: {e}") from e
 
 
@@ -233,7 +226,6 @@ def build_trees(logprobs, token_ids, budget: int, root_tokens: Any = -1,
         raise ValueError(f"build_trees on the GPU supports budget <= {MAX_BUDGET}, got {budget}")
     if L > MAX_L:
         raise ValueError(f"build_trees on the GPU supports L <= {MAX_L}, got {L}")
-    from workbench.kernels import require_gpu
 
     require_gpu("build_trees")
     K = min(budget, Kin)

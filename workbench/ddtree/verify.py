@@ -37,6 +37,11 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
+import torch
+
+from workbench.config import load_config
+from workbench.dispatch import dispatch_for_device
+from workbench.kernels import cuda_errors, get_kernel, launch, require_gpu
 
 D_LATENT = 512  # kv_lora_rank: c_kv width and output width
 D_ROPE = 64     # qk_rope_head_dim
@@ -135,8 +140,6 @@ def verify_attention_reference(q_latent, q_rope, kv_cache, prefix_slots, tail_kv
     log-sum-exp of the scaled scores: NumPy arrays for NumPy input, torch tensors
     for torch input.
     """
-    import torch
-
     numpy_in = not torch.is_tensor(q_latent)
     T_, H_ = _check_shapes(q_latent, q_rope, kv_cache, tail_kv, parents, scale, batched=False)[1:]
 
@@ -182,8 +185,6 @@ def verify_attention_reference(q_latent, q_rope, kv_cache, prefix_slots, tail_kv
 
 def _visibility_torch(parents):
     """bool [T, T] ancestor closure by boolean matrix squaring (no host sync)."""
-    import torch
-
     T = parents.shape[-1]
     dev = parents.device
     p = parents.long()
@@ -197,8 +198,6 @@ def _visibility_torch(parents):
 
 def _torch_verify(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, scale, compute_dtype=None):
     """Naive torch verify for one request; matmuls in ``compute_dtype`` (default: input dtype)."""
-    import torch
-
     dt = compute_dtype or q_latent.dtype
     T, H = q_latent.shape[:2]
     P = prefix_slots.shape[0]
@@ -216,8 +215,6 @@ def _torch_verify(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents, sc
 # ----------------------------------------------------------------------------- the kernel
 
 def _num_sms(device) -> int:
-    import torch
-
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -244,13 +241,11 @@ def _kernel(name: str, smem: int, target: str | None = None):
     """Cached ``RawKernel`` ``name`` of the ddtree_verify family (``target``: see
     :func:`workbench.kernels.load_module`), dynamic shared memory limit raised once. Raises
     ``RuntimeError`` naming the kernel when it does not build or load."""
-    from workbench.kernels import get_kernel
-
     try:
         k = get_kernel("ddtree_verify", name, (), target)
         if smem > 48 * 1024:
             k.max_dynamic_shared_size_bytes = smem
-    except Exception as e:
+    except cuda_errors() as e:
         where = f" for {target}" if target else ""
         raise RuntimeError(f"kernel {name} (ddtree_verify.cu{where}) failed to build: {type(e).__name__}: "
                            f"{str(e).strip()[:500]}") from e
@@ -259,12 +254,10 @@ def _kernel(name: str, smem: int, target: str | None = None):
 
 def _launch(name: str, smem: int, grid, block, args, target: str | None = None) -> None:
     """Launch kernel ``name`` on torch's current stream; a failure raises naming the kernel."""
-    from workbench.kernels import launch
-
     k = _kernel(name, smem, target)
     try:
         launch(k, grid, block, args, shared_mem=smem)
-    except Exception as e:
+    except cuda_errors() as e:
         raise RuntimeError(f"kernel {name} (ddtree_verify.cu) failed to launch: {type(e).__name__}: {e}") from e
 
 
@@ -272,10 +265,6 @@ def dispatched_impl(dtype: Any, device: Any = None) -> str:
     """What ``impl="auto"`` runs for inputs of ``dtype`` (a torch dtype or its name) on the CUDA
     ``device`` (None: the current one): the GPU's dispatch table, ``verify_bf16`` (``"wgmma"`` on the
     H200, ``"mma"`` in the generic table) or ``verify_fp32`` (``"simple"``)."""
-    import torch
-
-    from workbench.dispatch import dispatch_for_device
-
     impl = dispatch_for_device(device if device is not None else torch.cuda.current_device()).verify_impl(dtype)
     if impl not in IMPLS[1:]:
         raise ValueError(f"dispatch verify impl {impl!r} is not a verify kernel; known: {IMPLS[1:]}")
@@ -284,8 +273,6 @@ def dispatched_impl(dtype: Any, device: Any = None) -> str:
 
 def _check_values(kv_rows: int, prefix_slots, prefix_offsets, parents) -> None:
     """Value checks that need one host sync (skipped with check=False)."""
-    import torch
-
     T = parents.shape[-1]
     idx = torch.arange(T, device=parents.device)
     bad_par = ((parents >= idx) | (parents < -1)).any()
@@ -335,8 +322,6 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
     thread block. ``out``/``lse`` may be given preallocated.
     Returns ``(out [B, T, H, 512] in the input dtype, lse [B, T, H] float32)``.
     """
-    import torch
-
     if prefix_offsets is None:
         if _single_prefix is None or not torch.is_tensor(prefix_slots) or not torch.is_tensor(q_latent):
             raise ValueError("prefix_offsets must be a [B + 1] integer tensor")
@@ -397,7 +382,6 @@ def verify_attention_batched(q_latent, q_rope, kv_cache, prefix_slots, prefix_of
 
     if dev.type != "cuda":
         raise ValueError(f"tensors must be on a CUDA device or the CPU, got {dev}")
-    from workbench.kernels import require_gpu
 
     require_gpu("verify_attention")
     if kv_cache.stride(1) != 1 or (kv_cache.stride(0) * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:
@@ -478,8 +462,6 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
 
     Returns ``(out [T, H, 512] in the input dtype, lse [T, H] float32)``.
     """
-    import torch
-
     if not torch.is_tensor(q_latent):
         raise TypeError("verify_attention takes torch tensors (use verify_attention_reference for NumPy)")
     _check_shapes(q_latent, q_rope, kv_cache, tail_kv, parents, scale, batched=False)
@@ -498,8 +480,6 @@ def verify_attention(q_latent, q_rope, kv_cache, prefix_slots, tail_kv, parents,
 
 def default_scale() -> float:
     """Kimi K2.6 softmax scale (mscale^2 / sqrt(192))."""
-    from workbench.config import load_config
-
     return load_config("kimi-k2.6").softmax_scale
 
 
@@ -513,8 +493,6 @@ def random_verify_inputs(nodes: int, heads: int, prefix: int | Sequence[int], dt
     Returns a dict of the keyword arguments of :func:`verify_attention` (or
     ``_batched``, with ``prefix_offsets``, when ``prefix`` is a list).
     """
-    import torch
-
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     dev = torch.device(device)
     batched = not isinstance(prefix, (int, np.integer))

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import shutil
+import subprocess
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
+import torch
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
@@ -41,9 +48,21 @@ def gpu_available() -> bool:
         if not torch.cuda.is_available():
             return False
         import cupy  # noqa: F401
-    except Exception:
+    except ImportError:   # CuPy (optional) not installed, or its CUDA libraries missing
         return False
     return True
+
+
+@functools.cache
+def cuda_errors() -> tuple[type[Exception], ...]:
+    """What building, loading or launching a kernel raises: RuntimeError (torch's CUDA errors, CuPy's CUDA driver,
+    runtime and NVRTC errors, a failed nvcc, :class:`KernelUnavailable`), OSError (a compiler or cubin that cannot
+    be run or read) and, where CuPy imports, its NVRTC ``CompileException`` (a plain Exception)."""
+    try:
+        from cupy.cuda.compiler import CompileException
+    except ImportError:
+        return (RuntimeError, OSError)
+    return (RuntimeError, OSError, CompileException)
 
 
 def require_gpu(what: str) -> None:
@@ -101,9 +120,6 @@ def load_module(family: str, options: tuple[str, ...] = (), target: str | None =
     if target is not None:
         if target not in NVCC_TARGETS:
             raise ValueError(f"target must be None or one of {sorted(NVCC_TARGETS)}, got {target!r}")
-        import shutil
-
-        import torch
 
         cap, gencode = NVCC_TARGETS[target]
         have = tuple(torch.cuda.get_device_capability())
@@ -116,16 +132,12 @@ def load_module(family: str, options: tuple[str, ...] = (), target: str | None =
         mod = cp.RawModule(code=path.read_text(), options=("--std=c++17", f"-I{KERNEL_DIR}", *options))
         mod.compile()
         return mod
-    except Exception as nvrtc_err:  # noqa: BLE001 - fall back to nvcc when NVRTC cannot build it
+    except cuda_errors() as nvrtc_err:  # the same source built by nvcc when NVRTC cannot build it
         return _nvcc_module(family, path, options, nvrtc_err)
 
 
 def _nvcc_cubin(family: str, path: Path, options: tuple[str, ...], arch_flag: str) -> Path:
     """Build ``path`` into a cubin with nvcc (``arch_flag``: ``-arch=...`` or ``-gencode=...``)."""
-    import shutil
-    import subprocess
-    import tempfile
-
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise KernelUnavailable("nvcc is not on the PATH")
@@ -138,11 +150,7 @@ def _nvcc_cubin(family: str, path: Path, options: tuple[str, ...], arch_flag: st
 
 
 def _nvcc_module(family: str, path: Path, options: tuple[str, ...], nvrtc_err: Exception) -> Any:
-    import shutil
-    import warnings
-
     import cupy as cp
-    import torch
 
     if shutil.which("nvcc") is None:
         raise nvrtc_err
@@ -174,7 +182,6 @@ _STREAMS: dict[tuple[int, int], Any] = {}
 def torch_stream() -> Any:
     """torch's current CUDA stream as a CuPy stream (cached per stream and device)."""
     import cupy as cp
-    import torch
 
     s = torch.cuda.current_stream()
     key = (s.cuda_stream, s.device.index)
@@ -208,9 +215,6 @@ def launch(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
 def _kernel_args(args: Sequence[Any]) -> list[Any]:
     """:func:`launch`'s argument conversion: torch CUDA tensors -> uint64 device pointers, Python ints and bools ->
     int32, floats -> float32, numpy scalars as they are."""
-    import numpy as np
-    import torch
-
     conv = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -235,9 +239,6 @@ def launch_dependent(kernel: Any, grid: int, block: int, args: Sequence[Any]) ->
     execute ``griddepcontrol.wait`` before it reads what that kernel writes (the kernel before it lets it start
     early with ``griddepcontrol.launch_dependents``). Through the driver's ``cuLaunchKernelEx`` (CuPy has no launch
     attributes); works under CUDA-graph capture. ``args`` as :func:`launch`'s."""
-    import numpy as np
-    import torch
-
     if not (isinstance(grid, int) and isinstance(block, int)) or grid < 1 or block < 1:
         raise ValueError(f"launch_dependent takes a positive int grid and block, got {grid!r}, {block!r}")
     cu = libcuda()

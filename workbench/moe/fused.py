@@ -27,7 +27,7 @@ import torch
 
 from workbench.dispatch import MOE_SMALL_MAX_PAIRS as SMALL_MAX_PAIRS
 from workbench.dispatch import Dispatch, dispatch_for_device
-from workbench.kernels import KernelUnavailable, gpu_available, launch, launch_dependent, load_module
+from workbench.kernels import KernelUnavailable, cuda_errors, gpu_available, launch, launch_dependent, load_module
 from workbench.moe.packing import LAYOUTS, Int4Experts, default_layout
 from workbench.moe.reference import check_ids_range, check_moe_inputs, moe_reference
 
@@ -211,7 +211,7 @@ def fused_moe_int4(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
             _run_four_launch(plan, hidden, ids, wts, m, k, experts, out)
     except (ValueError, KernelUnavailable):
         raise
-    except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
+    except cuda_errors() as e:  # re-raised with the kernel's name
         raise MoEKernelError(f"MoE kernel {plan['kernel']} ({', '.join(plan['launches'])}) failed: {e}") from e
     return out
 

@@ -37,6 +37,7 @@ from typing import Mapping
 
 import torch
 
+from workbench.dispatch import dispatch_for_device
 from workbench.int4 import PACK, dequantize_int4, quantize_int4
 
 GROUP_SIZE = 32
@@ -53,8 +54,6 @@ def default_layout(device: torch.device | str, hidden: int, intermediate: int, d
     if device.type != "cuda" or hidden % 512 or intermediate % 512:
         return "packed"
     if dispatch is None:
-        from workbench.dispatch import dispatch_for_device
-
         dispatch = dispatch_for_device(device)
     return "fragments" if dispatch.moe_small else "packed"
 

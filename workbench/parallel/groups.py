@@ -29,12 +29,16 @@ the recorded list alone to measure the all-reduce time of a step.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import sys
 from types import MappingProxyType
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from workbench.validation import check_choice, check_int
 
 ENV = MappingProxyType({
     "NCCL_NVLS_ENABLE": "0",                  # NCCL: no NVLink SHARP / multicast all-reduce
@@ -108,8 +112,6 @@ class TPGroup:
     trace: list | None = None
 
     def __post_init__(self):
-        from workbench.validation import check_int
-
         check_int("tp", self.size, lo=1)
         check_int("rank", self.rank, lo=0, hi=self.size - 1)
         self.device = torch.device(self.device)
@@ -138,8 +140,6 @@ class TPGroup:
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over the ranks in place (any shape, the model dtype); returns ``t``."""
         if self._check("all_reduce", t):
-            import torch.distributed as dist
-
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return t
 
@@ -150,8 +150,6 @@ class TPGroup:
             return shard.argmax(-1)
         key = pack_argmax(shard, offset, vocab)
         if self._check("all_reduce_max", key):
-            import torch.distributed as dist
-
             dist.all_reduce(key, op=dist.ReduceOp.MAX, group=self.group)
         return unpack_argmax(key, vocab)[0]
 
@@ -159,7 +157,6 @@ class TPGroup:
         """The ranks' shards [..., n] concatenated in rank order along the last dimension -> [..., size x n]."""
         if not self._check("all_gather", shard):
             return shard
-        import torch.distributed as dist
 
         flat = shard.reshape(1, -1).contiguous()
         out = flat.new_empty((self.size, flat.shape[1]))   # the concatenation form (gloo takes no other)
@@ -172,7 +169,6 @@ class TPGroup:
         if self.size == 1:
             return [obj]
         self._check("all_gather_object", torch.empty(0))
-        import torch.distributed as dist
 
         out: list[Any] = [None] * self.size
         dist.all_gather_object(out, obj, group=self.group)
@@ -180,8 +176,6 @@ class TPGroup:
 
     def barrier(self) -> None:
         if self.size > 1 and self.group is not None:
-            import torch.distributed as dist
-
             dist.barrier(group=self.group)
 
 
@@ -190,11 +184,6 @@ def init_from_env(backend: str = "auto", timeout_s: float = 300.0) -> TPGroup:
     :class:`TPGroup`. ``backend``: ``"nccl"`` (CUDA; device ``cuda:LOCAL_RANK``), ``"gloo"`` (CPU) or
     ``"auto"`` (NCCL when CUDA is available). :data:`ENV` is applied first. Without ``WORLD_SIZE`` in the
     environment (not launched by torchrun) a single-rank group is returned and nothing is started."""
-    import datetime
-
-    import torch.distributed as dist
-    from workbench.validation import check_choice
-
     check_choice("backend", backend, BACKENDS)
     apply_env()
     if "WORLD_SIZE" not in os.environ:
@@ -218,8 +207,6 @@ def init_from_env(backend: str = "auto", timeout_s: float = 300.0) -> TPGroup:
 
 def shutdown() -> None:
     """Destroy the default process group if this process started one."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -16,13 +16,13 @@ import subprocess
 import sys
 from typing import Sequence
 
+from workbench import REPO_ROOT
 from workbench.parallel.groups import apply_env
+from workbench.validation import check_int, check_str
 
 
 def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> list[str]:
     """The torchrun command line (this Python, ``--standalone``: a free rendezvous port on this host)."""
-    from workbench.validation import check_int, check_str
-
     check_int("nproc", nproc, lo=1)
     check_str("module", module)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -32,8 +32,6 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> list[
 def launch_env(threads: int = 1) -> dict[str, str]:
     """This process's environment with :data:`~workbench.parallel.groups.ENV` applied, ``OMP_NUM_THREADS``
     (kept when set) and the repository on ``PYTHONPATH`` (so the ranks import this checkout's ``workbench``)."""
-    from workbench import REPO_ROOT
-
     env = dict(os.environ)
     apply_env(env)
     env.setdefault("OMP_NUM_THREADS", str(threads))

@@ -51,7 +51,9 @@ from torch import nn
 
 from workbench.config import ModelConfig
 from workbench.engine.moe import MLP, MoE, RoutedExperts
-from workbench.parallel.groups import TPGroup
+from workbench.engine.step_ops import rms
+from workbench.parallel.groups import TPGroup, unpack_argmax, value_keys
+from workbench.validation import check_divisor
 
 # (pattern on the parameter / buffer name, dimension split); first match wins; no match: replicated
 _RULES = (
@@ -90,8 +92,6 @@ def check_tp_config(config: ModelConfig, tp: object, name: str = "tp") -> int:
     the vocabulary, the dense intermediate size (when a layer is dense), the shared experts' intermediate size
     and the routed experts (when there are any). Raises :class:`workbench.validation.InvalidParameter` naming
     each of them and the values allowed."""
-    from workbench.validation import check_divisor
-
     c = config
     parts = [(c.num_attention_heads, f"the {c.num_attention_heads} attention heads"),
              (c.vocab_size, f"the vocabulary of {c.vocab_size:,}")]
@@ -179,8 +179,6 @@ class VocabShardedLogits:
 
     def topk(self, k: int, dim: int = -1):
         """The full rows' k largest logits: a ``(values, indices)`` named tuple, float32 / int64 [..., k]."""
-        from workbench.parallel.groups import unpack_argmax, value_keys
-
         self._last(dim)
         lead = self.shard.shape[:-1]
         rows = self.shard.reshape(-1, self.shard.shape[-1])
@@ -287,8 +285,6 @@ def _attn_partial(o_lat, w_uv, o_w):
 
 def _add_rms(h, p, post_w, post_eps: float):
     """(h + p, its RMSNorm): ``step_ops.attn_out`` after the o_proj."""
-    from workbench.engine.step_ops import rms
-
     h = h + p
     return h, rms(h, post_w, post_eps)
 

@@ -34,12 +34,15 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from workbench.config import ModelConfig
+from workbench.config import Int4Quant, ModelConfig, load_config
+from workbench.engine.loader import _is_router
 from workbench.engine.model import DecoderLayer, DeepseekV3, MLAttention
+from workbench.engine.step_ops import step_ops
+from workbench.engine.synthetic import _zero_mean_nibbles
 from workbench.parallel.groups import TPGroup
 from workbench.parallel.layers import (ExpertParallelMoE, RowParallelLinear, RowParallelMLP, VocabParallelHead,
-                                       VocabShardedLogits, check_tp_config, shard_dim, shard_tensor,
-                                       tp_step_ops)
+                                       VocabShardedLogits, check_tp_config, shard_dim, shard_tensor, tp_step_ops)
+from workbench.validation import InvalidParameter, check_int
 
 
 class TensorParallelDecoderLayer(DecoderLayer):
@@ -88,8 +91,6 @@ class TensorParallelDeepseekV3(DeepseekV3):
         """:meth:`DeepseekV3.forward_step` with ``ops`` split around the all-reduces
         (:func:`~workbench.parallel.layers.tp_step_ops`); returns (:class:`VocabShardedLogits`, captured
         hidden states [N, D] (replicated))."""
-        from workbench.engine.step_ops import step_ops
-
         return super().forward_step(tokens, cos, sin, tail_slots, pool, attention,
                                     tp_step_ops(ops or step_ops("eager"), self.group), capture_layers)
 
@@ -102,8 +103,6 @@ def build_empty_tp(config: ModelConfig, group: TPGroup, dtype: torch.dtype, devi
                    ) -> TensorParallelDeepseekV3:
     """A :class:`TensorParallelDeepseekV3` with uninitialised storage on ``device`` (router float32, as
     :func:`workbench.engine.loader.build_empty`)."""
-    from workbench.engine.loader import _is_router
-
     model = TensorParallelDeepseekV3(config, group, dtype=dtype, int4_experts=int4_experts)
     for name, p in model.named_parameters():
         if p.is_floating_point() and not _is_router(name):
@@ -152,8 +151,6 @@ def _generator(device: torch.device, seed: int, *key) -> torch.Generator:
 def _draw(name: str, shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator, device: torch.device,
           out_scale: float, group_size: int) -> torch.Tensor:
     """One weight of :func:`workbench.engine.synthetic_model`'s kind, drawn whole (full shape) from ``g``."""
-    from workbench.engine.synthetic import _zero_mean_nibbles
-
     if name.endswith("_packed"):
         return _zero_mean_nibbles(torch.randint(-2**31, 2**31 - 1, shape, generator=g, device=device,
                                                 dtype=torch.int32))
@@ -184,9 +181,6 @@ def synthetic_tp_model(config: ModelConfig | str, group: TPGroup, layers: int | 
     generator per weight name (and per routed expert), so that the shards of any tp put together are the
     ``TPGroup.single()`` model, and each rank draws only its own routed experts (a full K2.6 layer's are
     9.5 GB). Not the same numbers as ``synthetic_model``'s single generator."""
-    from workbench.config import Int4Quant, load_config
-    from workbench.validation import InvalidParameter, check_int
-
     base = load_config(config) if isinstance(config, str) else config
     int4 = base.expert_quant is not None if int4 is None else int4
     n = base.n_routed_experts if experts is None else check_int("experts", experts, lo=base.num_experts_per_tok)

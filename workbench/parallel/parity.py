@@ -33,6 +33,13 @@ from typing import Any
 
 import torch
 
+from workbench.decode import DecodeConfig
+from workbench.engine import (DecodeEngine, PagedKVCache, ScriptedDrafter, Segment, generate, synthetic_model,
+                              tiny_config)
+from workbench.parallel.groups import init_from_env, shutdown
+from workbench.parallel.model import shard_model
+from workbench.validation import check_choice
+
 PROMPTS = ((1, 2, 3, 4, 5), (7, 8, 9, 10, 11, 12, 13), (40, 41))
 RTOL = 1e-5   # worst |TP - full| over the largest |full| logit, float32
 
@@ -62,12 +69,6 @@ def run(int4: bool = False, new_tokens: int = 10, block: int = 6, budget: int = 
         group=None) -> dict[str, Any]:
     """The checks on this rank (module docstring); returns its numbers. ``group``: a
     :class:`~workbench.parallel.groups.TPGroup` (default: :func:`~workbench.parallel.groups.init_from_env`)."""
-    from workbench.decode import DecodeConfig
-    from workbench.engine import DecodeEngine, PagedKVCache, ScriptedDrafter, Segment, generate, synthetic_model
-    from workbench.engine import tiny_config
-    from workbench.parallel.groups import init_from_env
-    from workbench.parallel.model import shard_model
-
     t0 = time.perf_counter()
     group = group or init_from_env()
     dev = group.device
@@ -134,9 +135,6 @@ VARIANTS = ("dense", "int4")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.parallel.groups import init_from_env, shutdown
-    from workbench.validation import check_choice
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for parity.json (rank 0 writes it)")
     ap.add_argument("--experts", default="dense,int4", help="comma-separated routed-expert kinds: dense (float32) "

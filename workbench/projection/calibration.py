@@ -2,7 +2,7 @@
 the source's anchors otherwise.
 
 Measurement files (``data/measurements/h200/<name>.json``, read with
-:func:`workbench.bench.measure.load_measurement`, or given as paths):
+:func:`workbench.measure.load_measurement`, or given as paths):
 
 - ``moe_bandwidth`` -> the MoE kernel's fraction of the copy bandwidth per M
   (uniform routing) and the copy bandwidth of the same run;
@@ -25,10 +25,10 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from workbench.bench.measure import load_measurement
-from workbench.projection.model import (
-    GpuSpec, Range, default_model, load_anchors, load_assumptions, load_gpu, moe_layer_bytes,
-)
+from workbench.measure import load_measurement
+from workbench.moe.dispatched import SMALL_COMPARE, small_path_rows
+from workbench.projection.model import (GpuSpec, Range, default_model, load_anchors, load_assumptions, load_gpu,
+                                        moe_layer_bytes)
 
 MEASUREMENT_NAMES = ("moe_bandwidth", "ddtree_kernels", "ddtree_verify", "engine_step")
 
@@ -427,8 +427,6 @@ def moe_points_dispatched(points: list[tuple[float, float]], small: Mapping[str,
     """``points`` with the M values of a small-M comparison (``bench --small-compare``) replaced by the
     fraction of copy of the path ``fused_moe_int4`` dispatches today at that M (uniform routing), the
     path the engine runs; that comparison's rows are timed against its own run's copy bandwidth."""
-    from workbench.reports.moe_plots import small_path_rows
-
     merged = dict(points)
     for r in small_path_rows(dict(small)):
         if r["routing"] == "uniform" and r["dispatched % copy"] is not None:
@@ -458,8 +456,6 @@ def load_calibration(files: Iterable[str | Path | Mapping[str, Any]] | None = No
                 if doc is not None:
                     docs[n] = (doc, f"data/measurements/{gpu}/{n}.json")
         if "moe_small" not in docs and docs.get("moe_bandwidth", ("", ""))[1].startswith("data/measurements/"):
-            from workbench.reports.moe_plots import SMALL_COMPARE
-
             doc = load_measurement(SMALL_COMPARE, gpu)
             if doc is not None:
                 docs["moe_small"] = (doc, f"data/measurements/{gpu}/{SMALL_COMPARE}.json")

@@ -10,8 +10,11 @@ from typing import Any, Iterable, Sequence
 import plotly.graph_objects as go
 
 from workbench.projection.calibration import Calibration, load_calibration
-from workbench.projection.model import TERM_NAMES, TERMS, load_gpu
+from workbench.projection.model import TERMS, TERM_NAMES, load_gpu
 from workbench.projection.project import Projection, project
+from workbench.projection.scenarios import (engine_step_comparison, overhead_comparison, plateau_check,
+                                            pro6000_cross_check, scenario_rows, source_moe_percent,
+                                            source_step_arithmetic, structural_whatifs)
 
 TERM_COLORS = {"moe": "#1f77b4", "dense": "#aec7e8", "attention": "#2ca02c", "allreduce": "#ff7f0e",
                "draft": "#9467bd", "tree_build": "#8c564b", "overhead": "#d62728"}
@@ -137,8 +140,6 @@ def accept_sweep_figure(gpus: Iterable[str] = DEFAULT_GPUS, block: int = 16, bud
 
 def scenario_table(results: Sequence[Any], title: str = "The source's B300 scenarios beside this model") -> go.Figure:
     """Table of :func:`workbench.projection.scenarios.source_scenarios` results, reasons included."""
-    from workbench.projection.scenarios import scenario_rows
-
     rows = scenario_rows(list(results))
     # the reasons wrap: about 70 characters per line in their column at the default width
     height = 140 + sum(22 * (len(r["why they differ"]) // 70 + 1) for r in rows)
@@ -147,8 +148,6 @@ def scenario_table(results: Sequence[Any], title: str = "The source's B300 scena
 
 def source_arithmetic_table() -> go.Figure:
     """The source's own arithmetic and its MoE percentages, recomputed from its anchors."""
-    from workbench.projection.scenarios import plateau_check, source_moe_percent, source_step_arithmetic
-
     a = source_step_arithmetic()
     rows = [{"quantity": "B300 step at the anchor (accepted / tok/s)", "value": f"{a['anchor_step_ms']:.2f} ms"},
             {"quantity": "MoE at M=9 on B300 (PRO 6000 anchor / bandwidth ratio)", "value": f"{a['moe_m9_ms']:.2f} ms"},
@@ -162,7 +161,6 @@ def source_arithmetic_table() -> go.Figure:
         rows.append({"quantity": f"M={r['m']} on {r['gpu']}: byte time vs flop time per layer",
                      "value": f"{r['byte_ms']:.2f} ms vs {r['flop_ms']:.2f} ms "
                               f"({'bandwidth' if r['byte_ms'] > r['flop_ms'] else 'compute'}-bound)"})
-    from workbench.projection.scenarios import pro6000_cross_check
 
     x = pro6000_cross_check()
     rows.append({"quantity": f"cross-check: 8x RTX PRO 6000 at block 8, budget 8, accepted {x['accept']:g} "
@@ -177,8 +175,6 @@ def source_arithmetic_table() -> go.Figure:
 def engine_step_table(calib: Calibration) -> go.Figure:
     """The committed H200 engine_step measurement beside the model's device terms for the same slice
     (:func:`workbench.projection.scenarios.engine_step_comparison`); not fitted."""
-    from workbench.projection.scenarios import engine_step_comparison
-
     rows = engine_step_comparison(calib)
     if rows is None:
         return table_figure([{"engine_step": "data/measurements/h200/engine_step.json is not committed yet"}],
@@ -192,8 +188,6 @@ def engine_step_table(calib: Calibration) -> go.Figure:
 
 def structural_table(calibration: Calibration | None = None, **kw: Any) -> go.Figure:
     """:func:`workbench.projection.scenarios.structural_whatifs` as a table."""
-    from workbench.projection.scenarios import structural_whatifs
-
     rows = structural_whatifs(calibration or load_calibration(use_measurements=False), **kw)
     return table_figure(rows, "Structural unknowns (not in the ranges): one change per row",
                         column_widths=[3, 1.2, 1, 1.2, 5], height=140 + 70 * len(rows))
@@ -202,8 +196,6 @@ def structural_table(calibration: Calibration | None = None, **kw: Any) -> go.Fi
 def overhead_table(calib: Calibration, **kw: Any) -> go.Figure:
     """The overhead measured from the H200 engine step beside the source's ~12.5 ms
     (:func:`workbench.projection.scenarios.overhead_comparison`)."""
-    from workbench.projection.scenarios import overhead_comparison
-
     rows = overhead_comparison(calib, **kw)
     return table_figure(rows, "Host overhead: the source's ~12.5 ms, the anchor calibration and the measured engine step",
                         column_widths=[2.2, 2.4, 1.3, 4, 2.6], height=160 + 75 * len(rows))

@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from workbench.projection import overhead as mo
 from workbench.projection.calibration import Calibration, load_calibration
-from workbench.projection.model import (
-    default_model, load_anchors, load_gpu, moe_layer_bytes, expected_distinct_experts,
-    expert_payload_bytes,
-)
-from workbench.projection.project import Projection, project
+from workbench.projection.model import (attention_layer_costs, default_model, expected_distinct_experts,
+                                        expert_payload_bytes, load_anchors, load_gpu, moe_layer_bytes, moe_layer_flops)
+from workbench.projection.project import Projection, param_ranges, project
 
 TOLERANCE = 0.15
 
@@ -84,8 +83,6 @@ def plateau_check(m: int | None = None) -> list[dict[str, float]]:
     """The source's '~7 ms -> ~1.5 ms at the compute-bound plateau (M >= 256)': bytes and flops of one
     whole MoE layer at that M, and their times on the PRO 6000 and the B300 (datasheet x central
     fractions; the PRO 6000 MoE fraction from its M=32 anchor)."""
-    from workbench.projection.model import moe_layer_flops
-    from workbench.projection.calibration import Calibration
     a = load_anchors()["anchors"]
     m = m or a["moe_plateau_ms_per_layer"]["m"]
     cfg = default_model()
@@ -309,9 +306,6 @@ def engine_step_comparison(calibration: Calibration | None = None) -> list[dict[
     Rows: part, measured ms, model ms, measured - model. The difference is what the engine spends
     beyond the model's device terms: launches, host work and syncs of the eager torch engine.
     """
-    from workbench.projection.model import attention_layer_costs
-    from workbench.projection.project import param_ranges
-
     calib = calibration or load_calibration(use_measurements=True)
     doc = calib.engine_step
     if doc is None:
@@ -363,8 +357,6 @@ def overhead_comparison(calibration: Calibration | None = None, *, gpu: str = "b
     floor, split into host gaps and kernels below their floors); the measured term moved to ``gpu``
     at the anchor's setting (comparable with the source's figure) and at ``block`` / ``budget``.
     Every number is read from data/anchors/source_b300.json, engine_step.json and the model."""
-    from workbench.projection import overhead as mo
-
     calib = calibration or load_calibration(use_measurements=True)
     steps = mo.from_calibration(calib)
     a = load_anchors()["anchors"]

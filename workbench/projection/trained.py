@@ -1,7 +1,7 @@
-"""The trained drafter's measured acceptance as an input, beside the scripted knob (issue 28 item 6).
+"""The trained drafter's measured acceptance as an input, beside the scripted knob (the projection's and the sweep's ``trained:<type>``).
 
 Wherever an acceptance is given - an accepted length in the projection (``accept``), a method of the
-context sweep (``methods``) - ``"trained:<type>"`` means "the DFlash-style drafter trained for issue 28,
+context sweep (``methods``) - ``"trained:<type>"`` means "the DFlash-style drafter of :mod:`workbench.acceptance`,
 on held-out text of type ``<type>``" (:func:`trained_choices`: ``trained:prose``, ``trained:code``,
 ``trained:math``). It resolves through :func:`workbench.acceptance.measure.acceptance_for` at the
 caller's block and budget, from the H200 measurement ``data/measurements/h200/acceptance.json`` (or a
@@ -19,8 +19,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench import REPO_ROOT
-from workbench.validation import InvalidParameter, check_choice
+from workbench import MEASUREMENTS_DIR, REPO_ROOT
+from workbench.acceptance.measure import ACCEPTANCE_FILE, acceptance_for
+from workbench.acceptance.textdata import TEXT_TYPES
+from workbench.validation import InvalidParameter, check_choice, check_float
 
 PREFIX = "trained:"
 ACCEPTANCE_GPU = "h200"   # where the acceptance was measured (a drafter's acceptance does not depend on the GPU)
@@ -28,8 +30,6 @@ ACCEPTANCE_GPU = "h200"   # where the acceptance was measured (a drafter's accep
 
 def trained_choices() -> tuple[str, ...]:
     """The allowed spellings, one per text type of :data:`workbench.acceptance.textdata.TEXT_TYPES`."""
-    from workbench.acceptance.textdata import TEXT_TYPES
-
     return tuple(PREFIX + t for t in TEXT_TYPES)
 
 
@@ -78,9 +78,6 @@ class TrainedAcceptance:
 
 def default_file() -> Path:
     """The committed acceptance measurement: data/measurements/h200/acceptance.json."""
-    from workbench import MEASUREMENTS_DIR
-    from workbench.acceptance.measure import ACCEPTANCE_FILE
-
     return MEASUREMENTS_DIR / ACCEPTANCE_GPU / f"{ACCEPTANCE_FILE}.json"
 
 
@@ -95,8 +92,6 @@ def trained_acceptance(spec: str, block: int, budget: int, path: str | Path | No
     """``spec`` (``"trained:<type>"``, checked as parameter ``name``) resolved at ``block`` and ``budget``
     through :func:`~workbench.acceptance.measure.acceptance_for`, from the committed H200 measurement or the
     file at ``path``. Raises InvalidParameter (spelling; combination not measured) or FileNotFoundError."""
-    from workbench.acceptance.measure import acceptance_for
-
     text_type = check_trained(name, spec)
     doc, file = _load(path)
     try:
@@ -122,7 +117,6 @@ def check_accept_item(name: str, value: Any, hi: float) -> float | str:
     if is_trained(value):
         check_trained(name, value)
         return value
-    from workbench.validation import check_float
 
     return check_float(name, value, lo=1, hi=hi)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as w
 import plotly.graph_objects as go
 
 from workbench.decode import MAX_BUDGET, MAX_L
@@ -57,8 +58,6 @@ def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, ac
                         context: int = StepShape.context) -> Any:
     """Sliders (accepted length, block, budget, bandwidth, overhead) updating a stacked bar of the
     step breakdown, baseline beside what-if. Returns an ipywidgets.VBox."""
-    import ipywidgets as w
-
     calib = calibration or load_calibration(use_measurements=use_measurements)
     spec = load_gpu(gpu)
     base = project(gpu, block, budget, (accept,), calibration=calib, context=context)

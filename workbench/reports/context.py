@@ -1,4 +1,4 @@
-"""Generated blocks and figures of papers/context_diagnosis.md (issue 26) from ``context_sweep.json``.
+"""Generated blocks and figures of papers/context_diagnosis.md from ``context_sweep.json``.
 
 Every number comes from the measurement file (``python -m workbench.bench.sweep --h200``), default
 ``data/measurements/h200/context_sweep.json``; the sentences here are computed from it ("the largest term at 64k is
@@ -16,9 +16,17 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
+import plotly.graph_objects as go
+
 from workbench import REPO_ROOT
+from workbench.bench.engine import attention_flops
+from workbench.engine.attention import verify_chunk_keys, verify_row_blocks
+from workbench.hardware import get_gpu
+from workbench.measure import load_measurement
 from workbench.reports import papers
 from workbench.reports.papers import markdown_table
+from workbench.sweep import figures
+from workbench.sweep.engine import model_config, reserve
 from workbench.sweep.run import from_measurement, samples_of
 
 PAPER = REPO_ROOT / "papers" / "context_diagnosis.md"
@@ -139,10 +147,6 @@ def floor_rows(doc, engine_step=None) -> list[dict[str, Any]]:
     the tree's nodes, the uniform-routing expectation scaled by the engine run's measured distinct / expected), the
     KV rows at this context, and the verify attention's FLOPs at this context; floor = max(bytes / bandwidth,
     FLOPs / matmul rate)."""
-    from workbench.bench.engine import attention_flops
-    from workbench.bench.measure import load_measurement
-    from workbench.sweep.engine import model_config
-
     es = engine_step if engine_step is not None else load_measurement("engine_step", "h200")
     par = doc["parameters"]
     if not es or (es["parameters"].get("model"), es["parameters"].get("layers")) != (par["synthetic"], par["layers"]):
@@ -208,11 +212,6 @@ def verify_rows(doc) -> list[dict[str, Any]]:
     FLOP floor (nodes x heads x keys x (576 + 512) multiply-adds per layer at the GPU's dense bf16 rate) and the
     keys each thread block streams (:func:`workbench.engine.kv_device.verify_chunk_keys`: the engine's capacity,
     not the live prefix, is split into chunks)."""
-    from workbench.bench.engine import attention_flops
-    from workbench.engine.kv_device import verify_chunk_keys, verify_row_blocks
-    from workbench.hardware import get_gpu
-    from workbench.sweep.engine import model_config, reserve
-
     par, pv = doc["parameters"], doc["provenance"]
     cfg = model_config(par["synthetic"], par["layers"])
     H = cfg.num_attention_heads
@@ -365,8 +364,6 @@ def block_figures(doc) -> str:
 # ----------------------------------------------------------------------------- figures
 
 def _terms_figure(doc):
-    import plotly.graph_objects as go
-
     rows = [r for r in doc["results"]["contexts"] if r.get("terms")]
     x = [f"{r['method']} @ {r['context']}" for r in rows]
     fig = go.Figure()
@@ -380,8 +377,6 @@ def _terms_figure(doc):
 def _sweep_figure(name: str, **kw) -> Callable:
     """A figure of :mod:`workbench.sweep.figures` over the file's rows (``kw``: doc -> keyword arguments)."""
     def make(doc):
-        from workbench.sweep import figures
-
         return getattr(figures, name)(from_measurement(doc), **{k: f(doc) for k, f in kw.items()})
     return make
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+import plotly.graph_objects as go
+
 from workbench import REPO_ROOT
+from workbench.measure import load_measurement
 from workbench.reports import papers
-from workbench.bench.measure import load_measurement
 from workbench.reports.papers import markdown_table
 
 PAPER = REPO_ROOT / "papers" / "ddtree_kernels.md"
@@ -57,7 +59,7 @@ def _verify() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- rows (notebook, README, paper)
 
 def goal_rows(doc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The tree kernels' goals (issue 3) against a ddtree_kernels measurement: ``{goal, measured, met}``."""
+    """The tree kernels' goals against a ddtree_kernels measurement: ``{goal, measured, met}``."""
     doc = doc if doc is not None else load_tree()
     if not doc:
         return []
@@ -161,8 +163,6 @@ def tree_floor_rows(tree: dict[str, Any] | None = None, verify: dict[str, Any] |
 
 def build_sweep_figure(doc: dict[str, Any] | None = None):
     """Tree build time against budget (B=64, L=15): each kept builder (graph replay) and the CPU reference."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     rows = build_rows(doc)
     if not rows:
@@ -180,8 +180,6 @@ def build_sweep_figure(doc: dict[str, Any] | None = None):
 def verify_figure(doc: dict[str, Any] | None = None):
     """Verify attention time against prefix length per head count: the kernel (graph replay and in-graph),
     its floor and the best peer."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     rows = verify_rows(doc)
     if not rows:

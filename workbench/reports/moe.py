@@ -1,11 +1,11 @@
 """Generated blocks of papers/moe_int4.md: ``python -m workbench.reports.moe [--check]``.
 
 Every block is computed from committed files: ``data/measurements/h200/moe_bandwidth.json`` (the sweep of the
-dispatched path), its repeat :data:`workbench.reports.moe_plots.CURRENT_REPEAT`, :data:`workbench.reports.moe_plots.SMALL_COMPARE`
-(the small-M kernels beside the four-launch path, one process), ``moe_copy_probe.json`` (the copy ceiling timed three
-ways), ``data/dispatch/h200.json``, ``data/anchors/rtx_pro_6000_moe.json``, and, for the versions table, the
-measurement files of earlier runs as committed at :data:`HISTORY` (read from git; the block says so where git
-history is missing).
+dispatched path), its repeat :data:`workbench.reports.moe_plots.CURRENT_REPEAT`,
+:data:`workbench.moe.dispatched.SMALL_COMPARE` (the small-M kernels beside the four-launch path, one process),
+``moe_copy_probe.json`` (the copy ceiling timed three ways), ``data/dispatch/h200.json``,
+``data/anchors/rtx_pro_6000_moe.json``, and, for the versions table (``data/moe_versions.json``), the measurement
+files of earlier runs as committed at :data:`HISTORY` (read from git; the block says so where git history is missing).
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import statistics
 import sys
 from typing import Any, Callable
 
-from workbench import REPO_ROOT
+from workbench import DATA_DIR, REPO_ROOT
 from workbench.reports import papers
 from workbench.bench.moe import flops
 from workbench.dispatch import MOE_SMALL_MAX_PAIRS, dispatch_for
-from workbench.bench.measure import load_measurement
+from workbench.measure import load_measurement
 from workbench.reports import moe_plots as plots
+from workbench.moe.dispatched import SMALL_COMPARE, one_launch_paths, small_path_rows
 from workbench.moe.fused import FOUR_LAUNCH, moe_plan, variant_name
 from workbench.reports.papers import markdown_table
 
@@ -27,90 +28,28 @@ PAPER = REPO_ROOT / "papers" / "moe_int4.md"
 GPU_NAME = "NVIDIA H200"
 MEASURED = "data/measurements/h200"
 COPY_PROBE = "moe_copy_probe"
-HISTORY = "2c78290"   # the last commit holding every removed kernel, module and measurement file
-MOE_RUNS = (("9e008e4", "1"), ("1a32b46", "2"), ("8398986", "3"))   # earlier moe_bandwidth.json: (file commit, run)
-
-# The versions table: (version, change, prediction (as written before the run, abridged), measurement file at
-# HISTORY, (new path, incumbent path, the M its outcome was decided at or None for every M) compared in it, outcome,
-# commit where the form's code is).
-VERSIONS: tuple[tuple[str, str, str, str, tuple, str, str], ...] = (
-    ("5 (v3)", "one persistent launch at M x topk <= 128: grouping in shared memory, gate/up and down tasks from one "
-     "counter, fragment layout (576-byte blocks in mma A order), 4096 weights per warp iteration",
-     ">= 80% of copy at M <= 16", "moe_small_v3", ("small_fused", "four_launch", None),
-     "kept at M >= 4 (slower at M = 1-2)", "c5f9350"),
-    ("6", "split-K tasks (a tile's K cut in 1, 2 or 4 parts, partials reduced by the last part)",
-     "faster than v3 at M = 1-2, where v3 has fewer tasks than warps", "moe_small_splitk",
-     ("splitk_s4", "small_fused", None), "kept (splitk_s4 at M = 2-16)", "1e272c7"),
-    ("7-8", "producer / consumer warps with TMA bulk copies (tma_w4 / tma_w8)", "more bytes in flight per SM",
-     "moe_small_tma", ("tma_w4", "splitk_s4", None), "reverted", "f6e1631"),
-    ("9", "the -136 offset added on the tensor core (one more mma per chunk)", "fewer issue slots per weight",
-     "moe_small_s4f", ("splitk_s4f", "splitk_s4", None), "reverted", "db569f3"),
-    ("10", "group-sum correction: C = -136 sum(x) instead of per-weight subtractions", "fewer issue slots per weight",
-     "moe_small_s4g", ("splitk_s4g", "splitk_s4", None), "reverted", "34ecb97"),
-    ("11", "CTA-split tasks: a CTA's four warps share one task's tiles and K range", "faster at M = 1",
-     "moe_small_ctasplit", ("ctasplit", "splitk_s4", (1,)), "kept at M = 1", "dda6540"),
-    ("12", "split barriers in the CTA-split kernel (no block barrier per task)", "a shorter task epilogue",
-     "moe_small_ctasplit_sb", ("ctasplit_sb", "ctasplit", None), "reverted", "d2c515f"),
-    ("13-16", "activations 4 steps ahead, then loaded after a stage's last step into the same registers (x4, x4e)",
-     "no long-scoreboard wait at a stage's first mma", "moe_small_xend", ("ctasplit_x4e", "ctasplit_x4", None),
-     "kept (x4e forms at every M <= 16)", "e544bfd"),
-    ("15", "the x4 CTA-split kernel at 4 CTAs per SM (122 registers)", "loads issued earlier", "moe_small_x4_b4",
-     ("ctasplit_x4_b4", "ctasplit_x4", None), "reverted", "6b7b71c"),
-    ("18", "gate/up on fp16 activations (one shift per weight word)", "fewer dequantisation instructions",
-     "moe_small_f16", ("ctasplit_x4eh", "ctasplit_x4e", None), "reverted", "c8de03a"),
-    ("19", "a 3-stage ring per warp (two stages in flight)", "0-3 points ahead of x4e", "moe_small_r3",
-     ("ctasplit_x4e_r3", "ctasplit_x4e", None), "kept", "26489aa"),
-    ("20-23", "one fence per publish, relaxed h spin, static first tasks (r3f, r3fs, r3fst)",
-     "each a point or two at M = 1", "moe_small_r3fst", ("ctasplit_x4e_r3fst", "ctasplit_x4e_r3fs", (1,)),
-     "kept at M = 1-4", "5fd4788"),
-    ("25", "warp-split: every warp on its own, units of one K part of one tile", "ahead at M = 2-16",
-     "moe_small_wsplit", ("wsplit_r3_g1d1", "ctasplit_x4e_r3_g1d1", None), "kept at M = 2-16", "42799f6"),
-    ("26", "the CTA-split kernel without its block barrier", "3-8% faster at M = 1", "moe_small_nb",
-     ("ctasplit_x4e_r3nb", "ctasplit_x4e_r3fst", None), "reverted", "a62ea3b"),
-    ("27", "interleaved task order; an epilogue warp; one more static task (r3fsti, r3fste, r3fstd)",
-     "shorter tails at M = 1-2", "moe_small_sd", ("ctasplit_x4e_r3fstd_g4d1", "ctasplit_x4e_r3fst_g4d1", (2,)),
-     "r3fstd kept at M = 2, the others reverted", "412a5af"),
-    ("28", "two launches without task machinery (the phased form): gate/up, then down with the sum over k",
-     "streams like a read-only kernel in each launch", "moe_small_phased", ("phased_r3", "ctasplit_x4e_r3fst", None),
-     "kept at every M <= 16", "44bb7ad"),
-    ("28b", "the down launch under programmatic dependent launch (phased_r3_pdl)", "the launch gap hidden",
-     "moe_small_pdl", ("phased_r3_pdl", "phased_r3", None), "kept", "ac0a0ce"),
-    ("28c-e", "gate/up warps in full rounds; one ring per warp's tasks; 4-stage rings", "fewer idle warps",
-     "moe_small_dn4", ("phased_r4_pdl", "phased_r3_pdl", None), "reverted", "6fe5fd0"),
-    ("29", "the down launch as two-CTA clusters per tile", "shorter chains per tile", "moe_small_c2",
-     ("phased_r3_pdl_c2", "phased_r3_pdl", None), "reverted", "00df147"),
-    ("29b", "launch bounds (128, 6) / (128, 5)", "more warps resident", "moe_small_g6",
-     ("phased_r3_pdl_g6", "phased_r3_pdl", None), "reverted", "5593ac9"),
-    ("29e", "a correction mma instead of the subtractions", "fewer issue slots", "moe_small_cm",
-     ("phased_r3_pdl_cm", "phased_r3_pdl", None), "reverted", "7de299f"),
-    ("29f", "K-split gate/up: one task per CTA, its four warps a quarter of K each (phased_r3_pdl_k4)",
-     "a shorter partial round at M = 2", "moe_small_k4", ("phased_r3_pdl_k4", "phased_r3_pdl", (2,)), "kept at M = 2",
-     "fe7a863"),
-    ("30", "L2 prefetches of the down weights", "the down ring starts warm", "moe_small_pf",
-     ("phased_r3_pdl_pfd", "phased_r3_pdl", None), "reverted", "4e1a5c6"),
-    ("30b", "gate/up warps' first stages issued before the prologue", "an earlier first byte", "moe_small_ei",
-     ("phased_r3_pdl_ei", "phased_r3_pdl", None), "reverted", "aded977"),
-    ("31", "the dequantisation's -136 folded into one mma per stage", "fewer issue slots", "moe_small_fo",
-     ("phased_r3_pdl_fd", "phased_r3_pdl", None), "reverted", "d11ae6f"),
-    ("32", "K-span gate/up (each CTA T consecutive tasks, its warps quarters of their stages)",
-     "fewer, longer streams", "moe_small_ksa", ("phased_r3_pdl_ks6a", "phased_r3_pdl", None), "reverted", "40fdae4"),
-    ("33", "two-stage rings: both launches (phased_r2_pdl), gate/up only (phased_r3_pdl_gu2)",
-     "Little's law: as many bytes in flight with more warps", "moe_small_r2", ("phased_r2_pdl", "phased_r3_pdl", (1,)),
-     "phased_r2_pdl kept at M = 1", "60ec73d"),
-    ("33", "(same run) the two-stage ring in the gate/up launch only", "as above", "moe_small_r2",
-     ("phased_r3_pdl_gu2", "phased_r3_pdl", (4, 16)), "phased_r3_pdl_gu2 kept at M = 3-16", "60ec73d"),
-)
+VERSIONS_FILE = DATA_DIR / "moe_versions.json"   # the versions table: each run's change, prediction, file, outcome
 
 
-# Runs after the consolidation, their files still in the tree: (version, change, prediction, file, compare, outcome,
-# code, commit at which the file is read).
-LATER_VERSIONS: tuple[tuple[str, str, str, str, tuple, str, str, str], ...] = (
-    ("35", "experts held once, in the fragment layout; four-launch variants that read it (frag_nt<NT>: the small-M "
-     "kernels' stage loop over moe_align's items)", "frag_nt1 within 10% of nt1_rt2_l2 at M = 17-264",
-     "moe_layout_ab", ("frag_nt1", "nt1_rt2_l2", (17, 33, 66, 132, 264)),
-     "kept: frag_nt1 at M <= 1023, frag_nt4 beyond (frag_nt2 never fastest, removed); the packed copy dropped",
-     "057e4a8", "e7019f6"),
-)
+def _load_versions() -> tuple[str, tuple, tuple, tuple]:
+    """:data:`VERSIONS_FILE` as (history, earlier runs, versions, later versions), each row a tuple: runs (file commit,
+    run); versions (version, change, prediction, measurement file, (new path, incumbent path, the M its outcome was
+    decided at or None for every M), outcome, code commit), later versions with the commit their file is read at."""
+    doc = json.loads(VERSIONS_FILE.read_text())
+
+    def row(v: dict[str, Any]) -> tuple:
+        m = v["compare"]["m"]
+        out = (v["version"], v["change"], v["prediction"], v["file"],
+               (v["compare"]["new"], v["compare"]["incumbent"], None if m is None else tuple(m)), v["outcome"], v["code"])
+        return out + ((v["read_at"],) if "read_at" in v else ())
+
+    return (doc["history"], tuple((r["commit"], r["run"]) for r in doc["earlier_runs"]),
+            tuple(row(v) for v in doc["versions"]), tuple(row(v) for v in doc["later_versions"]))
+
+
+# HISTORY: the commit holding every removed kernel, module and measurement file; MOE_RUNS: the earlier
+# moe_bandwidth.json files; VERSIONS / LATER_VERSIONS: the versions table's runs (:func:`_load_versions`).
+HISTORY, MOE_RUNS, VERSIONS, LATER_VERSIONS = _load_versions()
 
 
 def _f(v: Any, spec: str = "") -> str:
@@ -127,7 +66,7 @@ def _doc() -> dict[str, Any]:
 def block_provenance() -> str:
     """The files the results read, with their provenance, and the run's shapes and ceilings."""
     rows = []
-    for name in ("moe_bandwidth", plots.CURRENT_REPEAT, plots.SMALL_COMPARE, COPY_PROBE):
+    for name in ("moe_bandwidth", plots.CURRENT_REPEAT, SMALL_COMPARE, COPY_PROBE):
         d = load_measurement(name)
         if d is None:
             continue
@@ -162,7 +101,7 @@ def sweep_vs_dispatch_rows() -> list[dict[str, Any]]:
     gpu = doc["provenance"].get("gpu", GPU_NAME)
     d = dispatch_for(gpu)
     tuning = (doc["results"].get("tuning") or {}).get("ms", {})
-    srows = {(r["routing"], r["M"]): r for r in plots.small_path_rows(small)} if small else {}
+    srows = {(r["routing"], r["M"]): r for r in small_path_rows(small)} if small else {}
     out = []
     for r in sorted(doc["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
         ran = r["path"].removeprefix("small_")
@@ -232,13 +171,13 @@ def block_small() -> str:
     """The small-M kernels beside the four-launch path and the earlier split-K kernels, one process."""
     small = plots.load_moe_small()
     if small is None:
-        return f"{MEASURED}/{plots.SMALL_COMPARE}.json is not committed.\n"
-    paths = plots.one_launch_paths(small) + [FOUR_LAUNCH]
+        return f"{MEASURED}/{SMALL_COMPARE}.json is not committed.\n"
+    paths = one_launch_paths(small) + [FOUR_LAUNCH]
     rows = [{"routing": r["routing"], "M": r["M"], **{f"{p} % copy": _f(r[f"{p} % copy"], ".1f") for p in paths},
              "dispatched": r["dispatched"], "dispatched span % copy": _f(r["dispatched span % copy"], ".1f"),
              "dispatched in-graph % copy": _f(r["dispatched in-graph % copy"], ".1f")}
-            for r in plots.small_path_rows(small)]
-    return (f"`{plots.SMALL_COMPARE}.json` (code {small['provenance']['git_commit'][:7]}; one graph replay per call, "
+            for r in small_path_rows(small)]
+    return (f"`{SMALL_COMPARE}.json` (code {small['provenance']['git_commit'][:7]}; one graph replay per call, "
             f"% of the copy bandwidth of the same run; `splitk_*` are run 6's and 16's one-launch kernels, timed as "
             f"controls):\n\n" + markdown_table(rows))
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import plotly.graph_objects as go
 import torch
 
-from workbench import DATA_DIR
-from workbench.kernels import resolve_device
-from workbench.bench.measure import load_measurement
+from workbench import DATA_DIR, display
 from workbench.bench.moe import IN_GRAPH_CALLS, make_routing, plateau_m, rel_error
 from workbench.dispatch import dispatch_for
-from workbench.moe.fused import FOUR_LAUNCH, SMALL_KERNELS, fused_moe_int4, gpu_supported, large_variant, moe_plan, \
-    variant_name
+from workbench.kernels import resolve_device
+from workbench.measure import load_measurement
+from workbench.moe.dispatched import SMALL_COMPARE, small_path_rows
+from workbench.moe.fused import (FOUR_LAUNCH, SMALL_KERNELS, fused_moe_int4, gpu_supported, large_variant, moe_plan,
+                                 variant_name)
 from workbench.moe.packing import random_int4_experts
 from workbench.moe.reference import moe_reference
 
@@ -134,10 +136,6 @@ def anchor_rows(doc: dict[str, Any], anchors: dict[str, Any]) -> list[dict[str, 
 
 def table_figure(rows: list[dict[str, Any]], title: str = ""):
     """A plotly go.Table of a list of dicts (:func:`workbench.display.table`); an empty figure for no rows."""
-    import plotly.graph_objects as go
-
-    from workbench import display
-
     if not rows:
         fig = go.Figure()
         fig.update_layout(title=title + " (no rows)")
@@ -151,8 +149,6 @@ def _rows(doc: dict[str, Any], routing: str) -> list[dict[str, Any]]:
 
 def ms_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None):
     """ms per layer against M: ours (uniform, skewed), the peers, the floor, the source's RTX PRO 6000 points."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     if doc is not None:
         gpu = doc["provenance"].get("gpu", "GPU")
@@ -193,8 +189,6 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     has it, the profiler's kernel span), with the source's 67-73% band;
     ``small`` (:func:`load_moe_small`) adds, from its own run, the points of the path dispatched today at
     each M <= 16 (:func:`dispatched_label`)."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     if small is not None:
         for routing in ("uniform", "skewed"):
@@ -236,48 +230,9 @@ def pct_figure(doc: dict[str, Any] | None, anchors: dict[str, Any] | None = None
     return fig
 
 
-SMALL_COMPARE = "moe_small_dispatch"   # the small-M kernels beside the four-launch path at M <= 16, one process
-
-
 def load_moe_small(gpu: str = "h200", name: str = SMALL_COMPARE) -> dict[str, Any] | None:
     """The committed comparison of the paths at M <= 16 (:data:`SMALL_COMPARE`), or None."""
     return load_measurement(name, gpu)
-
-
-def one_launch_paths(small: dict[str, Any]) -> list[str]:
-    """Labels of the small-M kernels a comparison timed (its ``paths`` but ``four_launch``)."""
-    return [p for p in small["parameters"].get("paths", [FOUR_LAUNCH]) if p != FOUR_LAUNCH]
-
-
-def dispatched_label(m: int, topk: int, device_name: str) -> str:
-    """The comparison-file label of the path data/dispatch names for M tokens on ``device_name``: a small-M kernel's
-    name or ``four_launch``."""
-    return dispatch_for(device_name).moe_small_kernel(m, topk) or FOUR_LAUNCH
-
-
-def small_path_rows(small: dict[str, Any], topk: int | None = None) -> list[dict[str, Any]]:
-    """Per (routing, M): every timed path's ms and % of copy from one run, the fastest, and the path the dispatch
-    of the file's GPU names (:func:`dispatched_label`; its % of copy is None when this file did not time it)."""
-    k = topk or small["parameters"]["topk"]
-    gpu = small["provenance"].get("gpu", "")
-    paths = one_launch_paths(small) + [FOUR_LAUNCH]
-    out = []
-    for r in sorted(small["results"]["rows"], key=lambda r: (r["routing"], r["m"])):
-        row: dict[str, Any] = {"routing": r["routing"], "M": r["m"]}
-        timed = {p: r[f"{p}_pct_of_copy"] for p in paths if f"{p}_pct_of_copy" in r}
-        for p in paths:
-            row[f"{p} ms"] = r.get(f"{p}_ms_median")
-            row[f"{p} % copy"] = timed.get(p)
-        row["fastest"] = max(timed, key=timed.get)
-        d = dispatched_label(r["m"], k, gpu)
-        row["dispatched"] = f"four_launch ({r['four_launch_variant']})" if d == FOUR_LAUNCH else d
-        row["dispatched % copy"] = timed.get(d)
-        same = r.get("dispatched") == d   # queued / in-graph / span columns: only of the dispatched path
-        row["dispatched queued % copy"] = r.get(f"{d}_queued_pct_of_copy") if same else None
-        row["dispatched in-graph % copy"] = r.get(f"{d}_ingraph_pct_of_copy") if same else None
-        row["dispatched span % copy"] = r.get(f"{d}_span_pct_of_copy") if same else None
-        out.append(row)
-    return out
 
 
 def dispatched_worst_pct(small: dict[str, Any], column: str = "dispatched % copy"
@@ -377,7 +332,8 @@ def bandwidth_goal_rows(doc: dict[str, Any], m_max: int = 16) -> list[dict[str, 
 
 def tuning_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """ms of each four-launch variant at each M (uniform routing), from the tuning step of the sweep the moe_large
-    rows of data/dispatch/h200.json were set from (variants no longer compiled are in git history, 2c78290)."""
+    rows of data/dispatch/h200.json were set from (variants no longer compiled are in git history at
+    :data:`workbench.reports.moe.HISTORY`)."""
     tun = doc["results"].get("tuning")
     if not tun:
         return []

@@ -16,16 +16,18 @@ import sys
 from typing import Callable
 
 from workbench import REPO_ROOT
-from workbench.reports import papers
 from workbench.hardware import gpu_table
-from workbench.reports.papers import markdown_table
 from workbench.projection.calibration import load_calibration
 from workbench.projection.figures import breakdown_by_gpu
-from workbench.projection.model import TERM_NAMES, TERMS, load_assumptions
+from workbench.projection.model import TERMS, TERM_NAMES, default_model, load_assumptions
+from workbench.projection.overhead import EXCESS_EXPONENT
 from workbench.projection.project import project
-from workbench.projection.scenarios import (
-    plateau_check, pro6000_cross_check, scenario_rows, source_moe_percent, structural_whatifs, source_scenarios, source_step_arithmetic,
-)
+from workbench.projection.scenarios import (engine_step_comparison, overhead_comparison, overhead_projections,
+                                            overhead_reading, plateau_check, pro6000_cross_check, scenario_rows,
+                                            source_moe_percent, source_scenarios, source_step_arithmetic,
+                                            structural_whatifs)
+from workbench.reports import papers
+from workbench.reports.papers import markdown_table
 
 PAPER = REPO_ROOT / "papers" / "b300_projection.md"
 _BLOCK = papers.BLOCK
@@ -109,7 +111,6 @@ def block_measured_findings() -> str:
 
 
 def default_layers() -> int:
-    from workbench.projection.model import default_model
     return default_model().num_hidden_layers
 
 
@@ -177,8 +178,6 @@ def block_structural() -> str:
 
 
 def block_engine_step() -> str:
-    from workbench.projection.scenarios import engine_step_comparison
-
     cal = load_calibration(use_measurements=True)
     rows = engine_step_comparison(cal)
     if rows is None:
@@ -195,9 +194,6 @@ def block_engine_step() -> str:
 def block_measured_overhead() -> str:
     """The overhead term measured from the H200 engine step beside the source's ~12.5 ms, the B300
     projection with each overhead, and which term dominates."""
-    from workbench.projection.overhead import EXCESS_EXPONENT
-    from workbench.projection.scenarios import overhead_comparison, overhead_projections, overhead_reading
-
     cal = load_calibration(use_measurements=True)
     if cal.engine_step is None:
         return "data/measurements/h200/engine_step.json is not committed yet.\n"

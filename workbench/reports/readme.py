@@ -15,10 +15,9 @@ import re
 from typing import Any
 
 from workbench import REPO_ROOT
-from workbench.reports import papers
-from workbench.bench.measure import load_measurement
-from workbench.reports import moe_plots as mplots
-from workbench.reports import ddtree as ddtree_report
+from workbench.acceptance.figures import GOAL, goal
+from workbench.measure import load_measurement
+from workbench.reports import ddtree as ddtree_report, moe_plots as mplots, papers
 
 README = REPO_ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -100,7 +99,7 @@ def results_rows() -> list[dict[str, Any]]:
 
 
 def sweep_rows() -> list[dict[str, Any]]:
-    """Issue 26's goals from context_sweep.json: rates within 5% of accepted / step; fragmentation's cost at 64k."""
+    """The context sweep's goals from context_sweep.json: rates within 5% of accepted / step; fragmentation's cost at 64k."""
     doc = load_measurement("context_sweep")
     if not doc or doc["provenance"].get("gpu") is None:
         return []
@@ -127,9 +126,7 @@ def sweep_rows() -> list[dict[str, Any]]:
 
 
 def acceptance_rows() -> list[dict[str, Any]]:
-    """Issue 28's goal from acceptance.json (:func:`workbench.acceptance.figures.goal`), per measured block."""
-    from workbench.acceptance.figures import GOAL, goal
-
+    """The trained drafter's goal from acceptance.json (:func:`workbench.acceptance.figures.goal`), per measured block."""
     doc = load_measurement("acceptance")
     if not doc or doc["provenance"].get("gpu") is None:
         return []

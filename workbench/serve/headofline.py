@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import Any, Sequence
 
+from workbench.engine.batch import Batch
+from workbench.measure import prompts_for
 from workbench.validation import InvalidParameter, check_int
 
 
@@ -33,8 +35,6 @@ def head_of_line(engine, long_prompt: Sequence[int], running_prompts: Sequence[S
     admission), max_itl_ms, stall_ms (sum over the admission's boundaries of their excess over the baseline),
     after_itl_ms (median of the ``after`` boundaries once it decodes), long_ttft_ms (admission to its first token),
     tokens_each_boundary (every running request got a token at every boundary)}."""
-    from workbench.engine.batch import Batch
-
     warm, after = check_int("warm", warm, lo=1), check_int("after", after, lo=1)
     if not running_prompts:
         raise InvalidParameter("running_prompts", running_prompts, "at least one request decoding")
@@ -87,8 +87,6 @@ def head_of_line_sweep(engine, long_context: int, running: int = 1, running_cont
                        after: int = 3, seed: int = 0) -> list[dict[str, Any]]:
     """:func:`head_of_line` for each chunk setting (None: whole-prompt prefill) with seeded random prompts:
     ``running`` requests of ``running_context`` tokens and one of ``long_context``. One row per chunk."""
-    from workbench.sweep.engine import prompts_for
-
     check_int("long_context", long_context, lo=1)
     check_int("running", running, lo=1)
     V = engine.model.config.vocab_size

@@ -26,6 +26,8 @@ class Metrics:
         self.requests = Counter("workbench_requests", "Requests by how they ended", ["status"], registry=r)
         self.prompt_tokens = Counter("workbench_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = Counter("workbench_generation_tokens", "Tokens generated", registry=r)
+        self.engine_failures = Counter("workbench_engine_failures", "Engine steps that raised (every live request "
+                                       "ended with the error, the server kept serving)", registry=r)
         self.ttft = Histogram("workbench_time_to_first_token_seconds", "Arrival to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("workbench_inter_token_latency_seconds", "Time between token events of a request",

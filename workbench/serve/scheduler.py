@@ -198,6 +198,7 @@ class Scheduler:
                 self._deliver(events)
             except Exception as e:  # the engine failed: end every live job with the error, keep serving
                 log.exception("engine step failed")
+                self.metrics.engine_failures.inc()
                 self.failure = f"{type(e).__name__}: {e}"
                 for req, job in list(self._jobs.items()):
                     self.batch.cancel(req, "error", self.failure)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jinja2
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 # The default chat template (ChatML-like): each message as "<|im_start|>{role}\n{content}<|im_end|>\n",
 # then "<|im_start|>assistant\n" to prompt the reply.
 DEFAULT_CHAT_TEMPLATE = (
@@ -34,8 +37,6 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def byte_tokenizer():
     """A byte-level tokenizer of 256 ids, id = byte value (module docstring)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -48,8 +49,6 @@ class TextCodec:
 
     def __init__(self, tokenizer, chat_template: str | None = None, eos_token: str | None = None,
                  bos_token: str | None = None, source: str = "byte-level fallback"):
-        import jinja2
-
         self.tokenizer, self.source = tokenizer, source
         self.chat_template = chat_template or DEFAULT_CHAT_TEMPLATE
         self.has_own_template = chat_template is not None
@@ -61,8 +60,6 @@ class TextCodec:
     @classmethod
     def from_dir(cls, path: str | Path) -> "TextCodec":
         """The tokenizer of checkpoint directory ``path`` (or a tokenizer.json file)."""
-        from tokenizers import Tokenizer
-
         p = Path(path)
         f = p / "tokenizer.json" if p.is_dir() else p
         if not f.is_file():
@@ -90,8 +87,6 @@ class TextCodec:
         """A word-level tokenizer of ``vocab_size`` ids whose token i is the text ``<i>`` (space-separated): a
         synthetic model keeps its full vocabulary behind the server (its lm_head, the step's largest dense read),
         and ids round-trip through text."""
-        from tokenizers import Tokenizer, models, pre_tokenizers
-
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>"))

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_endpoint(args: argparse.Namespace) -> int:
     """``workbench sweep --endpoint``: the measuring client of workbench.serve against a live server."""
-    from workbench.serve.client import summary, sweep
+    from workbench.client import summary, sweep
     from workbench.validation import InvalidParameter
 
     if not args.model:

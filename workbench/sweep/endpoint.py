@@ -1,13 +1,13 @@
 """Notebook 03 against a live OpenAI-compatible server: the measuring client's results in the sweep document's shape.
 
-:func:`endpoint_sweep` runs :func:`workbench.serve.client.sweep` (two-point and sustained rates per context, every
+:func:`endpoint_sweep` runs :func:`workbench.client.sweep` (two-point and sustained rates per context, every
 (context, concurrency) point) and :func:`as_sweep_doc` maps its result onto the rows that
 :mod:`workbench.sweep.tables` and :mod:`workbench.sweep.figures` read, so the notebook draws the same plots:
 
 - ``contexts`` rows (method = the served model's name): TTFT (ms) of the sustained request; ``step_ms`` its ITL
   gaps and ``accepted`` the tokens of each token event (on our server one event is one engine step; on a server
   that streams one token per chunk, 1 each); the sustained and two-point rates (tokens/s) and both checked against
-  mean tokens per event / mean gap (:func:`workbench.sweep.rates.rate_check`);
+  mean tokens per event / mean gap (:func:`workbench.rates.rate_check`);
 - ``concurrency`` rows: aggregate output tokens/s of the C requests and the mean of their per-request rates;
 - ``layout`` and ``phases``: empty (the KV layout and the per-phase split are the engine's, not visible over HTTP).
 
@@ -20,7 +20,8 @@ import statistics
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from workbench.sweep.rates import rate_check
+from workbench.client import sweep
+from workbench.rates import rate_check
 from workbench.validation import InvalidParameter, check_str
 
 
@@ -39,8 +40,6 @@ def endpoint_sweep(endpoint: str, served_model: str, contexts: Sequence[int], co
                    seed: int = 0) -> dict[str, Any]:
     """Measure ``endpoint`` (client sweep: ``max_tokens`` = ``two_point[1]`` at each concurrency point, the
     two-point pair and a ``generate``-token sustained request per context) and return :func:`as_sweep_doc`."""
-    from workbench.serve.client import sweep
-
     check_endpoint(endpoint, served_model)
     res = sweep(endpoint, served_model, contexts, concurrency, max_tokens=list(two_point)[-1], two_point=two_point,
                 sustained=generate, timeout=timeout, api_key=api_key, seed=seed)

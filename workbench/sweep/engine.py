@@ -3,7 +3,7 @@
 For each context and method (``greedy``; ``ddtree-high`` / ``ddtree-low``: DDTree with a
 :class:`~workbench.engine.drafters.ScriptedDrafter` whose ``p_top`` is :data:`P_TOP`'s, scripted
 on the greedy output so acceptance is set, not learned; ``trained:<type>``: DDTree with a ScriptedDrafter
-calibrated to the trained drafter of issue 28 on text type ``<type>``, :func:`acceptance_source`) one
+calibrated to the trained drafter (:mod:`workbench.acceptance`) on text type ``<type>``, :func:`acceptance_source`) one
 :class:`~workbench.engine.step.DecodeEngine` measures:
 
 - TTFT (ms): the engine's prefill time of the prompt (one ragged forward: the CPU sweep keeps
@@ -15,7 +15,7 @@ calibrated to the trained drafter of issue 28 on text type ``<type>``, :func:`ac
   wall time; the ScriptedDrafter's host-side scripting at admission, which grows with max tokens and
   which a served drafter does not do, is left out; the fastest of ``repeats`` interleaved runs: the
   workload is deterministic, so the minimum is the estimate least disturbed by other work on the machine);
-- both checked against mean accepted length / mean step time (:func:`workbench.sweep.rates.rate_check`).
+- both checked against mean accepted length / mean step time (:func:`workbench.rates.rate_check`).
 
 :func:`concurrency_sweep` runs C = 1..N requests of one context together: per-request tokens/s
 (its committed tokens over the sum of its steps' wall times) and the aggregate (every request's
@@ -40,9 +40,16 @@ from typing import Any, Sequence
 
 import torch
 
+from workbench.config import load_config
 from workbench.decode import MAX_L, DecodeConfig
+from workbench.engine.decode_engine import DecodeEngine
+from workbench.engine.drafters import ScriptedDrafter
+from workbench.engine.synthetic import tiny_config
+from workbench.measure import prompts_for
 from workbench.projection.trained import is_trained, trained_acceptance, trained_choices
-from workbench.sweep.rates import rate_check, sustained_rate, two_point_rate
+from workbench.rates import rate_check, sustained_rate, two_point_rate
+from workbench.sweep.endpoint import check_endpoint
+from workbench.sweep.phases import captured_step_terms, draft_ms
 from workbench.validation import InvalidParameter, check_choice, check_int, check_list, check_two_point
 
 METHODS = ("greedy", "ddtree-high", "ddtree-low")
@@ -58,9 +65,6 @@ def method_choices() -> tuple[str, ...]:
 def model_config(synthetic: str, layers: int | None = None):
     """The config of ``synthetic``: ``"tiny"`` (workbench.engine.synthetic.tiny_config) or a shipped
     model name (``kimi-k2.6``) cut to ``layers`` layers."""
-    from workbench.config import load_config
-    from workbench.engine.synthetic import tiny_config
-
     cfg = tiny_config() if synthetic == "tiny" else load_config(synthetic)
     if layers is not None:
         check_int("layers", layers, lo=1, hi=cfg.num_hidden_layers)
@@ -127,8 +131,6 @@ def check_notebook(synthetic: str, layers: int | None, contexts, concurrency, ge
     ``endpoint`` (a live server) the URL and ``served_model`` are checked and the contexts against nothing but
     >= 1 (the server enforces its own limit and a refusal is counted as a failure); the engine's limits otherwise."""
     if endpoint is not None:
-        from workbench.sweep.endpoint import check_endpoint
-
         check_endpoint(endpoint, served_model)
         generate = check_int("generate", generate, lo=2)
         check_two_point("two_point", two_point, hi=generate)
@@ -138,12 +140,6 @@ def check_notebook(synthetic: str, layers: int | None, contexts, concurrency, ge
         return
     cfg = model_config(synthetic, layers)
     check_sweep(contexts, concurrency, generate, two_point, methods, cfg.yarn_limit, block, budget)
-
-
-def prompts_for(context: int, count: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    """``count`` seeded random prompts of ``context`` tokens."""
-    g = torch.Generator().manual_seed(seed * 100003 + context)
-    return torch.randint(0, vocab, (count, context), generator=g).tolist()
 
 
 def decode_config(method: str, block: int, budget: int, commit: str = "scattered") -> DecodeConfig:
@@ -157,8 +153,6 @@ def calibrated_p_top(target: float, block: int, budget: int, vocab: int) -> floa
     vocabulary ``vocab``, misses absent from the tree) has ``expected_accepted_length(budget)`` = ``target``
     (root included), by bisection to 1e-12 on that exact expectation (it grows with p_top, from 1 at 0 to the
     longest path of the tree at 1). A target above that longest path is an InvalidParameter, not clipped."""
-    from workbench.engine.drafters import ScriptedDrafter
-
     def expected(p: float) -> float:
         return ScriptedDrafter([], vocab, block=block, p_top=p).expected_accepted_length(budget)
 
@@ -183,8 +177,6 @@ def acceptance_source(method: str, block: int, budget: int, vocab: int, p_top: f
     :class:`~workbench.projection.trained.TrainedAcceptance`, looked up in ``acceptance_file`` when None), the
     ``p_top`` that :func:`calibrated_p_top` gives it for this ``vocab`` and the ``expected_accepted`` length at
     that p_top. Mean acceptance only: module docstring."""
-    from workbench.engine.drafters import ScriptedDrafter
-
     if method == "greedy":
         return None
     if p_top is not None or not is_trained(method):
@@ -200,8 +192,6 @@ def drafter_for(method: str, continuations, vocab: int, block: int, seed: int = 
     """None for greedy, else a ScriptedDrafter over the greedy ``continuations`` whose ``p_top`` is the one
     given, else ``acceptance["p_top"]`` (:func:`acceptance_source`), else :data:`P_TOP`'s; a ``trained:<type>``
     method without either is calibrated here at ``budget`` (required then)."""
-    from workbench.engine.drafters import ScriptedDrafter
-
     if method == "greedy":
         return None
     if p_top is None and acceptance is None:
@@ -242,8 +232,6 @@ def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=Non
 def make_engine(model, contexts: Sequence[int], generate: int, block: int, budget: int, max_requests: int = 1,
                 **kw):
     """A DecodeEngine sized for the sweep: capacity = longest context + generate + :func:`reserve`."""
-    from workbench.engine.step import DecodeEngine
-
     return DecodeEngine(model, max_requests=max_requests, capacity=max(contexts) + generate + reserve(block, budget),
                         max_generated=generate, **kw)
 
@@ -303,8 +291,6 @@ def measure_point(engine, prompt: list[int], method: str, generate: int, two_poi
 def _terms(engine, prompt, cfg, drafter, syn: bool, steps: int, prefill_chunk: int | None = None
            ) -> dict[str, Any] | None:
     """The captured step's per-step terms at this point (CUDA only; None elsewhere)."""
-    from workbench.sweep.phases import captured_step_terms, draft_ms
-
     if engine.model.device.type != "cuda":
         return None
     # enough tokens that the session outlives the profiled steps whatever they accept (a step commits <= block)

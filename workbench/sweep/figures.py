@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.engine.generate import PHASES
+
 
 def _by(rows, key):
     out: dict[Any, list] = {}
@@ -13,8 +18,6 @@ def _by(rows, key):
 
 def _per_method_vs_context(doc: dict[str, Any], series, title: str, yaxis: str):
     """One line per (method, series) against context; ``series``: (label, row -> y, extra scatter kwargs)."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for m, rows in _by(doc["contexts"], "method").items():
         x = [r["context"] for r in rows]
@@ -43,8 +46,6 @@ def step_vs_context(doc: dict[str, Any]):
 
 def accepted_over_generation(doc: dict[str, Any], context: int | None = None):
     """Accepted length and step time of every step of the long generation at ``context`` (default: the longest)."""
-    from plotly.subplots import make_subplots
-
     c = context or max(r["context"] for r in doc["contexts"])
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("accepted length", "step ms"))
     for r in doc["contexts"]:
@@ -59,8 +60,6 @@ def accepted_over_generation(doc: dict[str, Any], context: int | None = None):
 
 def layout_figure(doc: dict[str, Any]):
     """Per KV layout: mean run length (tokens, log) and the attention time over a request's slots per context."""
-    from plotly.subplots import make_subplots
-
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean contiguous run (tokens)", "attention ms"))
     by = _by(doc["layout"], "layout")
     fig.add_bar(x=list(by), y=[rows[0]["mean_run_length"] for rows in by.values()], name="mean run", row=1, col=1)
@@ -76,8 +75,6 @@ def layout_figure(doc: dict[str, Any]):
 
 def concurrency_figure(doc: dict[str, Any]):
     """Per-request (dashed) and aggregate (solid) tokens/s against concurrency C per method."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for m, rows in _by(doc["concurrency"], "method").items():
         x = [r["concurrency"] for r in rows]
@@ -90,8 +87,6 @@ def concurrency_figure(doc: dict[str, Any]):
 
 def decomposition_figure(rows: list[dict[str, Any]]):
     """accepted / step time against the measured sustained and two-point rates, the source's row first."""
-    import plotly.graph_objects as go
-
     names = [f"{r['source']}: {r['method']} @ {r['context']}" for r in rows]
     fig = go.Figure()
     for key in ("accepted/step", "sustained", "two_point"):
@@ -104,10 +99,6 @@ def decomposition_figure(rows: list[dict[str, Any]]):
 def phases_figure(doc: dict[str, Any]):
     """Stacked ms per step of each phase (eager reference: draft, tree build, verify, accept, commit) per
     (method, context)."""
-    import plotly.graph_objects as go
-
-    from workbench.engine.generate import PHASES
-
     rows = doc["phases"]
     x = [f"{r['method']} @ {r['context']}" for r in rows]
     fig = go.Figure()

@@ -29,6 +29,10 @@ from typing import Any, Sequence
 
 import torch
 
+from workbench.ddtree import verify_attention
+from workbench.ddtree.tree_gpu import GpuAccepted
+from workbench.engine.kv_device import DeviceKVCache
+from workbench.engine.attention import latent_attention_torch
 from workbench.validation import InvalidParameter, check_choice, check_float, check_int
 
 LAYOUTS = ("contiguous", "scattered", "compacted", "greedy")
@@ -82,9 +86,6 @@ def churn(layout: str = "scattered", *, requests: int = 12, rows: int = 4, promp
     ``depth`` drafted tokens accepted. Returns {layout, fragmentation (of every finished request's slots, read just
     before its release), slots (per finished request, position order), steps}. ``contiguous`` runs no steps: each
     request holds prompt + its target length in consecutive slots."""
-    from workbench.ddtree.tree_gpu import GpuAccepted
-    from workbench.engine.kv_device import DeviceKVCache
-
     check_choice("layout", layout, LAYOUTS)
     requests = check_int("requests", requests, lo=1)
     rows = check_int("rows", rows, lo=1)
@@ -161,13 +162,9 @@ def attention_ms(slots: Sequence[int], *, heads: int = 8, tail: int = 1, kv_lora
     q_rope = torch.randn(tail, heads, rope_dim, generator=g).to(device=device, dtype=dt)
     tail_kv = torch.randn(tail, W, generator=g).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
     if cuda:
-        from workbench.ddtree import verify_attention
-
         parents = torch.arange(-1, tail - 1, device=device)
         run = lambda: verify_attention(q_lat, q_rope, pool, idx, tail_kv, parents, W ** -0.5, check=False)  # noqa: E731
     else:
-        from workbench.engine.model import latent_attention_torch
-
         vis = torch.ones(tail, tail, dtype=torch.bool, device=device).tril()
         run = lambda: latent_attention_torch(q_lat, q_rope, pool, idx, tail_kv, vis, W ** -0.5)  # noqa: E731
     out = []

@@ -1,45 +1,21 @@
-"""Per-step phase times (ms) at each context from the eager reference decode.
+"""The captured step's terms (ms per step) by kernel family, from the CUDA profiler's records.
 
-The captured engine step (:mod:`workbench.engine.step`) is one device program and records only its
-total; :func:`workbench.engine.generate` (its eager, token-for-token equal reference) times each phase
-of a step: draft, tree_build, verify (the target's forward over the tree: attention and MoE together,
-not split), accept, commit. :func:`phase_breakdown` runs it with the sweep's ScriptedDrafter at each
-context and reports the mean ms per phase per step, so the notebook can say which phase grows with
-context. A split of verify into attention and MoE is left to the H200 session's profiler.
+The captured engine step (:mod:`workbench.engine.runner`) is one device program; :func:`captured_step_terms`
+splits its GPU time into the families of :data:`KERNEL_FAMILIES` (verify attention, MoE, tree build,
+accept/commit), the drafter's program timed on its own (:func:`draft_ms`) and the rest. The eager
+reference's per-phase times are :mod:`workbench.sweep.eager_phases`.
 """
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from typing import Any
 
-from workbench.engine.generate import PHASES
-from workbench.sweep import engine as es
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
-
-def phase_breakdown(model, contexts: Sequence[int], methods: Sequence[str] = ("ddtree-high",), generate: int = 32,
-                    block: int = 8, budget: int = 16, seed: int = 0) -> list[dict[str, Any]]:
-    """One row per (context, method): mean ms per step of each phase in ``PHASES`` and ``total``, the mean
-    accepted length and the steps counted (the first step, which warms the path, is left out when there are
-    more)."""
-    from workbench.engine.generate import generate as eager
-
-    es.check_sweep(contexts, [1], generate, [1, generate], methods, model.rotary.max_positions, block, budget)
-    vocab = model.config.vocab_size
-    rows = []
-    for c in contexts:
-        prompt = es.prompts_for(c, 1, vocab, seed)
-        cont = eager(model, prompt, generate)[0].tokens if any(m != "greedy" for m in methods) else None
-        for m in methods:
-            drafter = es.drafter_for(m, [cont], vocab, block, seed, budget=budget)
-            res = eager(model, prompt, generate, config=es.decode_config(m, block, budget), drafter=drafter)[0]
-            steps = res.steps[1:] if len(res.steps) > 1 else res.steps
-            row = {"context": c, "method": m, "steps": len(steps),
-                   "mean_accepted": statistics.fmean(s.accepted_length for s in steps)}
-            for p in PHASES + ("total",):
-                row[p] = statistics.fmean(s.times_ms.get(p, 0.0) for s in steps)
-            rows.append(row)
-    return rows
-
+from workbench.ddtree import topk_logprobs
+from workbench.measure import busy_us
 
 # The captured step's kernels by family (CUDA profiler records of graph replays; names from workbench/kernels/*.cu).
 KERNEL_FAMILIES = (("verify_attention", ("ddtree_verify",)), ("moe", ("moe_",)),
@@ -62,12 +38,6 @@ def captured_step_terms(session, steps: int, draft_ms: float = 0.0) -> dict[str,
     MoE, tree-build and accept/commit kernels; ``draft`` (the drafter's device program, timed on its own by the
     caller, as its kernels are generic torch ones); ``rest`` = wall - those (dense and attention projections,
     norms, lm_head, the glue between kernels and the host's gaps). Also wall_ms and gpu_busy_ms."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    from workbench.bench.measure import busy_us
-
     walls = []
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -97,10 +67,6 @@ def captured_step_terms(session, steps: int, draft_ms: float = 0.0) -> dict[str,
 def draft_ms(program, C: int, num_generated: int = 1, vocab_k: int = 32, repeats: int = 20) -> float:
     """Median ms (CUDA events) of a drafter's device program's ``draft`` and the top-K log-probs of its logits for
     C rows: the ``draft`` term of :func:`captured_step_terms`."""
-    import torch
-
-    from workbench.ddtree import topk_logprobs
-
     dev = program.floor.device if hasattr(program, "floor") else torch.device("cuda")
     ng = torch.full((C,), num_generated, dtype=torch.int64, device=dev)
     out = []

@@ -8,38 +8,62 @@ chunked prefill through the engine at 128k does not fit the run's time, see work
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
+from workbench.config import load_config
+from workbench.engine.loader import build_empty
+from workbench.engine.synthetic import synthetic_model
+from workbench.moe import Int4Experts
+from workbench.rates import decompose
 from workbench.sweep import engine as es
+from workbench.sweep.eager_phases import phase_breakdown
+from workbench.sweep.endpoint import endpoint_sweep
 from workbench.sweep.layout import LAYOUTS, layout_comparison
-from workbench.sweep.phases import phase_breakdown
-from workbench.sweep.rates import decompose
+from workbench.validation import InvalidParameter, check_choice, check_int, check_list
 
 ANCHORS = Path(__file__).resolve().parents[2] / "data" / "anchors" / "source_context.json"
 PARTS = ("contexts", "concurrency", "layout")   # what one sweep runs; a run may take a subset (merged later)
+
+
+def default_experts(cfg, layers: int, rows: int, capacity: int, reserve_gb: float = 16.0) -> int:
+    """The most routed experts per layer that fit the current GPU beside the dense weights, a KV pool of
+    ``rows x capacity`` tokens and ``reserve_gb`` of work space (an expert's bytes in the one layout the
+    engine holds it in on this GPU)."""
+    c = cfg.replace(num_hidden_layers=layers, n_routed_experts=cfg.num_experts_per_tok)
+    meta = build_empty(c, torch.bfloat16, "meta", True)
+    wb = meta.weight_bytes()
+    dense = sum(v for k, v in wb.items() if k != "routed_per_expert")
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    one = Int4Experts(torch.zeros(1, 2 * I, D // 8, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, 2 * I, D // 32, dtype=torch.bfloat16, device="cuda"),
+                      torch.zeros(1, D, I // 8, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, D, I // 32, dtype=torch.bfloat16, device="cuda"))
+    per_expert = one.nbytes
+    del one
+    torch.cuda.empty_cache()
+    moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
+    kv = rows * capacity * c.kv_row_width * layers * 2
+    free = torch.cuda.mem_get_info()[0]
+    e = int((free - dense - kv - reserve_gb * 2**30) // (moe_layers * per_expert))
+    return max(cfg.num_experts_per_tok, min(cfg.n_routed_experts, e - e % 8))
 
 
 def build_model(synthetic: str, layers: int | None = None, device: str = "cpu", experts: int | None = None,
                 kv_tokens: int = 0):
     """The synthetic model of :func:`workbench.sweep.engine.model_config` (seeded weights) on ``device``; on CUDA
     with ``experts`` None, the most routed experts per layer that fit beside ``kv_tokens`` KV rows
-    (:func:`workbench.bench.engine.default_experts`)."""
-    import torch
-
-    from workbench.engine.synthetic import synthetic_model
-    from workbench.validation import check_choice
-
+    (:func:`default_experts`)."""
     check_choice("device", device, ("cpu", "cuda"))
     cfg = es.model_config(synthetic, layers)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     if device == "cuda" and experts is None and synthetic != "tiny":
-        from workbench.bench.engine import default_experts
-        from workbench.config import load_config
-
         experts = default_experts(load_config(synthetic), cfg.num_hidden_layers, 1, max(kv_tokens, 1))
     return synthetic_model(cfg, layers=None, experts=experts, device=device, dtype=dtype)
 
@@ -66,10 +90,6 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
     (None: one pass). ``parts``: the parts run (:data:`PARTS`; the others are empty lists,
     ``parameters.parts`` says which ran), so that a long run can be split over several processes and merged
     (:func:`merge`). Each part's wall seconds go to ``parameters.part_seconds`` and to stderr as it ends."""
-    import torch
-
-    from workbench.validation import check_choice, check_int, check_list
-
     parts = check_list("parts", list(parts), lambda name, v: check_choice(name, v, PARTS), f"parts among {PARTS}")
 
     cfg = es.model_config(synthetic, layers) if model is None else model.config
@@ -78,8 +98,6 @@ def sweep(synthetic: str = "tiny", layers: int | None = None, contexts: Sequence
     check_choice("prefill", prefill, ("real", "synthetic"))
     cgen = check_int("concurrency_generate", concurrency_generate or generate, lo=2, hi=generate)
     if sustained_at is not None:
-        from workbench.validation import InvalidParameter
-
         bad = [c for c in sustained_at if c not in chk["contexts"]]
         if bad:
             raise InvalidParameter("sustained_at", list(sustained_at), "a subset of the contexts "
@@ -139,8 +157,6 @@ def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     run in context order, the concurrency and layout rows of the runs that took those parts (each part from exactly
     one run), the parameters of the first run with the union of contexts and parts and every run's part seconds.
     Raises when the runs disagree on the model or the sweep's settings, or a part or (context, method) repeats."""
-    from workbench.validation import InvalidParameter
-
     if not docs:
         raise InvalidParameter("docs", [], "at least one sweep document")
     same = ("synthetic", "layers", "experts", "methods", "generate", "two_point", "block", "budget", "repeats",
@@ -173,12 +189,8 @@ def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _free(device: str) -> None:
     """Return the last engine's KV pool and graphs to the device (the next part builds its own engine)."""
-    import gc
-
     gc.collect()
     if device == "cuda":
-        import torch
-
         torch.cuda.empty_cache()
 
 
@@ -209,8 +221,6 @@ def notebook_doc(endpoint: str | None = None, served_model: str | None = None, s
     client (:func:`workbench.sweep.endpoint.endpoint_sweep`: ``generate`` tokens sustained, ``two_point``, the
     contexts and concurrencies; the engine's parameters unused), else this engine's :func:`sweep`."""
     if measurement is not None:
-        from workbench.validation import InvalidParameter
-
         path = Path(measurement)
         if not path.is_file():
             raise InvalidParameter("measurement", measurement, "the path of a context_sweep.json measurement file "
@@ -221,8 +231,6 @@ def notebook_doc(endpoint: str | None = None, served_model: str | None = None, s
                                                                "results.contexts)")
         return from_measurement(doc)
     if endpoint is not None:
-        from workbench.sweep.endpoint import endpoint_sweep
-
         return endpoint_sweep(endpoint, served_model, contexts, concurrency, generate, two_point)
     return sweep(synthetic, layers, contexts, concurrency, methods, generate, two_point, block, budget, repeats,
                  device=device, threads=threads)

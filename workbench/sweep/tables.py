@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.sweep.run import decomposition
+
 
 def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """{title: rows} for the contexts (rates and their checks), the concurrency, the KV layout and the
     decomposition parts."""
-    from workbench.sweep.run import decomposition
-
     ctx = [{"context": r["context"], "method": r["method"], "p_top": r["p_top"], "TTFT ms": r["ttft_ms"],
             "step ms": r["mean_step_ms"], "accepted": r["mean_accepted"], "sustained t/s": r["sustained"],
             "two-point t/s": r["two_point"], "accepted/step t/s": r["check_sustained"]["identity"],

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from workbench.validation import InvalidParameter, check_float, check_int
 
-IDENTITY_TOLERANCE = 0.05  # issue 26: measured tokens/s within 5% of accepted / step time
+IDENTITY_TOLERANCE = 0.05  # the sweep's goal: measured tokens/s within 5% of accepted / step time
 
 
 def two_point_rate(tokens_a: int, tokens_b: int, seconds_a: float, seconds_b: float) -> float:

@@ -20,20 +20,25 @@ SGLang accept it), ids 1..255 drawn from a seed, so the length is exact on any s
 ``usage.prompt_tokens`` is recorded to confirm it. Timeouts and failures are results, never dropped: each request
 has ``ok`` and, when not, ``error`` (``"timeout"``, the HTTP status and the server's error message, ...), and
 every aggregate counts them. The two-point rate (``max_tokens`` A and B, each alone) and the sustained rate (one
-long generation, tokens after the first over the time after the first) use :mod:`workbench.sweep.rates`.
+long generation, tokens after the first over the time after the first) use :mod:`workbench.rates`.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
 import math
 import random
 import statistics
+import sys
 import time
 from typing import Any, Sequence
 
-from workbench.validation import check_float, check_int, check_list, check_str, check_two_point
+import httpx
+
+from workbench.rates import sustained_rate, two_point_rate
+from workbench.validation import check_float, check_int, check_list, check_str, check_two_point, parse_text
 
 
 @dataclasses.dataclass
@@ -78,8 +83,6 @@ def prompt_ids(context: int, seed: int = 0) -> list[int]:
 async def measure_request(http, endpoint: str, model: str, prompt: list[int], max_tokens: int,
                           timeout: float, api_key: str | None = None) -> RequestResult:
     """Stream one completion and time it (module docstring)."""
-    import httpx
-
     r = RequestResult(False, None, len(prompt), max_tokens)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -178,8 +181,6 @@ def sweep(endpoint: str, model: str, contexts: Sequence[int] = (128,), concurren
           timeout: float = 120.0, api_key: str | None = None, seed: int = 0) -> dict:
     """Measure ``endpoint`` at every (context, concurrency) point; with ``two_point`` (A, B) and ``sustained``
     N, also those rates at each context, one request at a time. Returns a JSON-ready dict."""
-    from workbench.sweep.rates import sustained_rate, two_point_rate
-
     check_str("endpoint", endpoint)
     check_str("model", model)
     contexts = check_list("contexts", contexts, lambda n, v: check_int(n, v, lo=1), "integers >= 1")
@@ -193,8 +194,6 @@ def sweep(endpoint: str, model: str, contexts: Sequence[int] = (128,), concurren
         check_int("sustained", sustained, lo=2)
 
     async def main():
-        import httpx
-
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=httpx.Limits(
                 max_connections=max(concurrency) + 4)) as http:
             points = [await _point(http, endpoint, model, c, n, max_tokens, timeout, api_key, seed)
@@ -247,14 +246,9 @@ def summary(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m workbench.serve.client --endpoint URL --model NAME [--contexts ...] [--concurrency ...]
+    """``python -m workbench.client --endpoint URL --model NAME [--contexts ...] [--concurrency ...]
     [--max-tokens N] [--two-point A B] [--sustained N] [--timeout S] [--api-key KEY] [--json]``."""
-    import argparse
-    import sys
-
-    from workbench.validation import parse_text
-
-    p = argparse.ArgumentParser(prog="python -m workbench.serve.client", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m workbench.client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True)
@@ -271,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         res = sweep(a.endpoint, a.model, a.contexts, a.concurrency, a.max_tokens, a.two_point, a.sustained,
                     a.timeout, a.api_key)
     except ValueError as e:
-        print(f"workbench.serve.client: error: {e}", file=sys.stderr)
+        print(f"workbench.client: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(res, indent=1) if a.json else summary(res))
     return 0

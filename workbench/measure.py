@@ -1,4 +1,4 @@
-"""Measurement helpers shared by every benchmark.
+"""Measuring helpers shared by the benchmarks, the sweep, the acceptance bench and the projection.
 
 - :func:`provenance` - who/what/where of a measurement (GPU, driver, CUDA,
   torch/cupy versions, git commit, date).
@@ -7,27 +7,40 @@
   sample, so the host's launch latency falls outside the events.
 - :func:`time_cuda_spans` - device time per call from the CUDA profiler's kernel
   records (first kernel start to last kernel end), no events at all;
-  :func:`graph_launch_latency` - the host's launch latency of a tiny graph.
+  :func:`graph_launch_latency` - the host's launch latency of a tiny graph;
+  :func:`busy_us` - the GPU-busy time of a set of kernel records.
 - :func:`capture_graphs` / :func:`time_in_graph` - CUDA graphs of callables, and
   the device time per call of many calls captured back to back in ONE graph.
 - :func:`measure_copy_bandwidth` / :func:`measure_bf16_matmul_tflops` - the
-  two ceilings, measured in the same run as the kernel they judge.
+  two ceilings (floors' denominators), measured in the same run as the kernel they judge.
 - :func:`write_measurement` / :func:`load_measurement` - the JSON files under
   ``data/measurements/<gpu>/<name>.json`` that notebooks and papers read.
+- :func:`prompts_for` - seeded random prompts (token ids) a measurement feeds an engine.
+
+Samples are Python floats in ms unless a name says otherwise. The clock and power sampling of a
+benchmark lives in :mod:`workbench.bench.clocks`.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
 from workbench import MEASUREMENTS_DIR, REPO_ROOT
+from workbench.dispatch import dispatch_for
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -63,27 +76,20 @@ def provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
     }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["cuda_runtime"] = torch.version.cuda
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(0)
-            info["gpu"] = p.name
-            info["gpu_sm_count"] = p.multi_processor_count
-            info["gpu_memory_bytes"] = p.total_memory
-            info["gpu_capability"] = f"{p.major}.{p.minor}"
-    except ImportError:
-        info["torch"] = None
-    from workbench.dispatch import dispatch_for
-
+    info["torch"] = torch.__version__
+    info["cuda_runtime"] = torch.version.cuda
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info["gpu"] = p.name
+        info["gpu_sm_count"] = p.multi_processor_count
+        info["gpu_memory_bytes"] = p.total_memory
+        info["gpu_capability"] = f"{p.major}.{p.minor}"
     info["dispatch"] = dispatch_for().record()   # which kernels this GPU runs; generic=True: no table of its own
     try:
         import cupy
 
         info["cupy"] = cupy.__version__
-    except Exception:  # cupy missing or no driver
+    except ImportError:  # cupy (optional) not installed, or its CUDA libraries missing
         info["cupy"] = None
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem",
                 "--format=csv,noheader"])
@@ -106,8 +112,6 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 10, reps: int = 50,
     kernel of that many SM cycles ahead of each sample's start event
     (:func:`time_cuda_queued`).
     """
-    import torch
-
     for i in range(warmup):
         if setup is not None:
             setup(i)
@@ -180,10 +184,6 @@ def time_cuda_spans(fn: Callable[[], Any], *, reps: int = 20, warmup: int = 3,
     ``setup`` must not queue any). ``setup(i)`` runs before call ``i``
     outside the span. Returns (samples in ms, kernels per call). Raises RuntimeError when the profiler recorded no
     kernel."""
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     for i in range(warmup):
         if setup is not None:
             setup(i)
@@ -208,8 +208,6 @@ def graph_launch_latency(reps: int = 50) -> dict[str, Any]:
     an idle GPU (:func:`time_cuda`: the host's launch latency inside) and queued behind a sleep kernel
     (:func:`time_cuda_queued`: the kernel's device time alone). ``latency_ms`` is the difference of the medians;
     ``raw_latency_ms`` the same for the graph launched by ``cudaGraphLaunch`` through cupy (``raw_error`` if not)."""
-    import torch
-
     x = torch.zeros(1, device="cuda")
     [g] = capture_graphs([lambda: x.add_(1.0)])
     one = time_cuda(g.replay, warmup=10, reps=reps)
@@ -226,7 +224,7 @@ def graph_launch_latency(reps: int = 50) -> dict[str, Any]:
         raw = time_cuda(lambda: cupy.cuda.runtime.graphLaunch(exe, stream), warmup=10, reps=reps)
         out.update(raw_one_replay_ms=raw, raw_one_replay_ms_median=median(raw),
                    raw_latency_ms=median(raw) - median(queued))
-    except Exception as exc:  # noqa: BLE001 - cupy or the raw handle missing: the torch numbers stand
+    except (ImportError, AttributeError, RuntimeError) as exc:  # cupy, the raw handle or the launch: the torch numbers stand
         out["raw_error"] = repr(exc)[:300]
     del g
     return out
@@ -235,8 +233,6 @@ def graph_launch_latency(reps: int = 50) -> dict[str, Any]:
 def capture_graphs(fns: Iterable[Callable[[], Any]]) -> list[Any]:
     """One CUDA graph per callable, each warmed up once on a side stream first (so that lazy
     initialisation stays out of the capture); returns the ``torch.cuda.CUDAGraph`` objects."""
-    import torch
-
     fns = list(fns)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -262,8 +258,6 @@ def time_in_graph(fns: list[Callable[[], Any]], reps: int, min_calls: int = 16,
     still pays its kernels' launch gaps inside the graph. ``after()``, when given, runs once after the
     timed replays while the graph (and what its calls wrote) is still alive, e.g. to check outputs.
     Returns (samples, calls per replay)."""
-    import math
-
     calls = max(min_calls, len(fns))
     calls = len(fns) * math.ceil(calls / len(fns))
 
@@ -281,8 +275,6 @@ def time_in_graph(fns: list[Callable[[], Any]], reps: int, min_calls: int = 16,
 
 def time_cpu(fn: Callable[[], Any], *, warmup: int = 2, reps: int = 20) -> list[float]:
     """Wall-clock samples in milliseconds for CPU code (``time.perf_counter``)."""
-    import time
-
     for _ in range(warmup):
         fn()
     out = []
@@ -301,8 +293,6 @@ def median(samples: Iterable[float]) -> float:
 def _device_copy(nbytes: int):
     """A device-to-device copy of ``nbytes`` (float32 buffers, random source): yields (the copy as a callable, bytes
     moved = read + written); the buffers are freed when the block ends."""
-    import torch
-
     src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     try:
@@ -338,8 +328,6 @@ def copy_timing_probe(nbytes: int = 2 << 30, reps: int = 20) -> dict[str, Any]:
 
 def measure_bf16_matmul_tflops(n: int = 8192, reps: int = 10) -> dict[str, Any]:
     """Dense bf16 matrix rate through torch (cuBLAS) on random data, TFLOP/s."""
-    import torch
-
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     samples = time_cuda(lambda: a @ b, warmup=3, reps=reps)
@@ -350,151 +338,11 @@ def measure_bf16_matmul_tflops(n: int = 8192, reps: int = 10) -> dict[str, Any]:
             "tflops": 2 * n**3 / (med * 1e-3) / 1e12}
 
 
-# ----------------------------------------------------------------------------- clocks and power under load
-
-SMI_FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
-# nvidia-smi clock-event reason bits (nvmlClocksEventReason*)
-CLOCK_EVENT_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-                       0x20: "sync_boost", 0x40: "sw_thermal", 0x80: "hw_thermal", 0x100: "hw_power_brake"}
-
-
-def clock_event_reason_names(mask: int) -> list[str]:
-    """Names of the clock-event reason bits set in ``mask`` (:data:`CLOCK_EVENT_REASONS`)."""
-    return [n for b, n in CLOCK_EVENT_REASONS.items() if mask & b]
-
-
-class smi_sampler:
-    """Context manager: sample ``nvidia-smi`` every ``period_ms`` while the block runs. The list it yields is
-    filled when the block ends: one dict per sample, ``t`` (seconds, ``time.time()``'s clock, from nvidia-smi's own
-    timestamp: its output reaches a pipe in blocks), ``sm_mhz``, ``mem_mhz``, ``power_w``, ``temp_c``, ``reasons``
-    (the active clock-event bit mask). Raises if nvidia-smi is missing or gives no sample."""
-
-    def __init__(self, period_ms: int = 20):
-        import shutil
-
-        self.exe = shutil.which("nvidia-smi")
-        if self.exe is None:
-            raise RuntimeError("nvidia-smi not found: sampling clocks needs it")
-        self.period_ms = period_ms
-        self.out: list[dict[str, Any]] = []
-
-    def __enter__(self) -> list[dict[str, Any]]:
-        import threading
-        import time
-
-        self.fields = list(SMI_FIELDS)
-        probe = subprocess.run([self.exe, f"--query-gpu={self.fields[-1]}", "--format=csv,noheader"],
-                               capture_output=True)
-        if probe.returncode:
-            self.fields[-1] = "clocks_throttle_reasons.active"   # the field's name before the rename
-        self.proc = subprocess.Popen([self.exe, f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
-                                      f"-lms={self.period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        self.lines: list[str] = []
-
-        def reader() -> None:
-            for line in self.proc.stdout:
-                self.lines.append(line.strip())
-
-        self.thread = threading.Thread(target=reader, daemon=True)
-        self.thread.start()
-        time.sleep(0.2)
-        return self.out
-
-    def __exit__(self, *exc: Any) -> None:
-        import csv
-        import io
-
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.thread.join(timeout=5)
-        for line in self.lines:
-            parts = [q.strip() for q in next(csv.reader(io.StringIO(line)), [])]
-            if len(parts) != len(self.fields):
-                continue
-            try:
-                t = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                self.out.append({"t": t, "sm_mhz": float(parts[1]), "mem_mhz": float(parts[2]),
-                                 "power_w": float(parts[3]), "temp_c": float(parts[4]), "reasons": int(parts[5], 16)})
-            except ValueError:
-                continue
-        if not self.out and exc[0] is None:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise RuntimeError(f"nvidia-smi gave no samples: {err.strip()[:300]}")
-
-
-def replay_for(replay: Callable[[], Any], seconds: float, calls: int) -> tuple[float, float, list[float]]:
-    """Replay ``replay`` (a graph of ``calls`` calls) back to back for about ``seconds``; returns (start, end) on
-    ``time.time()``'s clock and the per-call ms of every replay (CUDA events)."""
-    import time
-
-    import torch
-
-    per_call = []
-    t0 = time.time()
-    while time.time() - t0 < seconds:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        replay()
-        b.record()
-        b.synchronize()
-        per_call.append(a.elapsed_time(b) / calls)
-    return t0, time.time(), per_call
-
-
-def clock_phases(phases: list[tuple[str, Callable[[], Any], int]], seconds: float = 3.0,
-                 idle_s: float = 1.0, period_ms: int = 20) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Each phase (label, graph replay, calls per replay) replayed back to back for ``seconds``, ``idle_s`` idle
-    before the first and after each, ``nvidia-smi`` sampled every ``period_ms`` throughout. Per phase: replays,
-    per-call ms of the first 5 replays and of the second half (medians), and over the samples inside the phase
-    (its first tenth left out) the SM clock (median, min), power (median, max), the hottest temperature and the
-    union of the clock-event reasons. Returns (rows, samples: smi, windows, per-call ms, idle SM clock)."""
-    import time
-
-    windows, per_call = {}, {}
-    with smi_sampler(period_ms) as smi:
-        time.sleep(idle_s)
-        for label, replay, calls in phases:
-            t0, t1, pc = replay_for(replay, seconds, calls)
-            windows[label], per_call[label] = (t0, t1), pc
-            time.sleep(idle_s)
-    rows = []
-    first = windows[phases[0][0]][0] if phases else float("inf")
-    idle = [q["sm_mhz"] for q in smi if q["t"] < first]
-    for label, _, _ in phases:
-        t0, t1 = windows[label]
-        inside = [q for q in smi if t0 + 0.1 * (t1 - t0) <= q["t"] <= t1]
-        pc = per_call[label]
-        mask = 0
-        for q in inside:
-            mask |= q["reasons"]
-        rows.append({"phase": label, "replays": len(pc), "seconds": t1 - t0,
-                     "first5_ms_per_call": statistics.median(pc[:5]),
-                     "second_half_ms_per_call": statistics.median(pc[len(pc) // 2:]),
-                     "smi_samples": len(inside),
-                     "sm_mhz_median": statistics.median(q["sm_mhz"] for q in inside) if inside else None,
-                     "sm_mhz_min": min(q["sm_mhz"] for q in inside) if inside else None,
-                     "power_w_median": statistics.median(q["power_w"] for q in inside) if inside else None,
-                     "power_w_max": max(q["power_w"] for q in inside) if inside else None,
-                     "temp_c_max": max(q["temp_c"] for q in inside) if inside else None,
-                     "reasons": clock_event_reason_names(mask)})
-    return rows, {"smi": smi, "windows": windows, "per_call_ms": per_call,
-                  "idle_sm_mhz_median": statistics.median(idle) if idle else None}
-
-
 def gpu_slug() -> str:
     """Short folder name for the current GPU (``h200``, ``h100``, ``cpu``...)."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return "cpu"
-        name = torch.cuda.get_device_name(0).lower()
-    except ImportError:
+    if not torch.cuda.is_available():
         return "cpu"
+    name = torch.cuda.get_device_name(0).lower()
     for key in ("h200", "h100", "b300", "b200", "a100", "l40s"):
         if key in name:
             return key
@@ -524,15 +372,10 @@ def write_measurement(name: str, *, parameters: dict[str, Any], results: Any,
 
 
 def _json_default(o: Any) -> Any:
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-    except ImportError:
-        pass
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
@@ -542,3 +385,9 @@ def load_measurement(name: str, gpu: str = "h200") -> dict[str, Any] | None:
     if not path.exists():
         return None
     return json.loads(path.read_text())
+
+
+def prompts_for(context: int, count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """``count`` seeded random prompts of ``context`` tokens (ids in [0, vocab)), as lists of ints."""
+    g = torch.Generator().manual_seed(seed * 100003 + context)
+    return torch.randint(0, vocab, (count, context), generator=g).tolist()
