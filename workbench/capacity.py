@@ -20,12 +20,13 @@ import argparse
 import dataclasses
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from workbench.config import KV_DTYPE_BYTES, ModelConfig, load_config
+from workbench.config import KV_DTYPE_BYTES, ModelConfig, available_models, config_from_dict, load_config
 from workbench.hardware import get_gpu
-from workbench.validation import check_choice, check_float, parse_text
+from workbench.validation import InvalidParameter, check_choice, check_float, load_json_file, parse_text
 
 BF16 = 2
 GIB = 2**30
@@ -88,12 +89,36 @@ def weight_bytes_per_gpu(cfg: ModelConfig, tp: int = 1, attention: str = "tp") -
                            router_and_norms=router_b + norms_b)
 
 
+def model_config(model: str | Path | ModelConfig, name: str = "model") -> ModelConfig:
+    """``model`` as a :class:`ModelConfig`: a shipped name, a checkpoint folder holding config.json, or a
+    config.json. InvalidParameter (parameter ``name``) naming the path and why it is not a model config."""
+    if isinstance(model, ModelConfig):
+        return model
+    allowed = ("a shipped model (one of " + ", ".join(map(repr, available_models()))
+               + ") or the path of a checkpoint folder holding config.json, or of a config.json")
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise InvalidParameter(name, model, allowed)
+    p = Path(model).expanduser()
+    if not p.exists():
+        return load_config(model)  # a shipped name, else the message listing them
+    file = p / "config.json" if p.is_dir() else p
+    if not file.exists():
+        raise InvalidParameter(name, str(model), f"{allowed}; the folder {p} holds no config.json")
+    raw = load_json_file(name, file, "a model's config.json")
+    if not isinstance(raw, dict):
+        raise InvalidParameter(name, str(model), f"{allowed}; {file} is JSON but not an object")
+    try:
+        return config_from_dict(raw, name=file.parent.name)
+    except (ValueError, TypeError) as e:  # an unsupported model_type, a missing or malformed key
+        raise InvalidParameter(name, str(model), f"{allowed}; {file} is not a supported model config: {e}") from None
+
+
 def check_inputs(model: str | Path | ModelConfig, tp: Any, mem_fraction: Any, context: Any, kv_dtype: Any,
                  reserved_gib: Any, gpu: Any = None, attention: Any = None) -> ModelConfig:
     """The rules :func:`capacity` applies to its inputs (``gpu`` / ``attention`` None: not given,
     not checked); returns the model config. ``workbench run`` checks notebook 05's parameters
     with it before the notebook runs, so the CLI, the library and the notebook say the same."""
-    cfg = model if isinstance(model, ModelConfig) else load_config(model)
+    cfg = model_config(model)
     cfg.check_tp(tp)
     cfg.check_context(context)
     check_float("mem_fraction", mem_fraction, lo=0, hi=1, lo_open=True)
@@ -217,7 +242,7 @@ def capacity_table(gpus: list[str], **kw: Any) -> list[dict[str, Any]]:
 
 def context_curve(contexts: list[int], gpus: list[str], **kw: Any) -> dict[str, Any]:
     """Request KV bytes against context, and each GPU's KV pool (bytes), for plotting."""
-    cfg = load_config(kw.get("model", "kimi-k2.6"))
+    cfg = model_config(kw.get("model", "kimi-k2.6"))
     kv_tok = cfg.kv_bytes_per_token(kw.get("kv_dtype", "bf16"))
     pools = {g: capacity(gpu=g, context=1, **kw).kv_pool_bytes for g in gpus}
     return {"contexts": list(contexts), "request_bytes": [c * kv_tok for c in contexts],

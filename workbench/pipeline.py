@@ -14,11 +14,13 @@ Parameters: ``-p NAME VALUE`` applies to every selected notebook that declares
 float, bool, list, string; ``1e6`` is the integer 1000000). A name no selected
 notebook declares is an error that lists the notebooks' parameters.
 
-Checked before any notebook runs: every parameter of every selected notebook
-(its default, the profile's value, the ``-p`` value) against its type and
-range in ``notebooks/parameters.yaml`` and the library's own input check for
-that notebook (:mod:`workbench.validation`); an error names the notebook, the
-parameter, the value and what is allowed, and nothing runs. A single value
+Checked before any notebook runs: the notebooks folder and the output folder;
+every parameter of every selected notebook (its default, the profile's value,
+the ``-p`` value) against its type and range in ``notebooks/parameters.yaml``
+and the library's own input check for that notebook (:mod:`workbench.validation`);
+the Python packages the notebook ``needs`` there (with how to install a missing
+one); an error names the notebook, the parameter, the value and what is allowed,
+and nothing runs. A single value
 given for a list parameter counts as a one-element list (``-p accept 12`` is
 ``[12]``); nothing is clipped.
 
@@ -38,6 +40,7 @@ import importlib.metadata
 import inspect
 import json
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -48,7 +51,11 @@ from typing import Any
 import yaml
 
 from workbench import NOTEBOOK_DIR, REPO_ROOT
-from workbench.validation import InvalidParameter, ParamSpec, parse_text, resolve_ref
+from workbench.environment import has_cuda
+from workbench.measure import git_commit
+from workbench.validation import (
+    InvalidParameter, PackageNeed, ParamSpec, check_dir, check_out_dir, parse_text, resolve_ref,
+)
 
 RUNS_DIR = REPO_ROOT / "runs"
 PROFILES_FILE = NOTEBOOK_DIR / "profiles.yaml"
@@ -81,7 +88,7 @@ class Notebook:
 
     def parameters(self) -> dict[str, dict[str, Any]]:
         """The ``parameters`` cell: name -> {default (source text), type}."""
-        import papermill
+        import papermill  # imported where used: it takes seconds, and `workbench --help` should not
 
         params = papermill.inspect_notebook(str(self.path))
         return {k: {"default": v["default"], "type": v["inferred_type_name"], "help": v.get("help", "")}
@@ -101,11 +108,13 @@ class Notebook:
 
 @dataclasses.dataclass(frozen=True)
 class NotebookSchema:
-    """A notebook's entry in notebooks/parameters.yaml: one :class:`ParamSpec` per parameter and
-    the library's input check (``module:function``, called with the parameters it names)."""
+    """A notebook's entry in notebooks/parameters.yaml: one :class:`ParamSpec` per parameter, the
+    library's input check (``module:function``, called with the parameters it names) and the Python
+    packages the notebook needs (:class:`~workbench.validation.PackageNeed`)."""
 
     parameters: dict[str, ParamSpec]
     check: str | None = None
+    needs: tuple[PackageNeed, ...] = ()
 
     def check_values(self, values: dict[str, Any]) -> dict[str, Any]:
         """``values`` (every parameter of the notebook) checked and typed; raises InvalidParameter
@@ -115,13 +124,21 @@ class NotebookSchema:
             raise ValueError(f"parameter(s) {', '.join(missing)} have no entry in notebooks/{SCHEMA_NAME}: "
                              f"give each a type and range there")
         typed = {}
-        for k, v in values.items():
+        for k in self._order(values):
             try:
-                typed[k] = self.parameters[k].check(k, v, values)
+                typed[k] = self.parameters[k].check(k, values[k], {**values, **typed})
             except InvalidParameter as e:  # the library's own message where its check covers k (it says more)
                 raise self._library_message(e, values) from None
         self._call_check(typed)
-        return typed
+        for need in self.needs:
+            need.check(typed)
+        return {k: typed[k] for k in values}
+
+    def _order(self, values: dict[str, Any]) -> list[str]:
+        """The parameters in the order they are checked: those that bound another (``hi: block``) first,
+        so a bad bound is blamed on itself, not on the parameter it bounds."""
+        bounds = set().union(*(spec.bound_names() for spec in self.parameters.values()))
+        return sorted(values, key=lambda k: k not in bounds)
 
     def _call_check(self, values: dict[str, Any]) -> None:
         if self.check:
@@ -140,14 +157,26 @@ class NotebookSchema:
         return e
 
 
+SCHEMA_KEYS = ("parameters", "check", "needs")  # per notebook in parameters.yaml
+
+
 def load_schema(folder: Path = NOTEBOOK_DIR) -> dict[str, NotebookSchema]:
     """notebooks/parameters.yaml: notebook selector -> :class:`NotebookSchema`."""
     path = Path(folder) / SCHEMA_NAME
     if not path.exists():
         raise ValueError(f"{path} is missing: every notebook parameter needs a type and range there")
     raw = yaml.safe_load(path.read_text()) or {}
-    return {str(sel): NotebookSchema({k: ParamSpec.from_dict(v) for k, v in (entry.get("parameters") or {}).items()},
-                                     entry.get("check")) for sel, entry in raw.items()}
+    return {str(sel): _notebook_schema(str(sel), entry or {}) for sel, entry in raw.items()}
+
+
+def _notebook_schema(sel: str, entry: dict[str, Any]) -> NotebookSchema:
+    """One notebook's entry of parameters.yaml; an unknown key is an error naming the allowed ones."""
+    unknown = sorted(set(entry) - set(SCHEMA_KEYS))
+    if unknown:
+        raise ValueError(f"notebooks/{SCHEMA_NAME}, {sel!r}: unknown key(s) {', '.join(unknown)}; "
+                         f"allowed: {', '.join(SCHEMA_KEYS)}")
+    return NotebookSchema({k: ParamSpec.from_dict(v) for k, v in (entry.get("parameters") or {}).items()},
+                          entry.get("check"), tuple(PackageNeed.from_dict(n) for n in entry.get("needs") or ()))
 
 
 def schema_of(nb: Notebook, schema: dict[str, NotebookSchema]) -> NotebookSchema:
@@ -159,12 +188,17 @@ def schema_of(nb: Notebook, schema: dict[str, NotebookSchema]) -> NotebookSchema
 
 
 def discover(folder: Path = NOTEBOOK_DIR) -> list[Notebook]:
-    """The numbered notebooks ``NN_*.ipynb`` in ``folder``, in order."""
+    """The numbered notebooks ``NN_*.ipynb`` in ``folder`` (an existing folder that holds some), in order."""
+    what = "a folder of numbered notebooks (NN_*.ipynb)"
+    folder = check_dir("notebooks", folder, what)
     nbs = [Notebook(p) for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))]
+    if not nbs:
+        raise InvalidParameter("notebooks", str(folder), f"{what}; it holds none")
     return nbs
 
 
 def select(notebooks: list[Notebook], selectors: list[str]) -> list[Notebook]:
+    """The notebooks any of ``selectors`` matches (all without selectors); a selector matching none is an error."""
     if not selectors:
         return list(notebooks)
     chosen = [nb for nb in notebooks if any(nb.matches(s) for s in selectors)]
@@ -233,7 +267,7 @@ def check_parameters(notebooks: list[Notebook], injected: dict[str, dict[str, An
         try:
             typed = sch.check_values(values)
         except InvalidParameter as e:
-            errors.append(f"{nb.name}: {e} (value from {origin[nb.name].get(e.name, 'the notebook default')})")
+            errors.append(f"{nb.name}: {e} ({_origin_note(e.name, sch, values, origin[nb.name])})")
             continue
         except ValueError as e:
             errors.append(f"{nb.name}: {e}")
@@ -242,6 +276,17 @@ def check_parameters(notebooks: list[Notebook], injected: dict[str, dict[str, An
     if errors:
         raise ValueError("parameters not allowed; no notebook ran:\n  " + "\n  ".join(errors))
     return typed_out
+
+
+def _origin_note(name: str, sch: NotebookSchema, values: dict[str, Any], origin: dict[str, str]) -> str:
+    """Where the refused value came from and, where a bound of it was set (``hi: block`` given with -p or by
+    the profile), that bound with its value and origin: the parameter the user changed is named."""
+    note = f"value from {origin.get(name, 'the notebook default')}"
+    spec = sch.parameters.get(name)
+    for b in sorted(spec.bound_names()) if spec else ():
+        if b in origin:
+            note += f"; bounded by {b}={values.get(b)!r} from {origin[b]}"
+    return note
 
 
 def _kernel_spec() -> tuple[str, str]:
@@ -263,7 +308,7 @@ def _export_html(nb_path: Path) -> Path:
     mimetype output, plotly.js embedded once (with the first figure), so the file opens offline.
     A widget (it needs a running kernel) shows as a note; the widgets' saved state, which
     carries another copy of plotly.js, is left out."""
-    import nbformat
+    import nbformat  # these three imported where used: together they take seconds
     import plotly.io as pio
     from nbconvert import HTMLExporter
 
@@ -291,8 +336,6 @@ def _export_html(nb_path: Path) -> Path:
 
 def _versions() -> dict[str, str | None]:
     """Python and the packages the notebooks and their reports run on (cupy if installed)."""
-    import platform
-
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in VERSIONED:
         try:
@@ -308,8 +351,6 @@ def _versions() -> dict[str, str | None]:
 
 def _git() -> dict[str, Any]:
     """The commit the run came from and whether tracked files differed from it."""
-    from workbench.bench.measure import git_commit
-
     commit = git_commit()
     if commit is None:
         return {"commit": None, "dirty": None}
@@ -333,7 +374,7 @@ def _environ(**values: str):
 
 def _run_one(nb: Notebook, params: dict[str, Any], out: Path, kernel: str) -> dict[str, Any]:
     """Execute one notebook into ``out`` and export its HTML; returns its run.json entry."""
-    import papermill
+    import papermill  # imported where used: it takes seconds
 
     entry: dict[str, Any] = {"notebook": nb.name, "parameters": params, "status": "ok"}
     target = out / nb.path.name
@@ -344,7 +385,7 @@ def _run_one(nb: Notebook, params: dict[str, Any], out: Path, kernel: str) -> di
     except papermill.PapermillExecutionError as e:
         entry.update(status="failed", error={"cell_index": e.cell_index, "exec_count": e.exec_count,
                                              "cell_source": e.source, "ename": e.ename, "evalue": e.evalue})
-    except Exception as e:  # kernel died, bad notebook, ...
+    except (papermill.PapermillException, RuntimeError, OSError, ValueError) as e:  # kernel died, bad notebook
         entry.update(status="failed", error={"cell_index": None, "ename": type(e).__name__,
                                              "evalue": str(e), "traceback": traceback.format_exc()})
     entry["seconds"] = round(time.perf_counter() - t0, 2)
@@ -352,7 +393,7 @@ def _run_one(nb: Notebook, params: dict[str, Any], out: Path, kernel: str) -> di
         entry["executed"] = str(target)
         try:
             entry["html"] = str(_export_html(target))
-        except Exception as e:  # an export failure must not hide the run's result; the CLI prints it
+        except (OSError, ValueError, KeyError, TypeError) as e:  # an export failure must not hide the run's result
             entry["html_error"] = f"{type(e).__name__}: {e}"
     return entry
 
@@ -360,19 +401,18 @@ def _run_one(nb: Notebook, params: dict[str, Any], out: Path, kernel: str) -> di
 def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str, str]] | None = None,
                   out_dir: str | Path | None = None, fail_fast: bool = False, profile: str = "auto",
                   notebook_dir: Path = NOTEBOOK_DIR, progress: bool = True) -> dict[str, Any]:
-    """Execute the selected notebooks; returns the run record (also written as run.json)."""
+    """Execute the selected notebooks; returns the run record (also written as run.json). Everything is
+    checked before the first notebook starts: the folders, the profile and the parameters."""
     from tqdm.auto import tqdm
 
     notebooks = select(discover(notebook_dir), selectors or [])
-    if not notebooks:
-        raise ValueError(f"no numbered notebooks (NN_*.ipynb) in {notebook_dir}")
+    if out_dir is not None:
+        check_out_dir("out", out_dir, "the run's output folder")
     if profile == "auto":
-        from workbench.environment import has_cuda
-
         profile = "gpu" if has_cuda() else "cpu"
     params = resolve_parameters(notebooks, overrides or [], load_profile(profile))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(out_dir) if out_dir else RUNS_DIR / stamp
+    out = Path(out_dir).expanduser() if out_dir else RUNS_DIR / stamp
     out.mkdir(parents=True, exist_ok=True)
     kernel, jupyter_path = _kernel_spec()
     record: dict[str, Any] = {"started_utc": stamp, "profile": profile, "python": sys.executable,
@@ -380,7 +420,7 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
                               "out_dir": str(out), "notebooks": []}
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
     with _environ(PLOTLY_RENDERER=PLOTLY_RENDERER, JUPYTER_PATH=jupyter_path):  # for papermill and the kernels
-        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.kernelspec import KernelSpecManager  # with papermill, where used
 
         KernelSpecManager().get_kernel_spec(kernel)  # fail early if not found
         for nb in bar:
@@ -428,10 +468,15 @@ def _cli_run(args: argparse.Namespace) -> int:
 
 
 def _cli_list(args: argparse.Namespace) -> int:
+    """``workbench list``: each notebook, its parameters with their rules, and the packages it needs."""
+    notebooks = discover(Path(args.notebooks))
     schema = load_schema(Path(args.notebooks))
-    for nb in discover(Path(args.notebooks)):
+    for nb in notebooks:
         sch = schema_of(nb, schema)
         print(nb.name + (f"  (also checked by {sch.check})" if sch.check else ""))
+        for need in sch.needs:
+            when = " and ".join(f"{k} holds {v!r}" for k, v in need.when.items())
+            print(f"    needs {need.module}{f' when {when}' if when else ''}: {need.install}")
         for k, v in nb.parameters().items():
             spec = sch.parameters.get(k)
             rule = f"  ({spec.describe()})" if spec else f"  (no entry in {SCHEMA_NAME})"

@@ -11,16 +11,29 @@ names the parameter, the value given and what is allowed. Nothing is clipped.
   (``notebooks/parameters.yaml`` holds one per parameter; ``workbench.pipeline`` checks
   ``-p`` values, the profile's and the notebooks' defaults against them before any
   notebook runs);
-- :func:`check_array_values`: every element of an array (the DDTree tree inputs).
+- :func:`check_array_values`: every element of an array (the DDTree tree inputs);
+- the world outside the process, checked before any work starts: :func:`load_json_file`,
+  :func:`check_dir`, :func:`check_out_dir` (files and folders), :func:`check_host`,
+  :func:`check_bindable`, :func:`check_url`, :func:`check_reachable` (network),
+  :func:`check_module` and :class:`PackageNeed` (what a notebook or a rank imports).
 """
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib
+import importlib.util
+import ipaddress
+import json
 import math
+import os
+import socket
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+import numpy as np
 import yaml
 
 
@@ -120,7 +133,10 @@ def parse_text(text: str) -> Any:
     """A command-line word as a value: YAML-typed (``3`` int, ``0.5`` float, ``true`` bool,
     ``[1, 2]`` list, ``null`` None, else the string), and a number YAML leaves as text
     (``1e6``) read as a float. An integral float becomes an int (``1e6`` -> 1000000): exact,
-    nothing rounded."""
+    nothing rounded. A blank word stays the string it is (``--context ""`` is ``''``, which the
+    check then refuses by name), never None: None is written ``null``."""
+    if not text.strip():
+        return text
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -218,6 +234,21 @@ class ParamSpec:
             parts.append("or None")
         return " ".join(parts)
 
+    def bound_names(self) -> set[str]:
+        """The other parameters of the notebook that bound this one (``hi: block``)."""
+        return {b for b in (self.lo, self.hi) if isinstance(b, str) and ":" not in b}
+
+    def _bounds(self, others: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The bounds as numbers: a library constant resolved, another parameter's value looked up in ``others``."""
+        bounds = {}
+        for key in ("lo", "hi"):
+            b = getattr(self, key)
+            if isinstance(b, str):
+                b = resolve_ref(b) if ":" in b else (others or {}).get(b)
+            if b is not None:
+                bounds[key] = b
+        return bounds
+
     def _multiple(self) -> int | None:
         m = self.multiple_of
         return resolve_ref(m) if isinstance(m, str) else m
@@ -230,16 +261,11 @@ class ParamSpec:
             return None
         base = self.type.removeprefix("list[").removesuffix("]")
         kind, scalar = _SCALARS[base]
-        bounds = {}
-        for key in ("lo", "hi"):
-            b = getattr(self, key)
-            if isinstance(b, str):  # a library constant, or another parameter's value
-                b = resolve_ref(b) if ":" in b else (others or {}).get(b)
-            if b is not None:
-                bounds[key] = b
+        bounds = self._bounds(others)
         choices = self.allowed_choices()
         multiple = self._multiple()
-        what = kind + _range(bounds.get("lo"), bounds.get("hi"))
+        span = _range(bounds.get("lo"), bounds.get("hi"))
+        what = kind + span
         if choices is not None:
             what += " among " + ", ".join(map(repr, choices))
         if multiple is not None:
@@ -250,8 +276,7 @@ class ParamSpec:
             if choices is not None:
                 check_choice(n, v, choices)
             if multiple is not None and v % multiple:
-                raise InvalidParameter(n, v, f"an integer{_range(bounds.get('lo'), bounds.get('hi'))} "
-                                             f"and a multiple of {multiple}")
+                raise InvalidParameter(n, v, f"an integer{span} and a multiple of {multiple}")
             return v
         try:
             return check_list(name, value, item, what) if self.is_list else item(name, value)
@@ -268,8 +293,6 @@ def check_array_values(name: str, values: Any, *, lo: float | None = None, hi: f
     """Every element of ``values`` (anything ``numpy.asarray`` takes) finite, in [lo, hi] and, with
     ``integer``, of an integer dtype. Raises :class:`InvalidParameter` naming the first offending
     element by its index (``name[i, j]``), its value and what is allowed (``what`` adds why)."""
-    import numpy as np
-
     a = np.asarray(values)
     kind = "integers" if integer else "finite numbers"
     allowed = f"{kind}{_range(lo, hi)}" + (f" ({what})" if what else "")
@@ -286,3 +309,187 @@ def check_array_values(name: str, values: Any, *, lo: float | None = None, hi: f
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         v = a[idx].item()
         raise InvalidParameter(f"{name}[{', '.join(map(str, idx))}]", v, allowed)
+
+
+# ---------------------------------------------------------------- files and folders
+
+def _as_path(name: str, value: Any, allowed: str) -> Path:
+    """``value`` as a Path: a non-empty string or path-like, else InvalidParameter."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise InvalidParameter(name, value, allowed)
+    return Path(value).expanduser()
+
+
+def load_json_file(name: str, path: Any, what: str = "a JSON file") -> Any:
+    """The parsed JSON document at ``path``. InvalidParameter naming the file, what it must be
+    (``what``) and why it cannot be read: missing, a folder, unreadable, not text, not JSON
+    (with the line and column)."""
+    allowed = f"the path of {what}"
+    p = _as_path(name, path, allowed)
+    if not p.exists():
+        raise InvalidParameter(name, str(path), f"{allowed}; it does not exist")
+    if p.is_dir():
+        raise InvalidParameter(name, str(path), f"{allowed}; this is a folder")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InvalidParameter(name, str(path), f"{allowed}; it cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise InvalidParameter(name, str(path), f"{allowed}; it is not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidParameter(name, str(path), f"{allowed}; it is not JSON ({e.msg} at line {e.lineno}, "
+                                                f"column {e.colno})") from None
+
+
+def check_dir(name: str, path: Any, what: str = "a folder") -> Path:
+    """An existing folder; returns it as a Path."""
+    allowed = f"the path of {what}"
+    p = _as_path(name, path, allowed)
+    if not p.exists():
+        raise InvalidParameter(name, str(path), f"{allowed}; it does not exist")
+    if not p.is_dir():
+        raise InvalidParameter(name, str(path), f"{allowed}; this is a file")
+    return p
+
+
+def check_out_dir(name: str, path: Any, what: str = "an output folder") -> Path:
+    """A folder to write into: an existing, writable folder, or a path whose nearest existing parent
+    is one (the folder is created there). Returns it as a Path."""
+    allowed = f"{what}: an existing writable folder or a new one under a writable folder"
+    p = _as_path(name, path, allowed)
+    if p.exists() and not p.is_dir():
+        raise InvalidParameter(name, str(path), f"{allowed}; this is an existing file")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InvalidParameter(name, str(path), f"{allowed}; {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidParameter(name, str(path), f"{allowed}; {parent} is not writable")
+    return p
+
+
+# ---------------------------------------------------------------- network
+
+def check_host(name: str, host: Any) -> str:
+    """An address to bind or reach: an IP address or a host name this machine resolves."""
+    allowed = "an IP address or a host name this machine resolves (127.0.0.1, 0.0.0.0, ::1, localhost, ...)"
+    check_str(name, host)
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise InvalidParameter(name, host, f"{allowed}; {getattr(e, 'strerror', None) or e}") from None
+    return host
+
+
+def check_bindable(host: str, port: int, names: tuple[str, str] = ("host", "port")) -> None:
+    """``host``:``port`` can be bound now (a free port this user may bind, an address of this machine);
+    the parameter to blame is ``names[0]`` (the address) or ``names[1]`` (the port)."""
+    check_host(names[0], host)
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+        try:
+            s.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise InvalidParameter(names[1], port, f"a port free on {host}; {port} is in use") from None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise InvalidParameter(names[1], port, f"a port this user may bind (below 1024 needs root); "
+                                                       f"{e.strerror}") from None
+            raise InvalidParameter(names[0], host, f"an address of this machine; binding it failed "
+                                                   f"({e.strerror})") from None
+
+
+def check_url(name: str, url: Any, example: str = "http://127.0.0.1:8000") -> str:
+    """An http:// or https:// base URL with a host (and a valid port where one is given)."""
+    allowed = f"an http:// or https:// base URL, e.g. {example}"
+    check_str(name, url)
+    u = urlparse(url)
+    try:
+        port_ok = u.port is None or 0 < u.port
+    except ValueError:  # a port that is not a number or out of range
+        port_ok = False
+    if u.scheme not in ("http", "https") or not u.hostname or not port_ok:
+        raise InvalidParameter(name, url, allowed)
+    return url
+
+
+def check_reachable(name: str, url: Any, timeout: float = 5.0) -> str:
+    """``url`` (:func:`check_url`) where a server accepts a TCP connection within ``timeout`` seconds."""
+    check_url(name, url)
+    u = urlparse(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout).close()
+    except OSError as e:  # refused, unresolvable, unreachable, timed out
+        reason = e.strerror or str(e) or type(e).__name__
+        raise InvalidParameter(name, url, f"the base URL of a running server; connecting to {u.hostname}:{port} "
+                                          f"failed ({reason})") from None
+    return url
+
+
+# ---------------------------------------------------------------- what a process imports
+
+def _find_module(module: str) -> str | None:
+    """None where ``module`` can be imported, else why not (its parent packages are imported to look)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:  # a parent package missing; a relative or malformed name
+        return str(e)
+    return None if spec is not None else f"no module named {module!r}"
+
+
+def check_module(name: str, module: Any) -> str:
+    """A module ``python -m`` can run: importable, and a package only with a ``__main__``."""
+    allowed = "an importable module that python -m can run"
+    check_str(name, module)
+    why = _find_module(module)
+    if why is None and importlib.util.find_spec(module).submodule_search_locations is not None:
+        why = None if _find_module(module + ".__main__") is None else f"{module} is a package without __main__"
+    if why is not None:
+        raise InvalidParameter(name, module, f"{allowed}; {why}")
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class PackageNeed:
+    """A Python module a notebook imports, declared in notebooks/parameters.yaml (``needs``): ``module``
+    (its import name), ``install`` (the command that installs it) and ``when`` ({parameter: value}:
+    needed only while each parameter is, or as a list holds, that value; empty: always)."""
+
+    module: str
+    install: str
+    when: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PackageNeed":
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown or "module" not in d or "install" not in d:
+            raise ValueError(f"a need must have module and install (and may have when); got {', '.join(d)}")
+        return cls(**d)
+
+    def applies(self, values: Mapping[str, Any]) -> bool:
+        """Whether the notebook's parameter ``values`` need the module."""
+        def holds(v: Any, want: Any) -> bool:
+            return want in v if isinstance(v, (list, tuple)) else v == want
+        return all(holds(values.get(k), want) for k, want in self.when.items())
+
+    def check(self, values: Mapping[str, Any]) -> None:
+        """InvalidParameter (the ``when`` parameter as the one to change) or ValueError (always needed)
+        where the module is needed and not installed; the message says how to install it."""
+        if not self.applies(values) or _find_module(self.module) is None:
+            return
+        missing = f"the Python module {self.module}, which is not installed: install it with `{self.install}`"
+        if not self.when:
+            raise ValueError(f"the notebook needs {missing}")
+        key, want = next(iter(self.when.items()))
+        raise InvalidParameter(key, values.get(key), f"values whose packages are installed; {want!r} needs {missing}")

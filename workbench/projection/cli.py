@@ -25,7 +25,11 @@ import sys
 
 from workbench.decode import MAX_BUDGET, MAX_L
 from workbench.projection.model import TREE_BUILDERS, StepShape
-from workbench.validation import check_float, parse_text
+from workbench.projection.project import project
+from workbench.projection.trained import is_trained
+from workbench.validation import InvalidParameter, check_float, load_json_file, parse_text
+
+ROW_KEYS = ("text_type", "block", "budget", "mean_accepted")  # what a row of acceptance.json must carry
 
 
 def register(subparsers) -> None:
@@ -71,9 +75,28 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from workbench.projection.project import project
+def check_files(args: argparse.Namespace) -> None:
+    """The files named on the command line, read before anything is projected: each ``--calibration`` file
+    JSON, and ``--acceptance-file`` an acceptance measurement given with a ``trained:<type>`` entry (the only
+    entries it is read for)."""
+    for f in args.calibration or ():
+        load_json_file("calibration", f, "a measurement JSON file (moe_bandwidth, ddtree_kernels or engine_step)")
+    if args.acceptance_file is None:
+        return
+    what = ("an acceptance measurement: JSON with results.rows of " + ", ".join(ROW_KEYS)
+            + " (as python -m workbench.bench.acceptance writes it)")
+    doc = load_json_file("acceptance_file", args.acceptance_file, what)
+    rows = (doc.get("results") or {}).get("rows") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and set(ROW_KEYS) <= set(r) for r in rows):
+        raise InvalidParameter("acceptance_file", args.acceptance_file, f"the path of {what}; it has no such rows")
+    if not any(is_trained(a) for a in args.accept):
+        raise InvalidParameter("acceptance_file", args.acceptance_file,
+                               "given only with a trained:<type> entry in --accept (the file is read for those "
+                               f"alone; --accept is {' '.join(map(str, args.accept))})")
 
+
+def run(args: argparse.Namespace) -> int:
+    check_files(args)
     bandwidth = None
     if args.bandwidth_tbs is not None:
         bandwidth = check_float("bandwidth_tbs", args.bandwidth_tbs, lo=0, lo_open=True) * 1e12
