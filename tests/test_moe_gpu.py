@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tolerances import assert_close
-from workbench.bench.moe import kernel_checks, make_routing
+from workbench.bench.moe import kernel_checks
+from workbench.bench.moe_counts import make_routing
 from workbench.dispatch import dispatch_for
 from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, fused_moe_int4, moe_plan,
                                  variant_name)
@@ -179,7 +180,7 @@ def test_experts_are_held_once_in_the_layout_their_kernels_read(small):
 
 def test_in_graph_timing_checks_back_to_back_calls(small):
     """The bench's in-graph timing over two weight sets: outputs right, a per-call time per sample."""
-    from workbench.bench.moe import IN_GRAPH_CALLS, time_ours_in_graph
+    from workbench.bench.moe_timing import IN_GRAPH_CALLS, time_ours_in_graph
 
     banks = [small, random_int4_experts(16, 1024, 1024, device="cuda", seed=8)]
     res = time_ours_in_graph(banks, 4, "skewed", torch.Generator().manual_seed(4), reps=3)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from workbench.int4 import dequantize_int4, quantize_int4
-from workbench.bench.moe import dequantize_gpu, to_tinygemm  # noqa: F401  (import check)
+from workbench.bench.moe_peers import dequantize_gpu, to_tinygemm  # noqa: F401  (import check)
 from workbench.moe.packing import (Int4Experts, experts_from_state_dict, quantize_experts,
                                    random_int4_experts, stack_experts)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from workbench import DATA_DIR
-from workbench.bench.moe import (bytes_moved, dequantize_gpu, distinct_experts, flops, group_pairs, make_routing,
-                                 peer_moe, plateau_m, rel_error)
+from workbench.bench.moe_counts import bytes_moved, distinct_experts, flops, make_routing, plateau_m, rel_error
+from workbench.bench.moe_peers import dequantize_gpu, group_pairs, peer_moe
 from workbench.dispatch import dispatch_for
 from workbench.kernels import KERNEL_DIR
 from workbench.moe import fused_moe_int4, moe_reference, random_int4_experts

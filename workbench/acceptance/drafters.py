@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from workbench import REPO_ROOT
 from workbench.engine.drafters import DFlashConfig, DFlashDrafter
@@ -73,8 +74,6 @@ def load_drafter(name: str, target, block: int | None = None, root: str | Path |
 def save_drafter(directory: str | Path, drafter: DFlashDrafter, target_info: dict, training: dict) -> Path:
     """Write ``directory``/model.safetensors (bf16), config.json and training.json. ``target_info``: name,
     gguf_sha256, hidden_size, num_hidden_layers, vocab_size. Refuses weights over 30 MB."""
-    from safetensors.torch import save_file
-
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in drafter.state_dict().items()}

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from workbench.validation import check_int
 
@@ -191,8 +192,6 @@ class StaticLlama:
         prompt); ``graph`` (default: on CUDA) captures the decode step once for all batches; ``seconds``: stop
         after the batch that passes that time (whole batches only). Returns (continuations, stats: prompts,
         tokens, seconds, tokens_per_s, batches, graph)."""
-        from tqdm.auto import tqdm
-
         check_int("new_tokens", new_tokens, lo=1)
         check_int("batch", batch, lo=1)
         check_int("max_prompt", max_prompt, lo=1)

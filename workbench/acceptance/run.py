@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from workbench.acceptance.fastllama import StaticLlama
 from workbench.acceptance.simulate import draft_all, prompt_lookup, replay, summarize
@@ -94,8 +96,6 @@ class PipelineConfig:
 def save_prompts(path: str | Path, sets: dict[str, list[list[int]]], meta: dict) -> Path:
     """Tokenised prompt sets to one safetensors file: per set ``<set>/tokens`` (flat, uint16 when the ids fit) and
     ``<set>/offsets`` int64 [n + 1]; ``meta`` in the metadata."""
-    from safetensors.torch import save_file
-
     tensors = {}
     for name, rows in sets.items():
         flat = [t for r in rows for t in r]
@@ -110,8 +110,6 @@ def save_prompts(path: str | Path, sets: dict[str, list[list[int]]], meta: dict)
 
 def load_prompts(path: str | Path) -> tuple[dict[str, list[list[int]]], dict]:
     """:func:`save_prompts`' file: ({set: [token list]}, meta)."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no tokenised prompts there (python -m workbench.bench.acceptance --prepare "

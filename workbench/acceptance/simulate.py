@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.ddtree import accept_greedy_batched, build_trees
 from workbench.validation import check_int
 
 __all__ = ["draft_all", "replay", "prompt_lookup", "bootstrap_ci", "MAX_RANK"]
@@ -83,8 +84,6 @@ def replay(drafts: dict, seqs: torch.Tensor, prompt_lens: torch.Tensor, gen_lens
     Returns per prompt the accepted length of every round and the pooled depth / sibling-rank counts: {"rounds":
     [[acc, ...] per prompt], "reached" [L], "accepted" [L], "by_rank" [L, MAX_RANK + 1] (the last column: rank >=
     MAX_RANK), "nodes" (tree nodes incl. root)}."""
-    from workbench.ddtree import accept_greedy_batched, build_trees
-
     check_int("budget", budget, lo=1)
     lp_all, ids_all = drafts["lp"], drafts["ids"]
     M, N, L, K = lp_all.shape

@@ -34,6 +34,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from workbench.validation import InvalidParameter, check_choice, check_float, check_int
 
@@ -176,8 +178,6 @@ def build_splits(text_type: str, tokenize: Callable[[str], list[int]], *, seed: 
 def save_splits(path: str | Path, splits: Sequence[Splits], meta: dict) -> Path:
     """Write splits to one safetensors file (``<type>/train``, ``<type>/heldout``; uint16 when the ids
     fit, else int32) with ``meta`` and the document ids in its metadata."""
-    from safetensors.torch import save_file
-
     tensors, docs = {}, {}
     for s in splits:
         hi = max(int(s.train.max()), int(s.heldout.max()))
@@ -194,8 +194,6 @@ def save_splits(path: str | Path, splits: Sequence[Splits], meta: dict) -> Path:
 
 def load_splits(path: str | Path) -> tuple[dict[str, Splits], dict]:
     """Read :func:`save_splits`' file: ({text type: Splits (int64)}, meta)."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no tokenised splits there (python -m workbench.bench.acceptance "

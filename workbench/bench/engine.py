@@ -35,7 +35,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from workbench.config import load_config
-from workbench.decode import DecodeConfig
+from workbench.decode import DEFAULT, DecodeConfig
 from workbench.engine import DecodeEngine, ScriptedDrafter, synthetic_model, tiny_config
 from workbench.engine.generate import _Timer, _ddtree_step, _greedy_step, _resolve_tree_impl
 from workbench.engine.kv_cache import PagedKVCache
@@ -218,13 +218,14 @@ def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont:
 
 
 def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: int = 4096,
-        concurrency: tuple[int, ...] = (1, 2, 4, 8, 16), p_tops: tuple[float, ...] = (0.8, 0.95), block: int = 16,
-        budget: int = 32, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
+        concurrency: tuple[int, ...] = (1, 2, 4, 8, 16), p_tops: tuple[float, ...] = (0.8, 0.95),
+        config: DecodeConfig = DEFAULT, steps: int = 12, warmup: int = 3, prof: int = 3, eager_steps: int = 4,
         tiny: bool = False, device: str = "auto", fuses: tuple[str, ...] = ("eager",),
         baseline_concurrency: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     t0 = time.perf_counter()
-    gd = DecodeConfig(method="greedy", block=block, budget=budget)
+    block, budget = config.block, config.budget
+    gd = config.replace(method="greedy")
     need = (warmup + steps + prof + 2) * block + 2
     capacity = prefix + need + block + 8
     bw = measure_copy_bandwidth(2 << 30) if dev.type == "cuda" else None
@@ -428,20 +429,20 @@ def main(argv: list[str] | None = None) -> int:
                  (a.concurrency or ("1,2" if a.tiny else "1,2,4,8,16")).split(","))
     p_tops = tuple(check_float("p_top", float(x), lo=0.0, hi=1.0) for x in a.p_top.split(","))
     check_int("warmup", a.warmup, lo=2)  # the first step of a bucket runs eagerly, the second captures
-    dc = DecodeConfig(block=a.block or (8 if a.tiny else DecodeConfig().block),
-                      budget=a.budget or (8 if a.tiny else DecodeConfig().budget))
+    dc = DecodeConfig(block=a.block or (8 if a.tiny else DEFAULT.block),
+                      budget=a.budget or (8 if a.tiny else DEFAULT.budget))
     if a.tiny:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # a smoke test on a shared CPU: one thread is the fastest here
         try:
             run(a.out, layers=None, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops,
-                block=dc.block, budget=dc.budget, steps=min(a.steps, 3), warmup=2, prof=0, eager_steps=2, tiny=True,
+                config=dc, steps=min(a.steps, 3), warmup=2, prof=0, eager_steps=2, tiny=True,
                 device="cpu" if a.device == "auto" else a.device)
         finally:
             torch.set_num_threads(threads)
     else:
-        run(a.out, layers=layers, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops, block=dc.block,
-            budget=dc.budget, steps=a.steps, warmup=a.warmup, prof=a.profile_steps, eager_steps=a.eager_steps,
+        run(a.out, layers=layers, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops, config=dc,
+            steps=a.steps, warmup=a.warmup, prof=a.profile_steps, eager_steps=a.eager_steps,
             device=a.device, fuses=tuple(a.fuse.split(",")),
             baseline_concurrency=tuple(int(x) for x in a.baseline_concurrency.split(",")))
     return 0

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from workbench import MEASUREMENTS_DIR
 from workbench.bench.engine import _median, _prompts, summarise, timed_steps
 from workbench.config import load_config
-from workbench.decode import DecodeConfig
+from workbench.decode import DEFAULT, DecodeConfig
 from workbench.engine import DecodeEngine, ScriptedDrafter, tiny_config
 from workbench.measure import (capture_graphs, gpu_slug, measure_bf16_matmul_tflops, measure_copy_bandwidth, time_cpu,
                                time_cuda, write_measurement)
@@ -218,14 +218,15 @@ def print_table(rows: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None
 
 
 def run(out: str | None, group, layers: int = 61, experts: int | None = None, prefix: int = 4096,
-        concurrency: tuple[int, ...] = (1, 8), p_tops: tuple[float, ...] = (0.8, 0.78), block: int = 16,
-        budget: int = 32, steps: int = 10, warmup: int = 3, fuse: str = "eager", dry_run: bool = False
+        concurrency: tuple[int, ...] = (1, 8), p_tops: tuple[float, ...] = (0.8, 0.78),
+        config: DecodeConfig = DEFAULT, steps: int = 10, warmup: int = 3, fuse: str = "eager", dry_run: bool = False
         ) -> dict[str, Any]:
     """The benchmark on this rank (module docstring); rank 0 writes ``engine_tp{N}.json`` into ``out`` (None:
     ``data/measurements/<gpu>x<N>``; ``""``: nowhere) after every configuration. Returns the results."""
     t0 = time.perf_counter()
     dev, tp = group.device, group.size
-    gd = DecodeConfig(method="greedy", block=block, budget=budget)
+    block, budget = config.block, config.budget
+    gd = config.replace(method="greedy")
     need = (warmup + steps + 2) * block + 2
     capacity = prefix + need + block + 8
     cuda = dev.type == "cuda"
@@ -346,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     p_tops = tuple(check_float("p_top", float(x), lo=0.0, hi=1.0) for x in a.p_top.split(","))
     check_int("warmup", a.warmup, lo=2)  # the first step of a bucket runs eagerly, the second captures
     check_int("steps", a.steps, lo=1)
-    dc = DecodeConfig(block=a.block or (6 if a.dry_run else 16), budget=a.budget or (6 if a.dry_run else 32))
+    dc = DecodeConfig(block=a.block or (6 if a.dry_run else DEFAULT.block),
+                      budget=a.budget or (6 if a.dry_run else DEFAULT.budget))
     if a.dry_run:
         torch.set_num_threads(1)
     group = init_from_env("gloo" if a.dry_run else "auto")
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("workbench.bench.engine_tp: error: no CUDA device on this rank; --dry-run runs on the CPU")
     try:
         run(a.out, group, layers=a.layers, experts=a.experts, prefix=prefix, concurrency=conc, p_tops=p_tops,
-            block=dc.block, budget=dc.budget, steps=a.steps, warmup=a.warmup, fuse=a.fuse, dry_run=a.dry_run)
+            config=dc, steps=a.steps, warmup=a.warmup, fuse=a.fuse, dry_run=a.dry_run)
     finally:
         shutdown()
     return 0

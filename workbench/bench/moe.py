@@ -16,362 +16,36 @@ experts (about 9.5 GB of INT4 per layer, far beyond the 60 MB L2).
 Bytes counted per call: packed weights + scales of each distinct expert touched, hidden in (M x H bf16), out
 (M x H bf16), topk ids and weights (int32 + f32). The kernels' own intermediates (h, per-pair y) are not part of
 the floor.
+
+The parts: :mod:`workbench.bench.moe_counts` (routing draws, distinct experts, bytes and FLOPs),
+:mod:`workbench.bench.moe_timing` (timing the dispatched path, one replay and in one graph),
+:mod:`workbench.bench.moe_peers` (the torch peers); this module checks the kernels and runs the benchmark.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from workbench.bench.moe_counts import (KIMI, REL_TOL, ROUTINGS, SKEW_ALPHA, bytes_moved, flops, make_routing,
+                                        plateau_m, rel_error)
+from workbench.bench.moe_peers import checked_peers, time_peer
+from workbench.bench.moe_timing import IN_GRAPH_PARAMS, capture_graph, in_graph_fields, pct_of_copy, time_ours
 from workbench.dispatch import dispatch_for
-from workbench.kernels import cuda_errors
-from workbench.measure import (capture_graphs, graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
-                               time_cuda_queued, time_cuda_spans, time_in_graph, write_measurement)
+from workbench.measure import (graph_launch_latency, measure_bf16_matmul_tflops, measure_copy_bandwidth,
+                               write_measurement)
 from workbench.moe.fused import (FOUR_LAUNCH, FRAG_VARIANTS, LARGE_VARIANTS, SMALL_KERNELS, SMALL_MAX_PAIRS,
                                  fused_moe_int4, moe_plan, variant_name)
 from workbench.moe.packing import Int4Experts, random_int4_experts
 from workbench.moe.reference import moe_reference
 
 M_VALUES = (1, 2, 4, 8, 9, 16, 32, 64, 128, 256, 512, 1024)
-ROUTINGS = ("uniform", "skewed")
-KIMI = {"num_experts": 384, "hidden": 7168, "intermediate": 2048, "topk": 8}
-SKEW_ALPHA = 1.0
-REL_TOL = 1e-2   # relative Frobenius error a check accepts (tests/tolerances.py holds the tests' bounds)
-IN_GRAPH_CALLS = 16   # calls captured back to back in one graph by time_ours_in_graph
-IN_GRAPH_CHECK_MAX_M = 16   # its outputs are checked against the reference up to this M
-
-
-# ----------------------------------------------------------------------------- routing and counting
-
-def make_routing(m: int, num_experts: int, topk: int, kind: str, gen: torch.Generator,
-                 alpha: float = SKEW_ALPHA) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_ids int32 [m, topk], topk_weights f32 [m, topk] summing to 1 per token), on the CPU."""
-    if topk > num_experts:
-        raise ValueError(f"topk {topk} exceeds num_experts {num_experts}")
-    if kind == "uniform":
-        ids = torch.rand(m, num_experts, generator=gen).topk(topk, dim=1).indices
-    elif kind == "skewed":
-        perm = torch.randperm(num_experts, generator=gen)
-        p = torch.empty(num_experts)
-        p[perm] = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float32) ** alpha
-        ids = torch.multinomial(p.expand(m, num_experts), topk, replacement=False, generator=gen)
-    else:
-        raise ValueError(f"routing must be one of {ROUTINGS}, got {kind!r}")
-    w = torch.rand(m, topk, generator=gen) + 0.1
-    return ids.to(torch.int32), w / w.sum(1, keepdim=True)
-
-
-def distinct_experts(topk_ids: torch.Tensor) -> int:
-    return int(torch.unique(topk_ids).numel())
-
-
-def bytes_moved(distinct: int, bytes_per_expert: int, m: int, hidden: int, topk: int) -> int:
-    """Fewest bytes a call must move: touched experts' weights + scales, activations in and out, routing."""
-    return distinct * bytes_per_expert + 2 * m * hidden * 2 + m * topk * 8
-
-
-def flops(m: int, topk: int, hidden: int, intermediate: int) -> int:
-    """Multiply-adds x 2 of gate_up (2I x H) and down (H x I) for every (token, expert) pair."""
-    return 2 * m * topk * 3 * hidden * intermediate
-
-
-def plateau_m(m_values: list[int], ms: list[float], tol: float = 0.10) -> int | None:
-    """Smallest M whose time per token is within ``tol`` of the sweep's lowest time per token.
-
-    This is where time per token stops falling (bigger batches buy < tol). None when
-    that M is the largest one swept and time per token still fell by more than ``tol``
-    on the way there: the plateau lies beyond the sweep.
-    """
-    pts = [(m, t / m) for m, t in zip(m_values, ms) if t is not None and math.isfinite(t)]
-    if not pts:
-        return None
-    best = min(v for _, v in pts)
-    for idx, (m, v) in enumerate(pts):
-        if v <= best * (1 + tol):
-            if idx == len(pts) - 1 and idx > 0 and pts[idx - 1][1] > v * (1 + tol):
-                return None
-            return m
-    return None
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64 (inf when out holds NaN/inf)."""
-    o, r = out.double(), ref.double()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    return float((o - r).norm() / r.norm().clamp_min(1e-300))
-
-
-# ----------------------------------------------------------------------------- peers
-
-def dequantize_gpu(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Vectorised dequantisation [out, in//8] int32 + [out, in//32] -> [out, in] ``dtype`` (any device)."""
-    out_f = packed.shape[0]
-    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
-    q = ((packed.unsqueeze(-1) >> shifts) & 15) - 8
-    w = q.reshape(out_f, scale.shape[1], -1).to(dtype) * scale.to(dtype).unsqueeze(-1)
-    return w.reshape(out_f, -1)
-
-
-def to_tinygemm(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our [n, k//8] int32 + [n, k//32] bf16 -> torch._weight_int4pack_mm operands (symmetric: zero = 0).
-
-    torch's format: uint8 [n, k//2] with element 2j in the high nibble, values q + 8,
-    then _convert_weight_to_int4pack(., innerKTiles=8); scales_and_zeros [k//32, n, 2],
-    dequantised as (u - 8) * scale + zero.
-    """
-    b = packed.contiguous().view(torch.uint8)
-    b = ((b & 0xF) << 4) | (b >> 4)
-    w = torch._convert_weight_to_int4pack(b.contiguous(), 8)
-    sz = torch.stack([scale, torch.zeros_like(scale)], -1).transpose(0, 1).contiguous()
-    return w, sz
-
-
-def group_pairs(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Host-side grouping [(expert, token idx, weight)] on the ids' device (peers only; needs a sync)."""
-    m, k = topk_ids.shape
-    flat = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    fe = flat[order]
-    experts, counts = torch.unique_consecutive(fe, return_counts=True)
-    tokens = (order // k)
-    w = topk_weights.reshape(-1)[order].float()
-    out, start = [], 0
-    for e, c in zip(experts.tolist(), counts.tolist()):
-        out.append((e, tokens[start:start + c], w[start:start + c]))
-        start += c
-    return out
-
-
-def peer_moe(x: torch.Tensor, groups, gate_up: Callable[[int, torch.Tensor], torch.Tensor],
-             down: Callable[[int, torch.Tensor], torch.Tensor], inter: int) -> torch.Tensor:
-    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
-    for e, tok, w in groups:
-        gu = gate_up(e, x[tok])
-        h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
-        y = down(e, h)
-        out.index_add_(0, tok, y.float() * w[:, None])
-    return out.to(torch.bfloat16)
-
-
-
-
-def _events_ms(fn: Callable[[], Any]) -> float:
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e)
-
-
-def _capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    return capture_graphs([fn])[0]
-
-
-
-
-class RoutingRotation:
-    """``n`` fresh routings made up front (:func:`make_routing`, moved to the GPU) and the static tensors ``ids`` /
-    ``weights`` a captured call reads: :meth:`setup` copies the next routing into them before each timed call
-    (rotating), records its index in ``used``; ``distinct[j]``: the experts routing j touches."""
-
-    def __init__(self, m: int, num_experts: int, topk: int, routing: str, gen: torch.Generator, n: int):
-        rts = [make_routing(m, num_experts, topk, routing, gen) for _ in range(n)]
-        self.ids_all = torch.stack([r[0] for r in rts]).cuda()
-        self.w_all = torch.stack([r[1] for r in rts]).cuda()
-        self.distinct = [distinct_experts(r[0]) for r in rts]
-        self.ids, self.weights = self.ids_all[0].clone(), self.w_all[0].clone()
-        self.used: list[int] = []
-        self._counter = itertools.count()
-
-    def setup(self, _: int = 0) -> None:
-        j = next(self._counter) % len(self.distinct)
-        self.used.append(j)
-        self.ids.copy_(self.ids_all[j])
-        self.weights.copy_(self.w_all[j])
-
-
-
-
-def time_ours(experts: Int4Experts, m: int, routing: str, gen: torch.Generator, reps: int,
-              eager_reps: int = 10, topk: int = 8, queued: bool = False, spans: bool = False,
-              kernel: str | None = None) -> dict[str, Any]:
-    """CUDA-graph replays of fused_moe_int4 (``kernel``: as its argument; None: the dispatch's) with fresh routing per
-    repeat (+ eager calls). ``ms``: one
-    replay between two events on an idle GPU, so the host's graph-launch latency is inside each sample;
-    with ``queued``, also ``queued_ms``: the same replays with a sleep kernel queued ahead of the start
-    event (measure.time_cuda_queued), the device time of one call without that latency; with ``spans``, also
-    ``span_ms``: the same replays, one at a time, timed by the CUDA profiler's kernel records
-    (measure.time_cuda_spans: first kernel start to last kernel end, no events), ``span_kernels`` kernels a call,
-    or ``span_error`` when the profiler could not time them."""
-    e, h = experts.num_experts, experts.hidden
-    warm = 3   # warm-up calls of the one-replay, queued and span timings (each call draws a routing)
-    rot = RoutingRotation(m, e, topk, routing, gen,
-                          reps + eager_reps + 4 + (reps + warm) * (int(queued) + int(spans)))
-    distinct, used, setup = rot.distinct, rot.used, rot.setup
-    x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-
-    def call() -> torch.Tensor:
-        return fused_moe_int4(x, rot.ids, rot.weights, experts, validate=False, kernel=kernel)
-
-    graph_err = None
-    ms: list[float] = []
-    rep_idx: list[int] = []
-    queued_ms: list[float] = []
-    queued_idx: list[int] = []
-    span_ms: list[float] = []
-    span_idx: list[int] = []
-    span_kernels, span_error = None, None
-
-    def rotated(timer: Callable[..., Any], replay: Callable[[], Any]) -> tuple[Any, list[int]]:
-        """``timer``'s result for ``replay`` (the graph's), and the routings of its timed (not warm-up) calls."""
-        start = len(used)
-        res = timer(replay, warmup=warm, reps=reps, setup=setup)
-        return res, used[start + warm:]
-
-    try:
-        g = _capture(call)
-        for r in range(reps + warm):
-            setup()
-            t = _events_ms(g.replay)
-            if r >= warm:
-                ms.append(t)
-        rep_idx = used[warm:]
-        if queued:
-            queued_ms, queued_idx = rotated(time_cuda_queued, g.replay)
-        if spans:
-            try:
-                (span_ms, span_kernels), span_idx = rotated(time_cuda_spans, g.replay)
-            except (RuntimeError, ValueError) as exc:  # the profiler's failure is recorded, the other timings stand
-                span_error = repr(exc)[:300]
-        del g
-    except cuda_errors() as exc:   # capture or replay failed: recorded, the eager times stand
-        graph_err = repr(exc)[:300]
-    eager = []
-    n_eager = eager_reps if ms else max(eager_reps, reps)
-    for _ in range(n_eager):
-        setup()
-        eager.append(_events_ms(call))
-    if not ms:  # graph capture failed: report eager times
-        ms, rep_idx = eager, used[-n_eager:]
-    return {"ms": ms, "distinct": [distinct[j] for j in rep_idx], "eager_ms": eager, "graph_error": graph_err,
-            "queued_ms": queued_ms, "queued_distinct": [distinct[j] for j in queued_idx],
-            "span_ms": span_ms, "span_distinct": [distinct[j] for j in span_idx], "span_kernels": span_kernels,
-            "span_error": span_error,
-            "x": x, "ids_all": rot.ids_all, "w_all": rot.w_all, "rep_idx": rep_idx}
-
-
-
-
-def in_graph_pct_of_copy(distinct: list[int], ms: float, bpe: int, m: int, copy_gbps: float, topk: int = 8,
-                         hidden: int = KIMI["hidden"]) -> float:
-    """% of the copy bandwidth of an in-graph per-call time ``ms``: the mean bytes of the graph's calls
-    (``distinct`` experts each) over that time."""
-    mean_bytes = statistics.mean(bytes_moved(d, bpe, m, hidden, topk) for d in distinct)
-    return 100 * mean_bytes / (ms * 1e-3) / 1e9 / copy_gbps
-
-
-def time_ours_in_graph(banks: list[Int4Experts], m: int, routing: str, gen: torch.Generator, reps: int,
-                       calls: int = IN_GRAPH_CALLS, topk: int = 8) -> dict[str, Any]:
-    """Device time per call of ``calls`` fused_moe_int4 calls captured back to back in ONE CUDA graph
-    (measure.time_in_graph), as the MoE layers of a captured decode step run: call i reads its own fresh
-    routing and the weights ``banks[i % len(banks)]``. No host launch latency is inside a sample; each
-    call still pays its launch inside the graph and its start on an idle GPU after the previous call's
-    tail. For M <= IN_GRAPH_CHECK_MAX_M the first and the last call's outputs of the final replay are
-    checked against the float32 reference (``check``). ``distinct``: per call, in call order."""
-    if not banks:
-        raise ValueError("banks must hold at least one Int4Experts")
-    e, h = banks[0].num_experts, banks[0].hidden
-    rts = [make_routing(m, e, topk, routing, gen) for _ in range(calls)]
-    ids = [r[0].cuda() for r in rts]
-    ws = [r[1].cuda() for r in rts]
-    distinct = [distinct_experts(r[0]) for r in rts]
-    x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-    outs: list[torch.Tensor | None] = [None] * calls
-    check: dict[str, Any] = {"m": m, "routing": routing, "in_graph_calls": calls, "checked": False, "ok": True}
-
-    def make(i: int) -> Callable[[], None]:
-        def call() -> None:
-            outs[i] = fused_moe_int4(x, ids[i], ws[i], banks[i % len(banks)], validate=False)
-        return call
-
-    def after() -> None:
-        if m > IN_GRAPH_CHECK_MAX_M:
-            return
-        torch.cuda.synchronize()
-        errs = []
-        for i in (0, calls - 1):
-            ref = moe_reference(x, ids[i], ws[i], banks[i % len(banks)]).float().cpu()
-            errs.append(rel_error(outs[i].float().cpu(), ref))
-        check.update(checked=True, rel_err=max(errs), ok=all(err <= REL_TOL for err in errs))
-
-    samples, n = time_in_graph([make(i) for i in range(calls)], reps, min_calls=calls, after=after)
-    return {"ms": samples, "calls": n, "distinct": distinct, "check": check}
-
-
-
-
-IN_GRAPH_PARAMS = {
-    "timing_queued": "<path>_queued_*: the same one-replay samples with a sleep kernel queued ahead of the start "
-                     "event (measure.time_cuda_queued): one call's device time without the host's launch latency",
-    "timing_span": "<path>_span_*: the same replays, one at a time on an idle GPU, timed by the CUDA profiler's "
-                   "kernel records (measure.time_cuda_spans: first kernel start to last kernel end, no CUDA events); "
-                   "results.graph_launch_latency: one replay minus queued of a graph holding one tiny kernel",
-    "timing_in_graph": f"<path>_ingraph_*: {IN_GRAPH_CALLS} calls captured back to back in ONE graph, fresh routing "
-                       "per call, alternating two weight sets (no call finds the previous call's weights in L2); "
-                       "per-call time = replay time / calls; % of copy from the calls' mean bytes",
-    "in_graph_calls": IN_GRAPH_CALLS}
-
-
-def pct_of_copy(distinct: list[int], ms: list[float], bpe: int, m: int, copy_gbps: float, topk: int = 8,
-                hidden: int = KIMI["hidden"]) -> float:
-    """% of the copy bandwidth of one-call samples: median over samples of (bytes of that call's routing /
-    its time)."""
-    gb = [bytes_moved(d, bpe, m, hidden, topk) / (t * 1e-3) / 1e9 for d, t in zip(distinct, ms)]
-    return 100 * statistics.median(gb) / copy_gbps
-
-
-def in_graph_fields(label: str, t: dict[str, Any], banks: list[Int4Experts], m: int, routing: str,
-                    gen: torch.Generator, reps: int, bpe: int, copy_gbps: float, checks: list[dict[str, Any]],
-                    samples: dict[str, Any], topk: int = 8) -> dict[str, Any]:
-    """A row's queued, profiler-span and in-graph columns for path ``label`` (``<label>_queued_ms_median`` /
-    ``_pct_of_copy`` from ``time_ours(..., queued=True)``'s ``t``, ``<label>_span_*`` where ``t`` has spans,
-    ``<label>_ingraph_*`` from :func:`time_ours_in_graph` over ``banks``; no prefix for ``label`` ""); appends the
-    in-graph output check to ``checks`` and the raw samples to ``samples``."""
-    hidden = banks[0].hidden
-    pre = f"{label}_" if label else ""
-    out: dict[str, Any] = {}
-    if t["queued_ms"]:
-        out[f"{pre}queued_ms_median"] = statistics.median(t["queued_ms"])
-        out[f"{pre}queued_pct_of_copy"] = pct_of_copy(t["queued_distinct"], t["queued_ms"], bpe, m, copy_gbps,
-                                                      topk, hidden)
-    if t.get("span_ms"):   # the profiler's kernel spans (time_ours(..., spans=True))
-        out[f"{pre}span_ms_median"] = statistics.median(t["span_ms"])
-        out[f"{pre}span_pct_of_copy"] = pct_of_copy(t["span_distinct"], t["span_ms"], bpe, m, copy_gbps, topk, hidden)
-        out[f"{pre}span_kernels"] = t["span_kernels"]
-    if t.get("span_error"):
-        out[f"{pre}span_error"] = t["span_error"]
-    ig = time_ours_in_graph(banks, m, routing, gen, reps, topk=topk)
-    med = statistics.median(ig["ms"])
-    out[f"{pre}ingraph_ms_median"] = med
-    out[f"{pre}ingraph_pct_of_copy"] = in_graph_pct_of_copy(ig["distinct"], med, bpe, m, copy_gbps, topk, hidden)
-    checks.append({**ig["check"], "label": label or "dispatched"})
-    key = f"{routing}/m{m}/{label or 'ours'}"
-    samples[f"{key}/queued"] = {"ms": t["queued_ms"], "distinct": t["queued_distinct"]}
-    if t.get("span_ms"):
-        samples[f"{key}/span"] = {"ms": t["span_ms"], "distinct": t["span_distinct"]}
-    samples[f"{key}/in_graph"] = {"ms_per_call": ig["ms"], "distinct": ig["distinct"], "calls": ig["calls"]}
-    return out
-
-
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -427,7 +101,7 @@ def kernel_checks(experts: Int4Experts, gen: torch.Generator, topk: int = 8,
     x = torch.randn(4, experts.hidden, generator=gen).to(torch.bfloat16).cuda()
     s_ids, s_w = rts[0][0].cuda(), rts[0][1].cuda()
     held: dict[str, torch.Tensor] = {}
-    g = _capture(lambda: held.__setitem__("out", fused_moe_int4(x, s_ids, s_w, experts, validate=False)))
+    g = capture_graph(lambda: held.__setitem__("out", fused_moe_int4(x, s_ids, s_w, experts, validate=False)))
     errs = []
     for ids, w in rts:
         s_ids.copy_(ids)
@@ -442,51 +116,6 @@ def kernel_checks(experts: Int4Experts, gen: torch.Generator, topk: int = 8,
 
 
 # ----------------------------------------------------------------------------- the benchmark
-
-def _peers(experts: Int4Experts, gen: torch.Generator, checks: list[dict[str, Any]]) -> tuple[dict, dict]:
-    """The torch peers' (gate_up, down) per-expert callables, each checked at M = 4 first; and their errors."""
-    E, H, I, K = experts.num_experts, experts.hidden, experts.intermediate, KIMI["topk"]
-    peers: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    try:
-        gu_bf16 = torch.stack([dequantize_gpu(experts.gate_up_packed[e], experts.gate_up_scale[e]) for e in range(E)])
-        dn_bf16 = torch.stack([dequantize_gpu(experts.down_packed[e], experts.down_scale[e]) for e in range(E)])
-        peers["bf16_cublas"] = (lambda e, x: x @ gu_bf16[e].T, lambda e, h: h @ dn_bf16[e].T)
-    except RuntimeError as err:  # a peer that cannot run (out of memory, ...) is recorded, the others stand
-        errors["bf16_cublas"] = repr(err)
-    try:
-        tg = [to_tinygemm(experts.gate_up_packed[e], experts.gate_up_scale[e]) for e in range(E)]
-        td = [to_tinygemm(experts.down_packed[e], experts.down_scale[e]) for e in range(E)]
-        peers["torch_int4pack"] = (lambda e, x: torch._weight_int4pack_mm(x, tg[e][0], 32, tg[e][1]),
-                                   lambda e, h: torch._weight_int4pack_mm(h.to(torch.bfloat16), td[e][0], 32,
-                                                                          td[e][1]))
-    except (RuntimeError, AttributeError, NotImplementedError) as err:   # this torch lacks the int4pack ops
-        errors["torch_int4pack"] = repr(err)
-    peers["dequant_matmul"] = (
-        lambda e, x: x @ dequantize_gpu(experts.gate_up_packed[e], experts.gate_up_scale[e]).T,
-        lambda e, h: h @ dequantize_gpu(experts.down_packed[e], experts.down_scale[e]).T)
-    ids4, w4 = make_routing(4, E, K, "uniform", gen)
-    x4 = torch.randn(4, H, generator=gen).to(torch.bfloat16).cuda()
-    ref4 = moe_reference(x4, ids4.cuda(), w4.cuda(), experts).cpu()
-    groups4 = group_pairs(ids4.cuda(), w4.cuda())
-    for name, (fg, fd) in list(peers.items()):
-        err = rel_error(peer_moe(x4, groups4, fg, fd, I).cpu(), ref4)
-        checks.append({"m": 4, "routing": "uniform", "peer": name, "rel_err": err, "ok": err <= REL_TOL})
-    return peers, errors
-
-
-def _time_peer(fg, fd, x: torch.Tensor, ids_all: torch.Tensor, w_all: torch.Tensor, inter: int, reps: int) -> list:
-    """ms of a peer: fresh routing per repeat, host-side grouping outside the timed region, one graph per routing."""
-    pms = []
-    for r in range(reps):
-        j = (r * 7 + 1) % ids_all.shape[0]
-        groups = group_pairs(ids_all[j], w_all[j])
-        gp = _capture(lambda: peer_moe(x, groups, fg, fd, inter))
-        gp.replay()
-        pms.append(_events_ms(gp.replay))
-        del gp
-    return pms
-
 
 def time_variants(experts: Int4Experts, packed: Int4Experts, gen: torch.Generator, m_values,
                   reps: int) -> dict[str, Any]:
@@ -567,7 +196,7 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
     copy_gbps, tflops_peak = copy["gb_per_s"], mm["tflops"]
     latency = graph_launch_latency() if spans else None
     banks = [experts, random_int4_experts(E, H, I, device="cuda", seed=seed + 101)]   # in-graph: two weight sets
-    peers, peer_errors = _peers(packed, gen, checks) if include_peers else ({}, {})
+    peers, peer_errors = checked_peers(packed, gen, checks) if include_peers else ({}, {})
     tuning = (time_variants(experts, packed, gen, m_values, tune_reps)
               if tune_reps > 0 and experts.layout == "fragments" else None)
     rows: list[dict[str, Any]] = []
@@ -597,7 +226,7 @@ def run_benchmark(out_dir: str | Path | None, m_values=M_VALUES, reps: int = 30,
             row["speedup_vs_four_launch"] = row["four_launch_ms_median"] / med
             samples[f"{routing}/m{m}/four_launch"] = {"ms": t4["ms"], "distinct": t4["distinct"]}
         for pname, (fg, fd) in peers.items():
-            pms = _time_peer(fg, fd, t["x"], t["ids_all"], t["w_all"], I, peer_reps if m <= 64 else
+            pms = time_peer(fg, fd, t["x"], t["ids_all"], t["w_all"], I, peer_reps if m <= 64 else
                              max(3, peer_reps // 2))
             row[f"{pname}_ms_median"] = statistics.median(pms)
             row[f"speedup_vs_{pname}"] = statistics.median(pms) / med

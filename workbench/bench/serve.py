@@ -39,7 +39,7 @@ import uvicorn
 from workbench.bench.engine import time_session
 from workbench.client import measure_request
 from workbench.config import load_config
-from workbench.decode import DecodeConfig
+from workbench.decode import DEFAULT, DecodeConfig
 from workbench.engine import DecodeEngine, ScriptedDrafter, synthetic_model, tiny_config
 from workbench.engine.batch import Batch
 from workbench.measure import prompts_for, write_measurement
@@ -180,8 +180,9 @@ def serve_round(srv: Server, name: str, ps: list[list[int]], max_tokens: int, ti
 
 
 def run(out: str | None, tiny: bool = False, layers: int = 61, experts: int | None = None, prompt: int = 4096,
-        max_tokens: int = 128, concurrency: tuple[int, ...] = (1, 8), p_top: float = 0.8, block: int = 16,
-        budget: int = 32, prefill_chunk: int | None = 1024, steps: int = 20, warmup: int = 3, repeats: int = 3,
+        max_tokens: int = 128, concurrency: tuple[int, ...] = (1, 8), p_top: float = 0.8,
+        config: DecodeConfig = DEFAULT, prefill_chunk: int | None = 1024, steps: int = 20, warmup: int = 3,
+        repeats: int = 3,
         hol_context: int = 8192, hol_running: int = 4, hol_chunks: tuple[int | None, ...] = (None, 1024),
         device: str = "auto", fuse: str = "eager", timeout: float = 300.0) -> dict[str, Any]:
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -189,6 +190,7 @@ def run(out: str | None, tiny: bool = False, layers: int = 61, experts: int | No
                  ("hol_context", hol_context), ("hol_running", hol_running)):
         check_int(n, v, lo=1)
     check_int("warmup", warmup, lo=2)  # the first step of a bucket runs eagerly, the second captures
+    block, budget = config.block, config.budget
     rows = max(max(concurrency), hol_running + 1)
     T = budget + 1
     per = prompt + max_tokens + T + block + 8
@@ -226,7 +228,7 @@ def run(out: str | None, tiny: bool = False, layers: int = 61, experts: int | No
                           max_generated=need + max_tokens, fuse=fuse)
     V = model.config.vocab_size
     ps = prompts(max(concurrency), prompt, V)
-    gd = DecodeConfig(method="greedy", block=block, budget=budget)
+    gd = config.replace(method="greedy")
     served: dict[str, dict[int, list[int]]] = {}
     try:
         # greedy first: its engine tokens script the DDTree drafter (continuation after each prompt's last token)
@@ -372,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(tiny=t, layers=a.layers, experts=a.experts, prompt=a.prompt or (24 if t else 4096),
                   max_tokens=a.max_tokens or (12 if t else 128),
                   concurrency=tuple(int(x) for x in a.concurrency.split(",")), p_top=a.p_top,
-                  block=a.block or (4 if t else 16), budget=a.budget or (6 if t else 32),
+                  config=DecodeConfig(block=a.block or (4 if t else DEFAULT.block),
+                                      budget=a.budget or (6 if t else DEFAULT.budget)),
                   prefill_chunk=chunk(a.prefill_chunk or ("8" if t else "1024")), steps=min(a.steps, 4) if t else a.steps,
                   warmup=a.warmup, repeats=a.repeats, hol_context=a.hol_context or (48 if t else 8192),
                   hol_running=a.hol_running if not t else min(a.hol_running, 2),

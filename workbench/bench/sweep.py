@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workbench.decode import bucket_for
+from workbench.decode import DEFAULT, bucket_for
 from workbench.measure import load_measurement, write_measurement
 from workbench.sweep.engine import METHODS
 from workbench.sweep.run import PARTS, decomposition, merge, sweep
@@ -39,7 +39,7 @@ H200_PLAN: dict[str, Any] = {
     "prefill_chunk": 1024,
     "contexts": [1024, 4096, 16384, 65536, 131072], "methods": ["greedy", "ddtree-high", "ddtree-low"],
     "generate": 1500, "sustained_at": [4096], "two_point": [8, 264], "repeats": 1,
-    "block": 16, "budget": 32, "concurrency": list(range(1, 11)), "concurrency_context": 1024,
+    "block": DEFAULT.block, "budget": DEFAULT.budget, "concurrency": list(range(1, 11)), "concurrency_context": 1024,
     "concurrency_generate": 32, "profile_steps": 4,
 }
 

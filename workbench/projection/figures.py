@@ -9,6 +9,7 @@ from typing import Any, Iterable, Sequence
 
 import plotly.graph_objects as go
 
+from workbench.decode import DEFAULT
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.model import TERMS, TERM_NAMES, load_gpu
 from workbench.projection.project import Projection, project
@@ -87,7 +88,8 @@ def breakdown_by_gpu(gpus: Iterable[str] = DEFAULT_GPUS, configs: Sequence[dict[
     """
     calib = calibration or load_calibration(use_measurements=use_measurements)
     configs = configs or [{"label": "block 8, budget 8, acc 4.4", "block": 8, "budget": 8, "accept": (4.4,)},
-                          {"label": "block 16, budget 32, acc 12", "block": 16, "budget": 32, "accept": (12,)}]
+                          {"label": f"block {DEFAULT.block}, budget {DEFAULT.budget}, acc 12", "block": DEFAULT.block,
+                           "budget": DEFAULT.budget, "accept": (12,)}]
     out = []
     for cfg in configs:
         kw = {k: v for k, v in cfg.items() if k != "label"}
@@ -118,7 +120,7 @@ def breakdown_figure(items: Sequence[tuple[str, Projection]], title: str | None 
     return fig
 
 
-def accept_sweep_figure(gpus: Iterable[str] = DEFAULT_GPUS, block: int = 16, budget: int = 32,
+def accept_sweep_figure(gpus: Iterable[str] = DEFAULT_GPUS, block: int = DEFAULT.block, budget: int = DEFAULT.budget,
                         calibration: Calibration | None = None, use_measurements: bool = False,
                         overhead_ms: float | None = None, overhead: str | float | None = None) -> go.Figure:
     """tokens/s against accepted length (1..block) per GPU, central line and low-high band (``overhead``,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from workbench.decode import DEFAULT
 from workbench.projection import overhead as mo
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.model import (attention_layer_costs, default_model, expected_distinct_experts,
@@ -235,8 +236,8 @@ def scenario_rows(results: list[ScenarioResult]) -> list[dict[str, Any]]:
 
 
 def structural_whatifs(calibration: Calibration | Iterable[Any] | None = None, *, use_measurements: bool = False,
-                       block: int = 16, budget: int = 32, accept: tuple[float, float] = (12.0, 16.0),
-                       gpu: str = "b300") -> list[dict[str, Any]]:
+                       block: int = DEFAULT.block, budget: int = DEFAULT.budget,
+                       accept: tuple[float, float] = (12.0, 16.0), gpu: str = "b300") -> list[dict[str, Any]]:
     """What the parameter ranges do not cover: the model's structural unknowns, one row each, as
     central tokens/s at ``accept`` on ``gpu`` (default: the strong-drafter scenario on the B300).
 
@@ -348,8 +349,8 @@ def engine_step_comparison(calibration: Calibration | None = None) -> list[dict[
     return out
 
 
-def overhead_comparison(calibration: Calibration | None = None, *, gpu: str = "b300", block: int = 16,
-                        budget: int = 32, accept: tuple[float, ...] = (12.0, 16.0),
+def overhead_comparison(calibration: Calibration | None = None, *, gpu: str = "b300", block: int = DEFAULT.block,
+                        budget: int = DEFAULT.budget, accept: tuple[float, ...] = (12.0, 16.0),
                         context: int = 1024) -> list[dict[str, Any]]:
     """The overhead term measured from the H200 engine step beside the source's ~12.5 ms: one row per
     figure (what it is, where, ms, what it holds, source). Rows: the source's overhead and the host term
@@ -410,8 +411,8 @@ def overhead_comparison(calibration: Calibration | None = None, *, gpu: str = "b
     return rows
 
 
-def overhead_projections(calibration: Calibration | None = None, *, gpu: str = "b300", block: int = 16,
-                         budget: int = 32, accept: tuple[float, ...] = (12.0, 16.0), context: int = 1024
+def overhead_projections(calibration: Calibration | None = None, *, gpu: str = "b300", block: int = DEFAULT.block,
+                         budget: int = DEFAULT.budget, accept: tuple[float, ...] = (12.0, 16.0), context: int = 1024
                          ) -> list[tuple[str, Projection]]:
     """The same projection with the source-anchor overhead and with the measured one: (label, Projection)."""
     calib = calibration or load_calibration(use_measurements=True)

@@ -14,7 +14,7 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from workbench.decode import MAX_BUDGET, MAX_L
+from workbench.decode import DEFAULT, MAX_BUDGET, MAX_L
 from workbench.projection.calibration import Calibration, load_calibration
 from workbench.projection.figures import TERM_COLORS
 from workbench.projection.model import TERM_NAMES, StepShape, load_gpu
@@ -53,8 +53,8 @@ def _empty_figure() -> go.Figure:
     return fig
 
 
-def projection_explorer(gpu: str = "b300", block: int = 16, budget: int = 32, accept: float = 12.0,
-                        calibration: Calibration | None = None, use_measurements: bool = True,
+def projection_explorer(gpu: str = "b300", block: int = DEFAULT.block, budget: int = DEFAULT.budget,
+                        accept: float = 12.0, calibration: Calibration | None = None, use_measurements: bool = True,
                         context: int = StepShape.context) -> Any:
     """Sliders (accepted length, block, budget, bandwidth, overhead) updating a stacked bar of the
     step breakdown, baseline beside what-if. Returns an ipywidgets.VBox."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from workbench import DATA_DIR, REPO_ROOT
 from workbench.reports import papers
-from workbench.bench.moe import flops
+from workbench.bench.moe_counts import flops
 from workbench.dispatch import MOE_SMALL_MAX_PAIRS, dispatch_for
 from workbench.measure import load_measurement
 from workbench.reports import moe_plots as plots

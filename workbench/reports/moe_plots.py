@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 import torch
 
 from workbench import DATA_DIR, display
-from workbench.bench.moe import IN_GRAPH_CALLS, make_routing, plateau_m, rel_error
+from workbench.bench.moe_counts import make_routing, plateau_m, rel_error
+from workbench.bench.moe_timing import IN_GRAPH_CALLS
 from workbench.dispatch import dispatch_for
 from workbench.kernels import resolve_device
 from workbench.measure import load_measurement

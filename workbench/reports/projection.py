@@ -16,6 +16,7 @@ import sys
 from typing import Callable
 
 from workbench import REPO_ROOT
+from workbench.decode import DEFAULT
 from workbench.hardware import gpu_table
 from workbench.projection.calibration import load_calibration
 from workbench.projection.figures import breakdown_by_gpu
@@ -65,7 +66,7 @@ def block_measured_findings() -> str:
         return "No H200 measurement is committed yet.\n"
     src = load_calibration(use_measurements=False)
     out = []
-    r = project("b300", 16, 32, (12, 16), calibration=cal)
+    r = project("b300", DEFAULT.block, DEFAULT.budget, (12, 16), calibration=cal)
     c = r.breakdown["central"]
     top = max(c, key=c.get)
     out.append(f"- With this workbench's H200 measurements, the B300 block-16 / budget-32 step is "
@@ -163,7 +164,7 @@ def block_breakdown() -> str:
 
 
 def block_sensitivity() -> str:
-    r = project("b300", 16, 32, (12, 16), use_measurements=False)
+    r = project("b300", DEFAULT.block, DEFAULT.budget, (12, 16), use_measurements=False)
     rows = [{"quantity": s["quantity"], "kind": s["kind"], "range": f"{s['low']:g} .. {s['high']:g}",
              "step ms at ends": f"{s['step_ms_at_low']:.2f} / {s['step_ms_at_high']:.2f}",
              "swing ms": f"{s['swing_ms']:.2f}"} for s in r.sensitivity[:10]]
