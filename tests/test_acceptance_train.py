@@ -1,193 +1,117 @@
-"""Drafter training (issue 28 item 3): batch construction, one step lowers the loss on a fixed batch,
-checkpoints resume, and the H200 script's dry run writes acceptance.json end to end."""
-import dataclasses
-import json
-
+"""Drafter training: batch layout with ragged sequences, the KL + CE loss, layer initialisation from the target,
+validation / best checkpoint / early stopping / resume of train_drafters."""
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from workbench.acceptance.target import HFTarget, tiny_llama
-from workbench.acceptance.textdata import build_splits, byte_tokenize, save_splits
-from workbench.acceptance.train import (TrainConfig, default_target_layers, drafter_batch, drafter_loss,
-                                        greedy_continuations, load_checkpoint, train)
+from workbench.acceptance.fastllama import StaticLlama
+from workbench.acceptance.target import tiny_llama
+from workbench.acceptance.train import (SeqData, TrainConfig, default_target_layers, drafter_batch, drafter_loss,
+                                        init_from_target, sample_anchors, train_drafters)
 from workbench.engine.drafters import DFlashConfig, DFlashDrafter
+from workbench.validation import InvalidParameter
 
-CFG = DFlashConfig(hidden_size=32, num_layers=1, num_heads=2, head_dim=16, intermediate_size=64, block=4,
+CFG = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, head_dim=8, intermediate_size=64, block=4,
                    target_layers=(0, 1), mask_token_id=0, context_window=8)
 
 
 @pytest.fixture(scope="module")
 def target():
-    return HFTarget(tiny_llama(vocab_size=64, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, seed=2),
-                    capture_layers=(0, 1))
+    return StaticLlama(tiny_llama(vocab_size=64, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64,
+                                  seed=2), capture_layers=(0, 1))
+
+
+def _data(target, n=6, new=14, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 64, (int(k),), generator=g).tolist() for k in torch.randint(3, 8, (n,), generator=g)]
+    gens, _ = target.generate(prompts, new, batch=4, max_prompt=8)
+    return SeqData.from_lists(prompts, gens, eos=None)
 
 
 def test_default_target_layers():
-    assert default_target_layers(30, 4) == (1, 10, 18, 27)
+    assert default_target_layers(30, 5) == (1, 8, 14, 20, 27)
     assert default_target_layers(2, 2) == (1,)
 
 
-def test_greedy_continuations_are_the_targets_greedy_tokens(target):
-    prompts = torch.randint(0, 64, (3, 5), generator=torch.Generator().manual_seed(0))
-    seqs = greedy_continuations(target, prompts, 6, batch=2)
-    assert seqs.shape == (3, 11) and torch.equal(seqs[:, :5], prompts)
-    for row in range(3):
-        hf = target.model.generate(prompts[row:row + 1], max_new_tokens=6, do_sample=False)
-        assert torch.equal(seqs[row], hf[0])
-
-
-def test_batch_layout(target):
+def test_batch_layout_masks_labels_past_the_length(target):
     seqs = torch.arange(40).reshape(2, 20) % 64
-    _, feats = target.forward_features(seqs)
+    _, feats = target.forward(seqs)
     anchors = torch.tensor([[3, 16], [8, 10]])
-    toks, pos, ctx, cpos, cmask, labels = drafter_batch(seqs, feats, anchors, CFG)
+    toks, pos, ctx, cpos, cmask, labels = drafter_batch(seqs, feats, anchors, CFG, lengths=torch.tensor([20, 12]))
     assert toks.shape == (4, 4) and ctx.shape == (4, 8, 64) and labels.shape == (4, 3)
     assert toks[0].tolist() == [3, 0, 0, 0] and labels[0].tolist() == [4, 5, 6]
-    assert pos[1].tolist() == [16, 17, 18, 19]
+    assert labels[1].tolist() == [17, 18, 19] and labels[3].tolist() == [31, -100, -100]
     assert cmask[0].tolist() == [False] * 5 + [True] * 3 and cpos[0, 5:].tolist() == [0, 1, 2]
     torch.testing.assert_close(ctx[3, -1], feats[1, 9])
     with pytest.raises(ValueError, match="anchors"):
-        drafter_batch(seqs, feats, torch.tensor([[17, 3], [3, 3]]), CFG)
+        drafter_batch(seqs, feats, torch.tensor([[19, 3], [3, 3]]), CFG)
 
 
-def test_one_step_lowers_the_loss_on_a_fixed_batch(target):
+def test_loss_ignores_masked_labels_and_adds_the_kl():
     torch.manual_seed(0)
-    seqs = greedy_continuations(target, torch.randint(0, 64, (4, 6)), 14)
-    _, feats = target.forward_features(seqs)
-    inputs = drafter_batch(seqs, feats, torch.tensor([[6, 9], [7, 12], [6, 16], [10, 11]]), CFG)
-    d = DFlashDrafter.random(CFG, target, seed=0, std=0.02).train()
-    opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
-    before = drafter_loss(d(*inputs[:5]), inputs[5], 7.0)
-    before.backward()
-    opt.step()
-    with torch.no_grad():
-        after = drafter_loss(d(*inputs[:5]), inputs[5], 7.0)
-    assert after.item() < before.item() - 1e-3
+    logits = torch.randn(3, 4, 10)
+    labels = torch.randint(0, 10, (3, 4))
+    base = drafter_loss(logits, labels, 7.0)
+    masked = labels.clone()
+    masked[:, 3] = -100
+    assert drafter_loss(logits, masked, 7.0) != base
+    assert drafter_loss(logits, labels, 7.0, logits, 1.0) == pytest.approx(float(base), rel=1e-5)  # KL(p||p) = 0
+    assert drafter_loss(logits, labels, 7.0, torch.randn(3, 4, 10), 1.0) > base
 
 
-def test_train_time_box_checkpoint_and_resume(target, tmp_path):
-    seqs = greedy_continuations(target, torch.randint(0, 64, (6, 6), generator=torch.Generator().manual_seed(1)), 10)
-    cfg = TrainConfig(max_steps=9, batch=2, anchors=2, prompt_len=6, warmup=2, seed=5)
-    d1, s1 = train(target, CFG, seqs, cfg, checkpoint_dir=tmp_path, progress=False, data_info={"x": 1}, stop_after=6)
-    assert s1["steps"] == 6 and len(s1["loss_curve"]) == 6 and s1["resumed_from"] is None
-    assert {p.name for p in tmp_path.iterdir()} == {"drafter.safetensors", "optimizer.safetensors", "state.json"}
-    d2, s2 = train(target, CFG, seqs, cfg, checkpoint_dir=tmp_path, progress=False)
-    assert s2["steps"] == 9 and s2["resumed_from"] == 6 and s2["loss_curve"][:6] == s1["loss_curve"]
-    # an uninterrupted 9-step run draws the same batches: the same losses
-    d3, s3 = train(target, CFG, seqs, TrainConfig(max_steps=9, batch=2, anchors=2, prompt_len=6, warmup=2, seed=5),
-                   progress=False)
-    got = [c[2] for c in s2["loss_curve"]]
-    want = [c[2] for c in s3["loss_curve"]]
-    assert got == pytest.approx(want, rel=1e-4)
-    loaded, _, st = load_checkpoint(tmp_path, target)
-    assert st["steps"] == 9 and loaded.config == CFG
+def test_anchors_lie_in_the_continuation(target):
+    data = _data(target)
+    rows = torch.arange(data.tokens.shape[0])
+    a = sample_anchors(data, rows, 50, torch.Generator().manual_seed(1))
+    assert bool((a >= data.prompt_lens[:, None]).all()) and bool((a <= data.lengths[:, None] - 2).all())
 
 
-def test_checkpoint_carries_the_training_data_of_the_run_that_trained(target, tmp_path):
-    """A resumed run that trains no step must not report its own data as the drafter's training data."""
-    from workbench.acceptance.train import training_segments
-
-    seqs = greedy_continuations(target, torch.randint(0, 64, (6, 6), generator=torch.Generator().manual_seed(1)), 10)
-    cfg = TrainConfig(max_steps=5, batch=2, anchors=2, prompt_len=6, warmup=2, seed=5)
-    _, s1 = train(target, CFG, seqs, cfg, checkpoint_dir=tmp_path, progress=False, data_info={"sequences": 6},
-                  stop_after=3)
-    assert s1["segments"] == [{"first_step": 1, "last_step": 3, "data": {"sequences": 6},
-                               "train_config": s1["train_config"]}] and s1["data"] == {"sequences": 6}
-    _, s2 = train(target, CFG, seqs, cfg, checkpoint_dir=tmp_path, progress=False, data_info={"sequences": 4})
-    assert [(g["first_step"], g["last_step"], g["data"]) for g in s2["segments"]] == [
-        (1, 3, {"sequences": 6}), (4, 5, {"sequences": 4})] and s2["data"] == {"sequences": 4}
-    # resumed at max_steps: no step trained, no segment added; another time box is not this run's either
-    _, s3 = train(target, CFG, seqs, dataclasses.replace(cfg, seconds=1e-9), checkpoint_dir=tmp_path,
-                  progress=False, data_info={"sequences": 1})
-    assert s3["steps"] == s3["resumed_from"] == 5 and s3["segments"] == s2["segments"]
-    assert s3["data"] == {"sequences": 4} and s3["train_config"]["seconds"] is None
-    assert json.loads((tmp_path / "state.json").read_text())["segments"] == s2["segments"]
-    # a checkpoint written before segments: one segment over its steps, marked legacy
-    legacy = training_segments({"steps": 7, "data": {"sequences": 2}, "train_config": {"batch": 2}})
-    assert legacy[0]["first_step"] == 1 and legacy[0]["last_step"] == 7 and "legacy" in legacy[0]
-    assert training_segments({"steps": 0}) == []
+def test_init_from_target_reproduces_a_target_layer(target):
+    cfg = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, head_dim=8, intermediate_size=64, block=4,
+                       target_layers=(0, 1), context_window=8)
+    d = DFlashDrafter.random(cfg, target, seed=0)
+    assert init_from_target(d, target, layers=(1,)) == [1]
+    t = target.layers[1]
+    torch.testing.assert_close(d.layers[0].gate_proj.weight, t.mlp.gate_proj.weight)
+    kv = t.self_attn.k_proj.weight.view(2, 8, 32)
+    torch.testing.assert_close(d.layers[0].k_proj.weight.view(4, 8, 32)[1], kv[0])   # heads 0, 1 share kv head 0
+    bad = DFlashConfig(hidden_size=32, num_layers=1, num_heads=2, head_dim=16, intermediate_size=64, block=4,
+                       target_layers=(0, 1))
+    with pytest.raises(InvalidParameter, match="num_heads, head_dim"):
+        init_from_target(DFlashDrafter.random(bad, target), target)
 
 
-def test_measure_time_box_skips_points_and_reports_each(target):
-    from workbench.acceptance.measure import measure, measurement_order, point_estimate
-
-    assert measurement_order(["a", "b"], [16, 8], [1, 32]) == [
-        ("a", 16, 1), ("b", 16, 1), ("a", 16, 32), ("b", 16, 32), ("a", 8, 1), ("b", 8, 1), ("a", 8, 32), ("b", 8, 32)]
-    assert point_estimate(("a", 16, 32), {}, {"a": 2.0}) == 2.0
-    assert point_estimate(("b", 16, 32), {("a", 16, 32): 3.0, ("a", 16, 1): 5.0}, {"b": 1.0}) == 3.0
-    assert point_estimate(("b", 8, 32), {("a", 16, 32): 3.0, ("a", 16, 1): 5.0}, {"b": 1.0}) == 5.0
-    d = DFlashDrafter.random(CFG, target, seed=0, std=0.02).eval()
-    prompts = {"code": torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(3)),
-               "math": torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(4))}
-    seen = []
-    full = measure(target, d, prompts, [4, 3], [1, 4], 6, on_row=lambda r: seen.append(len(r["rows"])))
-    assert full["complete"] and full["skipped"] == [] and seen == list(range(1, 9))
-    assert [(r["text_type"], r["block"], r["budget"]) for r in full["rows"]] == [
-        (t, b, k) for t in ("code", "math") for b in (3, 4) for k in (1, 4)]
-    none = measure(target, d, prompts, [4], [1, 4], 6, seconds=1e-9)
-    assert not none["complete"] and none["rows"] == [] and set(none["greedy"]) == {"code", "math"}
-    assert [(k["text_type"], k["block"], k["budget"]) for k in none["skipped"]] == measurement_order(
-        ["code", "math"], [4], [1, 4]) and all(k["estimate_seconds"] > 0 for k in none["skipped"])
-
-
-def test_bench_dry_run_writes_acceptance_json(tmp_path):
-    from workbench.acceptance.measure import acceptance_for
-    from workbench.bench.acceptance import main
-
-    docs = [(f"d{i}", "def f(x):\n    return x + %d\n" % i * 6) for i in range(12)]
-    splits = [build_splits(t, byte_tokenize, chunk=24, docs=docs, heldout_fraction=0.25) for t in ("code", "math")]
-    f = save_splits(tmp_path / "s.safetensors", splits, {"tokenizer": "bytes", "vocab_size": 256})
-    args = ["--dry-run", "--device", "cpu", "--splits", str(f), "--out", str(tmp_path), "--text-types", "code", "math",
-            "--prompt-tokens", "16", "--gen-tokens", "12", "--gen-batch", "8", "--gen-seconds", "1",
-            "--train-seconds", "2", "--max-steps", "3", "--batch", "4", "--anchors", "2", "--block", "4",
-            "--blocks", "3", "4", "--budgets", "1", "4", "--prompts", "2", "--max-new", "10",
-            "--checkpoint-dir", str(tmp_path / "ck")]
-    rc = main(args)
-    assert rc == 0
-    doc = json.loads((tmp_path / "acceptance.json").read_text())
-    assert "DRY RUN" in doc["notes"] and doc["provenance"]["git_commit"]
-    rows = doc["results"]["rows"]
-    assert len(rows) == 2 * 2 * 2
-    for r in rows:
-        assert r["lossless"] == r["prompts"] == 2
-        assert sum(r["histogram"]) == r["rounds"] and len(r["histogram"]) == r["block"]
-        assert 1 <= r["mean_accepted"] <= r["block"]
-    dr = doc["results"]["drafter"]
-    assert dr["steps"] == 3 and dr["final_loss"] > 0 and len(dr["loss_curve"]) == 3
-    assert acceptance_for("math", 4, 4, doc=doc) == next(
-        r["mean_accepted"] for r in rows if (r["text_type"], r["block"], r["budget"]) == ("math", 4, 4))
-    assert dr["steps_this_run"] == 3 and dr["data"]["sequences"] > 0 and "this_run_data" not in dr
-    assert doc["results"]["complete"] and doc["results"]["skipped"] == []
-    # the same checkpoint resumed at max_steps with a time-boxed measurement: nothing trained, nothing measured
-    rc = main(args[:args.index("--gen-seconds")] + ["--gen-seconds", "0.001", "--gen-batch", "4"]
-              + args[args.index("--gen-seconds") + 2:] + ["--measure-seconds", "1e-9"])
-    assert rc == 0
-    doc2 = json.loads((tmp_path / "acceptance.json").read_text())
-    dr2 = doc2["results"]["drafter"]
-    assert dr2["steps"] == dr2["resumed_from"] == 3 and dr2["steps_this_run"] == 0
-    assert dr2["data"] == dr["data"] and dr2["segments"] == dr["segments"] and dr2["train_config"] == dr["train_config"]
-    assert dr2["this_run_data"]["sequences"] == 4 != dr["data"]["sequences"]
-    assert "trained no step" in dr2["this_run_note"]
-    assert doc2["results"]["rows"] == [] and len(doc2["results"]["skipped"]) == 2 * 2 * 2
-    assert doc2["notes"].startswith("PARTIAL: 0 points measured, 8 skipped")
+def test_train_drafters_validates_keeps_best_stops_early_and_resumes(target, tmp_path):
+    data, valid = _data(target, 8, seed=0), _data(target, 4, seed=1)
+    cfg = TrainConfig(max_steps=6, batch=4, anchors=3, lr=3e-3, warmup=2, eval_every_steps=2, val_anchors=16,
+                      patience=50, amp=False)
+    out = train_drafters(target, {"a": (CFG, "target"), "b": (CFG, "random")}, data, valid, cfg,
+                         checkpoint_dir=tmp_path, progress=False)
+    for name in ("a", "b"):
+        d, st = out[name]
+        assert st["steps"] == 6 and len(st["loss_curve"]) == 6
+        assert [v["step"] for v in st["val_curve"]] == [0, 2, 4, 6]
+        assert st["best"]["loss"] == min(v["loss"] for v in st["val_curve"])
+        assert len(st["best"]["top1"]) == CFG.block - 1 and 1 <= st["best"]["chain_accepted"] <= CFG.block
+        assert not d.training
+    assert out["a"][1]["init_layers"] == [1] and out["b"][1]["init_layers"] is None
+    # resume: the checkpoint carries on from step 6
+    again = train_drafters(target, {"a": (CFG, "target")}, data, valid,
+                           TrainConfig(max_steps=2, batch=4, anchors=3, eval_every_steps=1, val_anchors=16, amp=False),
+                           checkpoint_dir=tmp_path, progress=False)
+    st = again["a"][1]
+    assert st["resumed_from"] == 6 and st["steps"] == 8 and [s["last_step"] for s in st["segments"]] == [6, 8]
+    # early stopping: a zero learning rate never improves
+    stop = train_drafters(target, {"c": (CFG, "random")}, data, valid,
+                          TrainConfig(max_steps=50, batch=2, anchors=2, lr=1e-12, warmup=0, eval_every_steps=1,
+                                      val_anchors=8, patience=2, amp=False), progress=False)
+    assert stop["c"][1]["stopped"].startswith("early stop") and stop["c"][1]["steps"] <= 4
 
 
-def test_acceptance_for_and_reading_on_a_constructed_doc():
-    from workbench.acceptance.figures import reading
-    from workbench.acceptance.measure import acceptance_for
-    from workbench.validation import InvalidParameter
-
-    rows = [{"text_type": "math", "block": 16, "budget": k, "mean_accepted": a, "prompts": 4, "rounds": 30,
-             "histogram": [10, 10, 10] + [0] * 13} for k, a in ((1, 2.0), (8, 2.4), (32, 2.6), (128, 2.65))]
-    doc = {"results": {"rows": rows}}
-    assert acceptance_for("math", 16, 32, doc=doc) == 2.6
-    with pytest.raises(InvalidParameter, match="text_type"):
-        acceptance_for("prose", 16, 32, doc=doc)
-    with pytest.raises(InvalidParameter, match=r"\(16, 128\)"):
-        acceptance_for("math", 8, 32, doc=doc)
-    text = reading(doc)
-    assert "1.30x the chain at budget 32" in text and "goal (math, budget 32 >= 1.25 x chain): met" in text
-    assert "gains < 5% past budget 32" in text and "on 4 held-out prompt(s) per text type" in text
-    assert "the longest accepted run was 3 token(s); below every reference line" in text and "over-fitting" not in text
+def test_bad_inputs_name_what_is_allowed(target):
+    data = _data(target, 4)
+    with pytest.raises(InvalidParameter, match="init"):
+        train_drafters(target, {"a": (CFG, "copy")}, data, data, TrainConfig(max_steps=1), progress=False)
+    with pytest.raises(InvalidParameter, match="patience"):
+        TrainConfig(patience=0).check()

@@ -1,85 +1,89 @@
-"""Notebook 06's library side: a CPU demo run and the plotly figures over an acceptance document.
+"""Notebook 06's library side: a CPU demo of the pipeline and the figures and reading over an acceptance document.
 
-:func:`cpu_demo` runs issue 28's pipeline in seconds on a CPU (tiny random Llama, byte tokens, a few
-training steps) and returns a document shaped like ``acceptance.json`` (:func:`load_doc` reads the
-committed one). Figures: :func:`budget_figure` (accepted length against budget per text type and
-block, with the source's and the papers' reference lines), :func:`histogram_figure`,
-:func:`hit_rate_figure`, :func:`loss_figure`; :func:`summary_rows` and :func:`reading` (what the
-curves say, computed from the rows).
+:func:`cpu_demo` runs :func:`workbench.acceptance.run.run_pipeline` in seconds on a CPU (a tiny random Llama on byte
+tokens, prompts from the Python standard library's functions, a few training steps) and returns a document shaped
+like ``acceptance.json``; :func:`load_doc` reads the committed one. Figures: :func:`budget_figure` (accepted length
+against budget per text type with bootstrap intervals, the chain and prompt lookup beside, the reference lines),
+:func:`histogram_figure`, :func:`hit_rate_figure` (hit rate by depth), :func:`sibling_figure` (which child was
+right, by depth), :func:`curves_figure` (training and validation curves of every drafter trained);
+:func:`summary_rows` and :func:`reading` (the goals, met or missed by how much, and what the curves point to,
+computed from the document).
 """
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Sequence
 
-from workbench.validation import check_choice, check_int, check_list
+import plotly.graph_objects as go
+
+from workbench.validation import check_choice, check_int
 
 __all__ = ["REFERENCES", "cpu_demo", "check_notebook", "load_doc", "measured_or_demo", "summary_rows", "budget_figure",
-           "histogram_figure", "hit_rate_figure", "loss_figure", "reading", "training_data"]
+           "histogram_figure", "hit_rate_figure", "sibling_figure", "curves_figure", "reading", "GOAL", "goal",
+           "DEFAULT_GPU"]
 
+DEFAULT_GPU = "h100"
 # (label, accepted length, where it comes from) - reference lines, quoted, not measured here
 REFERENCES = (
     ("source: reasoning text", 2.9, "seed article, Kimi K2.6 + DFlash on 8 x RTX PRO 6000"),
-    ("source: predictable text (low)", 5.0, "seed article"),
-    ("source: predictable text (high)", 8.0, "seed article"),
-    ("DDTree paper, Qwen3-8B MATH-500, block 16", 10.7, "Ringel & Romano, arXiv 2604.12989"),
+    ("source: predictable text (low)", 7.0, "seed article"),
+    ("DFlash, Qwen3-8B", 6.5, "DFlash paper"),
+    ("DDTree paper, Qwen3-8B MATH-500, block 16", 10.7, "Ringel & Romano"),
 )
+GOAL = MappingProxyType({"budget": 32, "block": 16, "mean_accepted": {"math": 4.0, "code": 4.0, "chat": 3.0},
+                         "first_position_hit": 0.7, "tree_over_chain": 1.3})
 
 
-def check_notebook(text_types, train_steps: int, prompts: int, max_new: int, block: int, blocks, budgets,
-                   seed: int, gpu: str) -> None:
+def check_notebook(demo_seconds: float, demo_prompts: int, budget: int, seed: int, gpu: str) -> None:
     """Notebook 06's input check (notebooks/parameters.yaml ``check``)."""
-    from workbench.acceptance.textdata import TEXT_TYPES
+    from workbench.hardware import gpu_ids
 
-    check_list("text_types", text_types, lambda n, v: check_choice(n, v, TEXT_TYPES), "text types: " + ", ".join(TEXT_TYPES))
-    check_int("block", block, lo=2, hi=16)
-    check_list("blocks", blocks, lambda n, v: check_int(n, v, lo=2, hi=block), f"integers in [2, block={block}]")
-    check_list("budgets", budgets, lambda n, v: check_int(n, v, lo=1, hi=512), "integers in [1, 512]")
-    check_int("train_steps", train_steps, lo=1)
-    check_int("prompts", prompts, lo=1)
-    check_int("max_new", max_new, lo=2)
+    if not isinstance(demo_seconds, (int, float)) or isinstance(demo_seconds, bool) or not 0 < demo_seconds <= 600:
+        from workbench.validation import InvalidParameter
+        raise InvalidParameter("demo_seconds", demo_seconds, "a number in (0, 600]")
+    check_int("demo_prompts", demo_prompts, lo=1, hi=64)
+    check_int("budget", budget, lo=1, hi=512)
     check_int("seed", seed, lo=0)
+    check_choice("gpu", gpu, gpu_ids())
 
 
-def cpu_demo(text_types: Sequence[str] = ("code",), train_steps: int = 20, prompts: int = 2, max_new: int = 24,
-             block: int = 8, blocks: Sequence[int] = (4, 8), budgets: Sequence[int] = (1, 8, 32), seed: int = 0,
-             prompt_tokens: int = 32) -> dict:
-    """The pipeline on a CPU in seconds: byte-tokenised splits of ``text_types`` (their packages must be
-    installed), a tiny random Llama target, a tiny drafter trained ``train_steps`` steps on the target's
-    greedy continuations, greedy and DDTree on held-out prompts. Returns {"results": ..., "notes": ...}."""
-    import torch
+def cpu_demo(demo_seconds: float = 4.0, demo_prompts: int = 3, seed: int = 0) -> dict:
+    """The pipeline on a CPU in seconds: byte-tokenised prompts about the standard library's functions (always
+    installed), a tiny random Llama target, two tiny drafters trained side by side for ``demo_seconds``, the
+    replayed measurement on ``demo_prompts`` held-out prompts. Returns {"results": ..., "notes": ...}."""
+    import numpy as np
 
-    from workbench.acceptance.measure import measure
-    from workbench.acceptance.target import HFTarget, tiny_llama
-    from workbench.acceptance.textdata import build_splits, byte_tokenize
-    from workbench.acceptance.train import TrainConfig, greedy_continuations, train
-    from workbench.engine.drafters import DFlashConfig
+    from workbench.acceptance.corpora import chat_prompt, stdlib_functions
+    from workbench.acceptance.run import PipelineConfig, run_pipeline
+    from workbench.acceptance.target import tiny_llama
+    from workbench.acceptance.textdata import byte_tokenize
 
-    check_notebook(list(text_types), train_steps, prompts, max_new, block, list(blocks), list(budgets), seed, "h200")
-    torch.manual_seed(seed)
-    splits = {t: build_splits(t, byte_tokenize, seed=seed, chunk=prompt_tokens, max_train_tokens=64 * prompt_tokens,
-                              max_heldout_tokens=8 * prompt_tokens) for t in text_types}
-    target = HFTarget(tiny_llama(vocab_size=256, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-                                 seed=seed), capture_layers=(0, 1))
-    seqs = greedy_continuations(target, torch.cat([s.train for s in splits.values()]), 24, batch=64)
-    cfg = DFlashConfig(hidden_size=64, num_layers=1, num_heads=4, head_dim=16, intermediate_size=128, block=block,
-                       target_layers=(0, 1), mask_token_id=0, context_window=prompt_tokens)
-    drafter, state = train(target, cfg, seqs, TrainConfig(max_steps=train_steps, batch=8, anchors=4,
-                                                          prompt_len=prompt_tokens, lr=3e-3, warmup=5, seed=seed),
-                           progress=False)
-    held = {t: s.heldout[:prompts] for t, s in splits.items()}
-    res = measure(target, drafter, held, blocks, budgets, max_new)
-    res["drafter"] = {"steps": state["steps"], "final_loss": state["final_loss"], "loss_curve": state["loss_curve"],
-                      "config": cfg.to_json()}
-    return {"results": res, "notes": "CPU demo: tiny random Llama and drafter on byte tokens, not H200 data"}
+    check_notebook(demo_seconds, demo_prompts, 32, seed, DEFAULT_GPU)
+    fns = stdlib_functions(max_lines=8)
+    order = np.random.default_rng(seed).permutation(len(fns))
+    enc = [byte_tokenize(chat_prompt(fns[i].text[:60], system=None))[-60:] for i in order[:40 + demo_prompts]]
+    sets = {"train": enc[:32], "validation": enc[32:40], "test_code": enc[40:40 + demo_prompts]}
+    model = tiny_llama(vocab_size=256, hidden_size=64, layers=4, heads=4, kv_heads=2, intermediate=128, seed=seed)
+    cfg = PipelineConfig(seed=seed, new_tokens=24, max_prompt=60, gen_batch=16, gen_seconds=None,
+                         train_seconds=float(demo_seconds), batch=4, anchors=4, lr=3e-3, warmup=5, eval_every_s=1.0,
+                         val_anchors=16, block=8, drafter_layers=1, target_layer_count=2, context_window=16,
+                         mask_token_id=0, budgets=(8, 32), top_k=32, live_prompts=1, live_new=12, live_budget=8,
+                         eos_token_id=None, amp=False)
+    res, _, _ = run_pipeline(model, sets, cfg, progress=False,
+                             dflash_kw={"num_heads": 4, "head_dim": 16, "intermediate_size": 128})
+    res.pop("rounds")
+    return {"results": res, "notes": "CPU demo: tiny random Llama and drafters on byte tokens, not measured data"}
 
 
-def load_doc(gpu: str = "h200") -> dict | None:
-    """The committed ``data/measurements/<gpu>/acceptance.json`` or None."""
+def load_doc(gpu: str = DEFAULT_GPU) -> dict | None:
+    """The committed ``data/measurements/<gpu>/acceptance.json`` or None (or a file of the older issue-28 layout,
+    which these figures do not read: None too)."""
     from workbench.acceptance.measure import ACCEPTANCE_FILE
     from workbench.measure import load_measurement
 
-    return load_measurement(ACCEPTANCE_FILE, gpu)
+    doc = load_measurement(ACCEPTANCE_FILE, gpu)
+    if doc is None or not doc["results"].get("rows") or "method" not in doc["results"]["rows"][0]:
+        return None
+    return doc
 
 
 def measured_or_demo(gpu: str, demo: dict) -> dict:
@@ -87,195 +91,187 @@ def measured_or_demo(gpu: str, demo: dict) -> dict:
     return load_doc(gpu) or demo
 
 
+def _best(doc: dict) -> str:
+    return doc["results"]["best_drafter"]
+
+
+def _rows(doc: dict, method: str | None = None, drafter: str | None = "best") -> list[dict]:
+    best = _best(doc)
+    out = []
+    for r in doc["results"]["rows"]:
+        if method is not None and r["method"] != method:
+            continue
+        if r["method"] != "lookup" and drafter is not None and r["drafter"] != (best if drafter == "best" else drafter):
+            continue
+        out.append(r)
+    return out
+
+
 def summary_rows(doc: dict) -> list[dict]:
-    """One row per (text type, block, budget): accepted length, tokens per forward, speedup, lossless."""
-    return [{"text type": r["text_type"], "block": r["block"], "budget": r["budget"],
-             "accepted length": r["mean_accepted"], "tokens / forward": r["tokens_per_forward"],
-             "rounds": r["rounds"], "speedup vs greedy": r["speedup"], "lossless": f"{r['lossless']}/{r['prompts']}"}
-            for r in doc["results"]["rows"]]
+    """One row per (text type, drafter, method, budget): accepted length with its 95% interval, first-position hit
+    rate, rounds and prompts."""
+    return [{"text type": r["text_type"], "drafter": r["drafter"] or "-", "method": r["method"],
+             "budget": r["budget"], "accepted length": round(r["mean_accepted"], 3),
+             "95% interval": f"{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}",
+             "depth-1 hit": (round(r["hit_by_depth"][0], 3) if r.get("hit_by_depth") else "-"),
+             "rounds": r["rounds"], "prompts": r["prompts"]} for r in doc["results"]["rows"]]
 
 
-def budget_figure(doc: dict, title: str = "Accepted length against budget"):
-    """Accepted length (root included) against budget (log axis), a line per text type and block, with
-    :data:`REFERENCES` as dotted horizontal lines."""
-    import plotly.graph_objects as go
-
-    rows = doc["results"]["rows"]
+def budget_figure(doc: dict, title: str = "Accepted length against budget (best drafter)"):
+    """Mean accepted length (root included) against budget (log axis) per text type with 95% bootstrap intervals;
+    the chain (one child per node) and prompt lookup as dashed / dotted lines; :data:`REFERENCES` in gray."""
     fig = go.Figure()
-    for t in dict.fromkeys(r["text_type"] for r in rows):
-        for b in sorted({r["block"] for r in rows if r["text_type"] == t}):
-            pts = sorted((r["budget"], r["mean_accepted"]) for r in rows if r["text_type"] == t and r["block"] == b)
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
-                                     name=f"{t}, block {b}", line=dict(dash="solid" if b == max(r["block"] for r in rows) else "dash")))
+    tree = _rows(doc, "tree")
+    for t in dict.fromkeys(r["text_type"] for r in tree):
+        pts = sorted((r["budget"], r["mean_accepted"], r["ci95"]) for r in tree if r["text_type"] == t)
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=f"{t}: tree",
+                                 error_y=dict(type="data", symmetric=False, array=[p[2][1] - p[1] for p in pts],
+                                              arrayminus=[p[1] - p[2][0] for p in pts])))
+        for m, dash in (("chain", "dash"), ("lookup", "dot")):
+            r = next((r for r in _rows(doc, m) if r["text_type"] == t), None)
+            if r:
+                fig.add_trace(go.Scatter(x=[pts[0][0], pts[-1][0]], y=[r["mean_accepted"]] * 2, mode="lines",
+                                         line=dict(dash=dash, width=1), name=f"{t}: {m}"))
     for label, y, _ in REFERENCES:
         fig.add_hline(y=y, line=dict(dash="dot", width=1, color="gray"), annotation_text=f"{label}: {y}",
                       annotation_position="top left", annotation_font_size=10)
-    fig.update_xaxes(type="log", title="budget (tree nodes below the root; 1 = the chain)")
+    fig.update_xaxes(type="log", title="budget (tree nodes below the root)")
     fig.update_yaxes(title="mean accepted length per round (root included)", rangemode="tozero")
     fig.update_layout(title=title, height=520)
     return fig
 
 
-def histogram_figure(doc: dict, budget: int, block: int | None = None):
-    """Share of rounds per accepted length at ``budget`` (and ``block``, default the largest), per text type."""
-    import plotly.graph_objects as go
-
-    rows = doc["results"]["rows"]
-    block = block or max(r["block"] for r in rows)
+def histogram_figure(doc: dict, budget: int = 32):
+    """Share of rounds per accepted length at ``budget`` per text type (best drafter's tree)."""
     fig = go.Figure()
-    for r in rows:
-        if r["budget"] == budget and r["block"] == block:
+    for r in _rows(doc, "tree"):
+        if r["budget"] == budget:
             n = max(1, sum(r["histogram"]))
-            fig.add_trace(go.Bar(x=list(range(1, block + 1)), y=[h / n for h in r["histogram"]], name=r["text_type"]))
-    fig.update_layout(title=f"Accepted length per round, block {block}, budget {budget}", barmode="group",
-                      xaxis_title="accepted length (root included)", yaxis_title="share of rounds", height=420)
+            fig.add_trace(go.Bar(x=list(range(1, len(r["histogram"]) + 1)), y=[h / n for h in r["histogram"]],
+                                 name=r["text_type"]))
+    fig.update_layout(title=f"Accepted length per round, budget {budget}", barmode="group", height=420,
+                      xaxis_title="accepted length (root included)", yaxis_title="share of rounds")
     return fig
 
 
-def hit_rate_figure(doc: dict, budget: int, block: int | None = None):
-    """Rank-0 hit rate by depth along the spine (solid) and after an accepted sibling (dotted)."""
-    import plotly.graph_objects as go
-
-    rows = doc["results"]["rows"]
-    block = block or max(r["block"] for r in rows)
+def hit_rate_figure(doc: dict, budget: int = 32):
+    """P(depth d accepted | depth d - 1 reached) by depth per text type: the tree at ``budget`` (solid) and the chain
+    (dashed)."""
     fig = go.Figure()
-    for r in rows:
-        if r["budget"] == budget and r["block"] == block:
-            d = list(range(1, block))
-            fig.add_trace(go.Scatter(x=d, y=r["hit_spine"], mode="lines+markers", name=f"{r['text_type']}: spine"))
-            if any(v is not None for v in r["hit_sibling"]):
-                fig.add_trace(go.Scatter(x=d, y=r["hit_sibling"], mode="lines+markers", line=dict(dash="dot"),
-                                         name=f"{r['text_type']}: after a sibling"))
-    fig.update_layout(title=f"Drafter's rank-0 hit rate by depth, block {block}, budget {budget}", height=420,
-                      xaxis_title="depth", yaxis=dict(title="P(rank 0 = target's token)", range=[0, 1.02]))
+    for m, dash in (("tree", "solid"), ("chain", "dash")):
+        for r in _rows(doc, m):
+            if m == "tree" and r["budget"] != budget:
+                continue
+            d = list(range(1, len(r["hit_by_depth"]) + 1))
+            fig.add_trace(go.Scatter(x=d, y=r["hit_by_depth"], mode="lines+markers", line=dict(dash=dash),
+                                     name=f"{r['text_type']}: {m}" + (f" {budget}" if m == "tree" else "")))
+    fig.update_layout(title="Hit rate by depth (given the depth before was accepted)", height=420,
+                      xaxis_title="depth", yaxis=dict(title="P(accepted at depth d | reached)", range=[0, 1.02]))
     return fig
 
 
-def loss_figure(doc: dict):
-    """The drafter's training loss against step."""
-    import plotly.graph_objects as go
-
-    curve = doc["results"]["drafter"]["loss_curve"]
-    fig = go.Figure(go.Scatter(x=[c[0] for c in curve], y=[c[2] for c in curve], mode="lines", name="loss"))
-    fig.update_layout(title="Drafter training loss (weighted cross-entropy)", xaxis_title="step",
-                      yaxis_title="loss", height=380)
+def sibling_figure(doc: dict, budget: int = 32, text_type: str | None = None):
+    """Of the rounds that reached depth d - 1: how often the right token was the accepted node's 1st, 2nd, 3rd, 4th+
+    child (stacked), per depth, for ``text_type`` (default the first) at ``budget``."""
+    rows = [r for r in _rows(doc, "tree") if r["budget"] == budget]
+    r = next((x for x in rows if text_type in (None, x["text_type"])), None)
+    fig = go.Figure()
+    if r is None:
+        return fig
+    sib = r["hit_by_sibling_rank"]
+    d = list(range(1, len(sib) + 1))
+    for k, label in ((0, "1st child"), (1, "2nd child"), (2, "3rd child")):
+        fig.add_trace(go.Bar(x=d, y=[(s[k] or 0) if s[k] is not None else 0 for s in sib], name=label))
+    fig.add_trace(go.Bar(x=d, y=[sum(v or 0 for v in s[3:]) for s in sib], name="4th+ child"))
+    fig.update_layout(barmode="stack", height=420, title=f"Which child was right, {r['text_type']}, budget {budget}",
+                      xaxis_title="depth", yaxis=dict(title="share of rounds reaching depth d - 1", range=[0, 1.02]))
     return fig
 
 
-def training_data(doc: dict) -> tuple[dict | None, str]:
-    """The description of the data that trained the document's drafter (sequences, generation seconds, ...) and,
-    when it is not known, why: a file whose drafter record keeps training segments
-    (:func:`workbench.acceptance.train.training_segments`) says it; an older one whose run resumed a checkpoint
-    and trained no step recorded its own regenerated data instead, so the training data is unknown there."""
-    dr = doc["results"].get("drafter") or {}
-    if "segments" in dr:
-        return (dr.get("data") or None), ("" if dr.get("data") else "no training segment recorded")
-    if dr.get("resumed_from") is not None and dr.get("resumed_from") == dr.get("steps"):
-        return None, (f"not recorded in this file: its run resumed a checkpoint at step {dr['steps']} and trained "
-                      "no step, so its data block describes that run's regenerated data, not the training data")
-    return (dr.get("data") or None), ("" if dr.get("data") else "not recorded")
+def curves_figure(doc: dict):
+    """Training loss (thin) and validation loss (markers) against step for every drafter trained."""
+    fig = go.Figure()
+    for name, st in doc["results"]["training"].items():
+        c = st["loss_curve"]
+        stride = max(1, len(c) // 400)
+        fig.add_trace(go.Scatter(x=[p[0] for p in c[::stride]], y=[p[2] for p in c[::stride]], mode="lines",
+                                 line=dict(width=1), name=f"{name}: train"))
+        v = st["val_curve"]
+        fig.add_trace(go.Scatter(x=[p["step"] for p in v], y=[p["loss"] for p in v], mode="lines+markers",
+                                 name=f"{name}: validation"))
+    fig.update_layout(title="Drafter training: CE + KL to the target, position-decayed", xaxis_title="step",
+                      yaxis_title="loss", height=420)
+    return fig
 
 
-def _span(values) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
-
-
-GOAL = MappingProxyType({"text_type": "math", "budget": 32, "over_chain": 1.25})   # issue 28's goal
-
-
-def goal(doc: dict, block: int) -> dict | None:
-    """Issue 28's goal at ``block``: the tree's accepted length at :data:`GOAL`'s budget over the chain's (budget 1)
-    on its text type, with the sample it rests on; None when either point is missing."""
-    at = {r["budget"]: r for r in doc["results"]["rows"]
-          if r["text_type"] == GOAL["text_type"] and r["block"] == block}
-    tree, chain = at.get(GOAL["budget"]), at.get(1)
-    if not tree or not chain or not chain["mean_accepted"]:
-        return None
-    ratio = tree["mean_accepted"] / chain["mean_accepted"]
-    return {"block": block, "tree": tree["mean_accepted"], "chain": chain["mean_accepted"], "ratio": ratio,
-            "met": ratio >= GOAL["over_chain"], "prompts": tree["prompts"], "rounds": tree["rounds"]}
+def goal(doc: dict) -> dict:
+    """The issue's goals per text type from the document (``results.goals``)."""
+    return doc["results"].get("goals") or {}
 
 
 def reading(doc: dict) -> str:
-    """What the curves say, computed from the document: per text type at the largest block, the chain's and the
-    best tree's accepted length, the tree/chain ratio at budget 32 and where the curve stops gaining 5% per
-    budget step; the issue's goal (math, budget 32 >= 1.25 x chain) and the sample it rests on; the absolute level
-    against :data:`REFERENCES`; the drafter's training loss and data, and the over-fitting reading where a
-    near-zero training loss meets a held-out acceptance below every reference; the wall-clock speedups' spread
-    and how much of it is noise (the same accepted rounds at two blocks timed twice); the points a time box
-    skipped; the file's ``provenance_note`` when it has one."""
+    """What the measurement says, computed from the document: per text type the best drafter's accepted length at
+    budget 32 with its interval against the goal (met, or short by how much), the first-position hit rate against
+    0.7, the tree over the chain against 1.3x, prompt lookup beside; the predictable-vs-reasoning split; where the
+    tree stops gaining; target-layer vs random initialisation; what the validation curve points to (still falling
+    at the end: more data and steps; flat: capacity or recipe); the live loops (lossless, agreement with the
+    replay, wall clock)."""
     res = doc["results"]
-    rows = res["rows"]
-    block = max(r["block"] for r in rows)
-    greedy = res.get("greedy") or {}
-    new_tokens = sorted({g.get("max_new") for g in greedy.values()} - {None})
-    prompts = sorted({r["prompts"] for r in rows})
-    sample = (f"{'/'.join(map(str, prompts))} held-out prompt(s)"
-              + (f" x {'/'.join(map(str, new_tokens))} new tokens" if new_tokens else "") + " per text type")
-    lines = [f"Block {block}, accepted length per round (root included), on {sample}:"]
-    for t in dict.fromkeys(r["text_type"] for r in rows):
-        pts = sorted((r["budget"], r["mean_accepted"]) for r in rows if r["text_type"] == t and r["block"] == block)
-        by = dict(pts)
-        chain, at32 = by.get(1), by.get(32)
-        best_k, best = max(pts, key=lambda p: p[1])
+    g = goal(doc)
+    lines = [f"Best drafter: {res['best_drafter']} (lowest validation loss); goals at block {GOAL['block']}, "
+             f"budget {GOAL['budget']}:"]
+    for t, v in g.items():
+        lo, hi = v["ci95"]
+        miss = "met" if v["met"] else f"short by {v['short_by']:.2f}"
+        first = v["first_position_hit"]
+        fshort = GOAL["first_position_hit"] - first
+        lines.append(f"- {t}: {v['mean_accepted']:.2f} [{lo:.2f}, {hi:.2f}] vs goal {v['goal']} ({miss}); "
+                     f"depth-1 hit {first:.2f} vs {GOAL['first_position_hit']} "
+                     f"({'met' if v['first_position_met'] else f'short by {fshort:.2f}'}); "
+                     f"tree/chain {v['tree_over_chain']:.2f}x vs {GOAL['tree_over_chain']}x "
+                     f"({'met' if v['tree_over_chain_met'] else 'missed'})")
+    look = {r["text_type"]: r for r in _rows(doc, "lookup")}
+    tree = _rows(doc, "tree")
+    for t in g:
+        pts = sorted((r["budget"], r["mean_accepted"]) for r in tree if r["text_type"] == t)
         sat = next((b for (b, a), (_, a2) in zip(pts, pts[1:]) if a2 < 1.05 * a), None)
-        ratio = f"{at32 / chain:.2f}x the chain at budget 32" if chain and at32 else "no budget-32 or chain point"
-        climb = (f"gains < 5% past budget {sat}" if sat is not None else
-                 f"still gaining >= 5% per budget step at {pts[-1][0]} (no saturation in the range measured)")
-        lines.append(f"- {t}: chain {chain:.2f}, best {best:.2f} at budget {best_k}; {ratio}; {climb}"
-                     if chain else f"- {t}: best {best:.2f} at budget {best_k}; {ratio}; {climb}")
-        g = goal(doc, block) if t == GOAL["text_type"] else None
-        if g:
-            lines.append(f"  goal ({GOAL['text_type']}, budget {GOAL['budget']} >= {GOAL['over_chain']} x chain): "
-                         f"{'met' if g['met'] else 'not met'} ({g['ratio']:.2f}x), on {g['prompts']} prompt(s) and "
-                         f"{g['rounds']} rounds at budget {GOAL['budget']} - a small sample")
-    top = max(rows, key=lambda r: (r["mean_accepted"], r["block"]))
-    longest = max((i + 1 for r in rows for i, h in enumerate(r["histogram"]) if h), default=0)
-    refs = sorted(REFERENCES, key=lambda x: x[1])
-    below = [f"{label} {y:g}" for label, y, _ in refs if top["mean_accepted"] < y]
-    lines.append(f"Absolute level: the best point is {top['mean_accepted']:.2f} ({top['text_type']}, block "
-                 f"{top['block']}, budget {top['budget']}); the longest accepted run was {longest} token(s)"
-                 + (f"; below every reference line ({'; '.join(below)})" if len(below) == len(refs) else
-                    f"; below {'; '.join(below)}" if below else "; at or above every reference line") + ".")
-    dr = res.get("drafter") or {}
-    curve = dr.get("loss_curve") or []
-    if dr.get("final_loss") is not None and curve:
-        data, why = training_data(doc)
-        batch = (dr.get("train_config") or {}).get("batch")
-        draws = f" x {batch} sequences" if batch else ""
-        if data and data.get("sequences"):
-            seen = f"on {data['sequences']} sequences"
-            if data.get("generation_seconds") is not None:
-                seen += f" from {data['generation_seconds']:.0f} s of generation"
-            if batch:
-                seen += f" (about {dr['steps'] * batch / data['sequences']:.0f} passes over them)"
-        else:
-            seen = f"training data {why}" if why else "training data not recorded"
-        lines.append(f"Training: final loss {dr['final_loss']:.3f} (first logged {curve[0][2]:.2f}) after "
-                     f"{dr['steps']} steps{draws}; {seen}.")
-        if dr["final_loss"] < 0.1 * curve[0][2] and len(below) == len(refs):
-            lines.append("  A training loss this close to zero beside a held-out acceptance this low reads as "
-                         "over-fitting of a small self-distillation set: the likely cause of the low acceptance "
-                         "(no held-out loss was recorded to confirm it).")
-    speed = [r["speedup"] for r in rows if r.get("speedup") is not None]
-    if speed:
-        pairs = {}
-        for r in rows:  # the same rounds measured at two blocks: their speedup gap is timing noise
-            h = list(r["histogram"])
-            while h and not h[-1]:
-                h.pop()
-            pairs.setdefault((r["text_type"], r["budget"], r["rounds"], tuple(h)), []).append(r["speedup"])
-        gaps = [max(v) - min(v) for v in pairs.values() if len(v) > 1]
-        tpf = [r["tokens_per_forward"] for r in rows if r.get("tokens_per_forward") is not None]
-        lines.append(f"Wall clock: speedup over greedy {_span(speed)} across points, on {sample}"
-                     + (f"; the same accepted rounds timed at two blocks differ by up to {max(gaps):.2f} in "
-                        "speedup: timing noise of that size" if gaps else "")
-                     + (f"; tokens per target forward ({_span(tpf)}) is the steadier measure" if tpf else "") + ".")
-    skipped = res.get("skipped") or []
-    if skipped:
-        lines.append(f"Not measured: {len(skipped)} point(s) skipped by the measurement's time box ("
-                     + ", ".join(f"{k['text_type']} {k['block']}/{k['budget']}" for k in skipped) + ").")
-    if doc.get("provenance_note"):
-        lines.append("Provenance: " + doc["provenance_note"])
+        lk = look.get(t)
+        lines.append(f"  {t}: tree {', '.join(f'{b}: {a:.2f}' for b, a in pts)}"
+                     + (f"; gains < 5% past budget {sat}" if sat else "; still gaining >= 5% per step")
+                     + (f"; prompt lookup {lk['mean_accepted']:.2f}" if lk else ""))
+    if g:
+        order = sorted(g, key=lambda t: g[t]["mean_accepted"])
+        lines.append("Predictable vs reasoning: " + " < ".join(
+            f"{t} {g[t]['mean_accepted']:.2f} [{g[t]['ci95'][0]:.2f}, {g[t]['ci95'][1]:.2f}]" for t in order)
+            + ("; the intervals of the extremes do not overlap" if g[order[0]]["ci95"][1] < g[order[-1]]["ci95"][0]
+               else "; the intervals overlap"))
+    tr = res["training"]
+    if len(tr) > 1:
+        lines.append("Initialisation: " + "; ".join(
+            f"{n} best validation loss {st['best']['loss']:.3f} (chain {st['best']['chain_accepted']:.2f} under "
+            f"teacher forcing) at step {st['best']['step']} of {st['steps']}, {st['stopped']}" for n, st in tr.items()))
+    st = tr[res["best_drafter"]]
+    v = st["val_curve"]
+    if len(v) >= 3:
+        tail = v[-3:]
+        drop = (tail[0]["loss"] - tail[-1]["loss"]) / max(1e-9, tail[0]["loss"])
+        d = res.get("data", {}).get("train", {})
+        seen = st["steps"] * res["train_config"]["batch"]
+        lines.append(f"Curves: validation loss {v[0]['loss']:.3f} -> {v[-1]['loss']:.3f}, falling {100 * drop:.1f}% over "
+                     f"the last {len(tail)} validations; {seen} sequence draws over {d.get('prompts', '?')} training "
+                     f"sequences ({d.get('continuation_tokens_to_eos', '?')} continuation tokens)"
+                     + ("; still falling at the end: the run is data- and step-limited (more device time would pay)"
+                        if drop > 0.01 else "; flat at the end: more of the same data would not help much - "
+                        "capacity or recipe (deeper drafter, longer context, branch-conditioned head) is the lever"))
+    live = res.get("live") or {}
+    if live:
+        n = sum(len(v) for v in live.values())
+        ok = sum(x["lossless_vs_hf_greedy"] for v in live.values() for x in v)
+        agree = sum(x["rounds_agreeing_with_replay"] for v in live.values() for x in v)
+        rounds = sum(x["live_rounds"] for v in live.values() for x in v)
+        sp = [x["ddtree_tokens_per_s"] / x["greedy_tokens_per_s"] for v in live.values() for x in v
+              if x["ddtree_tokens_per_s"] and x["greedy_tokens_per_s"]]
+        lines.append(f"Live DDTree loops: lossless on {ok}/{n} prompts; {agree} of {rounds} live rounds equal the "
+                     "replay's, in order, up to the first difference"
+                     + (f"; wall clock {min(sp):.2f}-{max(sp):.2f}x greedy on the eager target (not a goal)" if sp else ""))
     return "\n".join(lines)

@@ -35,12 +35,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from workbench.acceptance.target import HFTarget, ddtree_generate, greedy_generate
+from workbench.measure import load_measurement
 from workbench.validation import InvalidParameter, check_float, check_int, check_list
 
-__all__ = ["summarize", "measure", "point_estimate", "measurement_order", "acceptance_for", "measured_rows",
-           "ACCEPTANCE_FILE"]
+__all__ = ["summarize", "measure", "point_estimate", "measurement_order", "acceptance_for", "histogram_for",
+           "measured_rows", "ACCEPTANCE_FILE"]
 
 ACCEPTANCE_FILE = "acceptance"
 
@@ -91,8 +93,6 @@ def measure(target: HFTarget, drafter, prompts: dict[str, torch.Tensor], blocks:
     """Greedy and DDTree on every prompt (``prompts``: text type -> int64 [M, P]) for every block
     (<= the drafter's) and budget, within ``seconds`` when given. Returns {"greedy": {type: {...}}, "rows": [...],
     "skipped": [...], "complete": bool, "seconds_limit", "estimate_seconds"} (module docstring)."""
-    from tqdm.auto import tqdm
-
     check_int("max_new", max_new, lo=2)
     blocks = check_list("blocks", list(blocks), lambda n, v: check_int(n, v, lo=2, hi=drafter.block),
                         f"integers in [2, {drafter.block}] (the drafter's block)")
@@ -153,8 +153,9 @@ def measure(target: HFTarget, drafter, prompts: dict[str, torch.Tensor], blocks:
 
 
 def measured_rows(doc: dict | None = None, gpu: str = "h200", path: str | Path | None = None) -> list[dict]:
-    """The rows of the committed acceptance measurement (or of ``doc``, or of the file at ``path``, read in
-    place of ``data/measurements/<gpu>/acceptance.json``); [] when there is none."""
+    """The tree rows of the committed acceptance measurement (or of ``doc``, or of the file at ``path``, read in
+    place of ``data/measurements/<gpu>/acceptance.json``); [] when there is none. In a file of the chat / math /
+    code layout (rows with ``method``) these are the best drafter's tree rows (``results.best_drafter``)."""
     if doc is None and path is not None:
         p = Path(path)
         doc = json.loads(p.read_text()) if p.exists() else None
@@ -162,7 +163,30 @@ def measured_rows(doc: dict | None = None, gpu: str = "h200", path: str | Path |
         from workbench.measure import load_measurement
 
         doc = load_measurement(ACCEPTANCE_FILE, gpu)
-    return [] if doc is None else list(doc["results"]["rows"])
+    if doc is None:
+        return []
+    rows = list(doc["results"]["rows"])
+    if rows and "method" in rows[0]:
+        best = doc["results"].get("best_drafter")
+        rows = [r for r in rows if r["method"] == "tree" and r["drafter"] == best]
+    return rows
+
+
+def _row_for(text_type: str, block: int, budget: int, gpu: str, doc, path) -> dict:
+    rows = measured_rows(doc, gpu, path)
+    if not rows:
+        where = path if path is not None else f"data/measurements/{gpu}/{ACCEPTANCE_FILE}.json"
+        raise FileNotFoundError(f"no acceptance measurement for {gpu} ({where}; python -m "
+                                f"workbench.bench.acceptance writes it)")
+    for r in rows:
+        if (r["text_type"], r["block"], r["budget"]) == (text_type, block, budget):
+            return r
+    have = sorted({(r["text_type"], r["block"], r["budget"]) for r in rows})
+    types = sorted({h[0] for h in have})
+    if text_type not in types:
+        raise InvalidParameter("text_type", text_type, "one of the measured text types: " + ", ".join(types))
+    raise InvalidParameter("block, budget", (block, budget), f"a measured (block, budget) for {text_type!r}: "
+                           + ", ".join(f"({b}, {k})" for t, b, k in have if t == text_type))
 
 
 def acceptance_for(text_type: str, block: int, budget: int, gpu: str = "h200", doc: dict | None = None,
@@ -171,17 +195,11 @@ def acceptance_for(text_type: str, block: int, budget: int, gpu: str = "h200", d
     ``block`` and ``budget`` (from ``data/measurements/<gpu>/acceptance.json``, or ``doc``, or the file at
     ``path``). A combination that was not measured is an :class:`InvalidParameter` listing what was; no
     measurement at all is a FileNotFoundError naming the file."""
-    rows = measured_rows(doc, gpu, path)
-    if not rows:
-        where = path if path is not None else f"data/measurements/{gpu}/{ACCEPTANCE_FILE}.json"
-        raise FileNotFoundError(f"no acceptance measurement for {gpu} ({where}; python -m "
-                                f"workbench.bench.acceptance writes it)")
-    for r in rows:
-        if (r["text_type"], r["block"], r["budget"]) == (text_type, block, budget):
-            return float(r["mean_accepted"])
-    have = sorted({(r["text_type"], r["block"], r["budget"]) for r in rows})
-    types = sorted({h[0] for h in have})
-    if text_type not in types:
-        raise InvalidParameter("text_type", text_type, "one of the measured text types: " + ", ".join(types))
-    raise InvalidParameter("block, budget", (block, budget), f"a measured (block, budget) for {text_type!r}: "
-                           + ", ".join(f"({b}, {k})" for t, b, k in have if t == text_type))
+    return float(_row_for(text_type, block, budget, gpu, doc, path)["mean_accepted"])
+
+
+def histogram_for(text_type: str, block: int, budget: int, gpu: str = "h200", doc: dict | None = None,
+                  path: str | Path | None = None) -> list[int]:
+    """The measured per-round histogram of accepted lengths (rounds with accepted length 1, 2, ...) of the trained
+    drafter on ``text_type`` at ``block`` and ``budget``; errors as :func:`acceptance_for`."""
+    return [int(h) for h in _row_for(text_type, block, budget, gpu, doc, path)["histogram"]]
