@@ -105,3 +105,5 @@ class DecodeConfig:
 
 
 DEFAULT = DecodeConfig()
+GREEDY = DEFAULT.replace(method="greedy")
+"""What the engine decodes with when no config is given: greedy, the other fields at their defaults."""

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from workbench.decode import DecodeConfig, bucket_for
+from workbench.decode import GREEDY, DecodeConfig, bucket_for
 from workbench.engine.kv_device import KVPoolFull
 from workbench.engine.request import Request, StepRecord, check_prompts
 from workbench.engine.runner import ModelRunner, StepOutput
@@ -45,7 +45,7 @@ class Batch:
 
     def __init__(self, runner: ModelRunner, config: DecodeConfig | None = None, drafter=None,
                  eos_token_id: int | None = None, prefill_chunk: int | None = None, reserve: bool = True):
-        self.runner, self.config, self.eos = runner, config or DecodeConfig(method="greedy"), eos_token_id
+        self.runner, self.config, self.eos = runner, config or GREEDY, eos_token_id
         self.prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, lo=1)
         self.reserve = bool(reserve)
         if self.config.method == "ddtree" and drafter is None:

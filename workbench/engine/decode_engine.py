@@ -8,7 +8,7 @@ others go on. The server and the continuous-batching tools use :class:`~workbenc
 """
 from __future__ import annotations
 
-from workbench.decode import DecodeConfig
+from workbench.decode import GREEDY, DecodeConfig
 from workbench.engine.batch import Batch
 from workbench.engine.kv_device import KVPoolFull
 from workbench.engine.request import Request, check_prompts
@@ -60,7 +60,7 @@ class DecodeEngine(ModelRunner):
         that many tokens per prompt (rounds of one chunk of every unfinished prompt, each attending to the rows
         before it), so long prompts need activations of one chunk only; None: one ragged forward over all.
         """
-        config = config or DecodeConfig(method="greedy")
+        config = config or GREEDY
         prompts = check_prompts(prompts, self.vocab_size)
         if len(prompts) > self.rows:
             raise ValueError(f"{len(prompts)} prompts is not allowed: the engine has {self.rows} rows")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from workbench.ddtree import accept_greedy, accept_greedy_batched, build_tree, build_trees, topk_logprobs
-from workbench.decode import DecodeConfig
+from workbench.decode import GREEDY, DecodeConfig
 from workbench.engine.drafters import DraftInput
 from workbench.engine.kv_cache import PagedKVCache
 from workbench.engine.kv_device import KVPoolFull
@@ -87,7 +87,7 @@ def decode_config(config: DecodeConfig | None, **given) -> DecodeConfig:
     given = {k: v for k, v in given.items() if v is not None}
     if config is not None and given:
         raise ValueError(f"pass either config= or {', '.join(sorted(given))}, not both")
-    return config if config is not None else DecodeConfig(**{"method": "greedy", **given})
+    return config if config is not None else GREEDY.replace(**given)
 
 
 @torch.no_grad()
