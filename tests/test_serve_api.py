@@ -46,7 +46,7 @@ def free_port() -> int:
 class Server:
     def __init__(self, opts: ServeOptions):
         self.scheduler, self.codec, self.name = build(opts)
-        self.model = self.scheduler.batch.engine.model
+        self.model = self.scheduler.batch.runner.model
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(self.scheduler, self.codec, self.name, opts.api_key)
@@ -306,7 +306,7 @@ def test_api_key_and_ddtree(tmp_path):
                     headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200, r.text
         body = r.json()
-        want = generate(sched.batch.engine.model, [codec.encode("Hello")], 10)[0].tokens
+        want = generate(sched.batch.runner.model, [codec.encode("Hello")], 10)[0].tokens
         assert body["choices"][0]["token_ids"] == want
         m = body["meta_info"]
         assert m["method"] == "ddtree" and m["spec_verify_ct"] >= 1 and m["spec_accept_length"] >= 1.0

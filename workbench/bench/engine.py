@@ -28,6 +28,7 @@ import argparse
 import statistics
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -126,8 +127,10 @@ def time_session(engine, C: int, prefix: int, config: DecodeConfig, drafter, max
     prof_rec = profile_steps(s.step, prof) if (prof and m.device.type == "cuda") else None
     while run_out and not s.done:
         s.step()
-    return {**rec, "profile": prof_rec, "tokens": [r.tokens for r in s.results()], "T": s.bucket.T, "top2": s.top2,
-            "paths": engine.paths(config.method, all(rec["graph"]), C * s.bucket.T)}
+    T = config.verify_width(m.config.vocab_size)
+    top2 = [[st.top2 for st in r.steps if st.top2 is not None] for r in s.results()]
+    return {**rec, "profile": prof_rec, "tokens": [r.tokens for r in s.results()], "T": T, "top2": top2,
+            "paths": engine.paths(config.method, all(rec["graph"]), C * T)}
 
 
 def timed_steps(engine, session, C: int, steps: int,
@@ -138,12 +141,11 @@ def timed_steps(engine, session, C: int, steps: int,
     out: dict[str, list] = {"wall_ms": [], "graph": [], "kv_rows": [], "accepted": [], **{k: [] for k in per_step}}
     for _ in range(steps):
         kv_rows = int(engine.cache.lengths[:C].sum())
-        info = session.step()
-        out["wall_ms"].append(info["ms"])
-        out["graph"].append(info["graph"])
+        step = session.step()
+        out["wall_ms"].append(step.ms)
+        out["graph"].append(step.graph)
         out["kv_rows"].append(kv_rows)
-        L1 = info["rows"].shape[1] - 4
-        out["accepted"].append([int(x) for x in info["rows"][:C, L1]])
+        out["accepted"].append([int(x) for x in step.accepted[:C]])
         for k, f in per_step.items():
             out[k].append(f())
     return out
@@ -187,7 +189,7 @@ def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont:
     rows = torch.randn(cache.num_layers, prefix, cache.row_width, generator=g, device=dev)
     cache.pool[:, sl] = (0.5 * rows).to(cache.pool.dtype)
     cache.append(0, sl)
-    r = _Req(0, [], [cont[0]], [])
+    r = Request(0, [], max_new_tokens=1 << 30, row=0, tokens=[cont[0]])
     timer = _Timer(dev)
     impl = _resolve_tree_impl(config.tree_impl, dev, config.block, config.budget)
 
@@ -200,9 +202,9 @@ def time_generate_steps(model, prefix: int, config: DecodeConfig, drafter, cont:
             (tok, rec), = _greedy_step(model, cache, [r], timer, fail).values()
             new = [tok]
         else:
-            (new, rec), = _ddtree_step(model, cache, [r], timer, fail, drafter, config.block, config.budget,
+            (new, rec), = _ddtree_step(model, cache, [r], {0: ([], [])}, timer, fail, drafter, config.block, config.budget,
                                        config.commit, (), impl).values()
-        r.out.extend(new)
+        r.tokens.extend(new)
         timer.finish()
         return rec.accepted_length
 
@@ -283,8 +285,6 @@ def run(out: str | None, layers: int = 61, experts: int | None = None, prefix: i
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     except Exception:  # noqa: BLE001 - recorded in the measurement file, then raised again below
-        import traceback
-
         state["error"] = traceback.format_exc()
         print(state["error"], file=sys.stderr)
     results = save()

@@ -36,6 +36,7 @@ import math
 import statistics
 import sys
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -143,8 +144,8 @@ def time_tp_session(engine, group, C: int, prefix: int, config: DecodeConfig, dr
     while run_out and not s.done:
         s.step()
     return {**rec, "profile": None, "tokens": [r.tokens for r in s.results()],
-            "T": s.bucket.T, "trace": [[n, list(sh), str(dt)] for n, sh, dt in trace], "_trace": trace,
-            "paths": engine.paths(config.method, all(rec["graph"]), C * s.bucket.T)}
+            "T": config.verify_width(m.config.vocab_size), "trace": [[n, list(sh), str(dt)] for n, sh, dt in trace],
+            "_trace": trace, "paths": engine.paths(config.method, all(rec["graph"]), C * config.verify_width(m.config.vocab_size))}
 
 
 def flops_per_gpu(model, raw: dict[str, Any], C: int) -> float:
@@ -313,8 +314,6 @@ def run(out: str | None, group, layers: int = 61, experts: int | None = None, pr
             engine.drop_graphs()
             del engine
     except Exception:  # noqa: BLE001 - recorded in the measurement file, then raised again below
-        import traceback
-
         state["error"] = traceback.format_exc()
         print(f"rank {group.rank}: {state['error']}", file=sys.stderr)
     results = save()

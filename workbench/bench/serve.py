@@ -4,7 +4,7 @@ One process builds the engine-step issue's model (:mod:`workbench.bench.engine`:
 the most routed INT4 experts that fit; ``--tiny``: the tiny config on the CPU, a dry run of the same code), and per
 method (greedy; DDTree with a ``ScriptedDrafter`` of ``--p-top``):
 
-1. the engine's own step: a :class:`~workbench.engine.step.Session` of C rows over a ``--prompt``-token synthetic
+1. the engine's own step: a :class:`~workbench.engine.decode_engine.Session` of C rows over a ``--prompt``-token synthetic
    prefix (no prefill), wall ms per step (median) and tokens per step, at each C of ``--concurrency``;
 2. the server on the same engine: :func:`workbench.serve.app.create_app` over a scheduler with that method,
    uvicorn on a free loopback port in a thread of this process; the measuring client
@@ -30,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import httpx
@@ -119,7 +120,7 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         # the model's whole vocabulary behind the server (the byte codec's 256 ids would refuse most prompt ids)
-        codec = codec or TextCodec.numbered(batch.engine.model.config.vocab_size)
+        codec = codec or TextCodec.numbered(batch.runner.model.config.vocab_size)
         app = create_app(self.scheduler, codec, name)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -277,8 +278,6 @@ def run(out: str | None, tiny: bool = False, layers: int = 61, experts: int | No
         hol = head_of_line_sweep(engine, hol_context, hol_running, 64, hol_chunks, gd, warm=3, after=3)
         res["head_of_line"] = hol
     except Exception:  # noqa: BLE001 - recorded in the measurement file, then raised again below
-        import traceback
-
         res["error"] = traceback.format_exc()
         print(res["error"], file=sys.stderr)
     res["goals"] = goals(res)

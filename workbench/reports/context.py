@@ -210,7 +210,7 @@ def part_contexts(doc, context: int) -> list[int]:
 def verify_rows(doc) -> list[dict[str, Any]]:
     """Per DDTree context (C = 1): the captured step's verify attention (kernel records, ms per step) against its
     FLOP floor (nodes x heads x keys x (576 + 512) multiply-adds per layer at the GPU's dense bf16 rate) and the
-    keys each thread block streams (:func:`workbench.engine.kv_device.verify_chunk_keys`: the engine's capacity,
+    keys each thread block streams (:func:`workbench.engine.attention.verify_chunk_keys`: the engine's capacity,
     not the live prefix, is split into chunks)."""
     par, pv = doc["parameters"], doc["provenance"]
     cfg = model_config(par["synthetic"], par["layers"])

@@ -83,7 +83,7 @@ def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None
     @app.get("/v1/models")
     async def models(request: Request):
         auth(request)
-        e = batch.engine
+        e = batch.runner
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "workbench", "max_model_len": e.capacity,
                                             "method": method}]}
@@ -91,15 +91,15 @@ def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None
     def limit_tokens(p: Params) -> int:
         if p.max_tokens is not None:
             return p.max_tokens
-        room = batch.engine.capacity - len(p.prompt_ids) - batch.extra
-        return max(1, min(batch.engine.max_generated, room))
+        room = batch.runner.capacity - len(p.prompt_ids) - batch.config.extra_positions
+        return max(1, min(batch.runner.max_generated, room))
 
     async def run(p: Params, kind: str):
         max_tokens = limit_tokens(p)
         try:
             batch.check(len(p.prompt_ids), max_tokens)
         except ValueError as e:
-            raise ApiError(400, str(e), "max_tokens" if len(p.prompt_ids) < batch.engine.capacity else "prompt",
+            raise ApiError(400, str(e), "max_tokens" if len(p.prompt_ids) < batch.runner.capacity else "prompt",
                            "context_length_exceeded") from None
         loop = asyncio.get_running_loop()
         job = Job(p.prompt_ids, max_tokens, loop, asyncio.Queue())

@@ -64,7 +64,7 @@ def head_of_line(engine, long_prompt: Sequence[int], running_prompts: Sequence[S
     t_add = time.perf_counter()
     long = b.add(list(long_prompt), after + 1)
     during, each = [], True
-    while not long.out:
+    while not long.tokens:
         during.append(boundary())
         each &= all(got[id(r)] > 0 for r in run)
         if len(during) > boundaries + 1:

@@ -23,7 +23,7 @@ import threading
 import time
 
 from workbench.engine.batch import Batch, Request
-from workbench.engine.kv_cache import KVPoolFull
+from workbench.engine.kv_device import KVPoolFull
 from workbench.serve.metrics import Metrics
 
 log = logging.getLogger("workbench.serve")
@@ -114,7 +114,7 @@ class Scheduler:
         m, b = self.metrics, self.batch
         used, free = b.slots_used(), b.slots_free()
         self._stats = {"running": len(b.live), "kv_slots_used": used, "kv_slots_free": free,
-                       "kv_slots_reserved": b.reserved, "kv_slots": b.engine.cache.num_slots, "rows": b.engine.rows}
+                       "kv_slots_reserved": b.reserved, "kv_slots": b.runner.cache.num_slots, "rows": b.runner.rows}
         m.kv_reserved.set(b.reserved)
         m.kv_used.set(used)
         m.kv_free.set(free)
@@ -133,7 +133,7 @@ class Scheduler:
         try:
             req = b.add(job.prompt, job.max_tokens)
         except KVPoolFull as e:
-            total = b.engine.cache.num_slots
+            total = b.runner.cache.num_slots
             status = 400 if b.worst_case(len(job.prompt), job.max_tokens) > total else 429
             job.post("rejected", status, f"{e}; " + ("the prompt is larger than the whole KV pool" if status == 400
                                                      else "retry when other requests have finished"))

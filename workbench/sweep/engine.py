@@ -4,7 +4,7 @@ For each context and method (``greedy``; ``ddtree-high`` / ``ddtree-low``: DDTre
 :class:`~workbench.engine.drafters.ScriptedDrafter` whose ``p_top`` is :data:`P_TOP`'s, scripted
 on the greedy output so acceptance is set, not learned; ``trained:<type>``: DDTree with a ScriptedDrafter
 calibrated to the trained drafter (:mod:`workbench.acceptance`) on text type ``<type>``, :func:`acceptance_source`) one
-:class:`~workbench.engine.step.DecodeEngine` measures:
+:class:`~workbench.engine.decode_engine.DecodeEngine` measures:
 
 - TTFT (ms): the engine's prefill time of the prompt (one ragged forward: the CPU sweep keeps
   contexts small; a chunked prefill to 128k is engine work left for the H200 session);
@@ -216,7 +216,7 @@ def run_session(engine, prompts, max_new: int, config: DecodeConfig, drafter=Non
     t1 = time.perf_counter()
     steps_ms = []
     while not s.done:
-        steps_ms.append(s.step()["ms"])
+        steps_ms.append(s.step().ms)
     t2 = time.perf_counter()
     res = s.results()
     bad = [r.error for r in res if r.error]
@@ -298,7 +298,7 @@ def _terms(engine, prompt, cfg, drafter, syn: bool, steps: int, prefill_chunk: i
                      prefill_chunk=None if syn else prefill_chunk)
     s.step()
     s.step()  # eager, then capture: the profiled steps are replays
-    d = draft_ms(engine._program(drafter, cfg.block), 1, vocab_k=min(cfg.budget, engine.model.config.vocab_size)) \
+    d = draft_ms(engine.program(drafter, cfg.block), 1, vocab_k=min(cfg.budget, engine.model.config.vocab_size)) \
         if drafter is not None else 0.0
     return captured_step_terms(s, steps, d)
 

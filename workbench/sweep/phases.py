@@ -33,7 +33,7 @@ def classify(name: str) -> str:
 
 
 def captured_step_terms(session, steps: int, draft_ms: float = 0.0) -> dict[str, Any]:
-    """Per-step terms (ms) of ``steps`` steps of a running :class:`~workbench.engine.step.Session` on CUDA, from
+    """Per-step terms (ms) of ``steps`` steps of a running :class:`~workbench.engine.decode_engine.Session` on CUDA, from
     the CUDA profiler's kernel records of the step it runs (the captured graph): GPU time of the verify-attention,
     MoE, tree-build and accept/commit kernels; ``draft`` (the drafter's device program, timed on its own by the
     caller, as its kernels are generic torch ones); ``rest`` = wall - those (dense and attention projections,
@@ -44,7 +44,7 @@ def captured_step_terms(session, steps: int, draft_ms: float = 0.0) -> dict[str,
         for _ in range(steps):
             if session.done:
                 break
-            walls.append(session.step()["ms"])
+            walls.append(session.step().ms)
         torch.cuda.synchronize()
     n = len(walls)
     if not n:
