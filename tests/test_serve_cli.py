@@ -78,12 +78,13 @@ def test_serve_needs_one_model_source(capsys):
 
 def test_non_loopback_bind_warns(monkeypatch, capsys):
     ran = {}
+    port = _port()  # free: the address and port are checked bindable before the model is built
     monkeypatch.setattr("uvicorn.run", lambda app, host, port, log_level: ran.update(host=host, port=port))
-    assert main(["serve", "--synthetic", "tiny", "--layers", "1", "--host", "0.0.0.0", "--port", "9"]) == 0
+    assert main(["serve", "--synthetic", "tiny", "--layers", "1", "--host", "0.0.0.0", "--port", str(port)]) == 0
     err = capsys.readouterr().err
     assert "warning: binding 0.0.0.0, not loopback" in err and "no --api-key" in err
-    assert ran == {"host": "0.0.0.0", "port": 9}
-    assert main(["serve", "--synthetic", "tiny", "--layers", "1", "--port", "9"]) == 0
+    assert ran == {"host": "0.0.0.0", "port": port}
+    assert main(["serve", "--synthetic", "tiny", "--layers", "1", "--port", str(port)]) == 0
     assert "warning" not in capsys.readouterr().err and ran["host"] == "127.0.0.1"
 
 

@@ -17,10 +17,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
-from workbench.validation import check_choice, check_int, check_str
+from workbench.decode import DEFAULT
+from workbench.capacity import model_config
+from workbench.config import available_models
+from workbench.validation import (
+    InvalidParameter, check_bindable, check_choice, check_dir, check_host, check_int, check_str, load_json_file,
+    parse_text,
+)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+CHECKPOINT = "a checkpoint folder (config.json, tokenizer.json, *.safetensors)"
 
 
 @dataclasses.dataclass
@@ -33,8 +41,8 @@ class ServeOptions:
     port: int = 8000
     method: str = "greedy"
     drafter: str | None = None
-    block: int = 16
-    budget: int = 32
+    block: int = DEFAULT.block
+    budget: int = DEFAULT.budget
     kv_slots: int | None = None
     max_requests: int = 8
     capacity: int | None = None
@@ -45,22 +53,15 @@ class ServeOptions:
     seed: int = 0
 
     def check(self) -> "ServeOptions":
+        """Every option against its rule, and the files it names read, before any model is built."""
         from workbench.decode import DecodeConfig
 
-        if (self.synthetic is None) == (self.model is None):
-            raise ValueError("give exactly one of --synthetic NAME and --model PATH")
-        if self.synthetic is not None:
-            check_str("synthetic", self.synthetic)
-        if self.layers is not None:
-            check_int("layers", self.layers, lo=1)
-            if self.model is not None:
-                raise ValueError("--layers is for --synthetic models")
-        check_str("host", self.host)
+        self._check_source()
+        check_host("host", self.host)
         check_int("port", self.port, lo=0, hi=65535)
         check_choice("method", self.method, ("greedy", "ddtree"))
         DecodeConfig(method=self.method, block=self.block, budget=self.budget)  # checks block, budget
-        if self.method == "ddtree" and not self.drafter:
-            raise ValueError("--method ddtree needs --drafter PATH (a DFlash drafter) or --drafter random")
+        self._check_drafter()
         if self.kv_slots is not None:
             check_int("kv_slots", self.kv_slots, lo=1)
         check_int("max_requests", self.max_requests, lo=1, hi=128)
@@ -69,9 +70,54 @@ class ServeOptions:
         check_int("max_tokens_limit", self.max_tokens_limit, lo=1)
         if self.prefill_chunk is not None:
             check_int("prefill_chunk", self.prefill_chunk, lo=1)
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("--api-key must not be empty")
+        if self.api_key is not None:
+            check_str("api_key", self.api_key)
+        if self.served_model_name is not None:
+            check_str("served_model_name", self.served_model_name)
         return self
+
+    def _check_source(self) -> None:
+        """One model source: a synthetic config (``tiny`` or a shipped name) or a checkpoint folder with a
+        supported config.json; the tokenizer it will use read as JSON."""
+        if (self.synthetic is None) == (self.model is None):
+            raise ValueError("give exactly one of --synthetic NAME and --model PATH")
+        if self.synthetic is not None:
+            check_choice("synthetic", self.synthetic, ("tiny", *available_models()))
+        if self.layers is not None:
+            check_int("layers", self.layers, lo=1)
+            if self.model is not None:
+                raise ValueError("--layers is for --synthetic models")
+        if self.model is not None:
+            folder = check_dir("model", self.model, CHECKPOINT)
+            if not (folder / "config.json").is_file():
+                raise InvalidParameter("model", self.model, f"the path of {CHECKPOINT}; it holds no config.json")
+            model_config(folder)  # a supported model's config
+        if self.tokenizer is not None or self.model is not None:
+            check_tokenizer("tokenizer" if self.tokenizer is not None else "model", self.tokenizer or self.model)
+
+    def _check_drafter(self) -> None:
+        """``--drafter``: needed by ddtree only; ``random`` or an existing file or folder."""
+        if self.method == "ddtree" and not self.drafter:
+            raise ValueError("--method ddtree needs --drafter PATH (a DFlash drafter) or --drafter random")
+        if self.drafter is not None and self.method != "ddtree":
+            raise InvalidParameter("drafter", self.drafter, "given only with --method ddtree (greedy drafts nothing)")
+        if self.drafter not in (None, "random") and not Path(self.drafter).expanduser().exists():
+            raise InvalidParameter("drafter", self.drafter, "'random' or the path of a DFlash drafter (a .safetensors "
+                                                            "file or a folder with config.json); it does not exist")
+
+
+def check_tokenizer(name: str, path: str) -> Path:
+    """A tokenizer.json, or a folder holding one, that reads as a tokenizer (a JSON object with a ``model``);
+    returns the file."""
+    what = "a tokenizer.json (or a folder holding one)"
+    p = Path(path).expanduser()
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if p.is_dir() and not file.exists():
+        raise InvalidParameter(name, path, f"the path of {what}; the folder {p} holds no tokenizer.json")
+    doc = load_json_file(name, file, what)
+    if not isinstance(doc, dict) or "model" not in doc:
+        raise InvalidParameter(name, path, f"the path of {what}; {file} is JSON but not a tokenizer (no 'model')")
+    return file
 
 
 def build(opts: ServeOptions):
@@ -80,7 +126,7 @@ def build(opts: ServeOptions):
 
     from workbench.decode import DecodeConfig
     from workbench.engine.batch import Batch
-    from workbench.engine.step import DecodeEngine
+    from workbench.engine.runner import ModelRunner
     from workbench.serve.scheduler import Scheduler
     from workbench.serve.tokenizer import TextCodec
 
@@ -99,7 +145,7 @@ def build(opts: ServeOptions):
     if codec.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {codec.vocab_size} ids, the model's vocabulary {model.config.vocab_size}")
     cfg = DecodeConfig(method=opts.method, block=opts.block, budget=opts.budget)
-    engine = DecodeEngine(model, max_requests=opts.max_requests, capacity=opts.capacity, kv_slots=opts.kv_slots,
+    engine = ModelRunner(model, max_requests=opts.max_requests, capacity=opts.capacity, kv_slots=opts.kv_slots,
                           max_generated=opts.max_tokens_limit)
     drafter = load_drafter(opts, model) if opts.method == "ddtree" else None
     batch = Batch(engine, cfg, drafter, eos_token_id=codec.eos_token_id, prefill_chunk=opts.prefill_chunk)
@@ -137,6 +183,7 @@ def serve(opts: ServeOptions, log_level: str = "info") -> int:
     from workbench.serve.app import create_app
 
     opts.check()
+    check_bindable(opts.host, opts.port)
     if opts.host not in LOOPBACK:
         print(f"workbench serve: warning: binding {opts.host}, not loopback: the server is reachable from other "
               f"machines{'' if opts.api_key else ' and has no --api-key'}", file=sys.stderr)
@@ -147,8 +194,6 @@ def serve(opts: ServeOptions, log_level: str = "info") -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from workbench.validation import parse_text
-
     d = ServeOptions()
     p = sub.add_parser("serve", help="OpenAI-compatible server over the engine (continuous batching)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
