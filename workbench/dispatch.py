@@ -153,8 +153,4 @@ def dispatch_for_device(device=None) -> Dispatch:
 
 
 def _current_device_name() -> str:
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -7,29 +7,21 @@ import shutil
 import subprocess
 from typing import Any
 
+import torch
+
 from workbench.kernels import gpu_available
 
 
 def has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    return torch.cuda.is_available()
 
 
 def describe() -> dict[str, Any]:
     """Python, torch, CuPy, CUDA, GPU, nvcc, and where the pipeline will run."""
     info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["torch_cuda"] = torch.version.cuda
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        info["torch"] = None
+    info["torch"] = torch.__version__
+    info["torch_cuda"] = torch.version.cuda
+    info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     try:
         import cupy
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from workbench.decode import grid_node_count, tree_size
 from workbench.validation import check_array_values, check_int
@@ -96,8 +97,6 @@ def _topk_indices(row: np.ndarray, k: int) -> np.ndarray:
 
 
 def _topk_logprobs_torch(logits, k: int):
-    import torch
-
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must be [L, V] or [B, L, V], got shape {tuple(logits.shape)}")
     if not logits.is_floating_point():

@@ -42,11 +42,9 @@ def cuda_sources() -> list[Path]:
 @functools.cache
 def gpu_available() -> bool:
     """True when torch sees a CUDA device and CuPy imports."""
+    if not torch.cuda.is_available():
+        return False
     try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return False
         import cupy  # noqa: F401
     except ImportError:   # CuPy (optional) not installed, or its CUDA libraries missing
         return False
