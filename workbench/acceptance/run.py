@@ -171,10 +171,13 @@ def goal_check(rows: list[dict], best: str, block: int) -> dict:
 
 def run_pipeline(model, prompt_sets: dict[str, list[list[int]]], cfg: PipelineConfig, progress: bool = True,
                  checkpoint_dir: str | Path | None = None, data_cache: str | Path | None = None,
-                 dflash_kw: dict | None = None, t_start: float | None = None) -> tuple[dict, object, dict]:
+                 dflash_kw: dict | None = None, t_start: float | None = None,
+                 on_partial=None) -> tuple[dict, object, dict]:
     """The pipeline (module docstring). ``prompt_sets``: "train", "validation", "test_chat", "test_math",
     "test_code" token lists (:func:`load_prompts`). ``dflash_kw``: the drafter's num_heads / head_dim /
-    intermediate_size (default the target's, which layer initialisation needs). ``data_cache``: where the generated
+    intermediate_size (default the target's, which layer initialisation needs). ``on_partial(results, drafter,
+    state, complete)`` is called after training and after each text type is measured (the bench writes its files
+    there, so a call stopped mid-measurement keeps what it measured). ``data_cache``: where the generated
     data is kept (reused when it exists, so a second call trains on the same data). Returns (results, the best
     drafter in float32, the best drafter's training state)."""
     cfg.check()
@@ -236,6 +239,8 @@ def run_pipeline(model, prompt_sets: dict[str, list[list[int]]], cfg: PipelineCo
     res["train_config"] = dataclasses.asdict(tcfg)
     best = min(trained, key=lambda n: trained[n][1]["best"]["loss"])
     res["best_drafter"] = best
+    if on_partial is not None:
+        on_partial(dict(res, rows=[], rounds={}), trained[best][0], trained[best][1], False)
     # ---- 3. measurement
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -294,6 +299,9 @@ def run_pipeline(model, prompt_sets: dict[str, list[list[int]]], cfg: PipelineCo
                        "rounds_agreeing_with_replay": m, "live_rounds": len(live_acc)})
         live[t] = lv
         print(f"{t}: measured ({time.perf_counter() - t_meas:.0f} s)", flush=True)
+        if on_partial is not None and t != types[-1]:
+            on_partial(dict(res, rows=list(rows), greedy=greedy, live=live, rounds=dict(samples),
+                            goals=goal_check(rows, best, cfg.block)), drafters[best], trained[best][1], False)
     res.update(rows=rows, greedy=greedy, live=live, live_settings={"prompts": cfg.live_prompts,
                                                                    "new_tokens": cfg.live_new,
                                                                    "budget": cfg.live_budget},

@@ -199,29 +199,45 @@ def run(args) -> Path:
         load_s = time.perf_counter() - t0
         print(f"loaded {name} in {load_s:.1f} s", flush=True)
     tinfo = target_record(model, name)
-    res, drafter, st = run_pipeline(model, sets, cfg, progress=True, checkpoint_dir=args.checkpoint_dir,
-                                    data_cache=args.data_cache, t_start=t_start)
-    res["target"] = dict(tinfo, load_seconds=load_s, dtype="float32", gguf=GGUF_NAME)
-    res["prompts_meta"] = {k: meta[k] for k in ("counts", "held_out", "train_sources", "seed", "max_prompt",
-                                                 "mask_token", "test_ids", "validation_sources") if k in meta}
-    res["corpora"] = meta.get("corpora", corpus_record())
-    rounds = res.pop("rounds")
     out = args.out
     notes = ("DRY RUN: tiny random Llama and drafter, not measured data" if args.dry_run or device != "cuda" else
              "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32) target; DFlash-style drafters trained on the "
              "target's greedy continuations of chat/math/code prompts; accepted lengths replayed from the drafter's "
              "output at every anchor of the held-out greedy continuations (equal to a live loop's: results.live)")
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    path = write_measurement("acceptance", parameters=params, results=res, samples={"rounds": rounds}, notes=notes,
-                             out_dir=out)
-    training = {"target": tinfo, "corpora": res["corpora"], "data": res["data"], "prompts": res["prompts_meta"],
-                "train_config": res["train_config"], "best_of": list(res["training"]), "chosen": res["best_drafter"],
-                "steps": st["steps"], "seconds": st["seconds"], "best": st["best"], "stopped": st["stopped"],
-                "val_curve": st["val_curve"], "init": st["init"], "init_layers": st["init_layers"],
-                "segments": st["segments"], "measurement": "data/measurements/<gpu>/acceptance.json",
-                "provenance": json.loads(path.read_text())["provenance"]}
-    parts = _write_drafter_parts(Path(out) if out else path.parent, drafter, tinfo, training)
+    written = {}
 
+    def write(res: dict, drafter, st: dict, complete: bool) -> Path:
+        res = dict(res)
+        res["target"] = dict(tinfo, load_seconds=load_s, dtype="float32", gguf=GGUF_NAME)
+        res["prompts_meta"] = {k: meta[k] for k in ("counts", "held_out", "train_sources", "seed", "max_prompt",
+                                                     "mask_token", "test_ids", "validation_sources") if k in meta}
+        res["corpora"] = meta.get("corpora", corpus_record())
+        res["complete"] = complete
+        rounds = res.pop("rounds", {})
+        part = "" if complete else (f"PARTIAL: written after training and {len({r['text_type'] for r in res['rows']})}"
+                                    " text type(s) measured; ")
+        path = write_measurement("acceptance", parameters=params, results=res, samples={"rounds": rounds},
+                                 notes=part + notes, out_dir=out)
+        training = {"target": tinfo, "corpora": res["corpora"], "data": res["data"], "prompts": res["prompts_meta"],
+                    "train_config": res["train_config"], "best_of": list(res["training"]),
+                    "chosen": res["best_drafter"], "steps": st["steps"], "seconds": st["seconds"], "best": st["best"],
+                    "stopped": st["stopped"], "val_curve": st["val_curve"], "init": st["init"],
+                    "init_layers": st["init_layers"], "segments": st["segments"],
+                    "measurement": "data/measurements/<gpu>/acceptance.json",
+                    "provenance": json.loads(path.read_text())["provenance"]}
+        if "parts" not in written:  # the drafter is final once trained
+            written["parts"] = _write_drafter_parts(Path(out) if out else path.parent, drafter, tinfo, training)
+        else:
+            (Path(out) if out else path.parent).joinpath("drafter", "training.json").write_text(
+                json.dumps(training, indent=1) + "\n")
+        return path
+
+    res, drafter, st = run_pipeline(model, sets, cfg, progress=True, checkpoint_dir=args.checkpoint_dir,
+                                    data_cache=args.data_cache, t_start=t_start,
+                                    on_partial=lambda r, d, s, c: write(r, d, s, c))
+    path = write(res, drafter, st, True)
+    parts = written["parts"]
     print(text_table([{k: (round(r[k], 3) if isinstance(r[k], float) else r[k]) for k in
                        ("text_type", "drafter", "method", "budget", "mean_accepted")} for r in res["rows"]]))
     print(json.dumps(res["goals"], indent=0)[:3000])
