@@ -6,6 +6,8 @@
 - :mod:`workbench.moe.reference` - dequantise-then-matmul in float32 (CPU or GPU).
 - :mod:`workbench.moe.fused` - :func:`fused_moe_int4`, the CUDA kernels that
   data/dispatch names, with the reference as its CPU path; :func:`moe_plan`.
+- :mod:`workbench.moe.dispatched` - the path the dispatch names at M tokens and the small-M
+  comparison file read by path.
 
 Measurement: ``python -m workbench.bench.moe``; tables and figures of the
 committed results: :mod:`workbench.reports.moe_plots`; the paper's blocks:
