@@ -237,8 +237,12 @@ class StaticLlama:
                 tok.copy_(nxt)
                 slot.fill_(max_prompt)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    step()
+                try:
+                    with torch.cuda.graph(g):
+                        step()
+                except RuntimeError as e:  # a capture the runtime refuses: the same step runs eagerly
+                    print(f"greedy generation: CUDA graph capture failed ({e}); decoding eagerly", flush=True)
+                    g, graph = None, False
                 tok.copy_(nxt)
                 slot.fill_(max_prompt)
                 out.zero_()
