@@ -1,42 +1,35 @@
 """The ``workbench`` command line (also ``python -m workbench``).
 
-Subcommands: ``run`` (the notebook pipeline), ``list``, ``env``, ``capacity``,
-and those registered by other modules listed in ``_PLUGINS``: each such
-module has ``register(subparsers)`` that adds a parser whose ``func(args)``
-returns the exit code.
+Verbs: ``run`` and ``list`` (the notebook pipeline), ``env``, ``capacity``, ``project``, ``sweep``, ``serve``
+and ``tp``; each module of :data:`VERBS` has ``register(subparsers)`` that adds its parser, whose
+``func(args)`` returns the exit code. A value outside what a verb allows (``ValueError``, of which
+:class:`~workbench.validation.InvalidParameter`) exits 2 with ``workbench <verb>: error: <message>``.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-_PLUGINS = (
-    "workbench.pipeline",
-    "workbench.environment",
-    "workbench.capacity",
-    "workbench.projection.cli",
-    "workbench.sweep.cli",
-    "workbench.serve.cli",
-    "workbench.parallel.launch",
-)
+from workbench import capacity, environment, pipeline
+from workbench.parallel import launch
+from workbench.projection import cli as projection_cli
+from workbench.serve import cli as serve_cli
+from workbench.sweep import cli as sweep_cli
+
+VERBS = (pipeline, environment, capacity, projection_cli, sweep_cli, serve_cli, launch)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every verb."""
     parser = argparse.ArgumentParser(prog="workbench", description="DDTree Workbench")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod_name in _PLUGINS:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as e:
-            if e.name and mod_name.startswith(e.name):
-                continue  # not written yet
-            raise
-        mod.register(sub)
+    for verb in VERBS:
+        verb.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the verb; exit code 2 with one line naming what is not allowed, 130 on Ctrl-C."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -47,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"workbench {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"workbench {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from workbench import NOTEBOOK_DIR, REPO_ROOT
 from workbench.environment import has_cuda
 from workbench.measure import git_commit
 from workbench.validation import (
-    InvalidParameter, PackageNeed, ParamSpec, check_dir, check_out_dir, parse_text, resolve_ref,
+    InvalidParameter, PackageNeed, ParamSpec, check_choice, check_dir, check_out_dir, parse_text, resolve_ref,
 )
 
 RUNS_DIR = REPO_ROOT / "runs"
@@ -210,13 +210,11 @@ def select(notebooks: list[Notebook], selectors: list[str]) -> list[Notebook]:
 
 
 def load_profile(name: str) -> dict[str, dict[str, Any]]:
-    """Per-notebook parameters of profile ``name`` from notebooks/profiles.yaml ({} if absent)."""
-    if name == "cpu" or not PROFILES_FILE.exists():
-        return {}
-    data = yaml.safe_load(PROFILES_FILE.read_text()) or {}
-    if name not in data:
-        raise ValueError(f"unknown profile {name!r}; profiles.yaml has: {', '.join(data) or 'none'}")
-    return data[name] or {}
+    """Per-notebook parameters of profile ``name`` from notebooks/profiles.yaml ({} for ``auto`` and ``cpu``:
+    the notebooks' own defaults); a name neither there nor ``auto`` / ``cpu`` is an InvalidParameter."""
+    data = (yaml.safe_load(PROFILES_FILE.read_text()) or {}) if PROFILES_FILE.exists() else {}
+    check_choice("profile", name, ("auto", "cpu", *data))
+    return {} if name in ("auto", "cpu") else data[name] or {}
 
 
 def resolve_parameters(notebooks: list[Notebook], overrides: list[tuple[str, str]],
@@ -408,12 +406,16 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
     notebooks = select(discover(notebook_dir), selectors or [])
     if out_dir is not None:
         check_out_dir("out", out_dir, "the run's output folder")
+    load_profile(profile)  # checks the name
     if profile == "auto":
         profile = "gpu" if has_cuda() else "cpu"
     params = resolve_parameters(notebooks, overrides or [], load_profile(profile))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_dir).expanduser() if out_dir else RUNS_DIR / stamp
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a folder the checks could not foresee (a read-only or virtual file system)
+        raise InvalidParameter("out", str(out), f"a folder this user can create; {e.strerror}") from None
     kernel, jupyter_path = _kernel_spec()
     record: dict[str, Any] = {"started_utc": stamp, "profile": profile, "python": sys.executable,
                               "git": _git(), "versions": _versions(), "plotly_renderer": PLOTLY_RENDERER,

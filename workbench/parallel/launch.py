@@ -16,17 +16,31 @@ import subprocess
 import sys
 from typing import Sequence
 
+import torch
+
 from workbench import REPO_ROOT
+from workbench.environment import has_cuda
 from workbench.parallel.groups import apply_env
-from workbench.validation import check_int, check_str
+from workbench.validation import InvalidParameter, check_int, check_module, parse_text
 
 
 def torchrun_command(nproc: int, module: str, args: Sequence[str] = ()) -> list[str]:
-    """The torchrun command line (this Python, ``--standalone``: a free rendezvous port on this host)."""
-    check_int("nproc", nproc, lo=1)
-    check_str("module", module)
+    """The torchrun command line (this Python, ``--standalone``: a free rendezvous port on this host), its
+    inputs checked first: :func:`check_ranks` and ``module`` one that ``python -m`` can run."""
+    check_ranks(nproc)
+    check_module("module", module)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", module, *args]
+
+
+def check_ranks(nproc: object) -> int:
+    """Ranks: an integer >= 1, and on a machine of CUDA GPUs at most one per GPU (rank r takes ``cuda:r``)."""
+    check_int("nproc", nproc, lo=1)
+    if has_cuda():
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            raise InvalidParameter("nproc", nproc, f"an integer in [1, {gpus}]: one rank per GPU of this machine")
+    return nproc
 
 
 def launch_env(threads: int = 1) -> dict[str, str]:
@@ -59,7 +73,7 @@ def torchrun(nproc: int, module: str, args: Sequence[str] = (), timeout_s: float
 def register(sub) -> None:
     p = sub.add_parser("tp", help="run a module on N tensor-parallel ranks (torchrun, NVLink multicast off)",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=int, required=True, help="ranks (one per GPU; gloo processes on the CPU)")
+    p.add_argument("--nproc", type=parse_text, required=True, help="ranks (one per GPU; gloo processes on the CPU)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, required=True, metavar="MODULE [ARGS...]",
                    help="the module to run on every rank and its arguments (last: everything after it is the "
                         "module's)")
@@ -67,6 +81,7 @@ def register(sub) -> None:
 
 
 def _cmd(a) -> int:
+    """``workbench tp``: the module and its arguments checked, then run on the ranks; the exit code is torchrun's."""
     if not a.module:
         raise ValueError("-m needs the module to run (workbench tp --nproc N -m MODULE [ARGS...])")
     return torchrun(a.nproc, a.module[0], a.module[1:]).returncode

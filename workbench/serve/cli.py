@@ -21,7 +21,8 @@ from pathlib import Path
 
 from workbench.decode import DEFAULT
 from workbench.capacity import model_config
-from workbench.config import available_models
+from workbench.config import available_models, load_config
+from workbench.engine.synthetic import tiny_config
 from workbench.validation import (
     InvalidParameter, check_bindable, check_choice, check_dir, check_host, check_int, check_str, load_json_file,
     parse_text,
@@ -67,7 +68,12 @@ class ServeOptions:
         check_int("max_requests", self.max_requests, lo=1, hi=128)
         if self.capacity is not None:
             check_int("capacity", self.capacity, lo=2)
-        check_int("max_tokens_limit", self.max_tokens_limit, lo=1)
+        if self.capacity is None:
+            check_int("max_tokens_limit", self.max_tokens_limit, lo=1)
+        elif check_int("max_tokens_limit", self.max_tokens_limit, lo=1) >= self.capacity:
+            raise InvalidParameter("max_tokens_limit", self.max_tokens_limit,
+                                   f"an integer in [1, {self.capacity - 1}]: a request's prompt (at least one token) "
+                                   f"and output share --capacity {self.capacity}")
         if self.prefill_chunk is not None:
             check_int("prefill_chunk", self.prefill_chunk, lo=1)
         if self.api_key is not None:
@@ -81,12 +87,13 @@ class ServeOptions:
         supported config.json; the tokenizer it will use read as JSON."""
         if (self.synthetic is None) == (self.model is None):
             raise ValueError("give exactly one of --synthetic NAME and --model PATH")
+        if self.layers is not None and self.model is not None:
+            raise ValueError("--layers is for --synthetic models")
         if self.synthetic is not None:
             check_choice("synthetic", self.synthetic, ("tiny", *available_models()))
-        if self.layers is not None:
-            check_int("layers", self.layers, lo=1)
-            if self.model is not None:
-                raise ValueError("--layers is for --synthetic models")
+            cfg = tiny_config() if self.synthetic == "tiny" else load_config(self.synthetic)
+            if self.layers is not None:
+                check_int("layers", self.layers, lo=1, hi=cfg.num_hidden_layers)
         if self.model is not None:
             folder = check_dir("model", self.model, CHECKPOINT)
             if not (folder / "config.json").is_file():
@@ -101,9 +108,16 @@ class ServeOptions:
             raise ValueError("--method ddtree needs --drafter PATH (a DFlash drafter) or --drafter random")
         if self.drafter is not None and self.method != "ddtree":
             raise InvalidParameter("drafter", self.drafter, "given only with --method ddtree (greedy drafts nothing)")
-        if self.drafter not in (None, "random") and not Path(self.drafter).expanduser().exists():
-            raise InvalidParameter("drafter", self.drafter, "'random' or the path of a DFlash drafter (a .safetensors "
-                                                            "file or a folder with config.json); it does not exist")
+        if self.drafter in (None, "random"):
+            return
+        p = Path(self.drafter).expanduser()
+        allowed = ("'random' or the path of a DFlash drafter: a .safetensors file, or a folder with config.json and "
+                   "model.safetensors")
+        if not p.exists():
+            raise InvalidParameter("drafter", self.drafter, f"{allowed}; it does not exist")
+        missing = [f for f in ("config.json", "model.safetensors") if p.is_dir() and not (p / f).is_file()]
+        if missing:
+            raise InvalidParameter("drafter", self.drafter, f"{allowed}; the folder has no {' or '.join(missing)}")
 
 
 def check_tokenizer(name: str, path: str) -> Path:
