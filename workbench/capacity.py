@@ -254,17 +254,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = {k: v.default for k, v in inspect.signature(capacity).parameters.items()}  # defaults: capacity()'s
     p = sub.add_parser("capacity", help="does a context fit? KV pool, weights and concurrency per GPU",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d["model"], help="shipped model name or checkpoint dir / config.json")
-    p.add_argument("--gpu", default=d["gpu"], help="GPU id from data/hardware.json")
-    p.add_argument("--tp", type=parse_text, default=d["tp"], help="tensor-parallel ranks (GPUs): divides the attention heads")
-    p.add_argument("--mem-fraction", type=parse_text, default=d["mem_fraction"],
+    p.add_argument("--model", default=d["model"], metavar="NAME|PATH", help="shipped model name or checkpoint dir / config.json")
+    p.add_argument("--gpu", default=d["gpu"], metavar="GPU", help="GPU id from data/hardware.json")
+    p.add_argument("--tp", type=parse_text, default=d["tp"], metavar="N", help="tensor-parallel ranks (GPUs): divides the attention heads")
+    p.add_argument("--mem-fraction", type=parse_text, default=d["mem_fraction"], metavar="F",
                    help="fraction of GPU memory for weights + KV, in (0, 1]")
-    p.add_argument("--context", type=parse_text, default=d["context"],
+    p.add_argument("--context", type=parse_text, default=d["context"], metavar="TOKENS",
                    help="tokens per request, 1 .. the model's YaRN limit")
-    p.add_argument("--kv-dtype", default=d["kv_dtype"], help="one of " + ", ".join(KV_DTYPE_BYTES))
-    p.add_argument("--reserved-gib", type=parse_text, default=d["reserved_gib"],
+    p.add_argument("--kv-dtype", default=d["kv_dtype"], metavar="|".join(KV_DTYPE_BYTES), help="one of " + ", ".join(KV_DTYPE_BYTES))
+    p.add_argument("--reserved-gib", type=parse_text, default=d["reserved_gib"], metavar="GIB",
                    help="activations/workspace reserve per GPU (GiB), >= 0")
-    p.add_argument("--attention", default=d["attention"], help="tensor- (tp) or data-parallel (dp) attention")
+    p.add_argument("--attention", default=d["attention"], metavar="|".join(ATTENTION_MODES), help="tensor- (tp) or data-parallel (dp) attention")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_cli)
 

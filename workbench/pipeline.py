@@ -449,13 +449,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("selectors", nargs="*", metavar="SELECTOR", help="notebook number or name (default: all)")
     p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="set a parameter (YAML-typed); NN:NAME scopes it to one notebook")
-    p.add_argument("--out", help="output folder (default runs/<UTC stamp>/)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default runs/<UTC stamp>/)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
-    p.add_argument("--profile", default="auto", help="auto (gpu when CUDA is present), cpu, gpu, ...")
-    p.add_argument("--notebooks", default=str(NOTEBOOK_DIR), help="folder of numbered notebooks")
+    p.add_argument("--profile", default="auto", metavar="auto|cpu|gpu", help="auto (gpu when CUDA is present), cpu, gpu, ...")
+    p.add_argument("--notebooks", default=str(NOTEBOOK_DIR), metavar="DIR", help="folder of numbered notebooks")
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("list", help="the notebooks with their parameters and defaults")
-    q.add_argument("--notebooks", default=str(NOTEBOOK_DIR), help="folder of numbered notebooks")
+    q.add_argument("--notebooks", default=str(NOTEBOOK_DIR), metavar="DIR", help="folder of numbered notebooks")
     q.set_defaults(func=_cli_list)
 
 

@@ -73,7 +73,7 @@ def torchrun(nproc: int, module: str, args: Sequence[str] = (), timeout_s: float
 def register(sub) -> None:
     p = sub.add_parser("tp", help="run a module on N tensor-parallel ranks (torchrun, NVLink multicast off)",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=parse_text, required=True, help="ranks (one per GPU; gloo processes on the CPU)")
+    p.add_argument("--nproc", type=parse_text, required=True, metavar="N", help="ranks (one per GPU; gloo processes on the CPU)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, required=True, metavar="MODULE [ARGS...]",
                    help="the module to run on every rank and its arguments (last: everything after it is the "
                         "module's)")

@@ -38,11 +38,11 @@ def register(subparsers) -> None:
         description="Per-step cost model of DDTree decode at concurrency 1, calibrated on this workbench's H200 "
                     "measurements where present and on the source's anchors (data/anchors/). Prints tokens/s "
                     "low / central / high and the step breakdown.")
-    p.add_argument("--gpu", required=True, help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
-    p.add_argument("--block", type=parse_text, required=True, help=f"drafter block size (bonus token + drafted positions), 2..{MAX_L + 1}")
-    p.add_argument("--budget", type=parse_text, required=True,
+    p.add_argument("--gpu", required=True, metavar="GPU", help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
+    p.add_argument("--block", type=parse_text, required=True, metavar="N", help=f"drafter block size (bonus token + drafted positions), 2..{MAX_L + 1}")
+    p.add_argument("--budget", type=parse_text, required=True, metavar="N",
                    help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
-    p.add_argument("--accept", type=parse_text, nargs="+", required=True,
+    p.add_argument("--accept", type=parse_text, nargs="+", required=True, metavar="A|trained:TYPE",
                    help="accepted length(s) per step, root included (1 <= a <= block), or trained:<type> "
                         "(prose, code, math): the trained drafter's measured accepted length at this block and "
                         "budget")
@@ -53,23 +53,23 @@ def register(subparsers) -> None:
                    help="the host overhead term: 'source-anchor' (default: calibrated on the source's B300 anchor), "
                         "'measured' (the H200 engine step's cost beyond its floor, data/measurements/h200/"
                         "engine_step.json) or a fixed number of ms")
-    p.add_argument("--overhead-ms", type=parse_text, default=None,
+    p.add_argument("--overhead-ms", type=parse_text, default=None, metavar="MS",
                    help="fix the host overhead per step (the same as --overhead MS)")
-    p.add_argument("--overhead-cut-ms", type=parse_text, default=None,
+    p.add_argument("--overhead-cut-ms", type=parse_text, default=None, metavar="MS",
                    help="subtract this much from the calibrated host overhead")
     p.add_argument("--calibration", nargs="+", default=None, metavar="FILE",
                    help="measurement files (moe_bandwidth / ddtree_kernels / engine_step JSON) that replace the "
                         "committed data/measurements/h200 ones")
     p.add_argument("--anchors-only", action="store_true",
                    help="ignore data/measurements; calibrate on the source's anchors only")
-    p.add_argument("--context", type=parse_text, default=StepShape.context,
+    p.add_argument("--context", type=parse_text, default=StepShape.context, metavar="TOKENS",
                    help=f"context length in tokens, 1 .. the model's YaRN limit (default {StepShape.context})")
-    p.add_argument("--tp", type=parse_text, default=StepShape.tp,
+    p.add_argument("--tp", type=parse_text, default=StepShape.tp, metavar="N",
                    help=f"tensor-parallel GPUs, dividing the attention heads (default {StepShape.tp})")
-    p.add_argument("--tree-builder", default=StepShape.tree_builder,
+    p.add_argument("--tree-builder", default=StepShape.tree_builder, metavar="|".join(TREE_BUILDERS),
                    help=f"where the draft tree is built: {' or '.join(TREE_BUILDERS)} "
                         f"(default {StepShape.tree_builder}, as in SGLang)")
-    p.add_argument("--bandwidth-tbs", type=parse_text, default=None,
+    p.add_argument("--bandwidth-tbs", type=parse_text, default=None, metavar="TBS",
                    help="what-if datasheet memory bandwidth of the GPU in TB/s")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.set_defaults(func=run)

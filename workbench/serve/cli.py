@@ -214,23 +214,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", metavar="NAME", help="a random model of this config (tiny or a shipped name)")
     src.add_argument("--model", metavar="PATH", help="checkpoint directory (with tokenizer.json)")
-    p.add_argument("--layers", type=parse_text, help="decoder layers of the synthetic model (default: all)")
+    p.add_argument("--layers", type=parse_text, metavar="N", help="decoder layers of the synthetic model (default: all)")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or a directory holding one")
     p.add_argument("--host", default=d.host, help="bind address (default loopback)")
-    p.add_argument("--port", type=parse_text, default=d.port)
-    p.add_argument("--method", default=d.method, help="greedy or ddtree")
-    p.add_argument("--drafter", help="DFlash drafter file/dir for ddtree, or 'random'")
-    p.add_argument("--block", type=parse_text, default=d.block)
-    p.add_argument("--budget", type=parse_text, default=d.budget)
-    p.add_argument("--kv-slots", type=parse_text, help="KV pool slots (default max-requests x capacity)")
-    p.add_argument("--max-requests", type=parse_text, default=d.max_requests, help="engine rows (concurrent requests)")
-    p.add_argument("--capacity", type=parse_text, help="tokens per request, prompt + output (default the rope limit)")
-    p.add_argument("--max-tokens-limit", type=parse_text, default=d.max_tokens_limit,
+    p.add_argument("--port", type=parse_text, default=d.port, metavar="PORT")
+    p.add_argument("--method", default=d.method, metavar="greedy|ddtree", help="greedy or ddtree")
+    p.add_argument("--drafter", metavar="PATH|random", help="DFlash drafter file/dir for ddtree, or 'random'")
+    p.add_argument("--block", type=parse_text, default=d.block, metavar="N")
+    p.add_argument("--budget", type=parse_text, default=d.budget, metavar="N")
+    p.add_argument("--kv-slots", type=parse_text, metavar="N", help="KV pool slots (default max-requests x capacity)")
+    p.add_argument("--max-requests", type=parse_text, default=d.max_requests, metavar="N", help="engine rows (concurrent requests)")
+    p.add_argument("--capacity", type=parse_text, metavar="N", help="tokens per request, prompt + output (default the rope limit)")
+    p.add_argument("--max-tokens-limit", type=parse_text, default=d.max_tokens_limit, metavar="N",
                    help="largest max_tokens a request may ask for")
-    p.add_argument("--prefill-chunk", type=parse_text,
+    p.add_argument("--prefill-chunk", type=parse_text, metavar="N",
                    help="prompt tokens per prefill forward (default whole prompts: a long one delays the others)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--served-model-name", help="the model id clients use")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--served-model-name", metavar="NAME", help="the model id clients use")
     p.set_defaults(func=_cli)
 
 
