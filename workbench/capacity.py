@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
+
 from workbench.config import KV_DTYPE_BYTES, ModelConfig, available_models, config_from_dict, load_config
 from workbench.hardware import get_gpu
 from workbench.validation import InvalidParameter, check_choice, check_float, load_json_file, parse_text
@@ -325,8 +327,6 @@ def verdict(model: str = "kimi-k2.6", context: int = 200_000, mem_fraction: floa
 
 def context_figure(contexts: list[int] | None = None, gpus: list[str] | None = None, **kw: Any):
     """Plotly figure: request KV (GB) against context, with each GPU's KV pool and the YaRN limit."""
-    import plotly.graph_objects as go
-
     gpus = gpus or ["rtx-pro-6000", "h200", "b300"]
     contexts = contexts or [2**k for k in range(12, 19)] + [200_000, 262_144]
     contexts = sorted(set(contexts))

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tqdm.auto import tqdm
 
 from workbench import NOTEBOOK_DIR, REPO_ROOT
 from workbench.environment import has_cuda
@@ -401,8 +402,6 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
                   notebook_dir: Path = NOTEBOOK_DIR, progress: bool = True) -> dict[str, Any]:
     """Execute the selected notebooks; returns the run record (also written as run.json). Everything is
     checked before the first notebook starts: the folders, the profile and the parameters."""
-    from tqdm.auto import tqdm
-
     notebooks = select(discover(notebook_dir), selectors or [])
     if out_dir is not None:
         check_out_dir("out", out_dir, "the run's output folder")

@@ -19,10 +19,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from workbench.decode import DEFAULT
+import torch
+
 from workbench.capacity import model_config
 from workbench.config import available_models, load_config
-from workbench.engine.synthetic import tiny_config
+from workbench.decode import DEFAULT, DecodeConfig
+from workbench.engine.drafters import DFlashConfig, DFlashDrafter
+from workbench.engine.synthetic import synthetic_model, tiny_config
 from workbench.validation import (
     InvalidParameter, check_bindable, check_choice, check_dir, check_host, check_int, check_str, load_json_file,
     parse_text,
@@ -55,8 +58,6 @@ class ServeOptions:
 
     def check(self) -> "ServeOptions":
         """Every option against its rule, and the files it names read, before any model is built."""
-        from workbench.decode import DecodeConfig
-
         self._check_source()
         check_host("host", self.host)
         check_int("port", self.port, lo=0, hi=65535)
@@ -169,11 +170,6 @@ def build(opts: ServeOptions):
 def synthetic_for(name: str, vocab: int, layers: int | None, device, seed: int = 0):
     """A synthetic model of config ``name`` (``tiny`` or a shipped config) with ``vocab`` ids, float32 on the
     CPU (bf16 on CUDA)."""
-    import torch
-
-    from workbench.config import load_config
-    from workbench.engine.synthetic import synthetic_model, tiny_config
-
     cfg = tiny_config(vocab_size=vocab) if name == "tiny" else dataclasses.replace(load_config(name),
                                                                                      vocab_size=vocab)
     dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
@@ -181,8 +177,7 @@ def synthetic_for(name: str, vocab: int, layers: int | None, device, seed: int =
 
 
 def load_drafter(opts: ServeOptions, model):
-    from workbench.engine.drafters import DFlashConfig, DFlashDrafter
-
+    """The drafter of ``--drafter``: random weights (``random``) or a saved DFlash drafter, on the model's device."""
     if opts.drafter == "random":
         c = model.config
         cfg = DFlashConfig(hidden_size=c.hidden_size, num_layers=1, num_heads=2, head_dim=16, intermediate_size=64,
@@ -192,7 +187,7 @@ def load_drafter(opts: ServeOptions, model):
 
 
 def serve(opts: ServeOptions, log_level: str = "info") -> int:
-    import uvicorn
+    import uvicorn  # these two imported where used: fastapi and the app add a second to every verb's start
 
     from workbench.serve.app import create_app
 
