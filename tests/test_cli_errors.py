@@ -88,6 +88,13 @@ MORE = [
      "notebooks='{folder}' is not allowed: a folder of numbered notebooks (NN_*.ipynb); it holds none"),
     (["run", "05", "--out", "{file}/sub"], "out='{file}/sub' is not allowed: the run's output folder"),
     (["run", "06", "-p", "demo_prompts", "0"], "demo_prompts=0 is not allowed: an integer in [1, 64]"),
+    (["run", "03", "-p", "measurement", "/nope.json"],
+     "measurement='/nope.json' is not allowed: the path of a JSON file, or None; it does not exist "
+     "(value from -p measurement)"),
+    (["run", "03", "-p", "contexts", "[1e2, 1e9]"], "contexts=[100, 1000000000] is not allowed"),
+    (["run", "05", "-p", "07:context", "1"], "-p 07:context: no selected notebook matches '07'; selected: "
+                                             "05_context_capacity"),
+    (["run", "05", "--out", "/proc/workbench_out"], "out='/proc/workbench_out' is not allowed: "),
     (["list", "--notebooks", "{file}"], "notebooks='{file}' is not allowed: the path of a folder of numbered "
                                         "notebooks (NN_*.ipynb); this is a file"),
     (["capacity", "--model", "{folder}"], "the folder {folder} holds no config.json"),

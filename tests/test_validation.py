@@ -115,3 +115,28 @@ def test_library_check_covers_the_notebook_rules():
     checks = {nb.name: pipeline.schema_of(nb, schema).check for nb in pipeline.discover()}
     assert checks["04_b300_projection"] == "workbench.projection.project:check_inputs"
     assert checks["05_context_capacity"] == "workbench.capacity:check_inputs"
+
+
+def test_parse_text_reads_numbers_inside_a_list_and_keeps_a_blank_word():
+    assert parse_text("[1e2, 2.0, h200]") == [100, 2, "h200"]
+    assert parse_text("") == "" and parse_text(" ") == " "
+    with pytest.raises(InvalidParameter, match="context='' is not allowed: an integer"):
+        ParamSpec("int").check("context", parse_text(""))
+
+
+def test_param_spec_path_must_exist_and_is_made_absolute(tmp_path, monkeypatch):
+    good = tmp_path / "m.json"
+    good.write_text('{"name": "x"}')
+    (tmp_path / "bad.json").write_text("{")
+    monkeypatch.chdir(tmp_path)
+    spec = ParamSpec("str", optional=True, path="json")
+    assert spec.check("measurement", "m.json") == str(good)
+    assert spec.check("measurement", None) is None
+    with pytest.raises(InvalidParameter, match=r"measurement='nope.json' is not allowed: the path of a JSON file, "
+                                               r"or None; it does not exist"):
+        spec.check("measurement", "nope.json")
+    with pytest.raises(InvalidParameter, match=r"it is not JSON \(Expecting"):
+        spec.check("measurement", "bad.json")
+    assert ParamSpec("str", path="folder").check("d", ".") == str(tmp_path)
+    with pytest.raises(InvalidParameter, match="path='json' is not allowed"):
+        ParamSpec("int", path="json")

@@ -241,6 +241,9 @@ def resolve_parameters(notebooks: list[Notebook], overrides: list[tuple[str, str
         value = parse_text(raw)
         scope, _, name = key.rpartition(":")
         targets = [nb for nb in notebooks if not scope or nb.matches(scope)]
+        if not targets:
+            raise ValueError(f"-p {key}: no selected notebook matches {scope!r}; selected: "
+                             + ", ".join(nb.name for nb in notebooks))
         hit = [nb for nb in targets if name in declared[nb.name]]
         if not hit:
             listing = "; ".join(f"{nb.name}: {', '.join(declared[nb.name]) or '(none)'}" for nb in targets

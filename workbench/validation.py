@@ -133,7 +133,7 @@ def parse_text(text: str) -> Any:
     """A command-line word as a value: YAML-typed (``3`` int, ``0.5`` float, ``true`` bool,
     ``[1, 2]`` list, ``null`` None, else the string), and a number YAML leaves as text
     (``1e6``) read as a float. An integral float becomes an int (``1e6`` -> 1000000): exact,
-    nothing rounded. A blank word stays the string it is (``--context ""`` is ``''``, which the
+    nothing rounded; so do a list's items. A blank word stays the string it is (``--context ""`` is ``''``, which the
     check then refuses by name), never None: None is written ``null``."""
     if not text.strip():
         return text
@@ -141,6 +141,12 @@ def parse_text(text: str) -> Any:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    return [_number(v) for v in value] if isinstance(value, list) else _number(value)
+
+
+def _number(value: Any) -> Any:
+    """A YAML value with a number YAML left as text read as one, and an integral float as an int
+    (the items of a list too: ``[1e2, 2e2]`` is ``[100, 200]``)."""
     if isinstance(value, str):
         try:
             value = float(value)
@@ -160,6 +166,7 @@ _SCALARS: dict[str, tuple[str, Callable[..., Any]]] = {
     "str": ("strings", lambda name, v, **_: check_str(name, v)),
 }
 NONE_WORDS = ("None", "none", "null", "~")
+PATH_KINDS = {"file": "a file", "folder": "a folder", "json": "a JSON file"}  # ParamSpec.path
 
 
 def resolve_ref(ref: str) -> Any:
@@ -183,6 +190,9 @@ class ParamSpec:
       dict's keys, or a function returning them);
     - ``multiple_of``: an ``int`` parameter must be a multiple of this (a number or ``module:NAME``);
     - ``optional``: None is allowed too (``-p overhead_ms null``, or ``None``);
+    - ``path``: a ``str`` parameter that names an existing ``file``, ``folder`` or ``json`` file (read as
+      JSON), relative to where ``workbench run`` starts; the checked value is the absolute path, since the
+      notebook runs in its own folder;
     - ``help``: what the parameter means.
     """
 
@@ -192,6 +202,7 @@ class ParamSpec:
     choices: tuple[Any, ...] | str | None = None
     multiple_of: int | str | None = None
     optional: bool = False
+    path: str | None = None
     help: str = ""
 
     def __post_init__(self):
@@ -201,6 +212,8 @@ class ParamSpec:
             raise InvalidParameter("type", self.type, "one of " + ", ".join(kinds))
         if isinstance(self.choices, list):
             object.__setattr__(self, "choices", tuple(self.choices))
+        if self.path is not None and (self.type != "str" or self.path not in PATH_KINDS):
+            raise InvalidParameter("path", self.path, "one of " + ", ".join(PATH_KINDS) + " (for a str parameter)")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ParamSpec":
@@ -230,6 +243,8 @@ class ParamSpec:
             parts.append("one of " + ", ".join(map(str, self.allowed_choices())))
         if self.multiple_of is not None:
             parts.append(f"a multiple of {self._multiple()}")
+        if self.path is not None:
+            parts.append(f"the path of {PATH_KINDS[self.path]}")
         if self.optional:
             parts.append("or None")
         return " ".join(parts)
@@ -248,6 +263,17 @@ class ParamSpec:
             if b is not None:
                 bounds[key] = b
         return bounds
+
+    def _existing(self, name: str, value: str) -> str:
+        """``value`` the path of an existing file / folder / JSON file (read); returned absolute."""
+        what = PATH_KINDS[self.path]
+        if self.path == "json":
+            load_json_file(name, value, what)
+        elif self.path == "folder":
+            check_dir(name, value, what)
+        elif not Path(value).expanduser().is_file():
+            raise InvalidParameter(name, value, f"the path of {what}; it is not an existing file")
+        return str(Path(value).expanduser().resolve())
 
     def _multiple(self) -> int | None:
         m = self.multiple_of
@@ -279,10 +305,13 @@ class ParamSpec:
                 raise InvalidParameter(n, v, f"an integer{span} and a multiple of {multiple}")
             return v
         try:
-            return check_list(name, value, item, what) if self.is_list else item(name, value)
+            if self.is_list:
+                return check_list(name, value, item, what)
+            return item(name, value) if self.path is None else self._existing(name, item(name, value))
         except InvalidParameter as e:
-            if self.optional:
-                raise InvalidParameter(name, value, f"{e.allowed}, or None") from None
+            if self.optional:  # "<rule>, or None; <why not>"
+                rule, sep, why = e.allowed.partition("; ")
+                raise InvalidParameter(name, value, f"{rule}, or None{sep}{why}") from None
             raise
 
 
