@@ -275,3 +275,18 @@ def test_sweep_endpoint_every_request_failed_exits_1_with_the_reason(stub_server
     assert "0/1 ok (1 failed)" in captured.out
     assert "workbench sweep: error: every request failed (1 of 1); the reasons: HTTP 500: engine exploded" \
         in captured.err
+
+
+@pytest.mark.parametrize("argv", [["serve", "--synthetic", "kimi-k2.6"],
+                                  ["sweep", "--engine", "--synthetic", "kimi-k2.6", "--device", "cpu"]])
+def test_synthetic_model_larger_than_memory_refused_before_it_is_built(argv, monkeypatch, capsys):
+    """All 61 layers of the K2.6 config hold hundreds of GB: refused with the most layers that fit, not built."""
+    from workbench.serve import cli as serve_cli
+    from workbench.sweep import cli as sweep_cli
+
+    monkeypatch.setattr(serve_cli, "device_memory", lambda: (16 * 10**9, "this machine's RAM", True))
+    monkeypatch.setattr(sweep_cli, "host_memory_bytes", lambda: 16 * 10**9)
+    rc, err = _run(argv, capsys)
+    assert rc == 2, err
+    assert "layers=61 is not allowed: an integer in [1, " in err and "]: 61 layers of kimi-k2.6 hold at least" in err
+    assert "GB of weights, more than the 16.0 GB of this machine's RAM" in err

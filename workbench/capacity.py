@@ -133,6 +133,34 @@ def check_inputs(model: str | Path | ModelConfig, tp: Any, mem_fraction: Any, co
     return cfg
 
 
+def host_memory_bytes() -> int:
+    """This machine's physical memory (RAM)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def synthetic_weight_bytes(cfg: ModelConfig, float32: bool) -> float:
+    """Bytes of a synthetic model of ``cfg`` on one device: INT4 routed experts where the config quantises
+    them, the rest bf16, or float32 (``float32``: on the CPU) - a lower bound of what the process holds."""
+    w = weight_bytes_per_gpu(cfg, tp=1)
+    wide = 2 if float32 else 1
+    routed = w.routed_experts * (1 if cfg.expert_quant is not None else wide)
+    return routed + wide * (w.total - w.routed_experts)
+
+
+def check_fits_memory(cfg: ModelConfig, memory_bytes: int, where: str, float32: bool, name: str = "layers") -> None:
+    """A synthetic model of ``cfg`` fits ``memory_bytes`` (``where``: whose memory, for the message); else an
+    InvalidParameter on ``name`` (its layers) giving the most layers that fit."""
+    need = synthetic_weight_bytes(cfg, float32)
+    if need <= memory_bytes:
+        return
+    fit = [n for n in range(1, cfg.num_hidden_layers) if
+           synthetic_weight_bytes(cfg.replace(num_hidden_layers=n), float32) <= memory_bytes]
+    allowed = f"an integer in [1, {fit[-1]}]" if fit else "a smaller model (not even one layer fits)"
+    raise InvalidParameter(name, cfg.num_hidden_layers,
+                           f"{allowed}: {cfg.num_hidden_layers} layers of {cfg.name or cfg.model_type} hold at least "
+                           f"{need / 1e9:,.1f} GB of weights, more than the {memory_bytes / 1e9:,.1f} GB of {where}")
+
+
 @dataclasses.dataclass
 class CapacityAnswer:
     model: str

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.capacity import model_config
+from workbench.capacity import check_fits_memory, host_memory_bytes, model_config
 from workbench.config import available_models, load_config
 from workbench.decode import DEFAULT, DecodeConfig
 from workbench.engine.drafters import DFlashConfig, DFlashDrafter
@@ -33,6 +33,7 @@ from workbench.validation import (
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CHECKPOINT = "a checkpoint folder (config.json, tokenizer.json, *.safetensors)"
+BYTE_VOCAB = 256  # the byte-level fallback tokenizer's ids: the smallest vocabulary a synthetic model is given
 
 
 @dataclasses.dataclass
@@ -95,6 +96,9 @@ class ServeOptions:
             cfg = tiny_config() if self.synthetic == "tiny" else load_config(self.synthetic)
             if self.layers is not None:
                 check_int("layers", self.layers, lo=1, hi=cfg.num_hidden_layers)
+            memory, where, float32 = device_memory()
+            check_fits_memory(cfg.replace(num_hidden_layers=self.layers or cfg.num_hidden_layers,
+                                          vocab_size=BYTE_VOCAB), memory, where, float32)
         if self.model is not None:
             folder = check_dir("model", self.model, CHECKPOINT)
             if not (folder / "config.json").is_file():
@@ -119,6 +123,13 @@ class ServeOptions:
         missing = [f for f in ("config.json", "model.safetensors") if p.is_dir() and not (p / f).is_file()]
         if missing:
             raise InvalidParameter("drafter", self.drafter, f"{allowed}; the folder has no {' or '.join(missing)}")
+
+
+def device_memory() -> tuple[int, str, bool]:
+    """(bytes, whose, float32) of the device a model is built on: the GPU's (bf16) or, without one, RAM (float32)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory, "the GPU's memory", False
+    return host_memory_bytes(), "this machine's RAM", True
 
 
 def check_tokenizer(name: str, path: str) -> Path:

@@ -25,12 +25,13 @@ import sys
 
 import httpx
 
+from workbench.capacity import check_fits_memory, host_memory_bytes
 from workbench.client import summary
 from workbench.client import sweep as endpoint_sweep
 from workbench.config import available_models
 from workbench.display import text_table
 from workbench.environment import has_cuda
-from workbench.sweep.engine import METHODS, method_choices
+from workbench.sweep.engine import METHODS, method_choices, model_config
 from workbench.sweep.run import sweep as engine_sweep
 from workbench.sweep.tables import tables
 from workbench.validation import (
@@ -123,6 +124,9 @@ def check_engine_options(args: argparse.Namespace) -> None:
     check_choice("device", args.device, ("cpu", "cuda"))
     if args.device == "cuda" and not has_cuda():
         raise InvalidParameter("device", args.device, "'cpu' on this machine (no CUDA GPU found)")
+    if args.device == "cpu":  # on CUDA the sweep keeps the routed experts that fit (sweep.run.build_model)
+        check_fits_memory(model_config(args.synthetic, args.layers), host_memory_bytes(), "this machine's RAM",
+                          float32=True)
     if args.threads is not None:
         check_int("threads", args.threads, lo=1)
 
