@@ -201,7 +201,8 @@ def test_missing_notebook_package_found_before_the_run(tmp_path, capsys):
     rc, err = _run(["run", "--notebooks", str(d), "--out", str(out), "-p", "kinds", "[a, b]"], capsys)
     assert rc == 2, err
     assert ("kinds=['a', 'b'] is not allowed: values whose packages are installed; 'b' needs the Python module "
-            "no_such_module_xyz, which is not installed: install it with `pip install xyz` (value from -p kinds)") in err
+            "no_such_module_xyz, which is not installed: install it with `pip install xyz` "
+            "(value from -p kinds)") in err
     assert not out.exists()
     rc, err = _run(["list", "--notebooks", str(d)], capsys)
     assert rc == 0

@@ -48,6 +48,7 @@ class WeightBreakdown:
 
     @property
     def total(self) -> float:
+        """All components."""
         return sum(dataclasses.asdict(self).values())
 
 
@@ -185,6 +186,7 @@ class CapacityAnswer:
     notes: list[str]
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, the weights' total included."""
         d = dataclasses.asdict(self)
         d["weights"]["total"] = self.weights.total
         return d
@@ -281,25 +283,31 @@ def context_curve(contexts: list[int], gpus: list[str], **kw: Any) -> dict[str, 
 
 # ---- CLI --------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
+    """The ``capacity`` verb, its defaults those of :func:`capacity`."""
     d = {k: v.default for k, v in inspect.signature(capacity).parameters.items()}  # defaults: capacity()'s
     p = sub.add_parser("capacity", help="does a context fit? KV pool, weights and concurrency per GPU",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d["model"], metavar="NAME|PATH", help="shipped model name or checkpoint dir / config.json")
+    p.add_argument("--model", default=d["model"], metavar="NAME|PATH",
+                   help="shipped model name or checkpoint dir / config.json")
     p.add_argument("--gpu", default=d["gpu"], metavar="GPU", help="GPU id from data/hardware.json")
-    p.add_argument("--tp", type=parse_text, default=d["tp"], metavar="N", help="tensor-parallel ranks (GPUs): divides the attention heads")
+    p.add_argument("--tp", type=parse_text, default=d["tp"], metavar="N",
+                   help="tensor-parallel ranks (GPUs): divides the attention heads")
     p.add_argument("--mem-fraction", type=parse_text, default=d["mem_fraction"], metavar="F",
                    help="fraction of GPU memory for weights + KV, in (0, 1]")
     p.add_argument("--context", type=parse_text, default=d["context"], metavar="TOKENS",
                    help="tokens per request, 1 .. the model's YaRN limit")
-    p.add_argument("--kv-dtype", default=d["kv_dtype"], metavar="|".join(KV_DTYPE_BYTES), help="one of " + ", ".join(KV_DTYPE_BYTES))
+    p.add_argument("--kv-dtype", default=d["kv_dtype"], metavar="|".join(KV_DTYPE_BYTES),
+                   help="one of " + ", ".join(KV_DTYPE_BYTES))
     p.add_argument("--reserved-gib", type=parse_text, default=d["reserved_gib"], metavar="GIB",
                    help="activations/workspace reserve per GPU (GiB), >= 0")
-    p.add_argument("--attention", default=d["attention"], metavar="|".join(ATTENTION_MODES), help="tensor- (tp) or data-parallel (dp) attention")
+    p.add_argument("--attention", default=d["attention"], metavar="|".join(ATTENTION_MODES),
+                   help="tensor- (tp) or data-parallel (dp) attention")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
+    """``workbench capacity``: the answer with its arithmetic, or JSON."""
     a = capacity(model=args.model, gpu=args.gpu, tp=args.tp, mem_fraction=args.mem_fraction,
                  context=args.context, kv_dtype=args.kv_dtype, reserved_gib=args.reserved_gib,
                  attention=args.attention)

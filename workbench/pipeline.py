@@ -74,10 +74,12 @@ class Notebook:
 
     @property
     def name(self) -> str:
+        """The file name without ``.ipynb``."""
         return self.path.stem
 
     @property
     def number(self) -> str:
+        """The two-digit prefix (``05``)."""
         return self.name.split("_", 1)[0]
 
     def matches(self, selector: str) -> bool:
@@ -142,12 +144,14 @@ class NotebookSchema:
         return sorted(values, key=lambda k: k not in bounds)
 
     def _call_check(self, values: dict[str, Any]) -> None:
+        """The library's input check of the notebook, called with the parameters it names."""
         if self.check:
             fn = resolve_ref(self.check)
             names = inspect.signature(fn).parameters
             fn(**{k: v for k, v in values.items() if k in names})
 
     def _library_message(self, e: InvalidParameter, values: dict[str, Any]) -> InvalidParameter:
+        """The library's own message for the parameter ``e`` names, where its check refuses the same one."""
         try:
             self._call_check(values)
         except InvalidParameter as lib:
@@ -181,6 +185,7 @@ def _notebook_schema(sel: str, entry: dict[str, Any]) -> NotebookSchema:
 
 
 def schema_of(nb: Notebook, schema: dict[str, NotebookSchema]) -> NotebookSchema:
+    """The one entry of notebooks/parameters.yaml that matches ``nb`` (none or several is an error)."""
     hits = [s for sel, s in schema.items() if nb.matches(sel)]
     if len(hits) != 1:
         raise ValueError(f"{nb.name}: {'no' if not hits else 'more than one'} entry in notebooks/{SCHEMA_NAME} "
@@ -446,6 +451,7 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
 
 # ---- CLI --------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
+    """The ``run`` and ``list`` verbs."""
     p = sub.add_parser("run", help="execute the numbered notebooks with papermill",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("selectors", nargs="*", metavar="SELECTOR", help="notebook number or name (default: all)")
@@ -453,7 +459,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="set a parameter (YAML-typed); NN:NAME scopes it to one notebook")
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/<UTC stamp>/)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
-    p.add_argument("--profile", default="auto", metavar="auto|cpu|gpu", help="auto (gpu when CUDA is present), cpu, gpu, ...")
+    p.add_argument("--profile", default="auto", metavar="auto|cpu|gpu",
+                   help="auto (gpu when CUDA is present), cpu, gpu, ...")
     p.add_argument("--notebooks", default=str(NOTEBOOK_DIR), metavar="DIR", help="folder of numbered notebooks")
     p.set_defaults(func=_cli_run)
     q = sub.add_parser("list", help="the notebooks with their parameters and defaults")
@@ -462,6 +469,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cli_run(args: argparse.Namespace) -> int:
+    """``workbench run``: the notebooks run, one line each, and where the run record is; 1 if any failed."""
     rec = run_notebooks(args.selectors, [tuple(p) for p in args.parameter], args.out, args.fail_fast, args.profile,
                         notebook_dir=Path(args.notebooks))
     for e in rec["notebooks"]:

@@ -41,6 +41,7 @@ class InvalidParameter(ValueError):
     """A parameter outside what is allowed; the message says which, what was given and what is allowed."""
 
     def __init__(self, name: str, value: Any, allowed: str):
+        """``name=value is not allowed: allowed``."""
         self.name, self.value, self.allowed = name, value, allowed
         super().__init__(f"{name}={value!r} is not allowed: {allowed}")
 
@@ -73,6 +74,7 @@ def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
 
 
 def _range(lo, hi, lo_open: bool = False) -> str:
+    """`` in [lo, hi]``, `` >= lo``, `` <= hi`` (``lo_open``: ``(lo, ...``) or nothing."""
     if lo is not None and hi is not None:
         return f" in ({lo}, {hi}]" if lo_open else f" in [{lo}, {hi}]"
     if lo is not None:
@@ -206,6 +208,7 @@ class ParamSpec:
     help: str = ""
 
     def __post_init__(self):
+        """The type and the path kind known; choices as a tuple."""
         base = self.type.removeprefix("list[").removesuffix("]")
         if base not in _SCALARS or (base != self.type and self.type != f"list[{base}]"):
             kinds = list(_SCALARS) + [f"list[{k}]" for k in _SCALARS]
@@ -217,6 +220,7 @@ class ParamSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ParamSpec":
+        """From a mapping of notebooks/parameters.yaml; an unknown key is an error listing the known ones."""
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)} in a parameter spec; allowed: "
@@ -225,9 +229,11 @@ class ParamSpec:
 
     @property
     def is_list(self) -> bool:
+        """Whether the type is ``list[...]``."""
         return self.type.startswith("list[")
 
     def allowed_choices(self) -> tuple[Any, ...] | None:
+        """The choices, a ``module:NAME`` reference resolved (called where it is a function)."""
         if not isinstance(self.choices, str):
             return self.choices
         found = resolve_ref(self.choices)
@@ -276,6 +282,7 @@ class ParamSpec:
         return str(Path(value).expanduser().resolve())
 
     def _multiple(self) -> int | None:
+        """``multiple_of`` as a number."""
         m = self.multiple_of
         return resolve_ref(m) if isinstance(m, str) else m
 
@@ -298,6 +305,7 @@ class ParamSpec:
             what += f", multiples of {multiple}"
 
         def item(n: str, v: Any) -> Any:
+            """One value checked against the scalar type, the bounds, the choices and the multiple."""
             v = scalar(n, v, **bounds) if base in ("int", "float") else scalar(n, v)
             if choices is not None:
                 check_choice(n, v, choices)
@@ -501,6 +509,7 @@ class PackageNeed:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "PackageNeed":
+        """From a mapping of notebooks/parameters.yaml; an unknown key is an error listing the known ones."""
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
         if unknown or "module" not in d or "install" not in d:
             raise ValueError(f"a need must have module and install (and may have when); got {', '.join(d)}")
@@ -509,6 +518,7 @@ class PackageNeed:
     def applies(self, values: Mapping[str, Any]) -> bool:
         """Whether the notebook's parameter ``values`` need the module."""
         def holds(v: Any, want: Any) -> bool:
+            """``v`` is ``want`` or, as a list, holds it."""
             return want in v if isinstance(v, (list, tuple)) else v == want
         return all(holds(values.get(k), want) for k, want in self.when.items())
 

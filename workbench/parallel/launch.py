@@ -71,9 +71,11 @@ def torchrun(nproc: int, module: str, args: Sequence[str] = (), timeout_s: float
 
 
 def register(sub) -> None:
+    """The ``tp`` verb."""
     p = sub.add_parser("tp", help="run a module on N tensor-parallel ranks (torchrun, NVLink multicast off)",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=parse_text, required=True, metavar="N", help="ranks (one per GPU; gloo processes on the CPU)")
+    p.add_argument("--nproc", type=parse_text, required=True, metavar="N",
+                   help="ranks (one per GPU; gloo processes on the CPU)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, required=True, metavar="MODULE [ARGS...]",
                    help="the module to run on every rank and its arguments (last: everything after it is the "
                         "module's)")
@@ -88,6 +90,7 @@ def _cmd(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m workbench.parallel.launch``: the ``tp`` verb alone."""
     ap = argparse.ArgumentParser(prog="python -m workbench.parallel.launch")
     register(ap.add_subparsers(dest="command", required=True))
     a = ap.parse_args(["tp", *(sys.argv[1:] if argv is None else argv)])

@@ -33,13 +33,16 @@ ROW_KEYS = ("text_type", "block", "budget", "mean_accepted")  # what a row of ac
 
 
 def register(subparsers) -> None:
+    """The ``project`` verb."""
     p = subparsers.add_parser(
         "project", help="project DDTree decode tokens/s onto a GPU (B300, ...) from the calibrated step model",
         description="Per-step cost model of DDTree decode at concurrency 1, calibrated on this workbench's H200 "
                     "measurements where present and on the source's anchors (data/anchors/). Prints tokens/s "
                     "low / central / high and the step breakdown.")
-    p.add_argument("--gpu", required=True, metavar="GPU", help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
-    p.add_argument("--block", type=parse_text, required=True, metavar="N", help=f"drafter block size (bonus token + drafted positions), 2..{MAX_L + 1}")
+    p.add_argument("--gpu", required=True, metavar="GPU",
+                   help="GPU id of data/hardware.json (b300, h200, rtx-pro-6000, ...)")
+    p.add_argument("--block", type=parse_text, required=True, metavar="N",
+                   help=f"drafter block size (bonus token + drafted positions), 2..{MAX_L + 1}")
     p.add_argument("--budget", type=parse_text, required=True, metavar="N",
                    help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
     p.add_argument("--accept", type=parse_text, nargs="+", required=True, metavar="A|trained:TYPE",
@@ -96,6 +99,7 @@ def check_files(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``workbench project``: the files read, then the projection printed as a table or JSON."""
     check_files(args)
     bandwidth = None
     if args.bandwidth_tbs is not None:

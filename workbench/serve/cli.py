@@ -198,6 +198,7 @@ def load_drafter(opts: ServeOptions, model):
 
 
 def serve(opts: ServeOptions, log_level: str = "info") -> int:
+    """Check everything (the options, the address), build the model and serve until stopped."""
     import uvicorn  # these two imported where used: fastapi and the app add a second to every verb's start
 
     from workbench.serve.app import create_app
@@ -214,13 +215,15 @@ def serve(opts: ServeOptions, log_level: str = "info") -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """The ``serve`` verb; numbers are parsed by :func:`~workbench.validation.parse_text` and checked by name."""
     d = ServeOptions()
     p = sub.add_parser("serve", help="OpenAI-compatible server over the engine (continuous batching)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", metavar="NAME", help="a random model of this config (tiny or a shipped name)")
     src.add_argument("--model", metavar="PATH", help="checkpoint directory (with tokenizer.json)")
-    p.add_argument("--layers", type=parse_text, metavar="N", help="decoder layers of the synthetic model (default: all)")
+    p.add_argument("--layers", type=parse_text, metavar="N",
+                   help="decoder layers of the synthetic model (default: all)")
     p.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or a directory holding one")
     p.add_argument("--host", default=d.host, help="bind address (default loopback)")
     p.add_argument("--port", type=parse_text, default=d.port, metavar="PORT")
@@ -229,8 +232,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block", type=parse_text, default=d.block, metavar="N")
     p.add_argument("--budget", type=parse_text, default=d.budget, metavar="N")
     p.add_argument("--kv-slots", type=parse_text, metavar="N", help="KV pool slots (default max-requests x capacity)")
-    p.add_argument("--max-requests", type=parse_text, default=d.max_requests, metavar="N", help="engine rows (concurrent requests)")
-    p.add_argument("--capacity", type=parse_text, metavar="N", help="tokens per request, prompt + output (default the rope limit)")
+    p.add_argument("--max-requests", type=parse_text, default=d.max_requests, metavar="N",
+                   help="engine rows (concurrent requests)")
+    p.add_argument("--capacity", type=parse_text, metavar="N",
+                   help="tokens per request, prompt + output (default the rope limit)")
     p.add_argument("--max-tokens-limit", type=parse_text, default=d.max_tokens_limit, metavar="N",
                    help="largest max_tokens a request may ask for")
     p.add_argument("--prefill-chunk", type=parse_text, metavar="N",
@@ -241,6 +246,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
+    """``workbench serve``: the options as :class:`ServeOptions`."""
     opts = ServeOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeOptions)
                            if hasattr(args, f.name)})
     return serve(opts)

@@ -56,26 +56,34 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--engine", action="store_true", help="measure this workbench's engine")
-    target.add_argument("--endpoint", default=None, metavar="URL", help="measure a live OpenAI-compatible server at this base URL")
+    target.add_argument("--endpoint", default=None, metavar="URL",
+                        help="measure a live OpenAI-compatible server at this base URL")
     p.add_argument("--model", metavar="NAME", help="--endpoint: the model name the server serves")
-    p.add_argument("--max-tokens", type=parse_text, metavar="N", help="--endpoint: max tokens of each measured request (default 64)")
+    p.add_argument("--max-tokens", type=parse_text, metavar="N",
+                   help="--endpoint: max tokens of each measured request (default 64)")
     p.add_argument("--sustained", type=parse_text, metavar="N", help="--endpoint: tokens of the sustained request")
     p.add_argument("--timeout", type=parse_text, metavar="S", help="--endpoint: seconds per request (default 120)")
     p.add_argument("--api-key", metavar="KEY", help="--endpoint: bearer token")
     p.add_argument("--synthetic", metavar="NAME", help="--engine: 'tiny' (default) or a shipped model name (kimi-k2.6)")
-    p.add_argument("--layers", type=parse_text, metavar="N", help="--engine: layers of the synthetic model (default: all)")
-    p.add_argument("--contexts", type=parse_text, nargs="+", default=[32, 128, 512], metavar="TOKENS", help="prompt lengths (tokens)")
-    p.add_argument("--concurrency", type=parse_text, nargs="+", default=[1, 2, 4], metavar="C", help="requests decoded together")
+    p.add_argument("--layers", type=parse_text, metavar="N",
+                   help="--engine: layers of the synthetic model (default: all)")
+    p.add_argument("--contexts", type=parse_text, nargs="+", default=[32, 128, 512], metavar="TOKENS",
+                   help="prompt lengths (tokens)")
+    p.add_argument("--concurrency", type=parse_text, nargs="+", default=[1, 2, 4], metavar="C",
+                   help="requests decoded together")
     p.add_argument("--method", nargs="+", metavar="METHOD",
                    help="--engine: one or more of " + ", ".join(method_choices()) + " (default: " + " ".join(METHODS)
                         + "; trained:<type>: DDTree with a scripted drafter calibrated to the trained drafter's "
                           "accepted length measured on that text type at --block and --budget, "
                           "data/measurements/h200/acceptance.json)")
-    p.add_argument("--generate", type=parse_text, default=64, metavar="N", help="tokens of the long (sustained) generation")
+    p.add_argument("--generate", type=parse_text, default=64, metavar="N",
+                   help="tokens of the long (sustained) generation")
     p.add_argument("--two-point", type=parse_text, nargs=2, default=None, metavar=("A", "B"),
                    help="max tokens of the two requests of the two-point rate")
-    p.add_argument("--block", type=parse_text, metavar="N", help=f"--engine: drafter block (default {ENGINE_ONLY['block']})")
-    p.add_argument("--budget", type=parse_text, metavar="N", help=f"--engine: tree budget (default {ENGINE_ONLY['budget']})")
+    p.add_argument("--block", type=parse_text, metavar="N",
+                   help=f"--engine: drafter block (default {ENGINE_ONLY['block']})")
+    p.add_argument("--budget", type=parse_text, metavar="N",
+                   help=f"--engine: tree budget (default {ENGINE_ONLY['budget']})")
     p.add_argument("--repeats", type=parse_text, metavar="N",
                    help=f"--engine: runs of each two-point request, fastest kept (default {ENGINE_ONLY['repeats']})")
     p.add_argument("--device", metavar="cpu|cuda", help="--engine: cpu (default) or cuda")
