@@ -291,3 +291,11 @@ def test_synthetic_model_larger_than_memory_refused_before_it_is_built(argv, mon
     assert rc == 2, err
     assert "layers=61 is not allowed: an integer in [1, " in err and "]: 61 layers of kimi-k2.6 hold at least" in err
     assert "GB of weights, more than the 16.0 GB of this machine's RAM" in err
+
+
+def test_a_list_option_given_twice_holds_both(capsys):
+    """``--accept 12 --accept 14`` is 12 and 14 (not the last one alone, the first silently dropped)."""
+    rc, err = _run([*PROJECT, "--accept", "12", "--accept", "17", "--anchors-only"], capsys)
+    assert rc == 2 and "accept=[12, 17] is not allowed" in err, err
+    rc, err = _run(["sweep", "--engine", "--contexts", "8", "--contexts", "0"], capsys)
+    assert rc == 2 and "contexts=[8, 0] is not allowed" in err, err

@@ -45,7 +45,7 @@ def register(subparsers) -> None:
                    help=f"drafter block size (bonus token + drafted positions), 2..{MAX_L + 1}")
     p.add_argument("--budget", type=parse_text, required=True, metavar="N",
                    help=f"tree budget: non-root nodes (verify width budget+1), 1..{MAX_BUDGET}")
-    p.add_argument("--accept", type=parse_text, nargs="+", required=True, metavar="A|trained:TYPE",
+    p.add_argument("--accept", type=parse_text, nargs="+", action="extend", required=True, metavar="A|trained:TYPE",
                    help="accepted length(s) per step, root included (1 <= a <= block), or trained:<type> "
                         "(prose, code, math): the trained drafter's measured accepted length at this block and "
                         "budget")
@@ -60,7 +60,7 @@ def register(subparsers) -> None:
                    help="fix the host overhead per step (the same as --overhead MS)")
     p.add_argument("--overhead-cut-ms", type=parse_text, default=None, metavar="MS",
                    help="subtract this much from the calibrated host overhead")
-    p.add_argument("--calibration", nargs="+", default=None, metavar="FILE",
+    p.add_argument("--calibration", nargs="+", action="extend", default=None, metavar="FILE",
                    help="measurement files (moe_bandwidth / ddtree_kernels / engine_step JSON) that replace the "
                         "committed data/measurements/h200 ones")
     p.add_argument("--anchors-only", action="store_true",

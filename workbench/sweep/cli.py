@@ -46,6 +46,7 @@ ENGINE_ONLY = {"synthetic": "tiny", "layers": None, "method": list(METHODS), "bl
                "budget": ENGINE_DEFAULTS["budget"], "repeats": ENGINE_DEFAULTS["repeats"], "device": "cpu",
                "threads": None}
 ENDPOINT_ONLY = {"model": None, "max_tokens": 64, "sustained": None, "timeout": 120.0, "api_key": None}
+SHARED = {"contexts": [32, 128, 512], "concurrency": [1, 2, 4]}  # both targets; a repeated option adds to it
 CONNECT_S = 5.0  # how long the up-front reachability check waits for the server
 ENDPOINT_CONCURRENCY = 1024  # requests in flight at once against a server (workbench.client.sweep's bound)
 
@@ -67,11 +68,11 @@ def register(sub) -> None:
     p.add_argument("--synthetic", metavar="NAME", help="--engine: 'tiny' (default) or a shipped model name (kimi-k2.6)")
     p.add_argument("--layers", type=parse_text, metavar="N",
                    help="--engine: layers of the synthetic model (default: all)")
-    p.add_argument("--contexts", type=parse_text, nargs="+", default=[32, 128, 512], metavar="TOKENS",
-                   help="prompt lengths (tokens)")
-    p.add_argument("--concurrency", type=parse_text, nargs="+", default=[1, 2, 4], metavar="C",
-                   help="requests decoded together")
-    p.add_argument("--method", nargs="+", metavar="METHOD",
+    p.add_argument("--contexts", type=parse_text, nargs="+", action="extend", metavar="TOKENS",
+                   help="prompt lengths (tokens; default " + " ".join(map(str, SHARED["contexts"])) + ")")
+    p.add_argument("--concurrency", type=parse_text, nargs="+", action="extend", metavar="C",
+                   help="requests decoded together (default " + " ".join(map(str, SHARED["concurrency"])) + ")")
+    p.add_argument("--method", nargs="+", action="extend", metavar="METHOD",
                    help="--engine: one or more of " + ", ".join(method_choices()) + " (default: " + " ".join(METHODS)
                         + "; trained:<type>: DDTree with a scripted drafter calibrated to the trained drafter's "
                           "accepted length measured on that text type at --block and --budget, "
@@ -112,16 +113,16 @@ def run(args: argparse.Namespace) -> int:
 
 def check_target_options(args: argparse.Namespace) -> None:
     """An option of the other target is an error (it would be ignored); the chosen target's unset options get
-    their defaults."""
+    their defaults (a list option given twice holds both: ``--contexts 8 --contexts 16`` is 8 16)."""
     mine, other, flag = ((ENDPOINT_ONLY, ENGINE_ONLY, "--engine") if args.endpoint is not None
                          else (ENGINE_ONLY, ENDPOINT_ONLY, "--endpoint"))
     for dest in other:
         if getattr(args, dest) is not None:
             raise InvalidParameter(dest, getattr(args, dest), f"given only with {flag} (the "
                                    f"{'engine' if flag == '--engine' else 'endpoint'} sweep's option)")
-    for dest, default in mine.items():
+    for dest, default in {**SHARED, **mine}.items():
         if getattr(args, dest) is None:
-            setattr(args, dest, default)
+            setattr(args, dest, list(default) if isinstance(default, list) else default)
 
 
 def check_engine_options(args: argparse.Namespace) -> None:
