@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from workbench import pipeline
+from workbench import REPO_ROOT, pipeline
 from workbench import validation
 from workbench.cli import main
 
@@ -31,6 +31,8 @@ def files(tmp_path):
     f["file"].write_text("x")
     f["list"].write_text("[1, 2]")
     f["folder"].mkdir()
+    f["shipped"] = REPO_ROOT / "data" / "models" / "kimi-k2.6"  # a config.json alone, no tokenizer or weights
+    f["acceptance"] = REPO_ROOT / "data" / "measurements" / "h200" / "acceptance.json"
     return {k: str(v) for k, v in f.items()}
 
 
@@ -100,8 +102,8 @@ MORE = [
     (["capacity", "--model", "{folder}"], "the folder {folder} holds no config.json"),
     (["capacity", "--model", "{list}"], "model='{list}' is not allowed: a shipped model"),
     (["capacity", "--model", ""], "model='' is not allowed: a shipped model"),
-    ([*PROJECT, "--accept", "12", "--acceptance-file", "data/measurements/h200/acceptance.json"],
-     "acceptance_file='data/measurements/h200/acceptance.json' is not allowed: given only with a trained:<type> "
+    ([*PROJECT, "--accept", "12", "--acceptance-file", "{acceptance}"],
+     "acceptance_file='{acceptance}' is not allowed: given only with a trained:<type> "
      "entry in --accept"),
     ([*PROJECT, "--accept", "trained:math", "--acceptance-file", "{list}"], "it has no such rows"),
     ([*PROJECT, "--accept", "12", "--calibration", "{broken}"],
@@ -127,6 +129,9 @@ MORE = [
     (["serve", "--synthetic", "tiny", "--tokenizer", "{list}"], "is JSON but not a tokenizer"),
     (["serve", "--model", "/etc"], "model='/etc' is not allowed: the path of a checkpoint folder"),
     (["serve", "--model", "{file}"], "model='{file}' is not allowed: the path of a checkpoint folder"),
+    (["serve", "--model", "{shipped}"],
+     "model='{shipped}' is not allowed: the path of a checkpoint folder (config.json, tokenizer.json, "
+     "*.safetensors); it holds no tokenizer.json (or give --tokenizer PATH)"),
     (["serve", "--synthetic", "tiny", "--drafter", "random"],
      "drafter='random' is not allowed: given only with --method ddtree"),
     (["serve", "--synthetic", "tiny", "--method", "ddtree", "--drafter", "{folder}"],

@@ -104,6 +104,9 @@ class ServeOptions:
             if not (folder / "config.json").is_file():
                 raise InvalidParameter("model", self.model, f"the path of {CHECKPOINT}; it holds no config.json")
             model_config(folder)  # a supported model's config
+            if self.tokenizer is None and not (folder / "tokenizer.json").is_file():
+                raise InvalidParameter("model", self.model, f"the path of {CHECKPOINT}; it holds no tokenizer.json "
+                                                            f"(or give --tokenizer PATH)")
         if self.tokenizer is not None or self.model is not None:
             check_tokenizer("tokenizer" if self.tokenizer is not None else "model", self.tokenizer or self.model)
 
