@@ -201,5 +201,6 @@ def acceptance_for(text_type: str, block: int, budget: int, gpu: str = "h200", d
 def histogram_for(text_type: str, block: int, budget: int, gpu: str = "h200", doc: dict | None = None,
                   path: str | Path | None = None) -> list[int]:
     """The measured per-round histogram of accepted lengths (rounds with accepted length 1, 2, ...) of the trained
-    drafter on ``text_type`` at ``block`` and ``budget``; errors as :func:`acceptance_for`."""
-    return [int(h) for h in _row_for(text_type, block, budget, gpu, doc, path)["histogram"]]
+    drafter on ``text_type`` at ``block`` and ``budget`` ([] for a row that records none); errors as
+    :func:`acceptance_for`."""
+    return [int(h) for h in _row_for(text_type, block, budget, gpu, doc, path).get("histogram") or []]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import MEASUREMENTS_DIR, REPO_ROOT
-from workbench.acceptance.measure import ACCEPTANCE_FILE, acceptance_for
+from workbench.acceptance.measure import ACCEPTANCE_FILE, acceptance_for, histogram_for
 from workbench.acceptance.textdata import TEXT_TYPES
 from workbench.validation import InvalidParameter, check_choice, check_float
 
@@ -61,6 +61,19 @@ class TrainedAcceptance:
     drafter_steps: int | None
     final_loss: float | None
     dry_run: bool
+    histogram: tuple[int, ...] | None = None
+
+    def p_top_profile(self, block: int) -> list[float] | None:
+        """Per drafted depth d = 1 .. block - 1 the probability that depth d is accepted given depth d - 1 was,
+        from the measured per-round histogram (S(d + 1) / S(d), S(k) the share of rounds accepting k or more
+        tokens): a scripted drafter with this ``p_top`` (misses absent) replays the whole histogram, not only its
+        mean. None when the file holds no histogram."""
+        if not self.histogram:
+            return None
+        h = list(self.histogram) + [0] * max(0, block - len(self.histogram))
+        total = float(sum(h))
+        surv = [sum(h[k:]) / total for k in range(len(h))] + [0.0]     # surv[k] = P(accepted >= k + 1)
+        return [surv[d] / surv[d - 1] if surv[d - 1] > 0 else 0.0 for d in range(1, block)]
 
     @property
     def spec(self) -> str:
@@ -105,10 +118,15 @@ def trained_acceptance(spec: str, block: int, budget: int, path: str | Path | No
     prov = doc.get("provenance") or {}
     res = doc.get("results") or {}
     drafter = res.get("drafter") or {}
+    if "training" in res and res.get("best_drafter") in res["training"]:   # the chat / math / code layout
+        st = res["training"][res["best_drafter"]]
+        drafter = {"steps": st.get("steps"), "final_loss": (st.get("best") or {}).get("loss")}
+    hist = tuple(histogram_for(text_type, block, budget, ACCEPTANCE_GPU, doc=doc, path=file)) or None
     return TrainedAcceptance(text_type=text_type, block=block, budget=budget, mean_accepted=value, file=shown,
                              git_commit=prov.get("git_commit"), date_utc=prov.get("date_utc"),
                              target=(res.get("target") or {}).get("name"), drafter_steps=drafter.get("steps"),
-                             final_loss=drafter.get("final_loss"), dry_run="DRY RUN" in (doc.get("notes") or ""))
+                             final_loss=drafter.get("final_loss"), dry_run="DRY RUN" in (doc.get("notes") or ""),
+                             histogram=hist)
 
 
 def check_accept_item(name: str, value: Any, hi: float) -> float | str:

@@ -182,9 +182,13 @@ def acceptance_source(method: str, block: int, budget: int, vocab: int, p_top: f
     if p_top is not None or not is_trained(method):
         return {"source": "scripted", "p_top": float(P_TOP[method] if p_top is None else p_top)}
     t = trained if trained is not None else trained_acceptance(method, block, budget, acceptance_file, "methods")
+    profile = t.p_top_profile(block)
+    if profile is not None:  # replay the measured per-step histogram: per-depth hit rates
+        exp = ScriptedDrafter([], vocab, block=block, p_top=profile).expected_accepted_length(budget)
+        return {**t.to_dict(), "p_top": profile, "expected_accepted": exp, "replay": "per-step histogram"}
     p = calibrated_p_top(t.mean_accepted, block, budget, vocab)
     exp = ScriptedDrafter([], vocab, block=block, p_top=p).expected_accepted_length(budget)
-    return {**t.to_dict(), "p_top": p, "expected_accepted": exp}
+    return {**t.to_dict(), "p_top": p, "expected_accepted": exp, "replay": "mean (constant p_top)"}
 
 
 def drafter_for(method: str, continuations, vocab: int, block: int, seed: int = 0, p_top: float | None = None,
