@@ -418,15 +418,32 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
         profile = "gpu" if has_cuda() else "cpu"
     params = resolve_parameters(notebooks, overrides or [], load_profile(profile))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(out_dir).expanduser() if out_dir else RUNS_DIR / stamp
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a folder the checks could not foresee (a read-only or virtual file system)
-        raise InvalidParameter("out", str(out), f"a folder this user can create; {e.strerror}") from None
-    kernel, jupyter_path = _kernel_spec()
+    out = _make_out(Path(out_dir).expanduser() if out_dir else RUNS_DIR / stamp)
     record: dict[str, Any] = {"started_utc": stamp, "profile": profile, "python": sys.executable,
                               "git": _git(), "versions": _versions(), "plotly_renderer": PLOTLY_RENDERER,
                               "out_dir": str(out), "notebooks": []}
+    _execute(notebooks, params, out, record, fail_fast, progress)
+    record["failed"] = sum(e["status"] != "ok" for e in record["notebooks"])
+    record["finished_utc"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    (out / "run.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return record
+
+
+def _make_out(out: Path) -> Path:
+    """The run's output folder, created; one the checks could not foresee failing (a read-only or virtual file
+    system) is an InvalidParameter naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InvalidParameter("out", str(out), f"a folder this user can create; {e.strerror}") from None
+    return out
+
+
+def _execute(notebooks: list[Notebook], params: dict[str, dict[str, Any]], out: Path, record: dict[str, Any],
+             fail_fast: bool, progress: bool) -> None:
+    """Run each notebook in this interpreter's kernel, appending its entry to ``record`` and rewriting run.json
+    after each; a failure is printed with its cell and stops the rest only with ``fail_fast``."""
+    kernel, jupyter_path = _kernel_spec()
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
     with _environ(PLOTLY_RENDERER=PLOTLY_RENDERER, JUPYTER_PATH=jupyter_path):  # for papermill and the kernels
         from jupyter_client.kernelspec import KernelSpecManager  # with papermill, where used
@@ -443,10 +460,6 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
                       file=sys.stderr)
                 if fail_fast:
                     break
-    record["failed"] = sum(e["status"] != "ok" for e in record["notebooks"])
-    record["finished_utc"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (out / "run.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
-    return record
 
 
 # ---- CLI --------------------------------------------------------------------------
