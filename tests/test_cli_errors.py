@@ -86,6 +86,7 @@ ITEM_6 = [
 # more a new user tries: the wrong kind of file or folder, a value of the wrong kind, an option of the other mode
 MORE = [
     (["run", "05", "--profile", "xyz"], "profile='xyz' is not allowed: one of 'auto', 'cpu', 'gpu'"),
+    (["run", "05", "--out", ""], "out='' is not allowed: the run's output folder"),
     (["run", "05", "--notebooks", "{folder}"],
      "notebooks='{folder}' is not allowed: a folder of numbered notebooks (NN_*.ipynb); it holds none"),
     (["run", "05", "--out", "{file}/sub"], "out='{file}/sub' is not allowed: the run's output folder"),
@@ -304,3 +305,9 @@ def test_a_list_option_given_twice_holds_both(capsys):
     assert rc == 2 and "accept=[12, 17] is not allowed" in err, err
     rc, err = _run(["sweep", "--engine", "--contexts", "8", "--contexts", "0"], capsys)
     assert rc == 2 and "contexts=[8, 0] is not allowed" in err, err
+
+
+def test_gpu_profile_needs_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(pipeline, "has_cuda", lambda: False)
+    rc, err = _run(["run", "05", "--profile", "gpu"], capsys)
+    assert rc == 2 and "profile='gpu' is not allowed: 'auto' or 'cpu' on this machine (no CUDA GPU found" in err, err

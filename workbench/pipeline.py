@@ -416,6 +416,9 @@ def run_notebooks(selectors: list[str] | None = None, overrides: list[tuple[str,
     load_profile(profile)  # checks the name
     if profile == "auto":
         profile = "gpu" if has_cuda() else "cpu"
+    elif profile == "gpu" and not has_cuda():
+        raise InvalidParameter("profile", profile, "'auto' or 'cpu' on this machine (no CUDA GPU found; the gpu "
+                                                   "profile's sizes and devices need one)")
     params = resolve_parameters(notebooks, overrides or [], load_profile(profile))
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = _make_out(Path(out_dir).expanduser() if out_dir else RUNS_DIR / stamp)
