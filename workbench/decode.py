@@ -6,7 +6,7 @@ from its arguments, so the defaults (block 16, budget 32, scattered commit, the
 dispatched tree builder) are written here once. What follows from a config is
 derived here too: tree nodes per request (:func:`tree_size`,
 :meth:`DecodeConfig.verify_width`), the positions a request must have room for
-beyond its prompt and output (:attr:`DecodeConfig.extra_positions`), the KV
+beyond its prompt and output (:meth:`DecodeConfig.extra_slots`), the KV
 slots a request can hold at most (:meth:`DecodeConfig.worst_case_slots`) and
 the batch buckets of the captured step (:data:`BUCKETS`, :func:`bucket_for`).
 """
@@ -94,6 +94,12 @@ class DecodeConfig:
         """Positions a request must have room for beyond prompt + output: the deepest tree's (``block``) for
         DDTree, none for greedy."""
         return self.block if self.method == "ddtree" else 0
+
+    def extra_slots(self, vocab: int) -> int:
+        """Slots a request's table must hold beyond prompt + max_new_tokens, so that its last step can allocate its
+        tree: a step starts with at most prompt + max_new_tokens - 2 committed rows (the last generated token's
+        row is never written) and allocates :meth:`verify_width` more; at least :attr:`extra_positions`."""
+        return max(self.extra_positions, self.verify_width(vocab) - 2)
 
     def worst_case_slots(self, prompt_len: int, max_new_tokens: int, vocab: int) -> int:
         """KV slots a request can hold at most: ``prompt_len + max_new_tokens`` committed plus one step's

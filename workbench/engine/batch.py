@@ -26,14 +26,15 @@ request whose step cannot get its slots ends alone with a ``KVPoolFull`` error a
 from __future__ import annotations
 
 import itertools
+import random
 import time
 
 import torch
 
 from workbench.decode import GREEDY, DecodeConfig, bucket_for
 from workbench.engine.kv_device import KVPoolFull
-from workbench.engine.request import Request, StepRecord, check_prompts
-from workbench.engine.runner import ModelRunner, StepOutput
+from workbench.engine.request import GREEDY_SAMPLING, MAX_SEED, Request, SamplingParams, StepRecord, check_prompts
+from workbench.engine.runner import ModelRunner, PrefillPiece, StepOutput
 from workbench.validation import check_int
 
 
@@ -101,12 +102,12 @@ class Batch:
         ``reserve``, a worst case beyond the whole KV pool)."""
         r = self.runner
         check_int("max_new_tokens", max_new_tokens, lo=1, hi=r.max_generated)
-        extra = self.config.extra_positions
+        extra = self.config.extra_slots(r.vocab_size)
         need = prompt_len + max_new_tokens + extra
         if need > r.capacity:
             raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens})"
-                             f"{' + block' if extra else ''} = {need} tokens, beyond the engine's capacity: the "
-                             f"context limit {r.capacity} per request")
+                             f"{f' + {extra} for the last step' if extra else ''} = {need} tokens, beyond the "
+                             f"engine's capacity: the context limit {r.capacity} per request")
         worst = self.worst_case(prompt_len, max_new_tokens)
         if self.reserve and worst > r.cache.num_slots:
             raise ValueError(f"KV pool too small: the request needs up to {worst} slots (prompt {prompt_len} + "
@@ -114,14 +115,19 @@ class Batch:
                              f"{r.cache.num_slots}")
 
     # -- between steps ---------------------------------------------------------
-    def add(self, prompt, max_new_tokens: int, synthetic_prefix: bool = False) -> Request:
+    def add(self, prompt, max_new_tokens: int, synthetic_prefix: bool = False,
+            sampling: SamplingParams | None = None) -> Request:
         """Admit one prompt (token ids): take the lowest free row and the prompt's KV slots now (with ``reserve``,
         reserve its :meth:`worst_case` too); the prefill runs at the next :meth:`prefill` or :meth:`step`.
         ValueError when it can never run (:meth:`check`), RuntimeError when every row is taken, KVPoolFull when its
         slots (or reservation) do not fit now. ``synthetic_prefix`` (benchmarks): seeded random KV rows instead of
-        the prefill forward, decoding on from the prompt's last token (which counts as the first generated)."""
+        the prefill forward, decoding on from the prompt's last token (which counts as the first generated).
+        ``sampling``: how its tokens are picked and which log-probabilities it gets (default greedy, none)."""
         (prompt,) = check_prompts([prompt], self.runner.vocab_size)
         self.check(len(prompt), max_new_tokens)
+        sampling = sampling or GREEDY_SAMPLING
+        if synthetic_prefix and (sampling.logprobs is not None or sampling.prompt_logprobs is not None):
+            raise ValueError("synthetic_prefix has no prefill, so no log-probabilities: ask for none")
         taken = set(self.live) | {r.row for r in self._pending}
         row = next((i for i in range(self.runner.rows) if i not in taken), None)
         if row is None:
@@ -133,7 +139,8 @@ class Batch:
                              f"{self.runner.cache.num_slots} are reserved by {len(self.live) + len(self._pending)} "
                              f"admitted requests")
         slots = self.runner.cache.admit(row, len(prompt))  # raises KVPoolFull
-        r = Request(next(self._ids), prompt, max_new_tokens, row)
+        seed = sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(MAX_SEED + 1)
+        r = Request(next(self._ids), prompt, max_new_tokens, row, sampling=sampling, seed=seed)
         if self.reserve:
             self._reserved[r] = worst
         self._prefill[r] = {"slots": slots, "done": 0, "feats": [], "synthetic": bool(synthetic_prefix)}
@@ -157,14 +164,16 @@ class Batch:
         del self.live[r.row]
         self.runner.stop_row(r.row)
 
-    def _join(self, r: Request, first: int, features=None) -> list[int]:
-        """``r``'s prompt is in: its first token, its drafter row, and its decode row (retired if already done)."""
-        kept = r.emit([first], self.eos)
+    def _join(self, r: Request, first: int, features=None, logprob: float | None = None,
+              top: list | None = None) -> list[int]:
+        """``r``'s prompt is in: its first token (with its log-probability where asked), its drafter row, and its
+        decode row (retired if already done)."""
+        kept = r.emit([first], self.eos, None if logprob is None else [logprob], None if top is None else [top])
         if self.program is not None:
             pos = torch.arange(len(r.prompt), device=self.runner.model.device) if features is not None else None
             self.program.admit(r.row, r.id, upto=r.max_new_tokens, features=features, positions=pos)
         self.live[r.row] = r
-        self.runner.start_row(r.row, first)
+        self.runner.start_row(r.row, first, r.sampling, r.seed)
         if r.done:
             self._retire(r)
         return kept
@@ -187,22 +196,30 @@ class Batch:
         for r in self._pending:
             d = self._prefill[r]["done"]
             spans.append((d, min(len(r.prompt), d + (self.prefill_chunk or len(r.prompt)))))
-        firsts, feats = self.runner.prefill([(self._prefill[r]["slots"][:d], self._prefill[r]["slots"][d:end],
-                                              r.prompt[d:end], d) for r, (d, end) in zip(self._pending, spans)],
-                                            self.layers)
+        pieces = [PrefillPiece(self._prefill[r]["slots"][:d], self._prefill[r]["slots"][d:end], r.prompt[d:end], d,
+                               r.prompt[end] if end < len(r.prompt) else None, r.sampling, r.seed)
+                  for r, (d, end) in zip(self._pending, spans)]
+        results = self.runner.prefill(pieces, self.layers)
         ms = (time.perf_counter() - t0) * 1e3
         still = []
-        for r, (d, end), t, f in zip(self._pending, spans, firsts, feats):
+        for r, (d, end), res in zip(self._pending, spans, results):
             st = self._prefill[r]
             r.prefill_ms += ms
             st["done"] = end
-            if f is not None:
-                st["feats"].append(f)
+            if res.features is not None:
+                st["feats"].append(res.features)
+            if r.sampling.prompt_logprobs is not None:
+                if d == 0:
+                    r.prompt_logprobs.append(None)
+                    r.prompt_top_logprobs.append([])
+                r.prompt_logprobs.extend(res.prompt_logprobs)
+                r.prompt_top_logprobs.extend(res.prompt_top)
             if end < len(r.prompt):
                 still.append(r)
                 continue
             del self._prefill[r]
-            out[r] = self._join(r, t, torch.cat(st["feats"]) if self.layers else None)
+            out[r] = self._join(r, res.first, torch.cat(st["feats"]) if self.layers else None, res.first_logprob,
+                                res.first_top)
         self._pending = still
         return out
 
@@ -222,9 +239,11 @@ class Batch:
         if not self.live:
             return events
         r_ = self.runner
-        bucket = r_.bucket(bucket_for(max(self.live) + 1), self.config, self.program)
-        out = self.last = r_.step(bucket)
         live = list(self.live.values())
+        bucket = r_.bucket(bucket_for(max(self.live) + 1), self.config, self.program,
+                           sampled=any(r.sampling.sampled for r in live),
+                           logprobs=any(r.sampling.logprobs is not None for r in live))
+        out = self.last = r_.step(bucket)
         greedy = self.config.method == "greedy"
         for r in live:
             if out.pool_full[r.row]:
@@ -235,7 +254,9 @@ class Batch:
                 top2 = (float(out.top2[r.row, 0]), float(out.top2[r.row, 1])) if greedy else None
                 r.steps.append(StepRecord(self.step_index, int(out.accepted[r.row]), out.tree_size, len(live),
                                           {"total": out.ms}, out.paths, top2))
-                new = r.emit(out.new_tokens(r.row), self.eos)
+                n = r.sampling.logprobs
+                lps, top = out.new_logprobs(r.row, n) if n is not None else (None, None)
+                new = r.emit(out.new_tokens(r.row), self.eos, lps, top)
             events[r] = new
             if r.done:
                 self._retire(r)

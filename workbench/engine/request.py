@@ -13,7 +13,52 @@ import dataclasses
 import numpy as np
 import torch
 
+from workbench.validation import check_float, check_int
+
 FINISH_REASONS = ("length", "stop", "cancelled", "error")
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's top_logprobs limit)
+MAX_SEED = 2 ** 63 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How a request picks its tokens (validated; an error names the field and what is allowed).
+
+    - ``temperature``: 0 takes the float32 argmax (greedy); > 0 samples from softmax(logits / temperature),
+      restricted to the ``top_k`` most likely tokens (0: all) and the smallest set whose probability reaches
+      ``top_p``. DDTree samples losslessly: its output is the same token sequence plain sampling gives for the
+      same ``seed`` (:mod:`workbench.engine.sampling`).
+    - ``seed``: the sampling noise of the request; None: the engine draws one (:attr:`Request.seed` records it).
+    - ``logprobs``: None, or N in 0..20: each generated token's log-probability under the model's float32
+      distribution (temperature 1) and its N most likely alternatives.
+    - ``prompt_logprobs``: None, or N in 0..20: the same for every prompt token (the first has none), from the
+      prefill.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+    def __post_init__(self):
+        check_float("temperature", self.temperature, lo=0.0, hi=2.0)
+        check_float("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
+        check_int("top_k", self.top_k, lo=0)
+        if self.seed is not None:
+            check_int("seed", self.seed, lo=0, hi=MAX_SEED)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), lo=0, hi=MAX_LOGPROBS)
+
+    @property
+    def sampled(self) -> bool:
+        """Tokens are drawn (temperature > 0), not the argmax."""
+        return self.temperature > 0
+
+
+GREEDY_SAMPLING = SamplingParams()
 
 
 @dataclasses.dataclass
@@ -35,7 +80,9 @@ class StepRecord:
 class Request:
     """One request: its prompt and output limit, the row it holds while live, the generated ``tokens``, one
     :class:`StepRecord` per decode step, the prefill's wall time, and why it ended (``finish``: ``"length"``,
-    ``"stop"`` (eos), ``"cancelled"`` or ``"error"`` with ``error`` set; None while it runs)."""
+    ``"stop"`` (eos), ``"cancelled"`` or ``"error"`` with ``error`` set; None while it runs). With ``sampling``
+    asking for them, ``logprobs`` / ``top_logprobs`` hold one entry per generated token (index i: token i) and
+    ``prompt_logprobs`` / ``prompt_top_logprobs`` one per prompt token; ``seed`` is the sampling seed used."""
 
     id: int
     prompt: list[int]
@@ -46,6 +93,12 @@ class Request:
     prefill_ms: float = 0.0
     finish: str | None = None
     error: str | None = None
+    sampling: SamplingParams = GREEDY_SAMPLING
+    seed: int = 0
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    prompt_logprobs: list[float | None] = dataclasses.field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -55,15 +108,19 @@ class Request:
     def mean_accepted_length(self) -> float:
         return float(np.mean([s.accepted_length for s in self.steps])) if self.steps else float("nan")
 
-    def emit(self, new, eos: int | None) -> list[int]:
+    def emit(self, new, eos: int | None, logprobs=None, top=None) -> list[int]:
         """Append ``new`` token ids up to ``max_new_tokens`` and through the first ``eos``; returns the tokens
-        kept and sets ``finish`` to ``"stop"`` (eos) or ``"length"`` when the request is complete."""
+        kept and sets ``finish`` to ``"stop"`` (eos) or ``"length"`` when the request is complete. ``logprobs``
+        (one float per new token) and ``top`` (one list of (id, logprob) per new token) are kept alongside."""
         kept: list[int] = []
-        for t in new:
+        for i, t in enumerate(new):
             if len(self.tokens) >= self.max_new_tokens:
                 break
             self.tokens.append(int(t))
             kept.append(int(t))
+            if logprobs is not None:
+                self.logprobs.append(float(logprobs[i]))
+                self.top_logprobs.append(list(top[i]))
             if eos is not None and int(t) == eos:
                 self.finish = self.finish or "stop"
                 return kept

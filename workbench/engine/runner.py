@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -36,12 +36,10 @@ from workbench.decode import MAX_L, DecodeConfig, bucket_for
 from workbench.engine.attention import StepAttention
 from workbench.engine.kv_device import DeviceKVCache
 from workbench.engine.model import Segment
+from workbench.engine.request import GREEDY_SAMPLING, MAX_LOGPROBS, SamplingParams
+from workbench.engine.sampling import choose, token_logprobs
 from workbench.engine.step_ops import step_ops
 from workbench.moe.fused import moe_plan
-
-# The packed step output: name -> columns per row (``tokens`` has W columns: 1 greedy, block DDTree).
-OUTPUT_FIELDS = ("tokens", "accepted", "pool_full", "bonus", "top2")
-
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
@@ -53,6 +51,9 @@ class StepOutput:
     - ``pool_full`` bool [C]: a live row that could not get its slots (that request alone ends);
     - ``bonus`` int64 [C]: the row's next root (the last committed token);
     - ``top2`` float64 [C, 2]: greedy's two largest float32 logits (NaN for DDTree);
+    - ``logprobs`` float64 [C, W], ``top_ids`` int64 [C, W, N], ``top_logprobs`` float64 [C, W, N]: each committed
+      token's log-probability and the N = ``MAX_LOGPROBS`` most likely ids at the node that chose it (a step of
+      a bucket with logprobs; None otherwise);
     - ``tree_size``: tokens per row in the step's forward (T); ``ms``: host wall time of the step including the
       copy; ``graph``: a captured graph was replayed; ``paths``: what ran (attention, moe, tree_build, step, fuse).
     """
@@ -66,39 +67,98 @@ class StepOutput:
     ms: float
     graph: bool
     paths: dict[str, str]
+    logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
     def new_tokens(self, row: int) -> list[int]:
         """The tokens ``row`` committed this step."""
         return [int(t) for t in self.tokens[row, :int(self.accepted[row])]]
 
+    def new_logprobs(self, row: int, n: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
+        """The log-probabilities of ``row``'s committed tokens and, per token, its ``n`` top (id, logprob)."""
+        a = int(self.accepted[row])
+        top = [[(int(i), float(v)) for i, v in zip(self.top_ids[row, j, :n], self.top_logprobs[row, j, :n])]
+               for j in range(a)]
+        return [float(x) for x in self.logprobs[row, :a]], top
 
-def pack_output(**columns: torch.Tensor) -> torch.Tensor:
-    """The step's named device columns (each [C] or [C, k]) in :data:`OUTPUT_FIELDS` order as ONE float64 tensor
-    [C, sum k] (token ids < 2^53 are exact), so a single device-to-host copy carries them."""
-    cols = [columns[name] for name in OUTPUT_FIELDS]
-    return torch.cat([c.double().reshape(c.shape[0], -1) for c in cols], 1)
+
+INT_FIELDS = ("tokens", "accepted", "bonus", "top_ids")
 
 
-def unpack_output(host: np.ndarray, W: int) -> dict[str, np.ndarray]:
-    """The named columns of a packed step output float64 [C, W + 5] (:func:`pack_output`)."""
-    return {"tokens": host[:, :W].astype(np.int64), "accepted": host[:, W].astype(np.int64),
-            "pool_full": host[:, W + 1] != 0, "bonus": host[:, W + 2].astype(np.int64), "top2": host[:, W + 3:W + 5]}
+def pack_output(columns: dict[str, torch.Tensor]) -> tuple[torch.Tensor, tuple[tuple[str, tuple[int, ...]], ...]]:
+    """The step's named device columns (each [C, ...]) as ONE float64 tensor [C, sum of their widths] (token ids
+    < 2^53 are exact), so a single device-to-host copy carries them, and its layout (name, per-row shape)."""
+    layout = tuple((name, tuple(c.shape[1:])) for name, c in columns.items())
+    return torch.cat([c.double().reshape(c.shape[0], -1) for c in columns.values()], 1), layout
+
+
+def unpack_output(host: np.ndarray, layout) -> dict[str, np.ndarray]:
+    """The named columns of a packed step output (:func:`pack_output`), in their dtypes and shapes."""
+    out, at = {}, 0
+    for name, shape in layout:
+        width = int(np.prod(shape)) if shape else 1
+        col = host[:, at:at + width].reshape((host.shape[0],) + shape)
+        at += width
+        out[name] = col.astype(np.int64) if name in INT_FIELDS else (col != 0 if name == "pool_full" else col)
+    return out
+
+
+@dataclasses.dataclass
+class PrefillPiece:
+    """One request's share of a prefill forward: ``tokens`` (n ids) at positions ``start`` .. ``start + n - 1``,
+    written to ``new_slots`` int64 [n], attending to ``done_slots`` int64 [start]; ``next_token``: the prompt's
+    token after the piece (None: the piece ends the prompt); ``sampling`` and ``seed`` pick the first generated
+    token and say which log-probabilities to return."""
+
+    done_slots: torch.Tensor
+    new_slots: torch.Tensor
+    tokens: Sequence[int]
+    start: int
+    next_token: int | None = None
+    sampling: SamplingParams = GREEDY_SAMPLING
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class PrefillResult:
+    """What a prefill forward gives one piece: the token after its last row (``first``: generated token 0 when
+    the piece ends the prompt), its captured features ([n, len(layers) x D] or None) and, where asked, the
+    log-probabilities of its tokens after the first (``prompt_logprobs``, ``prompt_top``: (id, logprob) pairs) and
+    of ``first`` (``first_logprob``, ``first_top``)."""
+
+    first: int
+    features: torch.Tensor | None
+    prompt_logprobs: list[float] = dataclasses.field(default_factory=list)
+    prompt_top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    first_logprob: float | None = None
+    first_top: list[tuple[int, float]] | None = None
+
+
+def _pairs(ids: torch.Tensor, vals: torch.Tensor) -> list[list[tuple[int, float]]]:
+    """Rows of (id, logprob) pairs from int64 [N, n] and float32 [N, n]."""
+    return [list(zip(map(int, i), map(float, v))) for i, v in zip(ids.tolist(), vals.tolist())]
 
 
 @dataclasses.dataclass
 class Bucket:
-    """Static state of one (bucket, decode config, drafter program) step: C rows of T tokens, its attention
-    buffers and, once captured, its graph and output buffer."""
+    """Static state of one (bucket, decode config, drafter program, sampling, logprobs) step: C rows of T tokens,
+    its attention buffers and, once captured, its graph and output buffer. ``sampled``: rows may sample (the step
+    computes :func:`workbench.engine.sampling.choose`; else the argmax alone); ``logprobs``: the step returns each
+    committed token's log-probability and top ``MAX_LOGPROBS``."""
 
     C: int
     T: int
     config: DecodeConfig
     attention: StepAttention
     program: Any
+    sampled: bool = False
+    logprobs: bool = False
     runs: int = 0
     graph: Any = None
     out: torch.Tensor | None = None
     host: torch.Tensor | None = None
+    layout: tuple = ()
     paths: dict[bool, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 
@@ -150,6 +210,11 @@ class ModelRunner:
         self.last_token = torch.zeros(self.rows, dtype=torch.int64, device=dev)
         self.num_generated = torch.zeros(self.rows, dtype=torch.int64, device=dev)
         self.active = torch.zeros(self.rows, dtype=torch.bool, device=dev)
+        # per row sampling (workbench.engine.sampling): temperature 0 is the argmax
+        self.temperature = torch.zeros(self.rows, dtype=torch.float32, device=dev)
+        self.top_p = torch.ones(self.rows, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(self.rows, dtype=torch.int64, device=dev)
+        self.seed = torch.zeros(self.rows, dtype=torch.int64, device=dev)
         self._buckets: dict[tuple, Bucket] = {}
         self._programs: dict[int, Any] = {}
         self.captures = 0
@@ -198,20 +263,29 @@ class ModelRunner:
                                                                         self.model.device)
         return prog
 
-    def bucket(self, C: int, config: DecodeConfig, program) -> Bucket:
-        """The static state of a step of C rows under ``config`` (made on first use, kept with its graph)."""
-        key = (C, config.method, config.block, config.budget, config.commit, id(program))
+    def bucket(self, C: int, config: DecodeConfig, program, sampled: bool = False,
+               logprobs: bool = False) -> Bucket:
+        """The static state of a step of C rows under ``config`` (made on first use, kept with its graph);
+        ``sampled`` / ``logprobs``: the variant whose rows may sample / that returns log-probabilities."""
+        key = (C, config.method, config.block, config.budget, config.commit, id(program), sampled, logprobs)
         b = self._buckets.get(key)
         if b is None:
             T = config.verify_width(self.vocab_size)
-            b = self._buckets[key] = Bucket(C, T, config, self.model.step_attention(self.cache, C, T), program)
+            b = self._buckets[key] = Bucket(C, T, config, self.model.step_attention(self.cache, C, T), program,
+                                            sampled, logprobs)
         return b
 
     # -- between steps ------------------------------------------------------------
-    def start_row(self, row: int, first_token: int) -> None:
-        """Row ``row`` decodes next from ``first_token`` (its prefill's greedy token) and is live."""
+    def start_row(self, row: int, first_token: int, sampling: SamplingParams = GREEDY_SAMPLING,
+                  seed: int = 0) -> None:
+        """Row ``row`` decodes next from ``first_token`` (its prefill's token) with ``sampling`` and ``seed``, and
+        is live."""
         self.last_token[row] = first_token
         self.num_generated[row] = 1
+        self.temperature[row] = sampling.temperature
+        self.top_p[row] = sampling.top_p
+        self.top_k[row] = sampling.top_k
+        self.seed[row] = seed
         self.active[row] = True
 
     def stop_row(self, row: int) -> None:
@@ -228,25 +302,42 @@ class ModelRunner:
             rows = torch.randn(len(slots), c.row_width, generator=g, device=c.device)
             c.pool[layer, slots] = (0.5 * rows).to(c.pool.dtype)
 
-    def prefill(self, pieces, layers=()) -> tuple[list[int], list[torch.Tensor | None]]:
-        """One ragged prefill forward over ``pieces``, each ``(done_slots int64 [d], new_slots int64 [n], tokens
-        (n ints), first position d)``: the new tokens attend to the done rows and to each other, their KV rows are
-        written to ``new_slots``. Returns each piece's greedy next token (float32 argmax at its last row; one
-        device-to-host copy for all) and its captured features of ``layers`` ([n, len(layers) x D], None without
-        layers)."""
+    def prefill(self, pieces: Sequence[PrefillPiece], layers=()) -> list[PrefillResult]:
+        """One ragged prefill forward over ``pieces``: each piece's new tokens attend to its done rows and to each
+        other, their KV rows are written to its new slots. Per piece: the next token after its last row (the
+        float32 argmax, or its sample: the request's generated token 0), its captured features of ``layers``
+        ([n, len(layers) x D], None without layers) and, where its sampling asks, log-probabilities (one
+        device-to-host copy of the tokens for all pieces)."""
         m, dev = self.model, self.model.device
-        segs = [Segment(done, new) for done, new, _, _ in pieces]
-        toks = torch.cat([torch.tensor(t, dtype=torch.int64) for _, _, t, _ in pieces]).to(dev)
-        pos = torch.cat([torch.arange(d, d + len(t)) for _, _, t, d in pieces]).to(dev)
+        segs = [Segment(p.done_slots, p.new_slots) for p in pieces]
+        toks = torch.cat([torch.tensor(p.tokens, dtype=torch.int64) for p in pieces]).to(dev)
+        pos = torch.cat([torch.arange(p.start, p.start + len(p.tokens)) for p in pieces]).to(dev)
         with torch.no_grad():
             logits, cap = m.forward_batch(toks, pos, segs, self.cache, layers)
-        lens = [len(t) for _, _, t, _ in pieces]
-        ends = torch.tensor(np.cumsum(lens) - 1, device=dev)
-        first = logits[ends].argmax(-1).tolist()
-        allf = torch.cat([cap[l] for l in layers], -1) if layers else None
+        lens = [len(p.tokens) for p in pieces]
         offs = np.concatenate([[0], np.cumsum(lens)])
-        feats = [allf[offs[i]:offs[i + 1]] if allf is not None else None for i in range(len(pieces))]
-        return first, feats
+        last = logits[torch.tensor(offs[1:] - 1, device=dev)].float()
+        sp = [p.sampling for p in pieces]
+        first = choose(last, torch.tensor([s.temperature for s in sp], device=dev),
+                       torch.tensor([s.top_p for s in sp], device=dev), torch.tensor([s.top_k for s in sp], device=dev),
+                       torch.tensor([p.seed for p in pieces], device=dev), torch.zeros(len(pieces), dtype=torch.int64,
+                                                                                    device=dev)).tolist()
+        allf = torch.cat([cap[l] for l in layers], -1) if layers else None
+        out = []
+        for i, p in enumerate(pieces):
+            r = PrefillResult(first[i], allf[offs[i]:offs[i + 1]] if allf is not None else None)
+            if p.sampling.prompt_logprobs is not None:
+                nxt = list(p.tokens[1:]) + ([p.next_token] if p.next_token is not None else [])
+                rows = logits[offs[i]:offs[i] + len(nxt)]
+                lp, ids, vals = token_logprobs(rows, torch.tensor(nxt, dtype=torch.int64, device=dev),
+                                               p.sampling.prompt_logprobs)
+                r.prompt_logprobs = lp.tolist()
+                r.prompt_top = _pairs(ids, vals)
+            if p.sampling.logprobs is not None and p.next_token is None:
+                lp, ids, vals = token_logprobs(last[i:i + 1], torch.tensor([first[i]], device=dev), p.sampling.logprobs)
+                r.first_logprob, r.first_top = float(lp[0]), _pairs(ids, vals)[0]
+            out.append(r)
+        return out
 
     # -- the step -------------------------------------------------------------------
     def step(self, b: Bucket) -> StepOutput:
@@ -262,31 +353,56 @@ class ModelRunner:
         else:
             b.host.copy_(out)
         ms = (time.perf_counter() - t0) * 1e3
-        W = out.shape[1] - 5
         if graph not in b.paths:
             b.paths[graph] = self.paths(b.config.method, graph, b.C * b.T)
-        return StepOutput(**unpack_output(b.host.numpy(), W), tree_size=b.T, ms=ms, graph=graph, paths=b.paths[graph])
+        return StepOutput(**unpack_output(b.host.numpy(), b.layout), tree_size=b.T, ms=ms, graph=graph,
+                          paths=b.paths[graph])
 
     def run(self, b: Bucket) -> tuple[torch.Tensor, bool]:
         """One step of bucket ``b`` on the device (eager, capture or replay); returns the packed output (device,
-        float64 [C, W + 5], :func:`pack_output`) and whether a graph replay ran. No host synchronisation."""
+        float64, :func:`pack_output`; its layout kept in ``b.layout``) and whether a graph replay ran. No host
+        synchronisation."""
         body = self._greedy_body if b.config.method == "greedy" else self._ddtree_body
         with torch.no_grad():
             if not self.graphs or b.runs == 0:
                 b.runs += 1
-                return body(b), False
+                out, b.layout = pack_output(body(b))
+                return out, False
             if b.graph is None:
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
-                    b.out = body(b)
+                    b.out, b.layout = pack_output(body(b))
                 b.graph = g
                 self.captures += 1
             b.graph.replay()
             b.runs += 1
             return b.out, True
 
-    def _greedy_body(self, b: Bucket) -> torch.Tensor:
+    def _choose(self, b: Bucket, logits: torch.Tensor, rows: int, index: torch.Tensor) -> torch.Tensor:
+        """Each node's token: the argmax, or (a sampled bucket) :func:`choose` with its row's parameters; logits
+        float32 [C x rows, V] (``rows`` nodes per request), index int64 [C, rows] (the generated token each node
+        picks). Returns int64 [C x rows]."""
+        if not b.sampled:
+            return logits.argmax(-1)
+        C = b.C
+
+        def per_node(x: torch.Tensor) -> torch.Tensor:
+            return x[:C, None].expand(C, rows).reshape(-1)
+
+        return choose(logits, per_node(self.temperature), per_node(self.top_p), per_node(self.top_k),
+                      per_node(self.seed), index.reshape(-1))
+
+    def _logprob_columns(self, b: Bucket, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A logprobs bucket's extra output: logits float32 [C, W, V] of the node that chose each committed token
+        ``tokens`` int64 [C, W] -> their log-probabilities and top ``MAX_LOGPROBS`` (empty for other buckets)."""
+        if not b.logprobs:
+            return {}
+        C, W, V = logits.shape
+        lp, ids, vals = token_logprobs(logits.reshape(C * W, V), tokens.reshape(-1), MAX_LOGPROBS)
+        return {"logprobs": lp.view(C, W), "top_ids": ids.view(C, W, -1), "top_logprobs": vals.view(C, W, -1)}
+
+    def _greedy_body(self, b: Bucket) -> dict[str, torch.Tensor]:
         C, cache = b.C, self.cache
         act = self.active[:C]
         slots, ok = cache.allocate(act, 1)
@@ -294,15 +410,16 @@ class ModelRunner:
         b.attention.prepare(None)
         logits, _ = self.model.forward_step(self.last_token[:C], self.cos[pos], self.sin[pos], slots.view(-1),
                                             cache.pool, b.attention, self.ops)
-        nxt = logits.argmax(-1)
+        nxt = self._choose(b, logits, 1, self.num_generated[:C, None])
         top2 = logits.topk(2, dim=-1).values
         cache.commit_append(slots, ok)
         okl = ok.long()
         self.last_token[:C] = torch.where(ok, nxt, self.last_token[:C])
         self.num_generated[:C] += okl
-        return pack_output(tokens=nxt, accepted=okl, pool_full=act & ~ok, bonus=nxt, top2=top2)
+        return {"tokens": nxt[:, None], "accepted": okl, "pool_full": act & ~ok, "bonus": nxt, "top2": top2,
+                **self._logprob_columns(b, logits[:, None], nxt[:, None])}
 
-    def _ddtree_body(self, b: Bucket) -> torch.Tensor:
+    def _ddtree_body(self, b: Bucket) -> dict[str, torch.Tensor]:
         C, T, cache, config = b.C, b.T, self.cache, b.config
         L, V = config.depth, self.vocab_size
         act = self.active[:C]
@@ -319,7 +436,8 @@ class ModelRunner:
         logits, cap = self.model.forward_step(trees.tokens.reshape(-1), self.cos[pos.reshape(-1)],
                                               self.sin[pos.reshape(-1)], slots.reshape(-1), cache.pool,
                                               b.attention, self.ops, layers)
-        acc = accept_greedy_batched(trees, logits.argmax(-1).view(C, T))
+        picks = self._choose(b, logits, T, self.num_generated[:C, None] + trees.depths)
+        acc = accept_greedy_batched(trees, picks.view(C, T))
         a = cache.commit_tree(slots, acc, ok, config.commit)
         if layers:
             feats = torch.cat([cap[l] for l in layers], -1).view(C, T, -1)
@@ -333,4 +451,11 @@ class ModelRunner:
         self.last_token[:C] = torch.where(ok, acc.bonus, self.last_token[:C])
         self.num_generated[:C] += a
         nan = torch.full((C, 2), float("nan"), dtype=torch.float64, device=new.device)
-        return pack_output(tokens=new, accepted=a, pool_full=act & ~ok, bonus=acc.bonus, top2=nan)
+        cols = {"tokens": new, "accepted": a, "pool_full": act & ~ok, "bonus": acc.bonus, "top2": nan}
+        if b.logprobs:  # the node that chose each committed token: the accepted path's nodes, root first
+            choosers = acc.nodes[:, :width].clamp(min=0)
+            if choosers.shape[1] < width:
+                choosers = torch.cat([choosers, choosers.new_zeros(C, width - choosers.shape[1])], 1)
+            node_logits = logits.view(C, T, -1).gather(1, choosers[:, :, None].expand(C, width, V))
+            cols.update(self._logprob_columns(b, node_logits, new))
+        return cols

@@ -1,27 +1,47 @@
 """The FastAPI app: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (SSE streaming or not),
-``/health`` and ``/metrics``.
+vLLM's ``/tokenize``, ``/detokenize`` and ``/tokenizer_info``, ``/health`` and ``/metrics`` (Prometheus text).
 
-Each response carries per-request speculative-decoding figures in ``meta_info`` (named as SGLang's):
-``prompt_tokens``, ``completion_tokens``, ``spec_verify_ct`` (engine steps that decoded this request),
-``spec_accept_length`` (mean tokens committed per step, the root counted: 1.0 for greedy), ``ttft_s``,
-``e2e_latency_s``, ``method``; and each choice its ``token_ids`` (the generated ids, as vLLM's
-``return_token_ids``). A streamed response sends ``meta_info`` on its last chunk.
+Request bodies and responses are the pydantic models of :mod:`workbench.serve.schemas`, so ``/openapi.json``
+declares them, error responses included. Every error is OpenAI's ``{"error": {...}}`` body: a body the models refuse
+is a 400 naming the fields (never FastAPI's 422); a 405 carries ``Allow``, a 429 ``Retry-After``.
+
+Each response carries per-request speculative-decoding figures in ``meta_info`` (named as SGLang's; a list when
+there are several choices): ``prompt_tokens``, ``completion_tokens``, ``spec_verify_ct`` (engine steps that decoded
+this request), ``spec_accept_length`` (mean tokens committed per step, the root counted: 1.0 for greedy),
+``ttft_s``, ``e2e_latency_s``, ``queue_s`` (time in the admission queue), ``method``; and each choice its
+``token_ids`` (the generated ids, as vLLM's ``return_token_ids``). A streamed response sends a choice's
+``meta_info`` on its last chunk.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from workbench.serve.protocol import ApiError, Params, TextStream, chat_params, completion_params
-from workbench.serve.scheduler import Job, Scheduler
+from workbench.serve import schemas as S
+from workbench.serve.generation import Run, admit
+from workbench.serve.protocol import ApiError, chat_plan, completion_plan, validation_error
+from workbench.serve.scheduler import Scheduler
+
+ERRORS = {400: "Malformed or unsupported request (the message names the fields)",
+          401: "Missing or wrong API key", 404: "Unknown model", 429: "The admission queue is full or the wait "
+          "bound passed (Retry-After says when to retry)", 500: "The engine failed on this request",
+          503: "The server is shutting down"}
+SSE = {"text/event-stream": {"schema": {  # one event (OpenAPI 3.1 without itemSchema)
+    "type": "object", "required": ["data"], "description": "A server-sent event: a JSON chunk (or an error body), "
+                                                          "the last one 'data: [DONE]'",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}}
+
+
+def _errors(*codes: int) -> dict:
+    return {c: {"model": S.ErrorResponse, "description": ERRORS[c]} for c in codes}
 
 
 def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None = None) -> FastAPI:
@@ -38,180 +58,123 @@ def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None
             if owns:
                 await asyncio.to_thread(scheduler.stop)
 
-    app = FastAPI(title="workbench serve", lifespan=lifespan)
+    app = FastAPI(title="workbench serve", version="1", lifespan=lifespan)
     app.state.scheduler, app.state.codec, app.state.model_name = scheduler, codec, model_name
     batch = scheduler.batch
     method = batch.config.method
     created = int(time.time())
+    fields = {"/v1/completions": set(S.CompletionRequest.model_fields),
+              "/v1/chat/completions": set(S.ChatCompletionRequest.model_fields)}
+
+    def error(e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
         scheduler.metrics.requests.labels("rejected").inc()
-        return JSONResponse(e.body(), status_code=e.status)
+        return error(e)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request, e):
-        return JSONResponse(ApiError(400, f"malformed request: {e.errors()}").body(), status_code=400)
+        scheduler.metrics.requests.labels("rejected").inc()
+        return error(validation_error(list(e.errors()), fields.get(request.url.path)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e):
-        return JSONResponse(ApiError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+        return error(ApiError(e.status_code, str(e.detail), headers=getattr(e, "headers", None)))
 
     def auth(request: Request) -> None:
+        """With ``api_key``: ``Authorization: Bearer <key>`` or a 401 (checked before the body)."""
         if api_key is None:
             return
-        h = request.headers.get("authorization", "")
-        if h != f"Bearer {api_key}":
+        if request.headers.get("authorization", "") != f"Bearer {api_key}":
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None,
                            "invalid_api_key")
 
-    async def body_of(request: Request):
-        try:
-            return json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    guarded = [Depends(auth)]
 
-    @app.get("/health")
+    @app.get("/health", response_model=S.Health, responses={503: {"model": S.Health, "description": "Stopped"}})
     async def health():
         ok = scheduler.alive
         return JSONResponse({"status": "ok" if ok else "down", **scheduler.snapshot()}, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: {
+        "description": "Prometheus text exposition format 0.0.4 (workbench.serve.metrics names each metric)",
+        "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics():
-        return Response(scheduler.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(scheduler.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        auth(request)
-        e = batch.runner
+    @app.get("/v1/models", response_model=S.ModelList, dependencies=guarded, responses=_errors(401))
+    async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "workbench", "max_model_len": e.capacity,
+                                            "owned_by": "workbench", "max_model_len": batch.runner.capacity,
                                             "method": method}]}
 
-    def limit_tokens(p: Params) -> int:
-        if p.max_tokens is not None:
-            return p.max_tokens
-        room = batch.runner.capacity - len(p.prompt_ids) - batch.config.extra_positions
-        return max(1, min(batch.runner.max_generated, room))
+    @app.get("/tokenizer_info", response_model=S.TokenizerInfo, dependencies=guarded, responses=_errors(401))
+    async def tokenizer_info():
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": codec.eos_token,
+                "bos_token": codec.bos_token, "pad_token": None, "chat_template": codec.chat_template,
+                "model_max_length": batch.runner.capacity, "vocab_size": codec.vocab_size}
 
-    async def run(p: Params, kind: str):
-        max_tokens = limit_tokens(p)
-        try:
-            batch.check(len(p.prompt_ids), max_tokens)
-        except ValueError as e:
-            raise ApiError(400, str(e), "max_tokens" if len(p.prompt_ids) < batch.runner.capacity else "prompt",
-                           "context_length_exceeded") from None
-        loop = asyncio.get_running_loop()
-        job = Job(p.prompt_ids, max_tokens, loop, asyncio.Queue())
-        scheduler.submit(job)
-        try:
-            ev = await job.events.get()
-        except BaseException:
-            scheduler.cancel(job)
-            raise
-        if ev[0] == "rejected":
-            raise ApiError(ev[1], ev[2], None, "kv_pool_full" if ev[1] == 429 else None)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        if p.stream:
-            return StreamingResponse(_stream(job, p, kind, rid), media_type="text/event-stream")
-        try:
-            return await _whole(job, p, kind, rid)
-        finally:
-            scheduler.cancel(job)  # no-op when done; frees the row if the handler was cancelled
-
-    def meta(job: Job, n: int) -> dict:
-        req = job.req
-        now = time.perf_counter()
-        return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "spec_verify_ct": len(req.steps),
-                "spec_accept_length": req.mean_accepted_length if req.steps else None,
-                "ttft_s": None if job.first is None else job.first - job.arrived,
-                "e2e_latency_s": now - job.arrived, "method": method}
-
-    def usage(job: Job, n: int) -> dict:
-        return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n}
-
-    def choice(kind: str, text: str, ids: list[int], finish, delta: bool, first: bool = False) -> dict:
-        c = {"index": 0, "finish_reason": finish, "token_ids": ids}
-        if kind == "chat":
-            if delta:
-                d = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-                c["delta"] = d
-            else:
-                c["message"] = {"role": "assistant", "content": text}
+    @app.post("/tokenize", response_model=S.TokenizeResponse, dependencies=guarded,
+              responses=_errors(400, 401, 404))
+    async def tokenize(body: S.TokenizeRequest):
+        check_model(body.model)
+        if body.messages is not None:
+            text = codec.render_chat([{"role": m.role, "content": m.content if isinstance(m.content, str) else
+                                       "".join(p.text for p in m.content or [])} for m in body.messages])
         else:
-            c["text"], c["logprobs"] = text, None
-        return c
+            text = body.prompt
+        ids = codec.tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens)).ids
+        strs = [codec.token_text(t) for t in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": batch.runner.capacity, "tokens": ids, "token_strs": strs}
 
-    def envelope(kind: str, rid: str, chunk: bool) -> dict:
-        obj = ("chat.completion" + (".chunk" if chunk else "")) if kind == "chat" else "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name}
+    @app.post("/detokenize", response_model=S.DetokenizeResponse, dependencies=guarded,
+              responses=_errors(400, 401, 404))
+    async def detokenize(body: S.DetokenizeRequest):
+        check_model(body.model)
+        bad = [t for t in body.tokens if t >= codec.vocab_size]
+        if bad:
+            raise ApiError(400, f"tokens={bad[:5]!r} are not allowed: token ids in 0..{codec.vocab_size - 1}",
+                           "tokens")
+        return {"prompt": codec.decode(body.tokens)}
 
-    async def _events(job: Job, p: Params):
-        """(text delta, new ids, finish or None, error or None) per engine event until the request ends."""
-        ts = TextStream(codec, p.stop)
-        while True:
-            ev = await job.events.get()
-            if ev[0] == "tokens":
-                delta = ts.feed(ev[1])
-                if ts.stopped:
-                    scheduler.cancel(job, "stop")
-                    n = len(ts.ids)
-                    yield delta, ev[1], "stop", None, n
-                    return
-                yield delta, ev[1], None, None, len(ts.ids)
-            elif ev[0] == "done":
-                finish, error = ev[1], ev[2]
-                finish = {"length": "length", "stop": "stop"}.get(finish, finish)
-                yield ts.flush(), [], finish, error, len(ts.ids)
-                return
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise ApiError(404, f"the model {name!r} does not exist: this server serves {model_name!r}", "model",
+                           "model_not_found")
 
-    async def _whole(job: Job, p: Params, kind: str, rid: str):
-        text, ids, finish, n = "", [], None, 0
-        async for delta, new, fin, err, n in _events(job, p):
-            text += delta
-            ids += new
-            if err:  # failed while decoding (counted as an error by the scheduler, not as a rejection)
-                e = ApiError(500 if "KVPool" not in err else 429, err, None,
-                             "kv_pool_full" if "KVPool" in err else "engine_error")
-                return JSONResponse(e.body(), status_code=e.status)
-            finish = fin or finish
-        return {**envelope(kind, rid, False), "choices": [choice(kind, text, ids, finish, False)],
-                "usage": usage(job, n), "meta_info": meta(job, n)}
-
-    async def _stream(job: Job, p: Params, kind: str, rid: str):
-        def sse(obj) -> str:
-            return f"data: {json.dumps(obj)}\n\n"
-
-        n = 0
+    async def respond(plan, prefix: str):
+        jobs, early = await admit(scheduler, plan)
+        run = Run(scheduler, codec, plan, jobs, early, prefix + uuid.uuid4().hex[:24], model_name)
+        if plan.stream:
+            return StreamingResponse(run.stream(), media_type="text/event-stream")
         try:
-            first = True
-            if kind == "chat":
-                yield sse({**envelope(kind, rid, True), "choices": [choice(kind, "", [], None, True, True)]})
-                first = False
-            async for delta, new, fin, err, n in _events(job, p):
-                if err:
-                    yield sse(ApiError(500 if "KVPool" not in err else 429, err).body())
-                    break
-                if delta or new or fin:
-                    out = {**envelope(kind, rid, True), "choices": [choice(kind, delta, new, fin, True, first)]}
-                    first = False
-                    if fin:
-                        out["meta_info"] = meta(job, n)
-                    yield sse(out)
-            if p.include_usage:
-                yield sse({**envelope(kind, rid, True), "choices": [], "usage": usage(job, n)})
-            yield "data: [DONE]\n\n"
-        finally:
-            scheduler.cancel(job)  # the client left (or we are done): free its row and slots
+            return await run.whole()
+        except ApiError as e:
+            return error(e)  # failed while decoding (counted as an error by the scheduler, not as a rejection)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        auth(request)
-        return await run(completion_params(await body_of(request), model_name, codec), "completion")
+    @app.post("/v1/completions", response_model=S.CompletionResponse, dependencies=guarded,
+              responses={200: {"content": SSE}, **_errors(400, 401, 404, 429, 500, 503)})
+    async def completions(body: S.CompletionRequest):
+        return await respond(completion_plan(body, model_name, codec), "cmpl-")
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        auth(request)
-        return await run(chat_params(await body_of(request), model_name, codec), "chat")
+    @app.post("/v1/chat/completions", response_model=S.ChatCompletionResponse, dependencies=guarded,
+              responses={200: {"content": SSE}, **_errors(400, 401, 404, 429, 500, 503)})
+    async def chat(body: S.ChatCompletionRequest):
+        return await respond(chat_plan(body, model_name, codec), "chatcmpl-")
 
+    def openapi() -> dict:
+        """The schema without FastAPI's 422 (validation errors are 400 here)."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path in doc.get("paths", {}).values():
+                for op in path.values():
+                    op.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                doc.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
