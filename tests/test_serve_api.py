@@ -1,8 +1,9 @@
 """workbench serve over HTTP on a free loopback port: a tiny synthetic model and a byte-level BPE tokenizer trained
 here with `tokenizers` (nothing downloaded). The official openai client's completion and streamed chat carry the
-engine's greedy tokens; malformed requests get OpenAI-style error bodies; a prompt beyond the context or the free
-KV pool is refused alone; a client that leaves mid-stream frees its slots; a bounded burst of good and bad
-requests leaves every slot free; /metrics, /health and --api-key."""
+engine's greedy tokens; malformed requests get OpenAI-style error bodies naming the field; a prompt beyond the
+context is refused alone, one beyond the free KV slots waits in the admission queue and then runs; a client that
+leaves mid-stream frees its slots; a bounded burst of good and bad requests leaves every slot free; /metrics,
+/health and --api-key."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -178,16 +179,56 @@ def _err(resp, status, param=None):
 
 def test_error_bodies(srv, client):
     u = srv.url + "/v1/completions"
-    e = _err(httpx.post(u, json={"prompt": "hi", "temperature": 0.7}), 400, "temperature")
-    assert "greedily" in e["message"] and "rejection sampling" in e["message"]
+    e = _err(httpx.post(u, json={"prompt": "hi", "temperature": 2.5}), 400, "temperature")
+    assert "temperature=2.5 is not allowed: a finite number in [0, 2]" in e["message"]
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="synthetic-tiny", prompt="hi", temperature=1.0)
+        client.completions.create(model="synthetic-tiny", prompt="hi", temperature=-1.0)
+    _err(httpx.post(u, content=b'{"prompt": "hi", "temperature": NaN}', headers={"content-type": "application/json"}),
+         400, "temperature")
+    _err(httpx.post(u, content=b'{"prompt": "hi", "top_p": Infinity}', headers={"content-type": "application/json"}),
+         400, "top_p")
+    e = _err(httpx.post(u, json={"prompt": "hi", "tools": [{"type": "function"}]}), 400, "tools")
+    assert "unknown field 'tools'" in e["message"]
+    e = _err(httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                "tools": [{"type": "function"}]}), 400, "tools")
+    assert "tools are not supported by this server" in e["message"]
+    for field, value in [("logit_bias", {"5": 1.0}), ("frequency_penalty", 0.5), ("presence_penalty", -1),
+                         ("suffix", "end"), ("best_of", 3)]:
+        e = _err(httpx.post(u, json={"prompt": "hi", field: value}), 400)
+        assert field in e["message"] and "not supported" in e["message"], e
+    e = _err(httpx.post(srv.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}), 400,
+        "response_format")
+    # neutral values of unimplemented fields are accepted
+    r = httpx.post(u, json={"prompt": "hi", "max_tokens": 2, "frequency_penalty": 0, "logit_bias": {}, "user": "u"})
+    assert r.status_code == 200, r.text
+    # lone surrogate: a 400, not a 500
+    e = _err(httpx.post(u, content=b'{"prompt": "\\ud800 x"}', headers={"content-type": "application/json"}),
+             400, "prompt")
+    assert "Unicode" in e["message"]
+    # whole-number floats where OpenAI takes integers; strings are not numbers
+    r = httpx.post(u, json={"prompt": "hi", "max_tokens": 3.0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    _err(httpx.post(u, json={"prompt": "hi", "max_tokens": 3.5}), 400, "max_tokens")
+    _err(httpx.post(u, json={"prompt": "hi", "max_tokens": "3"}), 400, "max_tokens")
+    # max_completion_tokens wins whatever max_tokens says
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": None, "max_completion_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 9, "max_completion_tokens": 2})
+    assert r.json()["usage"]["completion_tokens"] == 2
+    # 405 names the allowed methods
+    r = httpx.get(u)
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["message"]
+    e = _err(httpx.post(u, json={"prompt": "hi", "stop": ["a"] * 17}), 400, "stop")
+    assert "up to 16 strings" in e["message"]
     _err(httpx.post(u, content=b"{not json"), 400)
     _err(httpx.post(u, json=[1, 2]), 400)
     _err(httpx.post(u, json={"max_tokens": 3}), 400, "prompt")
     _err(httpx.post(u, json={"prompt": "hi", "max_tokens": 0}), 400, "max_tokens")
     _err(httpx.post(u, json={"prompt": "hi", "max_tokens": "many"}), 400, "max_tokens")
-    _err(httpx.post(u, json={"prompt": "hi", "n": 2}), 400, "n")
+    _err(httpx.post(u, json={"prompt": "hi", "n": 65}), 400, "n")
     _err(httpx.post(u, json={"prompt": "hi", "stop": 5}), 400, "stop")
     _err(httpx.post(u, json={"prompt": [1, 99999]}), 400, "prompt")
     assert _err(httpx.post(u, json={"prompt": "hi", "model": "gpt-9"}), 404, "model")["code"] == "model_not_found"
@@ -201,9 +242,9 @@ def test_error_bodies(srv, client):
     wait_idle(srv)
 
 
-def test_pool_full_429_harms_no_other_request(srv, slow):
-    """A prompt that fits the context but not the free KV slots gets 429 while another request decodes; that
-    request's tokens are unchanged."""
+def test_pool_full_waits_in_the_queue_and_harms_no_other_request(srv, slow):
+    """A prompt that fits the context but not the free KV slots waits in the admission queue while another request
+    decodes, then runs to its exact greedy tokens; the running request's tokens are unchanged."""
     a_prompt = list(range(1, 61))
     want = srv.greedy(a_prompt, 40)
     with httpx.Client(timeout=30) as h:
@@ -212,13 +253,19 @@ def test_pool_full_429_harms_no_other_request(srv, slow):
             lines = resp.iter_lines()
             first = next(l for l in lines if l.startswith("data: "))
             ids = json.loads(first[6:])["choices"][0]["token_ids"]
-            # A holds 60 prompt slots + 1 per step: 100 more do not fit the 160-slot pool
-            e = _err(h.post(srv.url + "/v1/completions", json={"prompt": list(range(1, 101)), "max_tokens": 4}), 429)
-            assert "KV pool full" in e["message"] and e["code"] == "kv_pool_full"
-            for line in lines:
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    ids += json.loads(line[6:])["choices"][0]["token_ids"]
+            # A reserves 60 prompt + 40 output + 1 step slots: 100 + 4 + 1 more do not fit the 160-slot pool now
+            with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                fut = ex.submit(h.post, srv.url + "/v1/completions",
+                                json={"prompt": list(range(1, 101)), "max_tokens": 4})
+                time.sleep(0.2)
+                assert httpx.get(srv.url + "/health").json()["waiting"] == 1
+                for line in lines:
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        ids += json.loads(line[6:])["choices"][0]["token_ids"]
+                r = fut.result(timeout=30)
     assert ids == want
+    assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == srv.greedy(list(range(1, 101)), 4)
+    assert r.json()["meta_info"]["queue_s"] > 0.1
     wait_idle(srv)
 
 
@@ -247,7 +294,7 @@ def test_client_disconnect_mid_stream_frees_slots(srv, slow):
 def test_bounded_burst_of_good_and_bad_requests(srv):
     prompts = [TEXT[i % 3][:10 + 3 * i] for i in range(8)]
     good = [{"prompt": p, "max_tokens": 6 + i, "stream": bool(i % 2)} for i, p in enumerate(prompts)]
-    bad = [{"prompt": "x", "temperature": 0.5}, {"prompt": list(range(140))}, {"prompt": ""}, "{oops"]
+    bad = [{"prompt": "x", "temperature": 5}, {"prompt": list(range(140))}, {"prompt": ""}, "{oops"]
 
     def send(body):
         with httpx.Client(timeout=60) as h:
@@ -386,10 +433,10 @@ def test_workbench_sweep_endpoint(srv, capsys):
     wait_idle(srv)
 
 
-def test_slot_reservation_refuses_what_could_run_dry_and_no_decode_fails(monkeypatch):
+def test_slot_reservation_queues_what_could_run_dry_and_no_decode_fails(monkeypatch):
     """Two requests that each fit the 40-slot pool but not together (10 prompt + 25 output + 1 per step = 36
-    worst-case slots each): the second is refused at admission with 429 kv_pool_full (the reservation), not failed
-    mid-decode; the first finishes with its exact greedy tokens; nothing ends as an engine error; every slot and
+    worst-case slots each): the second waits in the admission queue (not failed mid-decode, not refused) and runs
+    when the first has finished; both get their exact greedy tokens; nothing ends as an engine error; every slot and
     every reservation is free after."""
     s = Server(ServeOptions(synthetic="tiny", layers=2, max_requests=2, capacity=64, kv_slots=40,
                             max_tokens_limit=32))
@@ -408,20 +455,16 @@ def test_slot_reservation_refuses_what_could_run_dry_and_no_decode_fails(monkeyp
 
         with concurrent.futures.ThreadPoolExecutor(2) as ex:
             rs = list(ex.map(send, prompts))
-        ok = [(p, r) for p, r in zip(prompts, rs) if r.status_code == 200]
-        failed = [r for r in rs if r.status_code != 200]
-        assert len(ok) == 1 and len(failed) == 1
-        e = _err(failed[0], 429)
-        assert e["code"] == "kv_pool_full" and "36 slots reserved" in e["message"]
-        p, r = ok[0]
-        assert r.json()["choices"][0]["token_ids"] == s.greedy(s.codec.encode(p), 25)
+        assert [r.status_code for r in rs] == [200, 200], [r.text for r in rs]
+        for p, r in zip(prompts, rs):
+            assert r.json()["choices"][0]["token_ids"] == s.greedy(s.codec.encode(p), 25)
+        waits = sorted(r.json()["meta_info"]["queue_s"] for r in rs)
+        assert waits[1] > 0.1  # the second waited for the first's 25 steps
         h = wait_idle(s)
         assert h["kv_slots_free"] == 40 and h["kv_slots_reserved"] == 0
         text = httpx.get(s.url + "/metrics").text
-        assert 'workbench_requests_total{status="rejected"} 1.0' in text
-        assert 'status="error"' not in text
-        # alone, the refused prompt runs
-        assert send(prompts[1]).status_code == 200
+        assert 'status="error"' not in text and 'status="rejected"' not in text
+        assert "workbench_queue_wait_seconds_count 2.0" in text
     finally:
         s.close()
 

@@ -3,14 +3,17 @@
     workbench serve --synthetic tiny [--layers N] [--tokenizer PATH] | --model PATH
                     [--host 127.0.0.1] [--port 8000] [--method greedy|ddtree] [--drafter PATH|random]
                     [--block 16] [--budget 32] [--kv-slots N] [--max-requests 8] [--capacity N]
-                    [--max-tokens-limit 1024] [--prefill-chunk N] [--api-key KEY] [--served-model-name NAME]
+                    [--max-tokens-limit 1024] [--prefill-chunk N] [--max-queue 256] [--max-queue-wait 60]
+                    [--api-key KEY] [--served-model-name NAME]
 
 A checkpoint (``--model``) brings its tokenizer.json (and chat template). ``--synthetic NAME`` builds a random
 model of that shipped config (``tiny``: :func:`workbench.engine.tiny_config`) whose vocabulary is set to the
 tokenizer's: ``--tokenizer`` (a tokenizer.json or a directory holding one) or, without it, the byte-level
 fallback of 256 ids (:func:`workbench.serve.tokenizer.byte_tokenizer`). ``--method ddtree`` needs ``--drafter``:
 a DFlash drafter (file or directory, :meth:`DFlashDrafter.load`) or ``random`` (random weights: lossless, accepts
-little; for exercising the path). Binds 127.0.0.1 unless told otherwise and warns when it is not loopback.
+little; for exercising the path). Requests beyond the free rows or KV slots wait in an admission queue of
+``--max-queue`` sequences for at most ``--max-queue-wait`` seconds (then 429 with Retry-After). Binds 127.0.0.1
+unless told otherwise and warns when it is not loopback.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from workbench.decode import DEFAULT, DecodeConfig
 from workbench.engine.drafters import DFlashConfig, DFlashDrafter
 from workbench.engine.synthetic import synthetic_model, tiny_config
 from workbench.validation import (
-    InvalidParameter, check_bindable, check_choice, check_dir, check_host, check_int, check_str, load_json_file,
-    parse_text,
+    InvalidParameter, check_bindable, check_choice, check_dir, check_float, check_host, check_int, check_str,
+    load_json_file, parse_text,
 )
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -53,6 +56,8 @@ class ServeOptions:
     capacity: int | None = None
     max_tokens_limit: int = 1024
     prefill_chunk: int | None = None
+    max_queue: int = 256
+    max_queue_wait: float = 60.0
     api_key: str | None = None
     served_model_name: str | None = None
     seed: int = 0
@@ -78,6 +83,8 @@ class ServeOptions:
                                    f"and output share --capacity {self.capacity}")
         if self.prefill_chunk is not None:
             check_int("prefill_chunk", self.prefill_chunk, lo=1)
+        check_int("max_queue", self.max_queue, lo=1)
+        check_float("max_queue_wait", self.max_queue_wait, lo=0.0, lo_open=True)
         if self.api_key is not None:
             check_str("api_key", self.api_key)
         if self.served_model_name is not None:
@@ -178,7 +185,7 @@ def build(opts: ServeOptions):
                           max_generated=opts.max_tokens_limit)
     drafter = load_drafter(opts, model) if opts.method == "ddtree" else None
     batch = Batch(engine, cfg, drafter, eos_token_id=codec.eos_token_id, prefill_chunk=opts.prefill_chunk)
-    return Scheduler(batch), codec, name
+    return Scheduler(batch, max_queue=opts.max_queue, max_queue_wait=opts.max_queue_wait), codec, name
 
 
 def synthetic_for(name: str, vocab: int, layers: int | None, device, seed: int = 0):
@@ -243,6 +250,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest max_tokens a request may ask for")
     p.add_argument("--prefill-chunk", type=parse_text, metavar="N",
                    help="prompt tokens per prefill forward (default whole prompts: a long one delays the others)")
+    p.add_argument("--max-queue", type=parse_text, default=d.max_queue, metavar="N",
+                   help="sequences that may wait for admission (beyond: 429 with Retry-After)")
+    p.add_argument("--max-queue-wait", type=parse_text, default=d.max_queue_wait, metavar="S",
+                   help="seconds a sequence may wait for admission before a 429")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
     p.add_argument("--served-model-name", metavar="NAME", help="the model id clients use")
     p.set_defaults(func=_cli)

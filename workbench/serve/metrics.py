@@ -9,7 +9,9 @@ left; error: failed while decoding; rejected: refused before running, 4xx),
 a DDTree step delivers its accepted tokens together), ``workbench_accepted_length`` (tokens committed per request
 per step, the root counted: 1 for greedy), ``workbench_kv_slots_used`` / ``workbench_kv_slots_free``, ``workbench_kv_slots_reserved`` (the admitted
 requests' worst cases: prompt + max_tokens + one step's slots; admission needs room below the pool),
-``workbench_requests_running`` / ``workbench_requests_waiting``.
+``workbench_requests_running`` / ``workbench_requests_waiting`` (the admission queue's depth),
+``workbench_queue_wait_seconds`` (time in the queue before admission), ``workbench_queue_refused_total{reason}``
+(sequences refused by the queue: queue_full, queue_timeout, invalid; each also counts as a rejected request).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ ACCEPT_BUCKETS = tuple(range(1, 34))
 
 
 class Metrics:
+    """The server's metrics (module docstring), in a registry of their own."""
+
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("workbench_requests", "Requests by how they ended", ["status"], registry=r)
@@ -39,7 +43,11 @@ class Metrics:
         self.kv_reserved = Gauge("workbench_kv_slots_reserved", "KV slots reserved by the admitted requests' worst "
                                  "cases", registry=r)
         self.running = Gauge("workbench_requests_running", "Requests with a row in the engine", registry=r)
-        self.waiting = Gauge("workbench_requests_waiting", "Requests waiting for a row", registry=r)
+        self.waiting = Gauge("workbench_requests_waiting", "Sequences waiting in the admission queue", registry=r)
+        self.queue_wait = Histogram("workbench_queue_wait_seconds", "Time a sequence waited in the admission queue",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.refused = Counter("workbench_queue_refused", "Sequences the admission queue refused, by reason",
+                               ["reason"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

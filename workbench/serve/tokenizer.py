@@ -56,6 +56,8 @@ class TextCodec:
             self.chat_template)
         self.eos_token, self.bos_token = eos_token, bos_token
         self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        self._byte_level = isinstance(tokenizer.decoder, decoders.ByteLevel)
+        self._unbyte = {ch: b for b, ch in _bytes_to_unicode().items()}
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "TextCodec":
@@ -103,6 +105,20 @@ class TextCodec:
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``; special tokens (eos, ...) are left out of the text, as vLLM and SGLang do."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes token ``token_id`` stands for (a byte-level token may hold part of a character); a
+        special token's text."""
+        tok = self.tokenizer.id_to_token(int(token_id))
+        if tok is None:
+            return b""
+        if self._byte_level and all(c in self._unbyte for c in tok):
+            return bytes(self._unbyte[c] for c in tok)
+        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
+    def token_text(self, token_id: int) -> str:
+        """Token ``token_id`` as text (an incomplete UTF-8 character as U+FFFD)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def render_chat(self, messages: list[dict]) -> str:
         return self._template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "",
