@@ -45,12 +45,12 @@ def test_accept_trained_appends_and_resolves_at_the_projections_budget(tmp_path)
 
 
 @pytest.mark.parametrize("kw, name, message", [
-    (dict(accept=["trained:poetry"]), "accept", "trained:prose, trained:code, trained:math"),
-    (dict(accept=["math"]), "accept", "trained:prose, trained:code, trained:math"),
-    (dict(accept=[12], accept_trained=["math"]), "accept_trained", "trained:prose, trained:code, trained:math"),
+    (dict(accept=["trained:poetry"]), "accept", "trained:chat, trained:math, trained:code"),
+    (dict(accept=["math"]), "accept", "trained:chat, trained:math, trained:code"),
+    (dict(accept=[12], accept_trained=["math"]), "accept_trained", "trained:chat, trained:math, trained:code"),
     (dict(accept=["trained:math"], budget=128), "accept", r"a measured \(block, budget\) for 'math': \(16, 8\), "
                                                           r"\(16, 32\)"),
-    (dict(accept=["trained:prose"]), "accept", "one of the measured text types: code, math"),
+    (dict(accept=["trained:chat"]), "accept", "one of the measured text types: code, math"),
 ])
 def test_unknown_or_unmeasured_trained_entries_are_clear_errors(tmp_path, kw, name, message):
     args = dict(gpu="b300", block=16, budget=32, acceptance_file=fixture_file(tmp_path))

@@ -177,14 +177,14 @@ def test_trained_methods_run_in_both_sweeps_and_record_their_source(model, tmp_p
 def test_trained_methods_unknown_unmeasured_or_without_file_are_clear_errors(tmp_path):
     args = dict(contexts=[64], concurrency=[1], generate=64, two_point=[8, 40], rope_limit=1024, block=8,
                 budget=16, acceptance_file=acceptance_json(tmp_path))
-    with pytest.raises(InvalidParameter, match="greedy, ddtree-high, ddtree-low, trained:prose, trained:code, "
-                                               "trained:math") as e:
+    with pytest.raises(InvalidParameter, match="greedy, ddtree-high, ddtree-low, trained:chat, trained:math, "
+                                               "trained:code") as e:
         sweep.check_sweep(methods=["greedy", "trained:poetry"], **args)
     assert e.value.name == "methods"
     with pytest.raises(InvalidParameter, match=r"methods='trained:math'.*\(4, 8\), \(8, 4\)") as e:
         sweep.check_sweep(methods=["trained:math"], **args)
     with pytest.raises(InvalidParameter, match="one of the measured text types: code, math"):
-        sweep.check_sweep(methods=["trained:prose"], **args)
+        sweep.check_sweep(methods=["trained:chat"], **args)
     with pytest.raises(FileNotFoundError, match="none.json"):
         sweep.check_sweep(methods=["trained:math"], **{**args, "acceptance_file": tmp_path / "none.json"})
     with pytest.raises(InvalidParameter) as e:

@@ -226,10 +226,15 @@ def reading(doc: dict) -> str:
         first = v["first_position_hit"]
         fshort = GOAL["first_position_hit"] - first
         lines.append(f"- {t}: {v['mean_accepted']:.2f} [{lo:.2f}, {hi:.2f}] vs goal {v['goal']} ({miss}); "
-                     f"depth-1 hit {first:.2f} vs {GOAL['first_position_hit']} "
+                     f"depth-1 hit (the drafter's first choice) {first:.2f} vs {GOAL['first_position_hit']} "
                      f"({'met' if v['first_position_met'] else f'short by {fshort:.2f}'}); "
                      f"tree/chain {v['tree_over_chain']:.2f}x vs {GOAL['tree_over_chain']}x "
                      f"({'met' if v['tree_over_chain_met'] else 'missed'})")
+        r32 = next((r for r in _rows(doc, "tree") if r["text_type"] == t and r["budget"] == GOAL["budget"]), None)
+        if r32 and r32.get("hit_by_depth"):
+            lines.append(f"  {t}: depth 1 accepted by some child of the budget-{GOAL['budget']} tree in "
+                         f"{r32['hit_by_depth'][0]:.2f} of rounds; given depth d - 1, depth d accepted: "
+                         + ", ".join(f"{x:.2f}" for x in r32["hit_by_depth"][:6] if x is not None) + " (depths 1-6)")
     look = {r["text_type"]: r for r in _rows(doc, "lookup")}
     tree = _rows(doc, "tree")
     for t in g:

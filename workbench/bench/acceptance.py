@@ -44,7 +44,6 @@ from workbench.acceptance.corpora import chat_prompt, corpus_record, prompt_sets
 from workbench.acceptance.drafters import save_drafter
 from workbench.acceptance.run import PipelineConfig, load_prompts, run_pipeline, save_prompts
 from workbench.acceptance.target import tiny_llama
-from workbench.display import text_table
 from workbench.measure import write_measurement
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -238,8 +237,8 @@ def run(args) -> Path:
                                     on_partial=lambda r, d, s, c: write(r, d, s, c))
     path = write(res, drafter, st, True)
     parts = written["parts"]
-    print(text_table([{k: (round(r[k], 3) if isinstance(r[k], float) else r[k]) for k in
-                       ("text_type", "drafter", "method", "budget", "mean_accepted")} for r in res["rows"]]))
+    for r in res["rows"]:
+        print(r["text_type"], r["drafter"], r["method"], r["budget"], round(r["mean_accepted"], 3), r["ci95"])
     print(json.dumps(res["goals"], indent=0)[:3000])
     print(f"wrote {path} and drafter parts {parts} ({time.perf_counter() - t_start:.0f} s)")
     return path

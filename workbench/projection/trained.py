@@ -2,9 +2,9 @@
 
 Wherever an acceptance is given - an accepted length in the projection (``accept``), a method of the
 context sweep (``methods``) - ``"trained:<type>"`` means "the DFlash-style drafter of :mod:`workbench.acceptance`,
-on held-out text of type ``<type>``" (:func:`trained_choices`: ``trained:prose``, ``trained:code``,
-``trained:math``). It resolves through :func:`workbench.acceptance.measure.acceptance_for` at the
-caller's block and budget, from the H200 measurement ``data/measurements/h200/acceptance.json`` (or a
+on held-out text of type ``<type>``" (:func:`trained_choices`: ``trained:chat``, ``trained:math``,
+``trained:code``). It resolves through :func:`workbench.acceptance.measure.acceptance_for` at the
+caller's block and budget, from the H100 measurement ``data/measurements/h100/acceptance.json`` (or a
 file given in its place), into a :class:`TrainedAcceptance`: the measured mean accepted length (root
 included) with the file's provenance, which the caller records beside its result.
 
@@ -21,15 +21,16 @@ from typing import Any
 
 from workbench import MEASUREMENTS_DIR, REPO_ROOT
 from workbench.acceptance.measure import ACCEPTANCE_FILE, acceptance_for, histogram_for
-from workbench.acceptance.textdata import TEXT_TYPES
+from workbench.acceptance.corpora import TEXT_TYPES
 from workbench.validation import InvalidParameter, check_choice, check_float
 
 PREFIX = "trained:"
-ACCEPTANCE_GPU = "h200"   # where the acceptance was measured (a drafter's acceptance does not depend on the GPU)
+ACCEPTANCE_GPU = "h100"   # where the acceptance was measured (a drafter's acceptance does not depend on the GPU)
 
 
 def trained_choices() -> tuple[str, ...]:
-    """The allowed spellings, one per text type of :data:`workbench.acceptance.textdata.TEXT_TYPES`."""
+    """The allowed spellings, one per text type of :data:`workbench.acceptance.corpora.TEXT_TYPES` (chat, math,
+    code: the text types of the committed measurement)."""
     return tuple(PREFIX + t for t in TEXT_TYPES)
 
 
@@ -48,7 +49,7 @@ class TrainedAcceptance:
     """The trained drafter's measured mean accepted length (root included) on ``text_type`` at ``block`` and
     ``budget``, with where it comes from: ``file`` (repository-relative where it lies in the repository), the
     ``git_commit`` and ``date_utc`` of the measurement's provenance, the target model and the drafter's
-    training steps and final loss, and whether the file is a dry run (tiny random model, not H200 data)."""
+    training steps and final loss, and whether the file is a dry run (tiny random model, not measured data)."""
 
     text_type: str
     block: int
@@ -90,7 +91,7 @@ class TrainedAcceptance:
 
 
 def default_file() -> Path:
-    """The committed acceptance measurement: data/measurements/h200/acceptance.json."""
+    """The committed acceptance measurement: data/measurements/h100/acceptance.json."""
     return MEASUREMENTS_DIR / ACCEPTANCE_GPU / f"{ACCEPTANCE_FILE}.json"
 
 
@@ -103,7 +104,7 @@ def _load(path: str | Path | None) -> tuple[dict | None, Path]:
 def trained_acceptance(spec: str, block: int, budget: int, path: str | Path | None = None,
                        name: str = "accept") -> TrainedAcceptance:
     """``spec`` (``"trained:<type>"``, checked as parameter ``name``) resolved at ``block`` and ``budget``
-    through :func:`~workbench.acceptance.measure.acceptance_for`, from the committed H200 measurement or the
+    through :func:`~workbench.acceptance.measure.acceptance_for`, from the committed H100 measurement or the
     file at ``path``. Raises InvalidParameter (spelling; combination not measured) or FileNotFoundError."""
     text_type = check_trained(name, spec)
     doc, file = _load(path)
