@@ -75,3 +75,16 @@ def test_drafter_loader_names_what_is_allowed(tmp_path):
     other = StaticLlama(tiny_llama(vocab_size=64, hidden_size=32, layers=3, heads=4, kv_heads=2, intermediate=64))
     with pytest.raises(InvalidParameter, match="trained for: tiny"):
         load_drafter("tiny-b4", other, root=tmp_path)
+
+
+def test_drafter_verb_lists_shows_and_names_what_is_allowed(capsys):
+    from workbench.acceptance.drafters import drafter_names
+    from workbench.cli import main
+
+    names = drafter_names()
+    if not names:
+        pytest.skip("no shipped drafter")
+    assert main(["drafter", "list"]) == 0 and names[0] in capsys.readouterr().out
+    assert main(["drafter", "show", names[0]]) == 0 and "trained:" in capsys.readouterr().out
+    assert main(["drafter", "show", "nope"]) == 2 and names[0] in capsys.readouterr().err
+    assert main(["drafter", "load", names[0], "--block", "99"]) == 2 and "block=99" in capsys.readouterr().err

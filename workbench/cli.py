@@ -1,7 +1,7 @@
 """The ``workbench`` command line (also ``python -m workbench``).
 
-Verbs: ``run`` and ``list`` (the notebook pipeline), ``env``, ``capacity``, ``project``, ``sweep``, ``serve``
-and ``tp``; each module of :data:`VERBS` has ``register(subparsers)`` that adds its parser, whose
+Verbs: ``run`` and ``list`` (the notebook pipeline), ``env``, ``capacity``, ``project``, ``sweep``, ``serve``,
+``tp`` and ``drafter``; each module of :data:`VERBS` has ``register(subparsers)`` that adds its parser, whose
 ``func(args)`` returns the exit code. A value outside what a verb allows (``ValueError``, of which
 :class:`~workbench.validation.InvalidParameter`) exits 2 with ``workbench <verb>: error: <message>``.
 """
@@ -11,12 +11,13 @@ import argparse
 import sys
 
 from workbench import capacity, environment, pipeline
+from workbench.acceptance import cli as drafter_cli
 from workbench.parallel import launch
 from workbench.projection import cli as projection_cli
 from workbench.serve import cli as serve_cli
 from workbench.sweep import cli as sweep_cli
 
-VERBS = (pipeline, environment, capacity, projection_cli, sweep_cli, serve_cli, launch)
+VERBS = (pipeline, environment, capacity, projection_cli, sweep_cli, serve_cli, launch, drafter_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from workbench.validation import check_choice, check_int
 
-__all__ = ["REFERENCES", "cpu_demo", "check_notebook", "load_doc", "measured_or_demo", "summary_rows", "budget_figure",
+__all__ = ["REFERENCES", "shipped_rows", "cpu_demo", "check_notebook", "load_doc", "measured_or_demo", "summary_rows", "budget_figure",
            "histogram_figure", "hit_rate_figure", "sibling_figure", "curves_figure", "reading", "GOAL", "goal",
            "DEFAULT_GPU"]
 
@@ -72,6 +72,25 @@ def cpu_demo(demo_seconds: float = 4.0, demo_prompts: int = 3, seed: int = 0) ->
                              dflash_kw={"num_heads": 4, "head_dim": 16, "intermediate_size": 128})
     res.pop("rounds")
     return {"results": res, "notes": "CPU demo: tiny random Llama and drafters on byte tokens, not measured data"}
+
+
+def shipped_rows() -> list[dict]:
+    """One row per shipped drafter (:mod:`workbench.acceptance.drafters`): name, block, layers, parameters, target,
+    training steps and seconds, best validation loss, how it was initialised."""
+    import json
+
+    from workbench.acceptance.drafters import DRAFTERS_DIR, drafter_info, drafter_names
+
+    rows = []
+    for n in drafter_names():
+        info = drafter_info(n)
+        tr = json.loads((DRAFTERS_DIR / n / "training.json").read_text())
+        c = info["dflash_config"]
+        rows.append({"name": n, "block": c["block"], "layers": c["num_layers"], "parameters": info.get("parameters"),
+                     "target": info["target"]["name"], "steps": tr.get("steps"),
+                     "seconds": round(tr.get("seconds") or 0.0), "init": tr.get("init"),
+                     "best validation loss": round((tr.get("best") or {}).get("loss", float("nan")), 3)})
+    return rows
 
 
 def load_doc(gpu: str = DEFAULT_GPU) -> dict | None:
