@@ -120,7 +120,7 @@ def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None
               responses=_errors(400, 401, 404))
     async def tokenize(body: S.TokenizeRequest):
         check_model(body.model)
-        if body.messages is not None:
+        if isinstance(body, S.TokenizeChat):
             text = codec.render_chat([{"role": m.role, "content": m.content if isinstance(m.content, str) else
                                        "".join(p.text for p in m.content or [])} for m in body.messages])
         else:

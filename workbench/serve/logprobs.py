@@ -8,8 +8,9 @@ temperature 1, the alternatives most likely first).
 - chat (``logprobs: true, top_logprobs: N``): ``{content: [{token, logprob, bytes, top_logprobs: [{token,
   logprob, bytes}]}]}`` with exactly N alternatives per token.
 
-A token's text is :meth:`TextCodec.token_text` (a byte-level token holding part of a character reads U+FFFD; its
-``bytes`` are exact). ``text_offset`` counts characters of the answered text up to each token.
+A token's text is :meth:`TextCodec.token_text` (a byte-level token holding part of a character reads
+``bytes:\\xNN``; its ``bytes`` are exact). ``text_offset`` counts characters of the answered text up to each
+token.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def completion_logprobs(codec, ids: list[int], lps: list, tops: list, offsets: O
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for t, lp, top in zip(ids, lps, tops):
         data = codec.token_bytes(t)
-        text = data.decode("utf-8", errors="replace")
+        text = codec.token_text(t)
         out["tokens"].append(text)
         out["token_logprobs"].append(lp)
         out["text_offset"].append(offsets.advance(data))
@@ -57,7 +58,6 @@ def merge_completion_logprobs(a: dict | None, b: dict) -> dict:
 def chat_logprobs(codec, ids: list[int], lps: list, tops: list) -> list[dict]:
     """The chat shape's ``content`` entries for generated tokens ``ids``."""
     def entry(t: int, lp: float) -> dict:
-        data = codec.token_bytes(t)
-        return {"token": data.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(data)}
+        return {"token": codec.token_text(t), "logprob": lp, "bytes": list(codec.token_bytes(t))}
 
     return [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]} for t, lp, top in zip(ids, lps, tops)]

@@ -151,21 +151,26 @@ class ChatCompletionRequest(SamplingFields):
         return self
 
 
-class TokenizeRequest(Strict):
-    """POST /tokenize (vLLM's): a prompt, or chat messages rendered with the chat template."""
+class TokenizePrompt(Strict):
+    """POST /tokenize with a prompt (vLLM's)."""
 
     model: Text | None = None
-    prompt: Text | None = None
-    messages: list[Message] | None = None
+    prompt: Text
     add_special_tokens: bool | None = True
-    add_generation_prompt: bool | None = True
     return_token_strs: bool | None = False
 
-    @model_validator(mode="after")
-    def _one(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
-        return self
+
+class TokenizeChat(Strict):
+    """POST /tokenize with chat messages, rendered with the chat template (vLLM's)."""
+
+    model: Text | None = None
+    messages: list[Message]
+    add_generation_prompt: bool | None = True
+    add_special_tokens: bool | None = False
+    return_token_strs: bool | None = False
+
+
+TokenizeRequest = TokenizePrompt | TokenizeChat
 
 
 class DetokenizeRequest(Strict):

@@ -117,8 +117,13 @@ class TextCodec:
         return self.tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
 
     def token_text(self, token_id: int) -> str:
-        """Token ``token_id`` as text (an incomplete UTF-8 character as U+FFFD)."""
-        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+        """Token ``token_id`` as text; a token whose bytes are not whole UTF-8 characters as ``bytes:\\xNN...``
+        (OpenAI's convention), so distinct partial tokens keep distinct names."""
+        data = self.token_bytes(token_id)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
     def render_chat(self, messages: list[dict]) -> str:
         return self._template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "",
