@@ -42,7 +42,7 @@ from workbench.engine.generate import _Timer, _ddtree_step, _greedy_step, _resol
 from workbench.engine.kv_cache import PagedKVCache
 from workbench.engine.request import Request
 from workbench.measure import busy_us, measure_bf16_matmul_tflops, measure_copy_bandwidth, write_measurement
-from workbench.sweep.run import default_experts
+from workbench.engine.synthetic import default_experts
 from workbench.validation import check_float, check_int
 
 GOALS = {"greedy_pct_of_floor_c1": 70.0, "ddtree_pct_of_floor_c1": 60.0, "graph_over_eager_tokens_per_s_c1": 10.0,

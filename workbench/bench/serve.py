@@ -48,7 +48,7 @@ from workbench.serve.app import create_app
 from workbench.serve.headofline import head_of_line_sweep
 from workbench.serve.scheduler import Scheduler
 from workbench.serve.tokenizer import TextCodec
-from workbench.sweep.run import default_experts
+from workbench.engine.synthetic import default_experts
 from workbench.validation import InvalidParameter, check_float, check_int
 
 GOALS = {"itl_c1_within": 0.10, "aggregate_c8_within": 0.15}  # relative distance from the engine's step

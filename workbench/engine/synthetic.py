@@ -13,6 +13,7 @@ import torch
 
 from workbench.config import Int4Quant, ModelConfig, RopeScaling, load_config
 from workbench.engine.loader import build_empty
+from workbench.moe import Int4Experts
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -112,3 +113,26 @@ def synthetic_model(config: ModelConfig | str = "kimi-k2.6", layers: int | None 
         if layer.is_moe:
             layer.mlp.experts.prepare(model.dtype)
     return model
+
+
+def default_experts(cfg, layers: int, rows: int, capacity: int, reserve_gb: float = 16.0) -> int:
+    """The most routed experts per layer that fit the current GPU beside the dense weights, a KV pool of
+    ``rows x capacity`` tokens and ``reserve_gb`` of work space (an expert's bytes in the one layout the
+    engine holds it in on this GPU)."""
+    c = cfg.replace(num_hidden_layers=layers, n_routed_experts=cfg.num_experts_per_tok)
+    meta = build_empty(c, torch.bfloat16, "meta", True)
+    wb = meta.weight_bytes()
+    dense = sum(v for k, v in wb.items() if k != "routed_per_expert")
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    one = Int4Experts(torch.zeros(1, 2 * I, D // 8, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, 2 * I, D // 32, dtype=torch.bfloat16, device="cuda"),
+                      torch.zeros(1, D, I // 8, dtype=torch.int32, device="cuda"),
+                      torch.ones(1, D, I // 32, dtype=torch.bfloat16, device="cuda"))
+    per_expert = one.nbytes
+    del one
+    torch.cuda.empty_cache()
+    moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
+    kv = rows * capacity * c.kv_row_width * layers * 2
+    free = torch.cuda.mem_get_info()[0]
+    e = int((free - dense - kv - reserve_gb * 2**30) // (moe_layers * per_expert))
+    return max(cfg.num_experts_per_tok, min(cfg.n_routed_experts, e - e % 8))
