@@ -96,8 +96,8 @@ class _ByRequest:
         self.batch, self.cont, self.prompt_of = batch, by_last_token, {}
         add = batch.add
 
-        def add_and_note(prompt, max_new_tokens):
-            r = add(prompt, max_new_tokens)
+        def add_and_note(prompt, max_new_tokens, **options):
+            r = add(prompt, max_new_tokens, **options)
             self.prompt_of[r.id] = r.prompt
             return r
         batch.add = add_and_note
