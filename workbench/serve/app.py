@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.serve import schemas as S
-from workbench.serve.generation import Run, admit
+from workbench.serve.generation import Run, admit, until_disconnected
 from workbench.serve.protocol import ApiError, chat_plan, completion_plan, validation_error
 from workbench.serve.scheduler import Scheduler
 
@@ -144,25 +144,32 @@ def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None
             raise ApiError(404, f"the model {name!r} does not exist: this server serves {model_name!r}", "model",
                            "model_not_found")
 
-    async def respond(plan, prefix: str):
-        jobs, early = await admit(scheduler, plan)
-        run = Run(scheduler, codec, plan, jobs, early, prefix + uuid.uuid4().hex[:24], model_name)
-        if plan.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
+    async def respond(request: Request, plan, prefix: str):
+        """Queue ``plan``, then answer it whole or streamed; a client that leaves meanwhile frees its place or
+        row (a stream notices through its response)."""
+        gone = asyncio.ensure_future(until_disconnected(request))
         try:
-            return await run.whole()
-        except ApiError as e:
-            return error(e)  # failed while decoding (counted as an error by the scheduler, not as a rejection)
+            jobs, early = await admit(scheduler, plan, gone)
+            run = Run(scheduler, codec, plan, jobs, early, prefix + uuid.uuid4().hex[:24], model_name)
+            if plan.stream:
+                gone.cancel()  # the streaming response listens for the disconnect itself
+                return StreamingResponse(run.stream(), media_type="text/event-stream")
+            try:
+                return await run.whole(gone)
+            except ApiError as e:
+                return error(e)  # failed while decoding (counted by the scheduler as an error, not a rejection)
+        finally:
+            gone.cancel()
 
     @app.post("/v1/completions", response_model=S.CompletionResponse, dependencies=guarded,
               responses={200: {"content": SSE}, **_errors(400, 401, 404, 429, 500, 503)})
-    async def completions(body: S.CompletionRequest):
-        return await respond(completion_plan(body, model_name, codec), "cmpl-")
+    async def completions(body: S.CompletionRequest, request: Request):
+        return await respond(request, completion_plan(body, model_name, codec), "cmpl-")
 
     @app.post("/v1/chat/completions", response_model=S.ChatCompletionResponse, dependencies=guarded,
               responses={200: {"content": SSE}, **_errors(400, 401, 404, 429, 500, 503)})
-    async def chat(body: S.ChatCompletionRequest):
-        return await respond(chat_plan(body, model_name, codec), "chatcmpl-")
+    async def chat(body: S.ChatCompletionRequest, request: Request):
+        return await respond(request, chat_plan(body, model_name, codec), "chatcmpl-")
 
     def openapi() -> dict:
         """The schema without FastAPI's 422 (validation errors are 400 here)."""

@@ -17,6 +17,27 @@ from workbench.serve.protocol import ApiError, Plan, TextStream
 from workbench.serve.scheduler import Job, Scheduler
 
 
+CLIENT_GONE = 499  # nginx's "client closed request": the status of a response nobody will read
+
+
+async def until_disconnected(request) -> None:
+    """Returns when the client of ``request`` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next(events: asyncio.Queue, gone: asyncio.Future | None) -> tuple:
+    """The next event, or :class:`ApiError` 499 once ``gone`` (the client left) is done."""
+    if gone is None:
+        return await events.get()
+    get = asyncio.ensure_future(events.get())
+    done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if get in done:
+        return get.result()
+    get.cancel()
+    raise ApiError(CLIENT_GONE, "the client closed the connection")
+
+
 def _limit(scheduler: Scheduler, plan: Plan, prompt_len: int) -> int:
     """The choice's max_tokens: the plan's, or (chat without one) up to the context's end."""
     if plan.max_tokens is not None:
@@ -26,9 +47,11 @@ def _limit(scheduler: Scheduler, plan: Plan, prompt_len: int) -> int:
     return max(1, min(b.runner.max_generated, room))
 
 
-async def admit(scheduler: Scheduler, plan: Plan) -> tuple[list[Job], list[tuple]]:
+async def admit(scheduler: Scheduler, plan: Plan, gone: asyncio.Future | None = None
+                ) -> tuple[list[Job], list[tuple]]:
     """Queue ``plan``'s choices and wait until every one is admitted; returns the jobs and the events that came
-    meanwhile. 400 for a choice that can never run, 429 (with Retry-After) when the queue refuses one."""
+    meanwhile. 400 for a choice that can never run, 429 (with Retry-After) when the queue refuses one; ``gone``
+    (done when the client leaves) takes the jobs out of the queue."""
     b = scheduler.batch
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -48,7 +71,7 @@ async def admit(scheduler: Scheduler, plan: Plan) -> tuple[list[Job], list[tuple
     waiting, early = {j.index for j in jobs}, []
     try:
         while waiting:
-            ev = await events.get()
+            ev = await _next(events, gone)
             if ev[1] == "admitted":
                 waiting.discard(ev[0])
             elif ev[1] == "rejected":
@@ -113,13 +136,13 @@ class Run:
         for j in self.jobs:
             self.scheduler.cancel(j)  # no-op for jobs already done
 
-    async def updates(self):
+    async def updates(self, gone: asyncio.Future | None = None):
         """(choice, text, ids, logprobs, finish) per event until every choice has ended; an engine error raises
         :class:`ApiError` (500, or 429 for a pool that ran dry)."""
         open_ = set(self.choices)
         pending = list(self.early)
         while open_:
-            ev = pending.pop(0) if pending else await self.events.get()
+            ev = pending.pop(0) if pending else await _next(self.events, gone)
             c = self.choices.get(ev[0])
             if c is None or c.finish is not None:
                 continue
@@ -190,11 +213,11 @@ class Run:
             out["text"], out["logprobs"] = text, lp
         return out
 
-    async def whole(self) -> dict:
-        """The non-streamed body."""
+    async def whole(self, gone: asyncio.Future | None = None) -> dict:
+        """The non-streamed body (:class:`ApiError` 499 when ``gone``: the client left, its jobs are cancelled)."""
         acc = {i: {"text": "", "ids": [], "lp": None} for i in self.choices}
         try:
-            async for c, text, ids, lp, finish in self.updates():
+            async for c, text, ids, lp, finish in self.updates(gone):
                 a = acc[c.job.index]
                 a["text"] += text
                 a["ids"] += ids
