@@ -7,8 +7,9 @@ left; error: failed while decoding; rejected: refused before running, 4xx),
 ``workbench_time_to_first_token_seconds`` (arrival to the first token, queueing and prefill included),
 ``workbench_inter_token_latency_seconds`` (time between successive token events of one request: one engine step;
 a DDTree step delivers its accepted tokens together), ``workbench_accepted_length`` (tokens committed per request
-per step, the root counted: 1 for greedy), ``workbench_kv_slots_used`` / ``workbench_kv_slots_free``, ``workbench_kv_slots_reserved`` (the admitted
-requests' worst cases: prompt + max_tokens + one step's slots; admission needs room below the pool),
+per step, the root counted: 1 for greedy), ``workbench_kv_slots_used`` / ``workbench_kv_slots_free``,
+``workbench_kv_slots_reserved`` (the admitted requests' worst cases: prompt + max_tokens + one step's slots;
+admission needs room below the pool),
 ``workbench_requests_running`` / ``workbench_requests_waiting`` (the admission queue's depth),
 ``workbench_queue_wait_seconds`` (time in the queue before admission), ``workbench_queue_refused_total{reason}``
 (sequences refused by the queue: queue_full, queue_timeout, invalid; each also counts as a rejected request).

@@ -4,8 +4,10 @@ HTTP handlers (on the asyncio loop) :meth:`Scheduler.submit` a :class:`Job` and 
 ``asyncio.Queue``; they :meth:`Scheduler.cancel` it when the client leaves or a stop string ends it. Between two
 steps the thread retires cancelled jobs (their KV slots go back to the pool at once), admits waiting jobs while a
 row is free, runs :meth:`Batch.prefill` (posting the first tokens of prompts now complete) and
-:meth:`Batch.decode` (one batched engine step) and posts each job's new tokens. Admission: a job waits in a bounded FIFO queue (``max_queue`` jobs, ``max_queue_wait`` seconds) until a row is
-free and its worst-case KV slots (:meth:`Batch.worst_case`) can be reserved beside the admitted requests'; jobs are
+:meth:`Batch.decode` (one batched engine step) and posts each job's new tokens.
+
+Admission: a job waits in a bounded FIFO queue (``max_queue`` jobs, ``max_queue_wait`` seconds) until a row is free
+and its worst-case KV slots (:meth:`Batch.worst_case`) can be reserved beside the admitted requests'; jobs are
 admitted in arrival order (the head waits for room, the ones behind it wait for the head) as others finish. A job
 that finds the queue full, or waits past the bound, gets 429 with a ``Retry-After``; one that can never fit (beyond
 the context or the whole pool) 400. Because every admitted request's worst case is reserved, no request runs out

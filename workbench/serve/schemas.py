@@ -53,6 +53,11 @@ def unsupported(kind, neutral: dict) -> Any:
 
 Text = Annotated[str, AfterValidator(_unicode)]
 TokenId = whole(ge=0)
+ZeroOnly = unsupported(float, {"ge": 0, "le": 0})
+OneOnly = unsupported(float, {"ge": 1, "le": 1})
+EmptyObject = unsupported(dict[str, float], {"max_length": 0})
+EmptyList = unsupported(list[dict[str, Any]], {"max_length": 0})
+EmptyText = unsupported(str, {"max_length": 0})
 StopString = Annotated[str, AfterValidator(_unicode), Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
@@ -63,8 +68,7 @@ class Strict(BaseModel):
 
 
 class StreamOptions(Strict):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    include_usage: bool | None = Field(False, description="A last chunk with the request's usage.")
 
 
 class SamplingFields(Strict):
@@ -84,10 +88,10 @@ class SamplingFields(Strict):
         None, description=f"Up to {MAX_STOP} strings of 1..{MAX_STOP_CHARS} characters; the text ends before the "
                           "first one generated.")
     user: Text | None = None
-    presence_penalty: unsupported(float, {"ge": 0, "le": 0}) = Field(None, description="Only 0: not implemented.")
-    frequency_penalty: unsupported(float, {"ge": 0, "le": 0}) = Field(None, description="Only 0: not implemented.")
-    repetition_penalty: unsupported(float, {"ge": 1, "le": 1}) = Field(None, description="Only 1: not implemented.")
-    logit_bias: unsupported(dict[str, float], {"max_length": 0}) = Field(None, description="Only {}: not implemented.")
+    presence_penalty: ZeroOnly = Field(None, description="Only 0: not implemented.")
+    frequency_penalty: ZeroOnly = Field(None, description="Only 0: not implemented.")
+    repetition_penalty: OneOnly = Field(None, description="Only 1: not implemented.")
+    logit_bias: EmptyObject = Field(None, description="Only {}: not implemented.")
 
 
 class CompletionRequest(SamplingFields):
@@ -105,7 +109,7 @@ class CompletionRequest(SamplingFields):
         None, description="Each token's log-prob and its N most likely alternatives.")
     echo: bool | None = Field(False, description="The prompt before the completion (with its log-probs).")
     best_of: whole(ge=1, le=MAX_CHOICES) | None = Field(None, description="Only equal to n.")
-    suffix: unsupported(str, {"max_length": 0}) = Field(None, description="Only '': not implemented.")
+    suffix: EmptyText = Field(None, description="Only '': not implemented.")
 
     @model_validator(mode="after")
     def _best_of(self):
@@ -139,7 +143,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = Field(False, description="Each generated token's log-prob.")
     top_logprobs: whole(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="With logprobs: the N most likely alternatives per token.")
-    tools: unsupported(list[dict[str, Any]], {"max_length": 0}) = Field(None, description="Only []: no tools.")
+    tools: EmptyList = Field(None, description="Only []: no tools.")
     tool_choice: Literal["none", "auto"] | None = Field(None, description="Only 'none' or 'auto': no tools.")
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = Field(None, description="Only {'type': 'text'}.")
