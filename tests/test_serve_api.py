@@ -221,6 +221,10 @@ def test_error_bodies(srv, client):
     # 405 names the allowed methods
     r = httpx.get(u)
     assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["message"]
+    assert "not valid JSON in UTF-8" in _err(httpx.post(u, content=b'{"prompt": "\xff"}', headers={
+        "content-type": "application/json"}), 400)["message"]
+    assert "Content-Type: application/json" in _err(httpx.post(u, content=b'{"prompt": "hi"}', headers={
+        "content-type": "text/plain"}), 400)["message"]
     e = _err(httpx.post(u, json={"prompt": "hi", "stop": ["a"] * 17}), 400, "stop")
     assert "up to 16 strings" in e["message"]
     _err(httpx.post(u, content=b"{not json"), 400)

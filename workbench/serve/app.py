@@ -81,7 +81,10 @@ def create_app(scheduler: Scheduler, codec, model_name: str, api_key: str | None
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e):
-        return error(ApiError(e.status_code, str(e.detail), headers=getattr(e, "headers", None)))
+        detail = str(e.detail)
+        if e.status_code == 400 and "parsing the body" in detail:  # FastAPI's JSON decode failure
+            detail = "the request body is not valid JSON in UTF-8"
+        return error(ApiError(e.status_code, detail, headers=getattr(e, "headers", None)))
 
     def auth(request: Request) -> None:
         """With ``api_key``: ``Authorization: Bearer <key>`` or a 401 (checked before the body)."""

@@ -78,10 +78,14 @@ def validation_error(errors: list[dict], fields: set[str] | None = None) -> ApiE
         if name in parts:
             continue
         msg = str(e.get("msg", ""))
-        if e.get("type") == "extra_forbidden":
+        if not name:
+            parts[name] = ("the request body is missing: send a JSON object (Content-Type: application/json)"
+                           if e.get("type") == "missing" else
+                           "the request body must be a JSON object, sent with Content-Type: application/json")
+        elif e.get("type") == "extra_forbidden":
             known = f"; the fields are {', '.join(sorted(fields))}" if fields else ""
             parts[name] = f"unknown field {name!r}: this server does not support it{known}"
-        elif "not supported by this server" in msg or not name:
+        elif "not supported by this server" in msg:
             parts[name] = msg.removeprefix("Value error, ")
         elif e.get("type") == "json_invalid":
             parts[name] = f"the request body is not valid JSON: {e.get('ctx', {}).get('error', msg)}"
