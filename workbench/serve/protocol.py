@@ -78,7 +78,9 @@ def validation_error(errors: list[dict], fields: set[str] | None = None) -> ApiE
         if name in parts:
             continue
         msg = str(e.get("msg", ""))
-        if not name:
+        if not name and e.get("type") == "value_error":  # a check across fields
+            parts[name] = msg.removeprefix("Value error, ")
+        elif not name:
             parts[name] = ("the request body is missing: send a JSON object (Content-Type: application/json)"
                            if e.get("type") == "missing" else
                            "the request body must be a JSON object, sent with Content-Type: application/json")
