@@ -135,6 +135,12 @@ class PrefillResult:
     first_top: list[tuple[int, float]] | None = None
 
 
+def dense(logits) -> torch.Tensor:
+    """float32 [N, V] logits as one tensor: a model's own, or a tensor-parallel model's vocabulary shards gathered
+    (their ``full()``: an all-gather, so a sharded step that samples or returns log-probs pays for it)."""
+    return logits.float() if isinstance(logits, torch.Tensor) else logits.full()
+
+
 def _pairs(ids: torch.Tensor, vals: torch.Tensor) -> list[list[tuple[int, float]]]:
     """Rows of (id, logprob) pairs from int64 [N, n] and float32 [N, n]."""
     return [list(zip(map(int, i), map(float, v))) for i, v in zip(ids.tolist(), vals.tolist())]
@@ -316,12 +322,18 @@ class ModelRunner:
             logits, cap = m.forward_batch(toks, pos, segs, self.cache, layers)
         lens = [len(p.tokens) for p in pieces]
         offs = np.concatenate([[0], np.cumsum(lens)])
-        last = logits[torch.tensor(offs[1:] - 1, device=dev)].float()
         sp = [p.sampling for p in pieces]
-        first = choose(last, torch.tensor([s.temperature for s in sp], device=dev),
-                       torch.tensor([s.top_p for s in sp], device=dev), torch.tensor([s.top_k for s in sp], device=dev),
-                       torch.tensor([p.seed for p in pieces], device=dev), torch.zeros(len(pieces), dtype=torch.int64,
-                                                                                    device=dev)).tolist()
+        if any(s.sampled or s.logprobs is not None or s.prompt_logprobs is not None for s in sp):
+            logits = dense(logits)
+        last = logits[torch.tensor(offs[1:] - 1, device=dev)]
+        if any(s.sampled for s in sp):
+            first = choose(last, torch.tensor([s.temperature for s in sp], device=dev),
+                           torch.tensor([s.top_p for s in sp], device=dev),
+                           torch.tensor([s.top_k for s in sp], device=dev), torch.tensor([p.seed for p in pieces],
+                                                                                         device=dev),
+                           torch.zeros(len(pieces), dtype=torch.int64, device=dev)).tolist()
+        else:
+            first = last.argmax(-1).tolist()
         allf = torch.cat([cap[l] for l in layers], -1) if layers else None
         out = []
         for i, p in enumerate(pieces):
@@ -385,7 +397,7 @@ class ModelRunner:
         picks). Returns int64 [C x rows]."""
         if not b.sampled:
             return logits.argmax(-1)
-        C = b.C
+        C, logits = b.C, dense(logits)
 
         def per_node(x: torch.Tensor) -> torch.Tensor:
             return x[:C, None].expand(C, rows).reshape(-1)
@@ -416,8 +428,10 @@ class ModelRunner:
         okl = ok.long()
         self.last_token[:C] = torch.where(ok, nxt, self.last_token[:C])
         self.num_generated[:C] += okl
-        return {"tokens": nxt[:, None], "accepted": okl, "pool_full": act & ~ok, "bonus": nxt, "top2": top2,
-                **self._logprob_columns(b, logits[:, None], nxt[:, None])}
+        cols = {"tokens": nxt[:, None], "accepted": okl, "pool_full": act & ~ok, "bonus": nxt, "top2": top2}
+        if b.logprobs:
+            cols.update(self._logprob_columns(b, dense(logits)[:, None], nxt[:, None]))
+        return cols
 
     def _ddtree_body(self, b: Bucket) -> dict[str, torch.Tensor]:
         C, T, cache, config = b.C, b.T, self.cache, b.config
@@ -456,6 +470,6 @@ class ModelRunner:
             choosers = acc.nodes[:, :width].clamp(min=0)
             if choosers.shape[1] < width:
                 choosers = torch.cat([choosers, choosers.new_zeros(C, width - choosers.shape[1])], 1)
-            node_logits = logits.view(C, T, -1).gather(1, choosers[:, :, None].expand(C, width, V))
+            node_logits = dense(logits).view(C, T, -1).gather(1, choosers[:, :, None].expand(C, width, V))
             cols.update(self._logprob_columns(b, node_logits, new))
         return cols
