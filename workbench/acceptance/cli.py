@@ -12,7 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from workbench.acceptance.drafters import DRAFTERS_DIR, drafter_info, drafter_names, load_drafter
+from workbench.acceptance.fastllama import StaticLlama
+from workbench.acceptance.gguf_target import load_target, packaged_gguf
 from workbench.validation import check_choice, check_int
 
 
@@ -50,11 +54,6 @@ def _show(args) -> int:
 
 
 def _load(args) -> int:
-    import torch
-
-    from workbench.acceptance.fastllama import StaticLlama
-    from workbench.bench.acceptance import load_target, packaged_gguf
-
     check_choice("drafter", args.name, drafter_names())
     if args.block is not None:
         check_int("block", args.block, lo=2, hi=drafter_info(args.name)["dflash_config"]["block"])

