@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from workbench.acceptance.target import ModelFacts
 from workbench.validation import check_int
 
 __all__ = ["StaticLlama"]
@@ -36,7 +37,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., h:], x[..., :h]], -1)
 
 
-class StaticLlama:
+class StaticLlama(ModelFacts):
     """A transformers Llama causal LM run with a static KV cache (module docstring). ``capture_layers``: decoder
     layers whose outputs :meth:`forward` returns as features."""
 
@@ -63,18 +64,6 @@ class StaticLlama:
         theta = float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"])
         self.rope_theta = theta
         self.inv_freq = 1.0 / theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32, device=self.device) / self.hd)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
 
     def _cos_sin(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """pos int64 [B, T] -> cos, sin [B, 1, T, head_dim] (rotate-half layout, as transformers' Llama)."""

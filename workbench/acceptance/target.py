@@ -79,7 +79,24 @@ class TargetState:
     features: torch.Tensor | None
 
 
-class HFTarget:
+class ModelFacts:
+    """What a target wrapper of a transformers model (``self.model``, ``self.config``) tells about it: its device,
+    dtype and vocabulary size."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+
+class HFTarget(ModelFacts):
     """A transformers causal LM as a DDTree target (module docstring). ``capture_layers``: decoder
     layers whose output hidden states are captured (forward hooks on ``model.model.layers``)."""
 
@@ -108,18 +125,6 @@ class HFTarget:
         def fn(module, args, out):
             self._captured[layer] = out[0] if isinstance(out, tuple) else out
         return fn
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
 
     def _features(self) -> torch.Tensor | None:
         """Captured hidden states of the last forward, [B, T, len(capture_layers) x hidden]."""
