@@ -344,3 +344,8 @@ def chat_prompt(text: str, system: str | None = SYSTEM_PROMPT) -> str:
     check_choice("system kind", type(system).__name__, ("str", "NoneType"))
     sys_part = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
     return f"{sys_part}<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def byte_tokenize(text: str) -> list[int]:
+    """UTF-8 bytes as token ids 0..255: the tokenizer of the tiny CPU targets."""
+    return list(text.encode("utf-8"))

@@ -11,11 +11,20 @@ computed from the document).
 """
 from __future__ import annotations
 
+import json
 from types import MappingProxyType
 
+import numpy as np
 import plotly.graph_objects as go
 
-from workbench.validation import check_choice, check_int
+from workbench.acceptance.corpora import byte_tokenize, chat_prompt, stdlib_functions
+from workbench.acceptance.drafters import DRAFTERS_DIR, drafter_info, drafter_names
+from workbench.acceptance.measure import ACCEPTANCE_FILE
+from workbench.acceptance.run import PipelineConfig, run_pipeline
+from workbench.acceptance.target import tiny_llama
+from workbench.hardware import gpu_ids
+from workbench.measure import load_measurement
+from workbench.validation import InvalidParameter, check_choice, check_int
 
 __all__ = ["REFERENCES", "shipped_rows", "cpu_demo", "check_notebook", "load_doc", "measured_or_demo", "summary_rows", "budget_figure",
            "histogram_figure", "hit_rate_figure", "sibling_figure", "curves_figure", "reading", "GOAL", "goal",
@@ -35,10 +44,7 @@ GOAL = MappingProxyType({"budget": 32, "block": 16, "mean_accepted": {"math": 4.
 
 def check_notebook(demo_seconds: float, demo_prompts: int, budget: int, seed: int, gpu: str) -> None:
     """Notebook 06's input check (notebooks/parameters.yaml ``check``)."""
-    from workbench.hardware import gpu_ids
-
     if not isinstance(demo_seconds, (int, float)) or isinstance(demo_seconds, bool) or not 0 < demo_seconds <= 600:
-        from workbench.validation import InvalidParameter
         raise InvalidParameter("demo_seconds", demo_seconds, "a number in (0, 600]")
     check_int("demo_prompts", demo_prompts, lo=1, hi=64)
     check_int("budget", budget, lo=1, hi=512)
@@ -50,13 +56,6 @@ def cpu_demo(demo_seconds: float = 4.0, demo_prompts: int = 3, seed: int = 0) ->
     """The pipeline on a CPU in seconds: byte-tokenised prompts about the standard library's functions (always
     installed), a tiny random Llama target, two tiny drafters trained side by side for ``demo_seconds``, the
     replayed measurement on ``demo_prompts`` held-out prompts. Returns {"results": ..., "notes": ...}."""
-    import numpy as np
-
-    from workbench.acceptance.corpora import chat_prompt, stdlib_functions
-    from workbench.acceptance.run import PipelineConfig, run_pipeline
-    from workbench.acceptance.target import tiny_llama
-    from workbench.acceptance.textdata import byte_tokenize
-
     check_notebook(demo_seconds, demo_prompts, 32, seed, DEFAULT_GPU)
     fns = stdlib_functions(max_lines=8)
     order = np.random.default_rng(seed).permutation(len(fns))
@@ -77,9 +76,6 @@ def cpu_demo(demo_seconds: float = 4.0, demo_prompts: int = 3, seed: int = 0) ->
 def shipped_rows() -> list[dict]:
     """One row per shipped drafter (:mod:`workbench.acceptance.drafters`): name, block, layers, parameters, target,
     training steps and seconds, best validation loss, how it was initialised."""
-    import json
-
-    from workbench.acceptance.drafters import DRAFTERS_DIR, drafter_info, drafter_names
 
     rows = []
     for n in drafter_names():
@@ -96,8 +92,6 @@ def shipped_rows() -> list[dict]:
 def load_doc(gpu: str = DEFAULT_GPU) -> dict | None:
     """The committed ``data/measurements/<gpu>/acceptance.json`` or None (or a file of the older issue-28 layout,
     which these figures do not read: None too)."""
-    from workbench.acceptance.measure import ACCEPTANCE_FILE
-    from workbench.measure import load_measurement
 
     doc = load_measurement(ACCEPTANCE_FILE, gpu)
     if doc is None or not doc["results"].get("rows") or "method" not in doc["results"]["rows"][0]:

@@ -160,8 +160,6 @@ def measured_rows(doc: dict | None = None, gpu: str = "h200", path: str | Path |
         p = Path(path)
         doc = json.loads(p.read_text()) if p.exists() else None
     elif doc is None:
-        from workbench.measure import load_measurement
-
         doc = load_measurement(ACCEPTANCE_FILE, gpu)
     if doc is None:
         return []
