@@ -6,6 +6,11 @@
 - :mod:`workbench.projection.overhead`: the host-overhead term measured from the H200 engine step
   (``project(..., overhead="measured")``) and how it moves to another GPU.
 - :mod:`workbench.projection.scenarios`: the source's three scenarios, reproduced.
+- :mod:`workbench.projection.trained`: ``trained:<type>``, the shipped drafter's measured acceptance (its
+  per-step histogram) as a projection and sweep input.
+- :mod:`workbench.projection.speedup`: DDTree's tokens/s over greedy's from measured step times and acceptance,
+  and the break-even accepted length.
+- :mod:`workbench.projection.figures`, :mod:`workbench.projection.widgets`: notebook 04's figures and explorer.
 - :mod:`workbench.projection.cli`: ``workbench project``.
 """
 from workbench.projection.calibration import Calibration, load_calibration
