@@ -25,6 +25,7 @@ request whose step cannot get its slots ends alone with a ``KVPoolFull`` error a
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -36,6 +37,17 @@ from workbench.engine.kv_device import KVPoolFull
 from workbench.engine.request import GREEDY_SAMPLING, MAX_SEED, Request, SamplingParams, StepRecord, check_prompts
 from workbench.engine.runner import ModelRunner, PrefillPiece, StepOutput
 from workbench.validation import check_int
+
+
+@dataclasses.dataclass
+class _Prefilling:
+    """An admitted request's prefill so far: its prompt's slots int64 [P], the tokens prefilled, the captured
+    features of each piece, and whether its rows are seeded random values instead (benchmarks)."""
+
+    slots: torch.Tensor
+    done: int = 0
+    feats: list = dataclasses.field(default_factory=list)
+    synthetic: bool = False
 
 
 class Batch:
@@ -55,7 +67,7 @@ class Batch:
         self.layers = self.program.target_layers if self.program is not None else ()
         self.live: dict[int, Request] = {}  # row -> request
         self._pending: list[Request] = []  # admitted, prompt not fully prefilled
-        self._prefill: dict[Request, dict] = {}  # pending request -> its slots, tokens prefilled, features so far
+        self._prefill: dict[Request, _Prefilling] = {}
         self._reserved: dict[Request, int] = {}
         self._ids = itertools.count()
         self.step_index = 0
@@ -143,7 +155,7 @@ class Batch:
         r = Request(next(self._ids), prompt, max_new_tokens, row, sampling=sampling, seed=seed)
         if self.reserve:
             self._reserved[r] = worst
-        self._prefill[r] = {"slots": slots, "done": 0, "feats": [], "synthetic": bool(synthetic_prefix)}
+        self._prefill[r] = _Prefilling(slots, synthetic=bool(synthetic_prefix))
         self._pending.append(r)
         return r
 
@@ -184,19 +196,19 @@ class Batch:
         if not self._pending:
             return {}
         out: dict[Request, list[int]] = {}
-        for r in [r for r in self._pending if self._prefill[r]["synthetic"]]:
+        for r in [r for r in self._pending if self._prefill[r].synthetic]:
             st = self._prefill.pop(r)
             self._pending.remove(r)
-            self.runner.fill_synthetic(st["slots"], seed=1000 + r.row)
+            self.runner.fill_synthetic(st.slots, seed=1000 + r.row)
             out[r] = self._join(r, r.prompt[-1])
         if not self._pending:
             return out
         t0 = time.perf_counter()
         spans = []
         for r in self._pending:
-            d = self._prefill[r]["done"]
+            d = self._prefill[r].done
             spans.append((d, min(len(r.prompt), d + (self.prefill_chunk or len(r.prompt)))))
-        pieces = [PrefillPiece(self._prefill[r]["slots"][:d], self._prefill[r]["slots"][d:end], r.prompt[d:end], d,
+        pieces = [PrefillPiece(self._prefill[r].slots[:d], self._prefill[r].slots[d:end], r.prompt[d:end], d,
                                r.prompt[end] if end < len(r.prompt) else None, r.sampling, r.seed)
                   for r, (d, end) in zip(self._pending, spans)]
         results = self.runner.prefill(pieces, self.layers)
@@ -205,9 +217,9 @@ class Batch:
         for r, (d, end), res in zip(self._pending, spans, results):
             st = self._prefill[r]
             r.prefill_ms += ms
-            st["done"] = end
+            st.done = end
             if res.features is not None:
-                st["feats"].append(res.features)
+                st.feats.append(res.features)
             if r.sampling.prompt_logprobs is not None:
                 if d == 0:
                     r.prompt_logprobs.append(None)
@@ -218,7 +230,7 @@ class Batch:
                 still.append(r)
                 continue
             del self._prefill[r]
-            out[r] = self._join(r, res.first, torch.cat(st["feats"]) if self.layers else None, res.first_logprob,
+            out[r] = self._join(r, res.first, torch.cat(st.feats) if self.layers else None, res.first_logprob,
                                 res.first_top)
         self._pending = still
         return out
