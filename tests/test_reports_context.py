@@ -16,7 +16,7 @@ def dry(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("sweep")
     assert main(["--out", str(out), "--contexts", "32", "64", "--concurrency", "1", "2", "--generate", "24",
-                 "--two-point", "4", "12", "--repeats", "1", "--threads", "1", "--sustained-at", "32"]) == 0
+                 "--two-point", "2", "24", "--repeats", "3", "--threads", "1", "--sustained-at", "32"]) == 0
     return out / "context_sweep.json"
 
 
