@@ -391,10 +391,11 @@ class ModelRunner:
             b.runs += 1
             return b.out, True
 
-    def _choose(self, b: Bucket, logits: torch.Tensor, rows: int, index: torch.Tensor) -> torch.Tensor:
+    def _choose(self, b: Bucket, logits: torch.Tensor, rows: int, depths: torch.Tensor | None) -> torch.Tensor:
         """Each node's token: the argmax, or (a sampled bucket) :func:`choose` with its row's parameters; logits
-        float32 [C x rows, V] (``rows`` nodes per request), index int64 [C, rows] (the generated token each node
-        picks). Returns int64 [C x rows]."""
+        float32 [C x rows, V] (``rows`` nodes per request), depths int64 [C, rows] (each node's depth below the
+        root, None: 0), so that a node picks generated token ``num_generated + depth``. Returns int64 [C x rows].
+        A bucket without sampling runs the argmax alone."""
         if not b.sampled:
             return logits.argmax(-1)
         C, logits = b.C, dense(logits)
@@ -402,8 +403,9 @@ class ModelRunner:
         def per_node(x: torch.Tensor) -> torch.Tensor:
             return x[:C, None].expand(C, rows).reshape(-1)
 
+        index = per_node(self.num_generated) + (depths.reshape(-1) if depths is not None else 0)
         return choose(logits, per_node(self.temperature), per_node(self.top_p), per_node(self.top_k),
-                      per_node(self.seed), index.reshape(-1))
+                      per_node(self.seed), index)
 
     def _logprob_columns(self, b: Bucket, logits: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
         """A logprobs bucket's extra output: logits float32 [C, W, V] of the node that chose each committed token
@@ -422,7 +424,7 @@ class ModelRunner:
         b.attention.prepare(None)
         logits, _ = self.model.forward_step(self.last_token[:C], self.cos[pos], self.sin[pos], slots.view(-1),
                                             cache.pool, b.attention, self.ops)
-        nxt = self._choose(b, logits, 1, self.num_generated[:C, None])
+        nxt = self._choose(b, logits, 1, None)
         top2 = logits.topk(2, dim=-1).values
         cache.commit_append(slots, ok)
         okl = ok.long()
@@ -450,7 +452,7 @@ class ModelRunner:
         logits, cap = self.model.forward_step(trees.tokens.reshape(-1), self.cos[pos.reshape(-1)],
                                               self.sin[pos.reshape(-1)], slots.reshape(-1), cache.pool,
                                               b.attention, self.ops, layers)
-        picks = self._choose(b, logits, T, self.num_generated[:C, None] + trees.depths)
+        picks = self._choose(b, logits, T, trees.depths)
         acc = accept_greedy_batched(trees, picks.view(C, T))
         a = cache.commit_tree(slots, acc, ok, config.commit)
         if layers:
