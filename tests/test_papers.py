@@ -6,7 +6,7 @@ import pytest
 from workbench.reports import papers
 
 REPORTS = ["workbench.reports.ddtree", "workbench.reports.moe", "workbench.reports.projection",
-           "workbench.reports.context"]
+           "workbench.reports.context", "workbench.reports.serving"]
 
 
 def test_render_check_and_main(tmp_path):
