@@ -20,7 +20,7 @@ import torch
 from workbench.decode import DecodeConfig
 from workbench.engine import Batch, DecodeEngine, ScriptedDrafter, generate, synthetic_model, tiny_config
 from workbench.engine.request import SamplingParams
-from workbench.engine.sampling import choose, gumbel_noise, keep_mask
+from workbench.engine.sampling import choose, gumbel_noise, keep_mask, scale
 from workbench.validation import InvalidParameter
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18], [40]]
@@ -77,8 +77,9 @@ def _exact_first_two(model, prompt, temperature, top_k):
     """The exact joint distribution of the first two sampled tokens {(t1, t2): p}, from float32 logits."""
     def dist(ids):
         logits = model(torch.tensor(ids))[-1].float()[None]
-        keep = keep_mask(logits, torch.tensor([temperature]), torch.tensor([1.0]), torch.tensor([top_k]))
-        return torch.softmax(torch.where(keep, logits / temperature, float("-inf")), -1)[0]
+        scaled = scale(logits, torch.tensor([temperature]))
+        keep = keep_mask(scaled, torch.tensor([1.0]), torch.tensor([top_k]))
+        return torch.softmax(torch.where(keep, scaled, float("-inf")), -1)[0]
 
     p1 = dist(prompt)
     return {(a, b): float(p1[a] * q) for a in torch.nonzero(p1).flatten().tolist()

@@ -86,16 +86,21 @@ def client(srv):
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
+def slow_down(server, monkeypatch, seconds: float) -> None:
+    """Make ``server``'s engine ``seconds`` slower per step (its batch's decode sleeps first)."""
+    decode = server.scheduler.batch.decode
+
+    def slow_decode():
+        time.sleep(seconds)
+        return decode()
+
+    monkeypatch.setattr(server.scheduler.batch, "decode", slow_decode)
+
+
 @pytest.fixture
 def slow(srv, monkeypatch):
     """A slower model (20 ms more per step), so that a request is still live while the test acts on it."""
-    decode = srv.scheduler.batch.decode
-
-    def slow_decode():
-        time.sleep(0.02)
-        return decode()
-
-    monkeypatch.setattr(srv.scheduler.batch, "decode", slow_decode)
+    slow_down(srv, monkeypatch, 0.02)
 
 
 def wait_idle(srv, limit=10.0):
@@ -445,13 +450,7 @@ def test_slot_reservation_queues_what_could_run_dry_and_no_decode_fails(monkeypa
     s = Server(ServeOptions(synthetic="tiny", layers=2, max_requests=2, capacity=64, kv_slots=40,
                             max_tokens_limit=32))
     try:
-        decode = s.scheduler.batch.decode
-
-        def slow_decode():
-            time.sleep(0.01)
-            return decode()
-
-        monkeypatch.setattr(s.scheduler.batch, "decode", slow_decode)
+        slow_down(s, monkeypatch, 0.01)
         prompts = ["0123456789", "abcdefghij"]  # 10 byte-level tokens each
 
         def send(p):

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from test_serve_api import Server, _err, wait_idle
+from test_serve_api import Server, _err, slow_down, wait_idle
 from workbench.serve.cli import ServeOptions
 
 
@@ -25,13 +25,7 @@ def srv():
 @pytest.fixture
 def slow(srv, monkeypatch):
     """20 ms more per engine step: a 20-token request holds the row about 0.4 s."""
-    decode = srv.scheduler.batch.decode
-
-    def slow_decode():
-        time.sleep(0.02)
-        return decode()
-
-    monkeypatch.setattr(srv.scheduler.batch, "decode", slow_decode)
+    slow_down(srv, monkeypatch, 0.02)
 
 
 def metric(srv, name: str) -> float:

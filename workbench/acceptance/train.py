@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
@@ -356,7 +355,6 @@ def train_drafters(target, configs: dict[str, tuple[DFlashConfig, str]], data: S
     usable = torch.nonzero(data.usable).flatten()
     if usable.numel() == 0:
         raise ValueError("no training row has two continuation tokens")
-    dev = target.device
     make_opt = lambda d: torch.optim.AdamW(d.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,  # noqa: E731
                                            betas=(0.9, 0.95))
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None

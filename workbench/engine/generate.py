@@ -138,9 +138,6 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
         if r.id in cache.requests():
             cache.release(r.id)
 
-    def finish(r: Request, new: list[int]) -> None:
-        r.emit(new, eos_token_id)
-
     # ---- prefill: every prompt in one ragged forward -------------------------
     timer.start()
     segs, toks, pos, live = [], [], [], []
@@ -167,7 +164,7 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
                 ctx[r.id][0].append(feats[off:off + len(r.prompt)])
                 ctx[r.id][1].append(torch.arange(len(r.prompt), device=dev))
             off += len(r.prompt)
-            finish(r, [t])
+            r.emit([t], eos_token_id)
     timer.mark("verify")
     prefill_ms = timer.finish()["total"]
     for r in reqs:
@@ -183,12 +180,12 @@ def generate(model, prompts, max_new_tokens: int, method: str | None = None, dra
         if method == "greedy":
             records = _greedy_step(model, cache, active, timer, fail)
             for r, (tok, rec) in records.items():
-                finish(r, [tok])
+                r.emit([tok], eos_token_id)
         else:
             records = _ddtree_step(model, cache, active, ctx, timer, fail, drafter, block, budget, commit, layers,
                                    tree_impl)
             for r, (new, rec) in records.items():
-                finish(r, new)
+                r.emit(new, eos_token_id)
         times = timer.finish()
         paths = _paths(model, method, tree_impl)
         for r, (_, rec) in records.items():

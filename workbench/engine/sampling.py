@@ -42,13 +42,17 @@ def gumbel_noise(seed: torch.Tensor, index: torch.Tensor, vocab: int) -> torch.T
     return (-torch.log(-torch.log(u))).float()
 
 
-def keep_mask(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-              top_k: torch.Tensor) -> torch.Tensor:
-    """bool [N, V]: the ids each row may sample (its top_k, then the smallest set reaching top_p)."""
-    N, V = logits.shape
-    scaled = logits / temperature.clamp(min=1e-6)[:, None]
+def scale(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits float32 [N, V] over each row's temperature [N] (0 is held at 1e-6: those rows take the argmax)."""
+    return logits / temperature.clamp(min=1e-6)[:, None]
+
+
+def keep_mask(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """bool [N, V]: the ids each row may sample from its temperature-scaled logits (:func:`scale`): its top_k,
+    then the smallest set reaching top_p."""
+    N, V = scaled.shape
     srt, order = scaled.sort(-1, descending=True)
-    rank = torch.arange(V, device=logits.device)
+    rank = torch.arange(V, device=scaled.device)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))
     probs = torch.softmax(srt, -1)
     before = probs.cumsum(-1) - probs  # probability of the ids ranked above
@@ -61,8 +65,8 @@ def choose(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Each row's token (module docstring): the argmax where temperature is 0, else the seeded sample."""
     greedy = logits.argmax(-1)
-    scaled = logits / temperature.clamp(min=1e-6)[:, None]
-    masked = torch.where(keep_mask(logits, temperature, top_p, top_k), scaled, float("-inf"))
+    scaled = scale(logits, temperature)
+    masked = torch.where(keep_mask(scaled, top_p, top_k), scaled, float("-inf"))
     sampled = (masked + gumbel_noise(seed, index, logits.shape[1])).argmax(-1)
     return torch.where(temperature > 0, sampled, greedy)
 

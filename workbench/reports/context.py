@@ -11,7 +11,6 @@ its CDN, fixed div ids, so a regeneration is byte-identical) under ``papers/figu
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +23,7 @@ from workbench.engine.attention import verify_chunk_keys, verify_row_blocks
 from workbench.hardware import get_gpu
 from workbench.measure import load_measurement
 from workbench.reports import papers
-from workbench.reports.papers import markdown_table
+from workbench.reports.papers import json_or_none, markdown_table, number, signed_percent
 from workbench.sweep import figures
 from workbench.sweep.engine import model_config, reserve
 from workbench.sweep.run import from_measurement, samples_of
@@ -38,16 +37,8 @@ MISSING = ("Not measured yet: `data/measurements/h200/context_sweep.json` is not
 
 
 def load(path: Path | str | None = None) -> dict[str, Any] | None:
-    p = Path(path) if path is not None else DATA
-    return json.loads(p.read_text()) if p.exists() else None
-
-
-def _f(v, d: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{d}f}"
-
-
-def _pct(v) -> str:
-    return "-" if v is None else f"{100 * v:+.1f}%"
+    """The measurement file at ``path`` (default :data:`DATA`), or None when it does not exist."""
+    return json_or_none(path if path is not None else DATA)
 
 
 def nearest(values, target: int) -> int:
@@ -88,13 +79,13 @@ def rate_rows(doc) -> list[dict[str, Any]]:
     out = []
     for r in doc["results"]["contexts"]:
         cs, ct = r["check_sustained"], r.get("check_two_point") or {}
-        out.append({"context": r["context"], "method": r["method"], "TTFT ms": _f(r.get("ttft_ms"), 0),
-                    "step ms": _f(r["mean_step_ms"], 2),
-                    "accepted": _f(r["mean_accepted"], 2), "sustained t/s (tokens)":
-                        f"{_f(r['sustained'])} ({r.get('sustained_tokens', r['generated'])})",
-                    "two-point t/s": _f(r["two_point"]), "accepted/step t/s": _f(cs["identity"]),
-                    "sustained vs identity": _pct(cs["disagreement"]),
-                    "two-point vs identity": _pct(ct.get("disagreement")), "within 5%": cs["within"]})
+        out.append({"context": r["context"], "method": r["method"], "TTFT ms": number(r.get("ttft_ms"), 0),
+                    "step ms": number(r["mean_step_ms"], 2),
+                    "accepted": number(r["mean_accepted"], 2), "sustained t/s (tokens)":
+                        f"{number(r['sustained'])} ({r.get('sustained_tokens', r['generated'])})",
+                    "two-point t/s": number(r["two_point"]), "accepted/step t/s": number(cs["identity"]),
+                    "sustained vs identity": signed_percent(cs["disagreement"]),
+                    "two-point vs identity": signed_percent(ct.get("disagreement")), "within 5%": cs["within"]})
     return out
 
 
@@ -106,7 +97,7 @@ def block_rates(doc) -> str:
     worst = max(rows, key=lambda r: abs(r["check_sustained"]["disagreement"]))
     return (markdown_table(rate_rows(doc)) + f"\nThe sustained rate agrees with mean accepted length / mean step time "
             f"within 5% at {n_in} of {len(rows)} points (issue 26's goal); the largest disagreement is "
-            f"{_pct(worst['check_sustained']['disagreement'])} ({worst['method']} at {worst['context']}).\n")
+            f"{signed_percent(worst['check_sustained']['disagreement'])} ({worst['method']} at {worst['context']}).\n")
 
 
 def terms_at(doc, context: int) -> list[dict[str, Any]]:
@@ -117,8 +108,8 @@ def terms_at(doc, context: int) -> list[dict[str, Any]]:
         if r["context"] != context or not t:
             continue
         big = max(TERMS, key=lambda k: t[k])
-        out.append({"method": r["method"], "wall ms": _f(t["wall_ms"], 2), "GPU busy ms": _f(t["gpu_busy_ms"], 2),
-                    **{k: _f(t[k], 2) for k in TERMS}, "largest": f"{big} ({100 * t[big] / t['wall_ms']:.0f}%)"})
+        out.append({"method": r["method"], "wall ms": number(t["wall_ms"], 2), "GPU busy ms": number(t["gpu_busy_ms"], 2),
+                    **{k: number(t[k], 2) for k in TERMS}, "largest": f"{big} ({100 * t[big] / t['wall_ms']:.0f}%)"})
     return out
 
 
@@ -178,11 +169,11 @@ def floor_rows(doc, engine_step=None) -> list[dict[str, Any]]:
         flops = base["flops"] + attention_flops(cfg, L, T, c - es["parameters"]["prefix"])
         nbytes = weights + distinct * per_expert * moe_layers + kv
         floor = max(nbytes / bw, flops / mm) * 1e3
-        out.append({"context": c, "method": r["method"], "weights GB": _f(weights / 1e9, 2),
-                    "routed experts GB": _f(distinct * per_expert * moe_layers / 1e9, 2),
-                    "KV GB": _f(kv / 1e9, 2), "bytes ms": _f(nbytes / bw * 1e3, 2),
-                    "FLOPs ms": _f(flops / mm * 1e3, 2), "floor ms": _f(floor, 2),
-                    "step ms": _f(r["mean_step_ms"], 2), "share of floor": f"{100 * floor / r['mean_step_ms']:.0f}%"})
+        out.append({"context": c, "method": r["method"], "weights GB": number(weights / 1e9, 2),
+                    "routed experts GB": number(distinct * per_expert * moe_layers / 1e9, 2),
+                    "KV GB": number(kv / 1e9, 2), "bytes ms": number(nbytes / bw * 1e3, 2),
+                    "FLOPs ms": number(flops / mm * 1e3, 2), "floor ms": number(floor, 2),
+                    "step ms": number(r["mean_step_ms"], 2), "share of floor": f"{100 * floor / r['mean_step_ms']:.0f}%"})
     return out
 
 
@@ -231,9 +222,9 @@ def verify_rows(doc) -> list[dict[str, Any]]:
         floor_ms = attention_flops(cfg, par["layers"], T, c) / peak * 1e3
         out.append({"context": c, "engine capacity": cap, "keys per thread block": keys,
                     "thread blocks with keys": f"{rb * live} of {rb * (sms // rb)}",
-                    "longest block (keys)": min(c + T, keys), "verify ms": _f(t["verify_attention"], 2),
-                    "FLOP floor ms": _f(floor_ms, 2), "share of floor": f"{100 * floor_ms / t['verify_attention']:.0f}%",
-                    "ms per 1k keys of the longest block": _f(t["verify_attention"] / min(c + T, keys) * 1e3, 2)})
+                    "longest block (keys)": min(c + T, keys), "verify ms": number(t["verify_attention"], 2),
+                    "FLOP floor ms": number(floor_ms, 2), "share of floor": f"{100 * floor_ms / t['verify_attention']:.0f}%",
+                    "ms per 1k keys of the longest block": number(t["verify_attention"] / min(c + T, keys) * 1e3, 2)})
     return out
 
 
@@ -256,8 +247,8 @@ def overstatement_rows(doc) -> list[dict[str, Any]]:
         if r["context"] not in par["sustained_at"] or r["two_point"] is None:
             continue
         s = samples_of(doc, r["context"], r["method"])
-        row = {"context": r["context"], "method": r["method"], "two-point t/s": _f(r["two_point"]),
-               "sustained t/s": _f(r["sustained"]), "overstatement": _pct(r["two_point"] / r["sustained"] - 1)}
+        row = {"context": r["context"], "method": r["method"], "two-point t/s": number(r["two_point"]),
+               "sustained t/s": number(r["sustained"]), "overstatement": signed_percent(r["two_point"] / r["sustained"] - 1)}
         if s and s["accepted"]:
             n, tok = 0, 0
             while n < len(s["accepted"]) and tok < B:
@@ -286,10 +277,10 @@ def block_two_point(doc) -> str:
 def layout_rows(doc, context: int) -> list[dict[str, Any]]:
     lay = [r for r in doc["results"]["layout"] if r["context"] == context]
     base = next((r["attention_ms"] for r in lay if r["layout"] == "contiguous"), None)
-    return [{"layout": r["layout"], "runs/request": _f(r["runs_per_request"], 1),
-             "mean run (tokens)": _f(r["mean_run_length"], 2), "runs at context": r["context_runs"],
-             "attention ms": _f(r["attention_ms"], 4),
-             "vs contiguous": _pct(r["attention_ms"] / base - 1) if base else "-"} for r in lay]
+    return [{"layout": r["layout"], "runs/request": number(r["runs_per_request"], 1),
+             "mean run (tokens)": number(r["mean_run_length"], 2), "runs at context": r["context_runs"],
+             "attention ms": number(r["attention_ms"], 4),
+             "vs contiguous": signed_percent(r["attention_ms"] / base - 1) if base else "-"} for r in lay]
 
 
 def block_fragmentation(doc) -> str:
@@ -319,8 +310,8 @@ def layout_spread_rows(doc) -> list[dict[str, Any]]:
     for c in sorted({r["context"] for r in rows}):
         at = {r["layout"]: r["attention_ms"] for r in rows if r["context"] == c}
         base = at.get("contiguous")
-        out.append({"context": c, "contiguous ms": _f(base, 4),
-                    **{lay: _pct(ms / base - 1) if base else "-" for lay, ms in at.items() if lay != "contiguous"}})
+        out.append({"context": c, "contiguous ms": number(base, 4),
+                    **{lay: signed_percent(ms / base - 1) if base else "-" for lay, ms in at.items() if lay != "contiguous"}})
     return out
 
 
@@ -331,9 +322,9 @@ def block_source(doc) -> str:
     src = rows[0]
     c = nearest(sorted({r["context"] for r in rows[1:]}), src["context"])
     here = [r for r in rows[1:] if r["context"] == c]
-    out = [{"source": r["source"], "context": r["context"], "method": r["method"], "accepted": _f(r["mean_accepted"], 2),
-            "step ms": _f(r["mean_step_ms"], 2), "accepted/step t/s": _f(r["accepted/step"]),
-            "sustained t/s": _f(r["sustained"]), "two-point t/s": _f(r["two_point"])} for r in [src] + here]
+    out = [{"source": r["source"], "context": r["context"], "method": r["method"], "accepted": number(r["mean_accepted"], 2),
+            "step ms": number(r["mean_step_ms"], 2), "accepted/step t/s": number(r["accepted/step"]),
+            "sustained t/s": number(r["sustained"]), "two-point t/s": number(r["two_point"])} for r in [src] + here]
     text = (f"The source: {src['mean_accepted']} tokens per step / {src['mean_step_ms'] / 1e3:.3f} s = "
             f"{src['accepted/step']:.1f} tokens/s (its sustained {src['sustained']}, two-point {src['two_point']}). "
             f"This run at context {c}:\n\n" + markdown_table(out))
@@ -349,9 +340,9 @@ def block_source(doc) -> str:
 def block_concurrency(doc) -> str:
     if doc is None:
         return MISSING
-    rows = [{"C": r["concurrency"], "method": r["method"], "per-request t/s": _f(r["per_request_mean"]),
-             "aggregate t/s": _f(r["aggregate"]), "step ms": _f(r["mean_step_ms"], 2),
-             "accepted": _f(r["mean_accepted"], 2)} for r in doc["results"]["concurrency"]]
+    rows = [{"C": r["concurrency"], "method": r["method"], "per-request t/s": number(r["per_request_mean"]),
+             "aggregate t/s": number(r["aggregate"]), "step ms": number(r["mean_step_ms"], 2),
+             "accepted": number(r["mean_accepted"], 2)} for r in doc["results"]["concurrency"]]
     return markdown_table(rows)
 
 

@@ -11,6 +11,8 @@ measured number is typed by hand. Each report module's command is
 - :func:`render` - a paper's text with every block rewritten.
 - :func:`is_current` - whether a paper file equals its rendering.
 - :func:`main` - the command line shared by the report modules.
+- :func:`json_or_none`, :func:`number`, :func:`signed_percent` - a measurement file where committed, and the
+  number formats the papers share.
 - :func:`markdown_table` - rows (dicts with the same keys) as a markdown table.
 - :func:`committed_json` - a JSON file as committed at a git commit (earlier
   measurement runs that a later run replaced), or None where git lacks it.
@@ -72,6 +74,22 @@ def main(argv: Sequence[str] | None, *, paper: Path, blocks: Blocks, prog: str, 
     args.paper.write_text(new)
     print(f"wrote {args.paper} ({len(block_names(new))} generated blocks)")
     return 0
+
+
+def json_or_none(path: Path | str) -> dict[str, Any] | None:
+    """The JSON document at ``path``, or None where no file is (a paper then says what is not measured yet)."""
+    p = Path(path)
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def number(v, d: int = 1) -> str:
+    """``v`` with ``d`` decimals and thousands separators; ``-`` for None."""
+    return "-" if v is None else f"{v:,.{d}f}"
+
+
+def signed_percent(v) -> str:
+    """The fraction ``v`` as a signed percentage with one decimal; ``-`` for None."""
+    return "-" if v is None else f"{100 * v:+.1f}%"
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:

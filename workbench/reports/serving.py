@@ -10,13 +10,12 @@ head-of-line sweep (when the run recorded one). The design and the limits are pr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from workbench import REPO_ROOT
 from workbench.reports import papers
-from workbench.reports.papers import markdown_table
+from workbench.reports.papers import json_or_none, markdown_table, number, signed_percent
 
 PAPER = REPO_ROOT / "papers" / "serving.md"
 DATA = REPO_ROOT / "data" / "measurements" / "h200" / "serving.json"
@@ -26,18 +25,7 @@ MISSING = ("Not measured yet: `data/measurements/h200/serving.json` is not commi
 
 def load(path: Path | str | None = None) -> dict[str, Any] | None:
     """The measurement file at ``path`` (default :data:`DATA`), or None when it does not exist."""
-    p = Path(path) if path is not None else DATA
-    return json.loads(p.read_text()) if p.exists() else None
-
-
-def _f(v, d: int = 1) -> str:
-    """``v`` with ``d`` decimals and thousands separators; ``-`` for None."""
-    return "-" if v is None else f"{v:,.{d}f}"
-
-
-def _pct(v) -> str:
-    """A signed percentage of the fraction ``v``; ``-`` for None."""
-    return "-" if v is None else f"{100 * v:+.1f}%"
+    return json_or_none(path if path is not None else DATA)
 
 
 def block_provenance(doc) -> str:
@@ -68,8 +56,8 @@ def block_method(doc) -> str:
 
 def engine_rows(doc) -> list[dict[str, Any]]:
     """One row per (method, C) engine-step measurement: the floors the server is measured against."""
-    return [{"method": r["method"], "C": r["C"], "step (ms)": _f(r["wall_ms"], 2),
-             "tokens per step": _f(r["tokens_per_step"], 2), "tokens/s": _f(r["tokens_per_s"], 1)}
+    return [{"method": r["method"], "C": r["C"], "step (ms)": number(r["wall_ms"], 2),
+             "tokens per step": number(r["tokens_per_step"], 2), "tokens/s": number(r["tokens_per_s"], 1)}
             for r in doc["results"]["engine"]]
 
 
@@ -80,10 +68,10 @@ def block_engine(doc) -> str:
 
 def server_rows(doc) -> list[dict[str, Any]]:
     """One row per server round: ITL, TTFT, accepted length and the steady aggregate rate."""
-    return [{"method": r["method"], "C": r["C"], "repeat": r["repeat"], "ITL median (ms)": _f(r["itl_ms_median"], 2),
-             "ITL mean (ms)": _f(r["itl_ms_mean"], 2), "TTFT median (ms)": _f(r["ttft_ms_median"], 0),
-             "accepted length": _f(r["accept_length"], 2), "steady tokens/s": _f(r["steady"]["tokens_per_s"], 1),
-             "steady window (ms)": _f(r["steady"]["window_ms"], 0)}
+    return [{"method": r["method"], "C": r["C"], "repeat": r["repeat"], "ITL median (ms)": number(r["itl_ms_median"], 2),
+             "ITL mean (ms)": number(r["itl_ms_mean"], 2), "TTFT median (ms)": number(r["ttft_ms_median"], 0),
+             "accepted length": number(r["accept_length"], 2), "steady tokens/s": number(r["steady"]["tokens_per_s"], 1),
+             "steady window (ms)": number(r["steady"]["window_ms"], 0)}
             for r in doc["results"]["server"]]
 
 
@@ -94,8 +82,8 @@ def block_server(doc) -> str:
 
 def goal_rows(doc) -> list[dict[str, Any]]:
     """The goals the run recorded: server vs engine, relative gap, target, met."""
-    return [{"goal": g["goal"], "server": f"{_f(g['server'], 2)} {g['unit']}",
-             "engine": f"{_f(g['engine'], 2)} {g['unit']}", "gap": _pct(g["relative"]),
+    return [{"goal": g["goal"], "server": f"{number(g['server'], 2)} {g['unit']}",
+             "engine": f"{number(g['engine'], 2)} {g['unit']}", "gap": signed_percent(g["relative"]),
              "target": f"within {100 * g['target']:.0f}%", "met": "yes" if g["met"] else "**no**"}
             for g in doc["results"]["goals"]]
 
@@ -106,7 +94,7 @@ def block_goals(doc) -> str:
         return MISSING
     gs = doc["results"]["goals"]
     missed = [g for g in gs if not g["met"]]
-    said = "; missed: " + "; ".join(f"{g['goal']} ({_pct(g['relative'])} against {100 * g['target']:.0f}%)"
+    said = "; missed: " + "; ".join(f"{g['goal']} ({signed_percent(g['relative'])} against {100 * g['target']:.0f}%)"
                                     for g in missed) if missed else ""
     return markdown_table(goal_rows(doc)) + f"\n{len(gs) - len(missed)} of {len(gs)} goals met{said}.\n"
 
@@ -140,7 +128,7 @@ def block_headline(doc) -> str:
         return MISSING
     gs = doc["results"]["goals"]
     s = lossless_summary(doc)
-    parts = [f"{g['goal']}: {_f(g['server'], 2)} vs {_f(g['engine'], 2)} {g['unit']} ({_pct(g['relative'])}, "
+    parts = [f"{g['goal']}: {number(g['server'], 2)} vs {number(g['engine'], 2)} {g['unit']} ({signed_percent(g['relative'])}, "
              f"{'met' if g['met'] else 'missed'} the {100 * g['target']:.0f}% goal)" for g in gs]
     hol = "recorded" if doc["results"].get("head_of_line") else "not recorded (empty in this file)"
     return ("- " + "\n- ".join(parts) + f"\n- Lossless: {s['equal']} of {s['total']} DDTree requests equal greedy's "
@@ -151,7 +139,7 @@ def hol_rows(doc) -> list[dict[str, Any]]:
     """The head-of-line sweep's rows as recorded (each value formatted), or an empty list."""
     out = []
     for r in doc["results"].get("head_of_line") or []:
-        out.append({k: (_f(v, 2) if isinstance(v, float) else v) for k, v in r.items()
+        out.append({k: (number(v, 2) if isinstance(v, float) else v) for k, v in r.items()
                     if not isinstance(v, (list, dict))})
     return out
 
