@@ -5,7 +5,7 @@ the projection, notebooks, the CLI) takes a :class:`DecodeConfig` or builds one
 from its arguments, so the defaults (block 16, budget 32, scattered commit, the
 dispatched tree builder) are written here once. What follows from a config is
 derived here too: tree nodes per request (:func:`tree_size`,
-:meth:`DecodeConfig.verify_width`), the positions a request must have room for
+:meth:`DecodeConfig.verify_width`), the positions and slots a request must have room for
 beyond its prompt and output (:meth:`DecodeConfig.extra_slots`), the KV
 slots a request can hold at most (:meth:`DecodeConfig.worst_case_slots`) and
 the batch buckets of the captured step (:data:`BUCKETS`, :func:`bucket_for`).
